@@ -1,0 +1,45 @@
+// The executor interface: one plan, two executors (CPU is the reference and the fallback,
+// CUDA the product). Executors allocate nothing: the caller (bindings) owns the memory.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "gemmfuse/plan.h"
+
+namespace gemmfuse {
+
+// The tensors of one call, all contiguous. On the CPU executor every float tensor is fp32;
+// on CUDA x, weight, bias and out are in plan.dtype and everything else is fp32.
+struct RunArgs {
+  const void* x = nullptr;       // [M, K]
+  const void* weight = nullptr;  // [N, K]
+  const void* bias = nullptr;    // [N] or nullptr
+  std::vector<const float*> operands;  // t<i>, fp32, contiguous
+  std::vector<void*> state;            // s<i>: running_mean/var (float*), num_batches (int64_t*)
+  void* out = nullptr;           // [M, plan.out_width]
+  void* stream = nullptr;        // cudaStream_t for CUDA; unused on the CPU
+
+  // CPU only: y[M,N] = x[M,K] W[N,K]^T in fp32. The bindings pass PyTorch's BLAS; when empty
+  // the CPU executor uses its own blocked loop (enough for tests).
+  std::function<void(int64_t M, int64_t N, int64_t K, const float* x, const float* w, float* y)>
+      cpu_gemm;
+};
+
+class Executor {
+ public:
+  virtual ~Executor() = default;
+  // Bytes of the per-weight-version preparation (column sums, folded or split weights).
+  virtual size_t prepared_bytes(const Plan& plan) const = 0;
+  // Bytes of scratch one run needs (plan.buffers_bytes() plus the executor's own).
+  virtual size_t workspace_bytes(const Plan& plan) const = 0;
+  // Fill `prepared` from args.weight / args.bias / operands; called once per weight version.
+  virtual void prepare(const Plan& plan, const RunArgs& args, void* prepared) = 0;
+  // Run the plan. Asynchronous on CUDA (stream-ordered, no host sync).
+  virtual void run(const Plan& plan, const RunArgs& args, const void* prepared,
+                   void* workspace) = 0;
+};
+
+}  // namespace gemmfuse

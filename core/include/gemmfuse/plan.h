@@ -1,0 +1,138 @@
+// Plan: a chain cut into steps that both executors (CPU, CUDA) run.
+//
+// v1 shape of every plan (see docs/design.md for why):
+//   [prepare weights once per weight version]  column sums (GEMV), folded eval BatchNorm,
+//                                              split precision parts (executor-specific)
+//   Gemm | Gemv                                 Linear -> buffer Y (fp32 [M,N] or [M,1])
+//   (RowPass | ColumnStats)*                    row programs: every row-local stage of the chain
+//                                               run per row in one kernel; a training-mode
+//                                               BatchNorm cuts the chain where its column
+//                                               statistics (over all rows) must be complete.
+// The last step writes the output tensor (buffer id kOutput).
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "gemmfuse/chain.h"
+
+namespace gemmfuse {
+
+enum class DType : uint8_t { F32, BF16, F16 };
+enum class Precision : uint8_t { FP32, Fast, TF32 };
+
+const char* dtype_name(DType d);
+const char* precision_name(Precision p);
+bool precision_from_name(const std::string& s, Precision* out);
+bool dtype_from_name(const std::string& s, DType* out);
+
+// The chain cannot be fused (an op or a shape gemmfuse does not take). The message says why;
+// the Python front runs the region in PyTorch and `explain` shows the message.
+struct Unsupported : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// How a row program reads an operand, resolved against the shape of the value it meets.
+struct OperandRef {
+  enum class Kind : uint8_t {
+    None,
+    Imm,     // `imm`
+    Scalar,  // operand tensor `index` with one element
+    Col,     // operand tensor `index`, one value per column: t[col]
+    Row,     // operand tensor `index`, one value per row: t[row]
+    Full,    // operand tensor `index`, [M, width]: t[row * width + col]
+    Buffer,  // workspace buffer `index` (a saved value), [M, cols] with cols == width or 1
+  };
+  Kind kind = Kind::None;
+  float imm = 0.f;
+  int index = -1;
+  int64_t cols = 0;  // Buffer: the saved value's width (1 broadcasts over the row)
+};
+
+// One instruction of a row program. Plain data (trivially copyable) so that the CUDA
+// executor can copy a program to the device as it is.
+struct Instr {
+  enum class Kind : uint8_t {
+    Pointwise,       // node.op unary or binary; `b` resolved
+    Reduce,          // node.op in {Sum, Mean, Max, Min, LogSumExp}: width -> 1
+    Softmax,         // node.op in {Softmax, LogSoftmax}
+    GroupNorm,       // node.groups groups of width/groups contiguous columns; weight/bias Col
+    Pool,            // node.op in {AvgPool, MaxPool}: width_in -> width_out
+    BatchNormApply,  // (x - mean[c]) * invstd[c] * weight[c] + bias[c]; stats in buffer `stats`
+    Save,            // store the current row into buffer `buffer` (read back by Buffer operands)
+  };
+  Kind kind = Kind::Pointwise;
+  Node node;                 // the stage (attributes: eps, groups, kernel, ...)
+  OperandRef b;              // Pointwise binary operand
+  OperandRef weight, bias;   // GroupNorm / BatchNormApply affine (Col or None)
+  int stats = -1;            // BatchNormApply: buffer holding [2, width] = mean row, invstd row
+  int buffer = -1;           // Save: destination buffer
+  int64_t width_in = 0, width_out = 0;
+};
+
+// Buffers are fp32 [rows, cols] arrays in the workspace; kOutput is the output tensor.
+constexpr int kOutput = -2;
+struct BufferSpec {
+  std::string name;
+  int64_t rows = 0, cols = 0;
+};
+
+struct Step {
+  enum class Kind : uint8_t {
+    Gemm,         // output[M,N] = x W^T (+ b)  (bias added here; fp32 output buffer)
+    Gemv,         // output[M,1] = x . colsum(W) + sum(b)   (scaled by 1/N for a mean)
+    RowPass,      // output = program(input), row by row
+    ColumnStats,  // buffer `output` [2,width] = mean, invstd over the M rows of `input`
+                  // for BatchNorm node `node`; updates its running state when training
+  };
+  Kind kind = Kind::RowPass;
+  int input = -1;   // buffer id (RowPass, ColumnStats)
+  int output = -1;  // buffer id or kOutput
+  int64_t width_in = 0, width_out = 0;
+  std::vector<Instr> program;  // RowPass
+  Node node;                   // Gemv: Sum or Mean; ColumnStats: the BatchNorm node
+  std::string summary;         // one line for describe()
+  double bytes = 0, flops = 0; // the minimum this step must move and compute
+};
+
+struct WeightPrep {
+  bool column_sums = false;          // Gemv: colsum(W)[K], sum(b)
+  bool fold_batchnorm = false;       // eval BatchNorm folded into W and b
+  Node batchnorm;                    // the folded BatchNorm (operands refer to the run's tensors)
+};
+
+struct Plan {
+  Chain chain;                      // after simplification
+  std::vector<std::string> rewrites;  // what simplification did, one line each
+  int64_t M = 0, K = 0, N = 0;
+  DType dtype = DType::F32;
+  Precision precision = Precision::FP32;
+  WeightPrep prep;
+  std::vector<BufferSpec> buffers;
+  std::vector<Step> steps;
+  int64_t out_width = 0;            // width of the output's last dim
+  bool out_has_feature_dim = true;  // false: the output drops the last dim
+
+  // Byte offset of buffer i in the workspace (256-byte aligned) and the bytes all buffers take.
+  size_t buffer_offset(int i) const;
+  size_t buffers_bytes() const;
+  // Multi-line, human-readable: rewrites, then one line per step with bytes and FLOPs.
+  std::string describe() const;
+};
+
+// What the planner needs to know beyond the chain.
+struct PlanRequest {
+  Chain chain;                                     // as captured
+  std::vector<int64_t> batch_sizes;                // leading dims of x (their product is M)
+  std::vector<std::vector<int64_t>> operand_sizes; // shape of each t<i>
+  DType dtype = DType::F32;
+  Precision precision = Precision::FP32;
+};
+
+// Simplify the chain and cut it into steps. Throws Unsupported (cannot fuse: fall back) or
+// std::invalid_argument (the call is wrong for PyTorch too, e.g. training BatchNorm with M == 1).
+Plan make_plan(const PlanRequest& request);
+
+}  // namespace gemmfuse

@@ -1,0 +1,99 @@
+// The scalar math of every pointwise stage, shared by the CPU and CUDA executors so that
+// both compute the same function. Formulas follow PyTorch's fp32 kernels (NaN propagates
+// through clamp/min/max/relu as it does there).
+#pragma once
+
+#include <cmath>
+
+#include "gemmfuse/chain.h"
+
+#if defined(__CUDACC__)
+#define GF_HD __host__ __device__ __forceinline__
+#else
+#define GF_HD inline
+#endif
+
+namespace gemmfuse {
+
+// The scalar attributes a pointwise op reads, in fp32 (resolved once per plan).
+struct PointwiseParams {
+  float lo, hi;        // clamp
+  float alpha;         // elu alpha, leaky_relu slope, pow exponent
+  float beta, threshold;  // softplus
+};
+
+inline PointwiseParams pointwise_params(const Node& n) {
+  return {static_cast<float>(n.lo), static_cast<float>(n.hi), static_cast<float>(n.alpha),
+          static_cast<float>(n.beta), static_cast<float>(n.threshold)};
+}
+
+GF_HD bool gf_isnan(float x) { return x != x; }
+
+GF_HD float gf_softplus(float x, float beta, float threshold) {
+  return (x * beta) > threshold ? x : log1pf(expf(x * beta)) / beta;
+}
+
+GF_HD float apply_unary(OpCode op, float x, const PointwiseParams& p) {
+  switch (op) {
+    case OpCode::Neg: return -x;
+    case OpCode::Abs: return fabsf(x);
+    case OpCode::Square: return x * x;
+    case OpCode::Sqrt: return sqrtf(x);
+    case OpCode::Rsqrt: return 1.0f / sqrtf(x);
+    case OpCode::Exp: return expf(x);
+    case OpCode::Log: return logf(x);
+    case OpCode::Relu: return gf_isnan(x) ? x : (x > 0.f ? x : 0.f);
+    case OpCode::Sigmoid: return 1.0f / (1.0f + expf(-x));
+    case OpCode::Tanh: return tanhf(x);
+    case OpCode::Silu: return x / (1.0f + expf(-x));
+    case OpCode::Mish: return x * tanhf(log1pf(expf(x)));
+    case OpCode::GeluErf: return 0.5f * x * (1.0f + erff(x * 0.70710678118654752440f));
+    case OpCode::GeluTanh: {
+      const float k = 0.79788456080286535588f;  // sqrt(2/pi)
+      return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
+    }
+    case OpCode::Softplus: return gf_softplus(x, p.beta, p.threshold);
+    case OpCode::Elu: return x > 0.f ? x : p.alpha * expm1f(x);
+    case OpCode::LeakyRelu: return x > 0.f ? x : x * p.alpha;
+    case OpCode::Clamp:
+      if (gf_isnan(x)) return x;
+      return fminf(fmaxf(x, p.lo), p.hi);
+    case OpCode::Pow:  // PyTorch special-cases these exponents
+      if (p.alpha == 2.f) return x * x;
+      if (p.alpha == 3.f) return x * x * x;
+      if (p.alpha == 0.5f) return sqrtf(x);
+      if (p.alpha == -0.5f) return 1.0f / sqrtf(x);
+      if (p.alpha == -1.f) return 1.0f / x;
+      if (p.alpha == -2.f) return 1.0f / (x * x);
+      return powf(x, p.alpha);
+    case OpCode::Reciprocal: return 1.0f / x;
+    default: return x;  // not a unary op: the planner never emits this
+  }
+}
+
+// x <op> b, or b <op> x when reversed.
+GF_HD float apply_binary(OpCode op, float x, float b, bool reversed) {
+  const float l = reversed ? b : x, r = reversed ? x : b;
+  switch (op) {
+    case OpCode::Add: return l + r;
+    case OpCode::Sub: return l - r;
+    case OpCode::Mul: return l * r;
+    case OpCode::Div: return l / r;
+    case OpCode::Minimum: return (gf_isnan(l) || gf_isnan(r)) ? (l + r) : fminf(l, r);
+    case OpCode::Maximum: return (gf_isnan(l) || gf_isnan(r)) ? (l + r) : fmaxf(l, r);
+    default: return l;
+  }
+}
+
+// Max that propagates NaN (as torch.max / amax do).
+GF_HD float nan_max(float a, float b) {
+  return (gf_isnan(a) || gf_isnan(b)) ? (a + b) : fmaxf(a, b);
+}
+GF_HD float nan_min(float a, float b) {
+  return (gf_isnan(a) || gf_isnan(b)) ? (a + b) : fminf(a, b);
+}
+
+// The shift PyTorch's logsumexp uses: the row max, or 0 when that max is +-inf.
+GF_HD float lse_shift(float row_max) { return fabsf(row_max) == HUGE_VALF ? 0.f : row_max; }
+
+}  // namespace gemmfuse

@@ -106,6 +106,11 @@ struct Chain {
   bool output_has_feature_dim() const { return has_feature_dim(static_cast<int>(nodes.size())); }
 };
 
+// Output width of an avg_pool/max_pool node over `width` columns, by PyTorch's formula
+// (floor or ceil of (width + 2*padding - kernel) / stride, plus 1; with ceil_mode the last
+// window must start inside the input or its left padding). <= 0 when PyTorch would reject it.
+int64_t pool_output_width(int64_t width, const Node& pool);
+
 OpFamily family(OpCode op);
 const char* op_name(OpCode op);               // the spec's name
 bool op_from_name(const std::string& name, OpCode* out);

@@ -1,0 +1,92 @@
+// TORCH_LIBRARY(gemmfuse): the operators the Python front calls.
+//   run       the chain on x (CPU, CUDA; Meta gives the shape for torch.compile/export)
+//   describe  the plan as text (for gemmfuse.explain), or "gemmfuse unsupported: ..." raised
+//   check     "" when a spec parses, else the reason
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include <sstream>
+#include <stdexcept>
+
+#include "plan_cache.h"
+#include "run_call.h"
+
+namespace gemmfuse::bindings {
+namespace {
+
+std::string str(c10::string_view s) { return std::string(s.data(), s.size()); }
+
+CallInputs inputs(c10::string_view spec, const at::Tensor& x, const at::Tensor& weight,
+                  const c10::optional<at::Tensor>& bias, at::TensorList operands,
+                  at::TensorList state, c10::string_view precision) {
+  return CallInputs{str(spec), x, weight, bias, operands, state, str(precision)};
+}
+
+at::Tensor run_cpu(c10::string_view spec, const at::Tensor& x, const at::Tensor& weight,
+                   const c10::optional<at::Tensor>& bias, at::TensorList operands,
+                   at::TensorList state, c10::string_view precision) {
+  return run_on_cpu(inputs(spec, x, weight, bias, operands, state, precision));
+}
+
+#ifdef GEMMFUSE_WITH_CUDA
+at::Tensor run_cuda(c10::string_view spec, const at::Tensor& x, const at::Tensor& weight,
+                    const c10::optional<at::Tensor>& bias, at::TensorList operands,
+                    at::TensorList state, c10::string_view precision) {
+  return run_on_cuda(inputs(spec, x, weight, bias, operands, state, precision));
+}
+#endif
+
+// Shape only: what torch.compile's fake tensors and torch.export need.
+at::Tensor run_meta(c10::string_view spec, const at::Tensor& x, const at::Tensor& weight,
+                    const c10::optional<at::Tensor>&, at::TensorList, at::TensorList,
+                    c10::string_view) {
+  auto chain = chain_for(str(spec));
+  TORCH_CHECK(x.dim() >= 1 && x.size(-1) == chain->in_features,
+              "mat1 and mat2 shapes cannot be multiplied");
+  TORCH_CHECK(x.scalar_type() == weight.scalar_type(),
+              "expected m1 and m2 to have the same dtype, but got: ", x.scalar_type(), " != ",
+              weight.scalar_type());
+  return at::empty(output_shape(*chain, x.sizes()), x.options());
+}
+
+std::string describe(c10::string_view spec, const at::Tensor& x, const at::Tensor& weight,
+                     const c10::optional<at::Tensor>& bias, at::TensorList operands,
+                     at::TensorList state, c10::string_view precision) {
+  auto cp = plan_for(str(spec), x, weight, bias, operands, state, str(precision));
+  std::ostringstream os;
+  os << "executor: " << (x.is_cuda() ? "cuda" : "cpu");
+  if (!x.is_cuda() && cp.plan->precision != Precision::FP32)
+    os << " (computes every precision mode in fp32)";
+  os << '\n' << cp.plan->describe();
+  return os.str();
+}
+
+std::string check(c10::string_view spec) {
+  try {
+    parse_chain(str(spec));
+    return "";
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+}
+
+}  // namespace
+
+TORCH_LIBRARY(gemmfuse, m) {
+  m.def(
+      "run(str spec, Tensor x, Tensor weight, Tensor? bias, Tensor[] operands, "
+      "Tensor(a!)[] state, str precision) -> Tensor");
+  m.def(
+      "describe(str spec, Tensor x, Tensor weight, Tensor? bias, Tensor[] operands, "
+      "Tensor[] state, str precision) -> str",
+      &describe);
+  m.def("check(str spec) -> str", &check);
+}
+
+TORCH_LIBRARY_IMPL(gemmfuse, CPU, m) { m.impl("run", &run_cpu); }
+TORCH_LIBRARY_IMPL(gemmfuse, Meta, m) { m.impl("run", &run_meta); }
+#ifdef GEMMFUSE_WITH_CUDA
+TORCH_LIBRARY_IMPL(gemmfuse, CUDA, m) { m.impl("run", &run_cuda); }
+#endif
+
+}  // namespace gemmfuse::bindings

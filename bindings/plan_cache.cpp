@@ -1,0 +1,133 @@
+#include "plan_cache.h"
+
+#include <mutex>
+#include <sstream>
+#include <stdexcept>
+#include <unordered_map>
+
+namespace gemmfuse::bindings {
+namespace {
+
+std::mutex g_mutex;
+std::unordered_map<std::string, std::shared_ptr<const Chain>> g_chains;
+std::unordered_map<std::string, std::shared_ptr<const Plan>> g_plans;
+
+void append_sizes(std::ostringstream& os, at::IntArrayRef sizes) {
+  os << '[';
+  for (auto s : sizes) os << s << ',';
+  os << ']';
+}
+
+std::string device_name(const at::Tensor& t) { return t.device().str(); }
+
+}  // namespace
+
+DType dtype_of(const at::Tensor& t) {
+  switch (t.scalar_type()) {
+    case at::kFloat: return DType::F32;
+    case at::kBFloat16: return DType::BF16;
+    case at::kHalf: return DType::F16;
+    default:
+      throw Unsupported(std::string("dtype ") + c10::toString(t.scalar_type()) +
+                        " is not fused (fp32, bf16 and fp16 are): runs in PyTorch");
+  }
+}
+
+std::shared_ptr<const Chain> chain_for(const std::string& spec) {
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    auto it = g_chains.find(spec);
+    if (it != g_chains.end()) return it->second;
+  }
+  std::shared_ptr<const Chain> chain;
+  try {
+    chain = std::make_shared<const Chain>(parse_chain(spec));
+  } catch (const std::invalid_argument& e) {
+    TORCH_CHECK(false, "gemmfuse: bad chain spec: ", e.what());
+  }
+  std::lock_guard<std::mutex> lock(g_mutex);
+  return g_chains.emplace(spec, chain).first->second;
+}
+
+std::vector<int64_t> output_shape(const Chain& chain, at::IntArrayRef x_sizes) {
+  std::vector<int64_t> shape(x_sizes.begin(), x_sizes.end() - 1);
+  if (chain.output_has_feature_dim()) shape.push_back(chain.output_width());
+  return shape;
+}
+
+CachedPlan plan_for(const std::string& spec, const at::Tensor& x, const at::Tensor& weight,
+                    const c10::optional<at::Tensor>& bias, at::TensorList operands,
+                    at::TensorList state, const std::string& precision) {
+  auto chain = chain_for(spec);
+
+  // The checks F.linear makes, with PyTorch's wording, so a wrong call fails the same way.
+  TORCH_CHECK(x.dim() >= 1, "gemmfuse: input must have at least one dimension");
+  TORCH_CHECK(weight.dim() == 2 && weight.size(0) == chain->out_features &&
+                  weight.size(1) == chain->in_features,
+              "gemmfuse: weight of shape ", weight.sizes(), " does not match the chain's Linear(",
+              chain->in_features, ", ", chain->out_features, ")");
+  TORCH_CHECK(x.size(-1) == weight.size(1), "mat1 and mat2 shapes cannot be multiplied (",
+              x.numel() / std::max<int64_t>(x.size(-1), 1), "x", x.size(-1), " and ",
+              weight.size(1), "x", weight.size(0), ")");
+  TORCH_CHECK(x.scalar_type() == weight.scalar_type(),
+              "expected m1 and m2 to have the same dtype, but got: ", x.scalar_type(), " != ",
+              weight.scalar_type());
+  auto same_device = [&](const at::Tensor& t) {
+    TORCH_CHECK(t.device() == x.device(),
+                "Expected all tensors to be on the same device, but found at least two "
+                "devices, ", x.device(), " and ", t.device(), "!");
+  };
+  same_device(weight);
+  if (bias.has_value()) {
+    same_device(*bias);
+    TORCH_CHECK(chain->has_bias, "gemmfuse: a bias was passed to a chain without one");
+  } else {
+    TORCH_CHECK(!chain->has_bias, "gemmfuse: the chain's Linear has a bias but none was passed");
+  }
+  for (const auto& t : operands) same_device(t);
+  for (const auto& t : state) same_device(t);
+
+  PlanRequest req;
+  req.chain = *chain;
+  req.batch_sizes.assign(x.sizes().begin(), x.sizes().end() - 1);
+  for (const auto& t : operands) req.operand_sizes.emplace_back(t.sizes().vec());
+  try {
+    req.dtype = dtype_of(x);
+  } catch (const Unsupported& e) {
+    TORCH_CHECK(false, "gemmfuse unsupported: ", e.what());
+  }
+  if (!precision_from_name(precision, &req.precision)) {
+    TORCH_CHECK(false, "gemmfuse: unknown precision '", precision,
+                "' (expected fp32, fast or tf32)");
+  }
+
+  std::ostringstream key;
+  key << spec << '|';
+  append_sizes(key, x.sizes());
+  for (const auto& t : operands) append_sizes(key, t.sizes());
+  key << '|' << dtype_name(req.dtype) << '|' << precision << '|' << device_name(x);
+
+  CachedPlan out{key.str(), nullptr};
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    auto it = g_plans.find(out.key);
+    if (it != g_plans.end()) {
+      out.plan = it->second;
+      return out;
+    }
+  }
+  try {
+    out.plan = std::make_shared<const Plan>(make_plan(req));
+  } catch (const Unsupported& e) {
+    TORCH_CHECK(false, "gemmfuse unsupported: ", e.what());
+  } catch (const std::invalid_argument& e) {
+    // What PyTorch itself rejects (e.g. training BatchNorm on one row): PyTorch raises
+    // ValueError there, so do we.
+    TORCH_CHECK_VALUE(false, e.what());
+  }
+  std::lock_guard<std::mutex> lock(g_mutex);
+  g_plans.emplace(out.key, out.plan);
+  return out;
+}
+
+}  // namespace gemmfuse::bindings

@@ -1,0 +1,35 @@
+// From a call's tensors to a Plan, cached: parsing and planning run once per
+// (spec, shapes, dtype, precision, device type), a map lookup after that.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <memory>
+#include <string>
+
+#include "gemmfuse/chain.h"
+#include "gemmfuse/plan.h"
+
+namespace gemmfuse::bindings {
+
+// The parsed spec (cached by text). Throws c10::Error on a malformed spec.
+std::shared_ptr<const Chain> chain_for(const std::string& spec);
+
+struct CachedPlan {
+  std::string key;  // identifies the plan (also the prepared-weights cache key prefix)
+  std::shared_ptr<const Plan> plan;
+};
+
+// Checks the call as PyTorch's F.linear would (same messages where PyTorch has one), then
+// returns the plan. Refused chains raise "gemmfuse unsupported: <reason>".
+CachedPlan plan_for(const std::string& spec, const at::Tensor& x, const at::Tensor& weight,
+                    const c10::optional<at::Tensor>& bias, at::TensorList operands,
+                    at::TensorList state, const std::string& precision);
+
+// Output shape of the chain for input x (leading dims of x, then the output width unless a
+// keepdim=false reduction dropped it). Used by the Meta kernel and by run.
+std::vector<int64_t> output_shape(const Chain& chain, at::IntArrayRef x_sizes);
+
+DType dtype_of(const at::Tensor& t);
+
+}  // namespace gemmfuse::bindings

@@ -1,0 +1,24 @@
+// Prepared weights (column sums, folded BatchNorm, split-precision parts), built once per
+// weight version. A version is the tensor's data pointer and its autograd version counter,
+// which every in-place update bumps: optimizer steps, load_state_dict, `with no_grad: w.mul_()`.
+// (Writes through `w.data` bypass the counter — PyTorch gives them a fresh one — and are not
+// seen; docs/design.md says so.)
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <string>
+
+#include "gemmfuse/executor.h"
+
+namespace gemmfuse::bindings {
+
+// Returns the prepared bytes for this plan and these tensors, preparing them (on the
+// executor's stream) when missing or when any tensor they were built from has changed.
+// An empty tensor when the plan needs no preparation.
+at::Tensor prepared_for(const std::string& plan_key, const Plan& plan, Executor& executor,
+                        const RunArgs& args, const at::Tensor& weight,
+                        const c10::optional<at::Tensor>& bias, at::TensorList operands,
+                        at::TensorList state);
+
+}  // namespace gemmfuse::bindings

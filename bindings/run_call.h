@@ -1,0 +1,33 @@
+// One call of gemmfuse::run on a device: tensors in, the executor's RunArgs, the output.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <string>
+
+namespace gemmfuse::bindings {
+
+struct CallInputs {
+  std::string spec;
+  at::Tensor x, weight;
+  c10::optional<at::Tensor> bias;
+  at::TensorList operands, state;
+  std::string precision;
+};
+
+at::Tensor run_on_cpu(const CallInputs& in);
+#ifdef GEMMFUSE_WITH_CUDA
+at::Tensor run_on_cuda(const CallInputs& in);
+#endif
+
+// The state tensors as executors want them (fp32 running stats, int64 counters), with a
+// copy-back for any that had to be converted.
+struct StateViews {
+  std::vector<at::Tensor> views;
+  std::vector<std::pair<at::Tensor, at::Tensor>> copy_back;  // (original, converted)
+  std::vector<void*> pointers;
+  explicit StateViews(at::TensorList state);
+  void finish();
+};
+
+}  // namespace gemmfuse::bindings

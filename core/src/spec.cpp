@@ -2,12 +2,10 @@
 // shape rules of the IR (width_of / has_feature_dim).
 #include <cctype>
 #include <cerrno>
-#include <cinttypes>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
-#include <map>
 #include <sstream>
 #include <stdexcept>
 #include <string>

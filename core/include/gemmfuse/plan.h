@@ -86,7 +86,22 @@ struct Step {
     RowPass,      // output = program(input), row by row
     ColumnStats,  // buffer `output` [2,width] = mean, invstd over the M rows of `input`
                   // for BatchNorm node `node`; updates its running state when training
+                  // (node.training and running stats present: running_mean/var, and
+                  // num_batches += 1 when present; momentum < 0 means 1/num_batches).
+                  // input == -1: an eval BatchNorm that was not folded into W: the stats
+                  // come from the running state (mean = running_mean,
+                  // invstd = 1/sqrt(running_var + eps)); no rows are read, nothing updated,
+                  // and the row pass is not cut (the step comes before the pass using it).
   };
+  // Conventions of planner-made plans:
+  //  - Gemm/Gemv write buffer 0 ("Y", fp32) when a row pass follows, else kOutput directly
+  //    (then in the model dtype, and the plan has no buffers).
+  //  - Gemv: node.op Sum or Mean (node.keepdim says the output shape); it replaces the
+  //    Linear and plan.chain.nodes[0].
+  //  - A value that a later stage reads through `v<i>` is read back with an OperandRef
+  //    Buffer: from the buffer that holds it intact (Y, a pass's intermediate output) or
+  //    from a buffer a Save instruction wrote when the value was current.
+  //  - RowPasses never write their input buffer; a value without a feature dim is width 1.
   Kind kind = Kind::RowPass;
   int input = -1;   // buffer id (RowPass, ColumnStats)
   int output = -1;  // buffer id or kOutput
@@ -129,6 +144,9 @@ struct PlanRequest {
   std::vector<std::vector<int64_t>> operand_sizes; // shape of each t<i>
   DType dtype = DType::F32;
   Precision precision = Precision::FP32;
+  // false: plan the chain as captured (only identity dropouts are dropped). For tests and
+  // for debugging a rewrite; products leave it on.
+  bool simplify = true;
 };
 
 // Simplify the chain and cut it into steps. Throws Unsupported (cannot fuse: fall back) or

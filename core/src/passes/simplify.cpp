@@ -1,0 +1,24 @@
+// The pass pipeline: each pass can expose work for another (dropping size-1 reductions can
+// put a sum right after the Linear; folding a BatchNorm can do the same), so run them in
+// order until none applies. Every pass strictly shrinks the chain or marks prep, except the
+// softmax rewrite which replaces a node that cannot reappear; so this terminates.
+#include "gemmfuse/passes.h"
+
+namespace gemmfuse {
+
+Rewrites simplify(Chain& chain, WeightPrep& prep) {
+  Rewrites all;
+  for (int round = 0; round < 64; ++round) {
+    const size_t before = all.size();
+    auto add = [&](Rewrites r) { all.insert(all.end(), r.begin(), r.end()); };
+    add(drop_identity_dropout(chain));
+    add(drop_size1_reductions(chain));
+    add(fold_scalar_chains(chain));
+    add(fold_eval_batchnorm(chain, prep));
+    add(sum_to_gemv(chain, prep));
+    if (all.size() == before) break;
+  }
+  return all;
+}
+
+}  // namespace gemmfuse

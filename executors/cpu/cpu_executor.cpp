@@ -1,0 +1,484 @@
+// The CPU executor (see cpu_executor.h). Step by step as the plan says; every row pass runs
+// its program on one row at a time in a scratch copy of the row.
+#include "cpu_executor.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "pointwise.h"
+
+#if defined(_OPENMP)
+#define GF_OMP_FOR _Pragma("omp parallel for schedule(static)")
+#define GF_OMP_FOR_DYNAMIC _Pragma("omp parallel for schedule(dynamic, 1)")
+#else
+#define GF_OMP_FOR
+#define GF_OMP_FOR_DYNAMIC
+#endif
+
+namespace gemmfuse {
+
+namespace {
+
+constexpr size_t kAlign = 256;
+size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+// Byte offsets of the prepared parts (see prepared_bytes).
+struct PreparedLayout {
+  size_t w = 0, b = 0, colsum = 0, sumb = 0, total = 0;
+  explicit PreparedLayout(const Plan& p) {
+    size_t off = 0;
+    if (p.prep.fold_batchnorm) {
+      w = off;
+      off += align_up(sizeof(float) * static_cast<size_t>(p.N * p.K));
+      b = off;
+      off += align_up(sizeof(float) * static_cast<size_t>(p.N));
+    }
+    if (p.prep.column_sums) {
+      colsum = off;
+      off += align_up(sizeof(float) * static_cast<size_t>(p.K));
+      sumb = off;
+      off += align_up(sizeof(float));
+    }
+    total = off;
+  }
+};
+
+template <typename T>
+T* at(void* base, size_t off) {
+  return reinterpret_cast<T*>(static_cast<char*>(base) + off);
+}
+template <typename T>
+const T* at(const void* base, size_t off) {
+  return reinterpret_cast<const T*>(static_cast<const char*>(base) + off);
+}
+
+const float* operand_ptr(const RunArgs& a, const OperandRef& r) {
+  if (r.index < 0 || r.index >= static_cast<int>(a.operands.size()) || !a.operands[r.index])
+    throw std::invalid_argument("cpu executor: operand t" + std::to_string(r.index) +
+                                " missing");
+  return a.operands[r.index];
+}
+
+template <typename T>
+T* state_ptr(const RunArgs& a, const Operand& o) {
+  if (o.kind != Operand::Kind::State) return nullptr;
+  if (o.index < 0 || o.index >= static_cast<int>(a.state.size()) || !a.state[o.index])
+    throw std::invalid_argument("cpu executor: state s" + std::to_string(o.index) + " missing");
+  return static_cast<T*>(a.state[o.index]);
+}
+
+const float* affine_ptr(const RunArgs& a, const Operand& o) {
+  if (o.kind != Operand::Kind::Tensor) return nullptr;
+  OperandRef r;
+  r.index = o.index;
+  return operand_ptr(a, r);
+}
+
+// Where the run's buffers live.
+struct Memory {
+  const Plan& plan;
+  const RunArgs& args;
+  void* workspace;
+  float* buffer(int id) const {
+    if (id == kOutput) return static_cast<float*>(args.out);
+    return at<float>(workspace, plan.buffer_offset(id));
+  }
+};
+
+// One instruction's operand, resolved to a base pointer once per pass.
+struct BoundRef {
+  OperandRef::Kind kind = OperandRef::Kind::None;
+  float imm = 0.f;
+  const float* p = nullptr;
+  int64_t cols = 0;  // Buffer: row stride; Full: the value's width
+  float get(int64_t row, int64_t col) const {
+    switch (kind) {
+      case OperandRef::Kind::Imm: return imm;
+      case OperandRef::Kind::Scalar: return p[0];
+      case OperandRef::Kind::Col: return p[col];
+      case OperandRef::Kind::Row: return p[row];
+      case OperandRef::Kind::Full: return p[row * cols + col];
+      case OperandRef::Kind::Buffer: return p[row * cols + (cols == 1 ? 0 : col)];
+      case OperandRef::Kind::None: break;
+    }
+    return 0.f;
+  }
+};
+
+BoundRef bind(const Memory& mem, const OperandRef& r, int64_t width) {
+  BoundRef b;
+  b.kind = r.kind;
+  switch (r.kind) {
+    case OperandRef::Kind::Imm: b.imm = r.imm; break;
+    case OperandRef::Kind::Scalar: case OperandRef::Kind::Col: case OperandRef::Kind::Row:
+      b.p = operand_ptr(mem.args, r);
+      break;
+    case OperandRef::Kind::Full:
+      b.p = operand_ptr(mem.args, r);
+      b.cols = width;
+      break;
+    case OperandRef::Kind::Buffer:
+      b.p = mem.buffer(r.index);
+      b.cols = r.cols;
+      break;
+    case OperandRef::Kind::None: break;
+  }
+  return b;
+}
+
+// ---- row-program stages ----------------------------------------------------------------
+
+float reduce_row(OpCode op, const float* x, int64_t w) {
+  switch (op) {
+    case OpCode::Sum: case OpCode::Mean: {
+      double s = 0;
+      for (int64_t c = 0; c < w; ++c) s += x[c];
+      return static_cast<float>(op == OpCode::Mean ? s / static_cast<double>(w) : s);
+    }
+    case OpCode::Max: case OpCode::Min: {
+      float m = x[0];
+      for (int64_t c = 1; c < w; ++c) m = op == OpCode::Max ? nan_max(m, x[c]) : nan_min(m, x[c]);
+      return m;
+    }
+    case OpCode::LogSumExp: {
+      float m = x[0];
+      for (int64_t c = 1; c < w; ++c) m = nan_max(m, x[c]);
+      const float shift = lse_shift(m);
+      double s = 0;
+      for (int64_t c = 0; c < w; ++c) s += std::exp(static_cast<double>(x[c] - shift));
+      return static_cast<float>(std::log(s) + static_cast<double>(shift));
+    }
+    default: throw std::logic_error("reduce_row: not a reduction");
+  }
+}
+
+// softmax = exp(x - max) / sum; log_softmax = x - max - log(sum), as PyTorch computes them.
+void softmax_row(bool log, float* x, int64_t w) {
+  float m = x[0];
+  for (int64_t c = 1; c < w; ++c) m = nan_max(m, x[c]);
+  double s = 0;
+  for (int64_t c = 0; c < w; ++c) s += std::exp(static_cast<double>(x[c] - m));
+  if (log) {
+    const double ls = std::log(s);
+    for (int64_t c = 0; c < w; ++c) x[c] = static_cast<float>(static_cast<double>(x[c] - m) - ls);
+  } else {
+    for (int64_t c = 0; c < w; ++c)
+      x[c] = static_cast<float>(std::exp(static_cast<double>(x[c] - m)) / s);
+  }
+}
+
+// Two-pass mean and biased variance per group of w/groups contiguous columns.
+void group_norm_row(const Node& n, float* x, int64_t w, const float* wt, const float* bs) {
+  const int64_t gs = w / n.groups;
+  for (int64_t g = 0; g < n.groups; ++g) {
+    float* v = x + g * gs;
+    double mean = 0;
+    for (int64_t c = 0; c < gs; ++c) mean += v[c];
+    mean /= static_cast<double>(gs);
+    double var = 0;
+    for (int64_t c = 0; c < gs; ++c) var += (v[c] - mean) * (v[c] - mean);
+    var /= static_cast<double>(gs);
+    const double rstd = 1.0 / std::sqrt(var + n.eps);
+    for (int64_t c = 0; c < gs; ++c) {
+      const int64_t col = g * gs + c;
+      double y = (v[c] - mean) * rstd;
+      if (wt) y *= wt[col];
+      if (bs) y += bs[col];
+      v[c] = static_cast<float>(y);
+    }
+  }
+}
+
+// PyTorch's avg_pool1d / max_pool1d (dilation 1) over one row; `out` has w_out entries.
+void pool_row(const Node& n, const float* x, int64_t w, float* out, int64_t w_out) {
+  for (int64_t o = 0; o < w_out; ++o) {
+    int64_t start = o * n.stride - n.padding;
+    int64_t end = std::min(start + n.kernel, w + n.padding);
+    const int64_t pool_size = end - start;  // includes padding (count_include_pad)
+    start = std::max<int64_t>(start, 0);
+    end = std::min(end, w);
+    if (n.op == OpCode::AvgPool) {
+      double s = 0;
+      for (int64_t c = start; c < end; ++c) s += x[c];
+      const int64_t div = n.count_include_pad ? pool_size : (end - start);
+      out[o] = static_cast<float>(s / static_cast<double>(div));
+    } else {
+      float m = -std::numeric_limits<float>::infinity();  // padding is -inf
+      for (int64_t c = start; c < end; ++c)
+        if (x[c] > m || gf_isnan(x[c])) m = x[c];  // as PyTorch: NaN wins
+      out[o] = m;
+    }
+  }
+}
+
+// ---- steps -----------------------------------------------------------------------------
+
+void run_row_pass(const Step& st, const Memory& mem) {
+  const Plan& plan = mem.plan;
+  const int64_t M = plan.M;
+  const float* in = mem.buffer(st.input);
+  float* out = mem.buffer(st.output);
+
+  // Resolve everything per instruction once; the row loop only reads.
+  struct Bound {
+    BoundRef b;
+    const float *wt = nullptr, *bs = nullptr, *stats = nullptr;
+    float* save = nullptr;
+    PointwiseParams pp{};
+  };
+  std::vector<Bound> bound(st.program.size());
+  int64_t max_w = std::max(st.width_in, st.width_out);
+  for (size_t i = 0; i < st.program.size(); ++i) {
+    const Instr& ins = st.program[i];
+    Bound& b = bound[i];
+    b.b = bind(mem, ins.b, ins.width_in);
+    if (ins.weight.kind == OperandRef::Kind::Col) b.wt = operand_ptr(mem.args, ins.weight);
+    if (ins.bias.kind == OperandRef::Kind::Col) b.bs = operand_ptr(mem.args, ins.bias);
+    if (ins.kind == Instr::Kind::BatchNormApply) b.stats = mem.buffer(ins.stats);
+    if (ins.kind == Instr::Kind::Save) b.save = mem.buffer(ins.buffer);
+    b.pp = pointwise_params(ins.node);
+    max_w = std::max({max_w, ins.width_in, ins.width_out});
+  }
+
+  GF_OMP_FOR_DYNAMIC
+  for (int64_t blk = 0; blk < (M + 15) / 16; ++blk) {
+    std::vector<float> row(static_cast<size_t>(max_w)), tmp(static_cast<size_t>(max_w));
+    for (int64_t r = blk * 16; r < std::min(M, blk * 16 + 16); ++r) {
+      int64_t w = st.width_in;
+      std::copy(in + r * w, in + r * w + w, row.begin());
+      float* x = row.data();
+      for (size_t i = 0; i < st.program.size(); ++i) {
+        const Instr& ins = st.program[i];
+        const Bound& b = bound[i];
+        const Node& n = ins.node;
+        switch (ins.kind) {
+          case Instr::Kind::Pointwise:
+            if (family(n.op) == OpFamily::Binary) {
+              for (int64_t c = 0; c < w; ++c)
+                x[c] = apply_binary(n.op, x[c], b.b.get(r, c), n.reversed);
+            } else {
+              for (int64_t c = 0; c < w; ++c) x[c] = apply_unary(n.op, x[c], b.pp);
+            }
+            break;
+          case Instr::Kind::Reduce:
+            x[0] = reduce_row(n.op, x, w);
+            w = 1;
+            break;
+          case Instr::Kind::Softmax:
+            softmax_row(n.op == OpCode::LogSoftmax, x, w);
+            break;
+          case Instr::Kind::GroupNorm:
+            group_norm_row(n, x, w, b.wt, b.bs);
+            break;
+          case Instr::Kind::Pool:
+            pool_row(n, x, w, tmp.data(), ins.width_out);
+            std::copy(tmp.begin(), tmp.begin() + ins.width_out, row.begin());
+            w = ins.width_out;
+            break;
+          case Instr::Kind::BatchNormApply:
+            for (int64_t c = 0; c < w; ++c) {
+              float y = (x[c] - b.stats[c]) * b.stats[w + c];
+              if (b.wt) y *= b.wt[c];
+              if (b.bs) y += b.bs[c];
+              x[c] = y;
+            }
+            break;
+          case Instr::Kind::Save:
+            std::copy(x, x + w, b.save + r * w);
+            break;
+        }
+      }
+      std::copy(x, x + w, out + r * st.width_out);
+    }
+  }
+}
+
+// Mean and invstd per column into buffer `output` ([2, w]); training updates running state.
+void run_column_stats(const Step& st, const Memory& mem) {
+  const Node& n = st.node;
+  const int64_t w = st.width_in, M = mem.plan.M;
+  float* stats = mem.buffer(st.output);
+  float* rm = state_ptr<float>(mem.args, n.running_mean);
+  float* rv = state_ptr<float>(mem.args, n.running_var);
+
+  if (st.input < 0) {  // eval BatchNorm: the running statistics
+    if (!rm || !rv) throw std::invalid_argument("cpu executor: eval BatchNorm without running stats");
+    for (int64_t c = 0; c < w; ++c) {
+      stats[c] = rm[c];
+      stats[w + c] = static_cast<float>(1.0 / std::sqrt(static_cast<double>(rv[c]) + n.eps));
+    }
+    return;
+  }
+
+  const float* x = mem.buffer(st.input);
+  std::vector<double> mean(static_cast<size_t>(w)), var(static_cast<size_t>(w));
+  // Columns in chunks per thread; each chunk walks the rows (row-major, so stays in cache).
+  const int64_t chunk = 256;
+  GF_OMP_FOR
+  for (int64_t c0 = 0; c0 < w; c0 += chunk) {
+    const int64_t c1 = std::min(w, c0 + chunk);
+    for (int64_t r = 0; r < M; ++r)
+      for (int64_t c = c0; c < c1; ++c) mean[c] += x[r * w + c];
+    for (int64_t c = c0; c < c1; ++c) mean[c] /= static_cast<double>(M);
+    for (int64_t r = 0; r < M; ++r)
+      for (int64_t c = c0; c < c1; ++c) {
+        const double d = x[r * w + c] - mean[c];
+        var[c] += d * d;
+      }
+    for (int64_t c = c0; c < c1; ++c) var[c] /= static_cast<double>(M);
+  }
+  for (int64_t c = 0; c < w; ++c) {
+    stats[c] = static_cast<float>(mean[c]);
+    stats[w + c] = static_cast<float>(1.0 / std::sqrt(var[c] + n.eps));
+  }
+
+  if (!n.training || !rm || !rv) return;  // eval without running stats: nothing to update
+  int64_t* nb = state_ptr<int64_t>(mem.args, n.num_batches);
+  if (nb) *nb += 1;
+  double m = n.momentum;
+  if (m < 0) {
+    if (!nb) throw std::invalid_argument("cpu executor: momentum=none needs num_batches");
+    m = 1.0 / static_cast<double>(*nb);
+  }
+  const double unbias = M > 1 ? static_cast<double>(M) / static_cast<double>(M - 1)
+                              : std::numeric_limits<double>::quiet_NaN();
+  for (int64_t c = 0; c < w; ++c) {
+    rm[c] = static_cast<float>((1 - m) * rm[c] + m * mean[c]);
+    rv[c] = static_cast<float>((1 - m) * rv[c] + m * var[c] * unbias);
+  }
+}
+
+void run_gemm(const Step& st, const Memory& mem, const void* prepared) {
+  const Plan& plan = mem.plan;
+  const RunArgs& a = mem.args;
+  const PreparedLayout lay(plan);
+  const float* w = static_cast<const float*>(a.weight);
+  const float* b = static_cast<const float*>(a.bias);
+  if (plan.prep.fold_batchnorm) {
+    if (!prepared) throw std::invalid_argument("cpu executor: plan needs prepared weights");
+    w = at<float>(prepared, lay.w);
+    b = at<float>(prepared, lay.b);
+  }
+  float* y = mem.buffer(st.output);
+  if (a.cpu_gemm) a.cpu_gemm(plan.M, plan.N, plan.K, static_cast<const float*>(a.x), w, y);
+  else cpu_gemm_blocked(plan.M, plan.N, plan.K, static_cast<const float*>(a.x), w, y);
+  if (b) {
+    GF_OMP_FOR
+    for (int64_t r = 0; r < plan.M; ++r)
+      for (int64_t c = 0; c < plan.N; ++c) y[r * plan.N + c] += b[c];
+  }
+}
+
+void run_gemv(const Step& st, const Memory& mem, const void* prepared) {
+  const Plan& plan = mem.plan;
+  if (!prepared) throw std::invalid_argument("cpu executor: Gemv needs prepared column sums");
+  const PreparedLayout lay(plan);
+  const float* cs = at<float>(prepared, lay.colsum);
+  const double sumb = *at<float>(prepared, lay.sumb);
+  const float* x = static_cast<const float*>(mem.args.x);
+  float* y = mem.buffer(st.output);
+  const double scale = st.node.op == OpCode::Mean ? 1.0 / static_cast<double>(plan.N) : 1.0;
+  GF_OMP_FOR
+  for (int64_t r = 0; r < plan.M; ++r) {
+    double s = 0;
+    for (int64_t k = 0; k < plan.K; ++k) s += static_cast<double>(x[r * plan.K + k]) * cs[k];
+    y[r] = static_cast<float>((s + sumb) * scale);
+  }
+}
+
+}  // namespace
+
+void cpu_gemm_blocked(int64_t M, int64_t N, int64_t K, const float* x, const float* w, float* y) {
+  // Blocks of W (kNB rows x kKB columns, 64 KB) stay in cache while a row of x sweeps them.
+  constexpr int64_t kNB = 64, kKB = 256;
+  GF_OMP_FOR
+  for (int64_t m = 0; m < M; ++m) {
+    float* yr = y + m * N;
+    std::fill(yr, yr + N, 0.f);
+    const float* xr = x + m * K;
+    for (int64_t k0 = 0; k0 < K; k0 += kKB) {
+      const int64_t k1 = std::min(K, k0 + kKB);
+      for (int64_t n0 = 0; n0 < N; n0 += kNB) {
+        const int64_t n1 = std::min(N, n0 + kNB);
+        for (int64_t n = n0; n < n1; ++n) {
+          const float* wr = w + n * K;
+          float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};  // 8 lanes: lets the compiler vectorize
+          int64_t k = k0;
+          for (; k + 8 <= k1; k += 8)
+            for (int j = 0; j < 8; ++j) acc[j] += xr[k + j] * wr[k + j];
+          float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+          for (; k < k1; ++k) s += xr[k] * wr[k];
+          yr[n] += s;
+        }
+      }
+    }
+  }
+}
+
+size_t CpuExecutor::prepared_bytes(const Plan& plan) const { return PreparedLayout(plan).total; }
+
+size_t CpuExecutor::workspace_bytes(const Plan& plan) const { return plan.buffers_bytes(); }
+
+void CpuExecutor::prepare(const Plan& plan, const RunArgs& args, void* prepared) {
+  const PreparedLayout lay(plan);
+  if (lay.total == 0) return;
+  const int64_t N = plan.N, K = plan.K;
+  const float* w = static_cast<const float*>(args.weight);
+  const float* b = static_cast<const float*>(args.bias);
+
+  if (plan.prep.fold_batchnorm) {
+    // W' = W*s[n], b' = (b - running_mean)*s + beta, s = gamma / sqrt(running_var + eps).
+    const Node& bn = plan.prep.batchnorm;
+    const float* rm = state_ptr<float>(args, bn.running_mean);
+    const float* rv = state_ptr<float>(args, bn.running_var);
+    if (!rm || !rv) throw std::invalid_argument("cpu executor: folded BatchNorm without running stats");
+    const float* gamma = affine_ptr(args, bn.weight);
+    const float* beta = affine_ptr(args, bn.bias);
+    float* wf = at<float>(prepared, lay.w);
+    float* bf = at<float>(prepared, lay.b);
+    GF_OMP_FOR
+    for (int64_t n = 0; n < N; ++n) {
+      const double s = (gamma ? gamma[n] : 1.0) / std::sqrt(static_cast<double>(rv[n]) + bn.eps);
+      for (int64_t k = 0; k < K; ++k) wf[n * K + k] = static_cast<float>(w[n * K + k] * s);
+      bf[n] = static_cast<float>(((b ? b[n] : 0.0) - rm[n]) * s + (beta ? beta[n] : 0.0));
+    }
+    w = wf;
+    b = bf;
+  }
+  if (plan.prep.column_sums) {
+    float* cs = at<float>(prepared, lay.colsum);
+    GF_OMP_FOR
+    for (int64_t k0 = 0; k0 < K; k0 += 256) {
+      const int64_t k1 = std::min(K, k0 + 256);
+      std::vector<double> acc(static_cast<size_t>(k1 - k0), 0.0);
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t k = k0; k < k1; ++k) acc[k - k0] += w[n * K + k];
+      for (int64_t k = k0; k < k1; ++k) cs[k] = static_cast<float>(acc[k - k0]);
+    }
+    double sb = 0;
+    if (b)
+      for (int64_t n = 0; n < N; ++n) sb += b[n];
+    *at<float>(prepared, lay.sumb) = static_cast<float>(sb);
+  }
+}
+
+void CpuExecutor::run(const Plan& plan, const RunArgs& args, const void* prepared,
+                      void* workspace) {
+  if (plan.M == 0) return;
+  const Memory mem{plan, args, workspace};
+  for (const Step& st : plan.steps) {
+    switch (st.kind) {
+      case Step::Kind::Gemm: run_gemm(st, mem, prepared); break;
+      case Step::Kind::Gemv: run_gemv(st, mem, prepared); break;
+      case Step::Kind::RowPass: run_row_pass(st, mem); break;
+      case Step::Kind::ColumnStats: run_column_stats(st, mem); break;
+    }
+  }
+}
+
+}  // namespace gemmfuse

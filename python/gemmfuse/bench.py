@@ -1,0 +1,500 @@
+"""`python -m gemmfuse bench`: the seed models, eager vs torch.compile vs gemmfuse, in one process.
+
+Per model every variant gets its own deepcopy of one freshly built model (so BatchNorm's running
+statistics start from the same state), the same input sets (``torch.rand``, rotated while timing),
+and is checked against one float64 reference (deepcopy of the model in float64, same inputs).
+Times: CUDA events around each call, warm-up first (the first call, which compiles, included),
+median of ``repeats`` calls. Without a GPU it runs on the CPU at a small shape and says so.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import gc
+import io
+import json
+import math
+import platform
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .models import MODELS, M99
+
+# H100 SXM ceilings (seed-models.md, /work/shared): cuBLAS bf16 GEMM rate, device copy bandwidth
+# (bytes read + written), and the measured fp32/TF32 cuBLAS rates at the seed GEMM for context.
+CEILINGS = {
+    "bf16_tflops": 740.0,
+    "copy_tbs": 2.97,
+    "sgemm_tflops": 2 * 1024 * 8192 * 8192 / 2.726e-3 / 1e12,
+    "tf32_tflops": 2 * 1024 * 8192 * 8192 / 0.387e-3 / 1e12,
+    "source": "H100 80GB HBM3 figures from seed-models.md; other GPUs differ",
+}
+CPU_BATCH, CPU_FEATURES = 64, 1024
+SWEEP_M_GPU, SWEEP_M_CPU = (1, 16, 128, 1024, 4096), (1, 16, 64, 256)
+FAST_REL_MAX = 2e-5  # design.md: `fast` within atol = rtol = 1e-4 of float64, rel <= 2e-5
+
+
+@dataclass
+class Config:
+    models: list = field(default_factory=lambda: list(MODELS))
+    modes: list = field(default_factory=lambda: ["fp32", "fast", "tf32"])
+    batch: int | None = None
+    in_features: int | None = None
+    out_features: int | None = None
+    repeats: int = 20
+    warmup: int = 3
+    input_sets: int = 3
+    out: str | None = None
+    compile: bool | None = None  # None: on GPU yes, on CPU no
+    bf16: bool = True
+    sweep: bool = False
+    sweep_m: list | None = None
+    device: str = "auto"
+    seed: int = 0
+
+
+# ----------------------------------------------------------------------------------- helpers
+def _sync(dev):
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def _free(dev):
+    gc.collect()
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def time_calls(fn, sets, warmup, repeats, dev, tick=lambda: None):
+    """Median/min/p90 ms of `fn(*sets[i % len(sets)])`, after `warmup` calls."""
+    for i in range(warmup):
+        fn(*sets[i % len(sets)])
+        tick()
+    _sync(dev)
+    ms = []
+    if dev.type == "cuda":
+        evs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+               for _ in range(repeats)]
+        for i, (a, b) in enumerate(evs):
+            a.record()
+            fn(*sets[i % len(sets)])
+            b.record()
+            tick()
+        _sync(dev)
+        ms = [a.elapsed_time(b) for a, b in evs]
+    else:
+        for i in range(repeats):
+            t0 = time.perf_counter()
+            fn(*sets[i % len(sets)])
+            ms.append((time.perf_counter() - t0) * 1e3)
+            tick()
+    ms.sort()
+    return {"ms": statistics.median(ms), "ms_min": ms[0], "ms_p90": ms[int(0.9 * (len(ms) - 1))]}
+
+
+def errors(out, ref):
+    """rel = ||out-ref|| / ||ref||, max |out-ref|, allclose at 1e-4; NaN anywhere fails."""
+    o = out.detach().double()
+    finite = bool(torch.isfinite(o).all())
+    if o.shape != ref.shape:
+        return {"rel_err": None, "max_abs_err": None, "allclose_1e4": False, "finite": finite,
+                "error": f"shape {tuple(o.shape)} != reference {tuple(ref.shape)}"}
+    d = o - ref
+    rn = float(ref.norm())
+    rel = float(d.norm()) / rn if rn > 0 else float(d.norm())
+    return {"rel_err": _num(rel), "max_abs_err": _num(float(d.abs().max()) if d.numel() else 0.0),
+            "allclose_1e4": bool(torch.allclose(o, ref, atol=1e-4, rtol=1e-4)), "finite": finite}
+
+
+def _num(v):
+    return None if v is None or not math.isfinite(v) else v
+
+
+def _state(module):
+    """Buffers by name (OptimizedModule's `_orig_mod.` prefix dropped)."""
+    if not isinstance(module, torch.nn.Module):
+        return {}
+    return {k.replace("_orig_mod.", ""): v for k, v in module.named_buffers()}
+
+
+def state_errors(candidates, ref_state, dtype):
+    """Compare running stats after one step with the float64 model's (first module that has them)."""
+    if not ref_state:
+        return {}
+    for src in candidates:
+        st = _state(src)
+        if all(k in st for k in ref_state):
+            break
+    else:
+        return {"state_ok": False, "state_note": "no module holds the reference's buffers"}
+    rel, ok = 0.0, True
+    for k, r in ref_state.items():
+        v = st[k].detach().double().cpu()
+        if not r.is_floating_point():
+            ok &= torch.equal(v, r.double())
+            continue
+        rel = max(rel, float((v - r).norm() / r.norm().clamp_min(1e-30)))
+    tol = 1e-3 if dtype == torch.float32 else 1e-2
+    return {"state_rel_err": _num(rel), "state_ok": bool(ok and rel <= tol)}
+
+
+def _explain(obj):
+    try:
+        from gemmfuse import explain
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            text = explain(obj)
+        return (text if isinstance(text, str) else buf.getvalue())[:4000]
+    except Exception as e:  # explain is informative only
+        return f"(explain failed: {type(e).__name__}: {e})"[:400]
+
+
+@contextlib.contextmanager
+def _tf32(on):
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = on
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
+
+
+def build_variant(variant, model, example):
+    """(callable, module-like holding state, explain text) for one variant on `model` (a copy)."""
+    if variant in ("eager", "eager-bf16"):
+        return model, model, None
+    if variant == "eager-tf32":
+        def fn(*xs):
+            with _tf32(True):
+                return model(*xs)
+        return fn, model, None
+    if variant == "compile":
+        c = torch.compile(model)
+        return c, c, None
+    if variant.startswith("gemmfuse-"):
+        from gemmfuse import optimize
+        mode = variant.split("-", 1)[1]
+        opt = optimize(model, tuple(example), precision="fp32" if mode == "bf16" else mode)
+        return opt, opt, _explain(opt)
+    raise ValueError(variant)
+
+
+def variants_for(cfg, dev):
+    v = ["eager"]
+    if cfg.compile if cfg.compile is not None else dev.type == "cuda":
+        v.append("compile")
+    if "tf32" in cfg.modes:
+        v.append("eager-tf32")  # the reference for gemmfuse-tf32's promise
+    v += [f"gemmfuse-{m}" for m in cfg.modes]
+    if cfg.bf16:
+        v += ["eager-bf16", "gemmfuse-bf16"]
+    return v
+
+
+def judge(rec, by_mode):
+    """Set `promise` and `pass`. Eager/compile rows report allclose(1e-4), as seed-models.md does."""
+    m, rel = rec["mode"], rec.get("rel_err")
+    base = {"gemmfuse-fp32": "eager", "gemmfuse-tf32": "eager-tf32",
+            "gemmfuse-bf16": "eager-bf16"}.get(m)
+    if rec.get("error") or rel is None or not rec.get("finite", False):
+        ok, promise = False, "runs, finite output"
+    elif m == "gemmfuse-fast":
+        promise = f"allclose 1e-4 and rel <= {FAST_REL_MAX:g}"
+        ok = rec["allclose_1e4"] and rel <= FAST_REL_MAX
+    elif base:
+        bref = (by_mode.get(base) or {}).get("rel_err")
+        promise = f"rel <= 1.25 x {base} rel"
+        ok = bref is not None and rel <= 1.25 * bref
+    else:
+        promise, ok = "allclose 1e-4 (informative)", rec["allclose_1e4"]
+    if rec.get("state_ok") is False:
+        ok = False
+    rec["promise"], rec["pass"] = promise, bool(ok)
+
+
+def finish(rows):
+    """Same-run speedup and eager error (vs eager of the same dtype), then the verdict."""
+    by_mode = {r["mode"]: r for r in rows}
+    for r in rows:
+        eager = by_mode.get("eager-bf16" if r["dtype"] == "bfloat16" else "eager") or {}
+        r["eager_rel_err"] = eager.get("rel_err")
+        r["speedup_vs_eager"] = eager["ms"] / r["ms"] if eager.get("ms") and r.get("ms") else None
+        judge(r, by_mode)
+    return rows
+
+
+def floors(spec, b, k, n):
+    """FLOPs, bytes and floor times at the H100 ceilings, per element size."""
+    out = {}
+    for name, elem in (("fp32", 4), ("bf16", 2)):
+        fl, by = spec.flops_bytes(b, k, n, elem)
+        c = fl / (CEILINGS["bf16_tflops"] * 1e12) * 1e3
+        mem = by / (CEILINGS["copy_tbs"] * 1e12) * 1e3
+        out[name] = {"flops": fl, "bytes": by, "floor_ms_compute_bf16_rate": c,
+                     "floor_ms_memory": mem, "floor_ms": max(c, mem)}
+    # fp32-grade on tensor cores (`fast`): three bf16 products' worth of work
+    out["fp32"]["floor_ms_3xbf16"] = max(3 * out["fp32"]["floor_ms_compute_bf16_rate"],
+                                          out["fp32"]["floor_ms_memory"])
+    if spec.id == "m18":  # x @ colsum(W) + sum(b): a GEMV over x (W's column sums cached)
+        by = 4 * (b * k + k + b)
+        out["gemv_rewrite"] = {"flops": 2 * b * k, "bytes": by,
+                               "floor_ms": by / (CEILINGS["copy_tbs"] * 1e12) * 1e3}
+    return out
+
+
+def device_info(dev):
+    info = {"device": dev.type, "torch": torch.__version__, "python": platform.python_version(),
+            "host_cpu": platform.processor() or platform.machine()}
+    if dev.type == "cuda":
+        p = torch.cuda.get_device_properties(dev)
+        info.update(gpu=torch.cuda.get_device_name(dev), cuda=torch.version.cuda,
+                    capability=f"{p.major}.{p.minor}", gpu_mem_gib=round(p.total_memory / 2**30, 1),
+                    sms=p.multi_processor_count)
+    else:
+        info["gpu"] = None
+    try:
+        info["git"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                     text=True, timeout=5, cwd=Path(__file__).parent).stdout.strip() or None
+    except Exception:
+        info["git"] = None
+    return info
+
+
+# ------------------------------------------------------------------------------ measurement
+def _measure(variant, model, sets, dtype, ref, ref_state, cfg, dev, tick):
+    """One variant on a fresh copy of `model`: check the first call, then time."""
+    rec = {"mode": variant, "dtype": str(dtype).replace("torch.", "")}
+    m = fn = holder = None
+    try:
+        m = copy.deepcopy(model).to(dtype)
+        xs = [[x.to(dtype) for x in s] for s in sets]
+        fn, holder, text = build_variant(variant, m, xs[0])
+        if text is not None:
+            rec["explain"] = text
+        out = fn(*xs[0])  # first call (compiles): the checked one, from the initial state
+        _sync(dev)
+        tick()
+        rec.update(errors(out, ref))
+        rec.update(state_errors([holder, m], ref_state, dtype))
+        del out
+        rec.update(time_calls(fn, xs, cfg.warmup, cfg.repeats, dev, tick))
+    except Exception as e:
+        rec.update(error=f"{type(e).__name__}: {e}"[:1000], ms=None,
+                   traceback=traceback.format_exc()[-2000:])
+    finally:
+        del m, fn, holder
+        if variant == "compile":
+            torch._dynamo.reset()
+        _free(dev)
+    return rec
+
+
+def reference(model, sets):
+    r = copy.deepcopy(model).double()
+    out = r(*[x.double() for x in sets[0]])
+    st = {k: v.detach().double().cpu().clone() for k, v in _state(r).items()}
+    del r
+    return out.detach(), st
+
+
+def _input_sets(cls, n, b, k, dev):
+    return [cls.get_inputs(b, k, device=dev) for _ in range(n)]
+
+
+def run_models(cfg, dev, shape, progress, base):
+    b, k, n = shape
+    variants = variants_for(cfg, dev)
+    per_call = 1 + cfg.warmup + cfg.repeats
+    tasks = {(mid, v): progress.add_task(f"{mid} {v}", total=per_call)
+             for mid in cfg.models for v in variants}
+    records = []
+    for i, mid in enumerate(cfg.models):
+        spec = MODELS[mid]
+        torch.manual_seed(cfg.seed + i)
+        model, _ = spec.make(b, k, n, device=dev)
+        sets = _input_sets(spec.cls, cfg.input_sets, b, k, dev)
+        ref, ref_state = reference(model, sets)
+        fl = floors(spec, b, k, n)
+        rows = []
+        for v in variants:
+            t = tasks[(mid, v)]
+            dtype = torch.bfloat16 if v.endswith("bf16") else torch.float32
+            rec = _measure(v, model, sets, dtype, ref, ref_state, cfg, dev,
+                           lambda t=t: progress.advance(t))
+            progress.update(t, completed=per_call)
+            rec.update(base, model=mid, batch=b, in_features=k, out_features=n,
+                       floor_ms=fl["bf16" if dtype == torch.bfloat16 else "fp32"]["floor_ms"],
+                       timestamp=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+            rows.append(rec)
+        records += finish(rows)
+        del model, sets, ref
+        _free(dev)
+    return records
+
+
+def run_sweep(cfg, dev, k, n, progress, base):
+    """m99's chain at several M: eager, gemmfuse fast and fp32; TFLOP/s and GB/s vs the ceilings."""
+    ms_list = cfg.sweep_m or (SWEEP_M_GPU if dev.type == "cuda" else SWEEP_M_CPU)
+    variants = ["eager", "gemmfuse-fast", "gemmfuse-fp32"]
+    per_call = 1 + cfg.warmup + cfg.repeats
+    tasks = {(m, v): progress.add_task(f"sweep M={m} {v}", total=per_call)
+             for m in ms_list for v in variants}
+    torch.manual_seed(cfg.seed + 100)
+    model = M99(k, n).to(dev)
+    out = []
+    for m in ms_list:
+        sets = _input_sets(M99, cfg.input_sets, m, k, dev)
+        ref, _ = reference(model, sets)
+        flops, bytes_ = 2 * m * n * k, 4 * (m * k + n * k + n + m * n)
+        floor = max(flops / (CEILINGS["bf16_tflops"] * 1e12), bytes_ / (CEILINGS["copy_tbs"] * 1e12))
+        rows = []
+        for v in variants:
+            t = tasks[(m, v)]
+            rec = _measure(v, model, sets, torch.float32, ref, {}, cfg, dev,
+                           lambda t=t: progress.advance(t))
+            progress.update(t, completed=per_call)
+            rec.update(base, chain="m99", M=m, K=k, N=n, flops=flops, bytes=bytes_,
+                       floor_ms=floor * 1e3)
+            if rec.get("ms"):
+                s = rec["ms"] * 1e-3
+                rec.update(tflops=flops / s / 1e12, gbs=bytes_ / s / 1e9,
+                           pct_bf16_peak=100 * flops / s / (CEILINGS["bf16_tflops"] * 1e12),
+                           pct_copy_bw=100 * bytes_ / s / (CEILINGS["copy_tbs"] * 1e12))
+            rows.append(rec)
+        out += finish(rows)
+        del sets, ref
+        _free(dev)
+    del model
+    _free(dev)
+    return out
+
+
+# ------------------------------------------------------------------------------------ report
+def _fmt(v, f):
+    return "—" if v is None else format(v, f)
+
+
+def sweep_table(sweep):
+    from rich.table import Table
+    t = Table(title="sweep: m99 chain (gelu→softmax), K=N fixed; % of bf16 740 TFLOP/s, 2.97 TB/s")
+    for c in ("M", "variant", "ms", "TFLOP/s", "%peak", "GB/s", "%bw", "floor ms", "rel err"):
+        t.add_column(c, justify="right" if c != "variant" else "left")
+    for r in sweep:
+        t.add_row(str(r["M"]), r["mode"], _fmt(r.get("ms"), ".4f"), _fmt(r.get("tflops"), ".1f"),
+                  _fmt(r.get("pct_bf16_peak"), ".1f"), _fmt(r.get("gbs"), ".0f"),
+                  _fmt(r.get("pct_copy_bw"), ".1f"), _fmt(r.get("floor_ms"), ".4f"),
+                  _fmt(r.get("rel_err"), ".1e") if not r.get("error") else "error")
+    return t
+
+
+def main_table(records, header):
+    from rich.table import Table
+    t = Table(title=f"gemmfuse bench — {header.get('gpu') or 'CPU'}, "
+                    f"M={header['batch']} K={header['in_features']} N={header['out_features']}",
+              caption="speedup vs eager of the same dtype; pass: gemmfuse rows their promise "
+                      "(design.md), other rows allclose(1e-4)")
+    for c in ("model", "variant", "ms", "speedup", "rel err", "max abs", "pass"):
+        t.add_column(c, justify="left" if c in ("model", "variant") else "right")
+    for r in records:
+        ok = "[green]ok[/]" if r["pass"] else ("[red]error[/]" if r.get("error") else "[red]FAIL[/]")
+        t.add_row(r["model"], r["mode"], _fmt(r.get("ms"), ".3f"),
+                  _fmt(r.get("speedup_vs_eager"), ".2f") + ("×" if r.get("speedup_vs_eager") else ""),
+                  _fmt(r.get("rel_err"), ".1e"), _fmt(r.get("max_abs_err"), ".1e"), ok)
+    return t
+
+
+def _clean(o):
+    if isinstance(o, float):
+        return o if math.isfinite(o) else None
+    if isinstance(o, dict):
+        return {k: _clean(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [_clean(v) for v in o]
+    return o
+
+
+def run(cfg: Config, console=None):
+    """Run the bench, print progress, notes and tables (main table last), write JSON + PNG."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    console = console or Console(width=None if sys.stdout.isatty() else 150)
+    unknown = [m for m in cfg.models if m not in MODELS]
+    if unknown:
+        raise SystemExit(f"unknown model(s) {unknown}; known: {', '.join(MODELS)}")
+    bad = [m for m in cfg.modes if m not in ("fp32", "fast", "tf32")]
+    if bad:
+        raise SystemExit(f"unknown mode(s) {bad}; known: fp32, fast, tf32")
+    want = cfg.device
+    dev = torch.device("cuda" if (want == "auto" and torch.cuda.is_available()) or want == "cuda"
+                       else "cpu")
+    gpu = dev.type == "cuda"
+    b = cfg.batch or (1024 if gpu else CPU_BATCH)
+    k = cfg.in_features or (8192 if gpu else CPU_FEATURES)
+    n = cfg.out_features or (8192 if gpu else CPU_FEATURES)
+    info = device_info(dev)
+    notes = []
+    if not gpu:
+        notes.append(f"no GPU used: ran on the CPU at batch {b}, {k}x{n} (seed shapes are 1024, "
+                     f"8192x8192 on a GPU); CPU times say nothing about GPU performance")
+        if not cfg.compile:
+            notes.append("torch.compile skipped on the CPU (pass --compile to include it)")
+    if cfg.repeats < 20:
+        notes.append(f"only {cfg.repeats} timed runs (20 or more for figures worth quoting)")
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    slug = (info["gpu"] or "cpu").lower().replace(" ", "-")
+    out = Path(cfg.out or f"bench/results/{stamp}-{slug}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    base = {"device": dev.type, "gpu": info["gpu"], "torch": torch.__version__}
+
+    old = (torch.backends.cuda.matmul.allow_tf32, torch.get_float32_matmul_precision())
+    torch.backends.cuda.matmul.allow_tf32 = False  # eager fp32 means no TF32
+    torch.set_float32_matmul_precision("highest")
+    progress = Progress(TextColumn("{task.description:<28}"), BarColumn(), MofNCompleteColumn(),
+                        TimeElapsedColumn(), console=console)
+    try:
+        with torch.no_grad(), progress:
+            records = run_models(cfg, dev, (b, k, n), progress, base)
+            sweep = run_sweep(cfg, dev, k, n, progress, base) if cfg.sweep else None
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old[0]
+        torch.set_float32_matmul_precision(old[1])
+
+    header = dict(info, batch=b, in_features=k, out_features=n, repeats=cfg.repeats,
+                  warmup=cfg.warmup, input_sets=cfg.input_sets, grad="no_grad",
+                  timestamp=time.strftime("%Y-%m-%dT%H:%M:%S%z"), notes=notes,
+                  note="; ".join(notes), ceilings=CEILINGS,
+                  models={mid: {"summary": MODELS[mid].summary, **floors(MODELS[mid], b, k, n)}
+                          for mid in cfg.models})
+    result = {"header": header, "records": records}
+    if sweep is not None:
+        result["sweep"] = sweep
+    out.write_text(json.dumps(_clean(result), indent=1))
+    from .plot import plot_speedups, plot_sweep
+    png = out.with_suffix(".png")
+    plot_speedups(records, png, f"{header.get('gpu') or 'CPU'} M={b} K={k} N={n}")
+    paths = [str(out), str(png)]
+    if sweep:
+        paths.append(str(plot_sweep(sweep, out.with_name(out.stem + "-sweep.png"))))
+
+    for note in notes:
+        console.print(f"[yellow]note:[/] {note}")
+    failed = {}
+    for r in records + (sweep or []):
+        if r.get("error"):
+            failed.setdefault(r["error"][:300], []).append(f"{r.get('model', 'sweep')} {r['mode']}")
+    for err, where in failed.items():
+        console.print(f"[red]error[/] in {', '.join(where[:4])}"
+                      f"{f' and {len(where) - 4} more' if len(where) > 4 else ''}: {err}")
+    console.print("wrote " + ", ".join(paths))
+    if sweep:
+        console.print(sweep_table(sweep))
+    console.print(main_table(records, header))
+    return result, out

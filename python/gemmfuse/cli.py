@@ -1,0 +1,53 @@
+"""Command line: `python -m gemmfuse bench ...` (see `python -m gemmfuse bench -h`)."""
+from __future__ import annotations
+
+import argparse
+
+
+def _list(s):
+    return [x.strip() for x in s.split(",") if x.strip()]
+
+
+def parser():
+    p = argparse.ArgumentParser(prog="python -m gemmfuse")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    b = sub.add_parser("bench", help="time the seed models: eager, torch.compile, gemmfuse")
+    b.add_argument("--models", type=_list, default=None, help="comma list (default: all five)")
+    b.add_argument("--modes", type=_list, default=None,
+                   help="gemmfuse precisions, comma list of fp32,fast,tf32 (default: all)")
+    b.add_argument("--batch", type=int, help="M (default 1024 on a GPU, 64 on the CPU)")
+    b.add_argument("--in-features", type=int, help="K (default 8192 on a GPU, 1024 on the CPU)")
+    b.add_argument("--out-features", type=int, help="N (default 8192 on a GPU, 1024 on the CPU)")
+    b.add_argument("--repeats", type=int, default=20, help="timed calls; the median is reported")
+    b.add_argument("--warmup", type=int, default=3, help="untimed calls after the first one")
+    b.add_argument("--input-sets", type=int, default=3, help="input sets rotated while timing")
+    b.add_argument("--out", help="JSON path (default bench/results/<time>-<device>.json)")
+    c = b.add_mutually_exclusive_group()
+    c.add_argument("--no-compile", dest="compile", action="store_false", default=None,
+                   help="skip torch.compile")
+    c.add_argument("--compile", dest="compile", action="store_true",
+                   help="include torch.compile on the CPU too")
+    b.add_argument("--no-bf16", dest="bf16", action="store_false", help="skip the bf16 variants")
+    b.add_argument("--sweep", action="store_true",
+                   help="also m99's chain at M in 1,16,128,1024,4096 (K=N=8192 on a GPU)")
+    b.add_argument("--sweep-m", type=lambda s: [int(x) for x in _list(s)], help="M values")
+    b.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    b.add_argument("--seed", type=int, default=0)
+    return p
+
+
+def main(argv=None):
+    args = parser().parse_args(argv)
+    if args.cmd == "bench":
+        from .bench import Config, run
+        cfg = Config(repeats=args.repeats, warmup=args.warmup, input_sets=args.input_sets,
+                     batch=args.batch, in_features=args.in_features,
+                     out_features=args.out_features, out=args.out, compile=args.compile,
+                     bf16=args.bf16, sweep=args.sweep, sweep_m=args.sweep_m,
+                     device=args.device, seed=args.seed)
+        if args.models:
+            cfg.models = args.models
+        if args.modes is not None:
+            cfg.modes = args.modes
+        run(cfg)
+    return 0

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# One call on the GPU machine (see docs/gpu-runs.md): GPU tests, sanitizers, benchmark.
+# Uses the build carried from the dev machine (build/lib, build/tests/cpp) and the GPU
+# machine's own python3 + torch. Each part is switched by an env var; logs go to $OUT.
+#   TESTS=1 SANITIZE=1 BENCH=1 BENCH_ARGS="..." PYTEST_ARGS="..." bash scripts/device-run.sh
+set -uo pipefail
+OUT=${OUT:-/tmp/gemmfuse-out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/python GEMMFUSE_LIB=$PWD/build/lib/libgemmfuse_ops.so
+# The carried test binary links the CUDA 13 runtime and cuBLAS by name; torch's wheels have them.
+NV=$(python3 -c 'import nvidia, os; print(os.path.dirname(nvidia.__path__[0]))' 2>/dev/null)/nvidia
+export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}:$NV/cu13/lib:$NV/cublas/lib:$NV/cuda_runtime/lib:/usr/local/cuda/lib64
+summary=()
+note() { summary+=("$1"); echo "== $1"; }
+
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
+python3 -c 'import torch; print("torch", torch.__version__, torch.cuda.get_device_name())'
+
+if [ "${TESTS:-0}" = 1 ]; then
+  build/tests/cpp/gemmfuse_cuda_tests --gtest_brief=1 > "$OUT/cuda_tests.log" 2>&1
+  note "cuda gtests rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/cuda_tests.log" | tr '\n' ' ')"
+  tail -30 "$OUT/cuda_tests.log"
+  python3 -m pytest tests/python/test_gpu.py -q -x ${PYTEST_ARGS:-} > "$OUT/pytest_gpu.log" 2>&1
+  note "pytest gpu rc=$? $(tail -1 "$OUT/pytest_gpu.log")"
+  tail -40 "$OUT/pytest_gpu.log"
+fi
+
+if [ "${SANITIZE:-0}" = 1 ]; then
+  for tool in memcheck racecheck; do
+    compute-sanitizer --tool $tool --error-exitcode 9 build/tests/cpp/gemmfuse_cuda_tests \
+      --gtest_filter="${SANITIZE_FILTER:-*Small*}" --gtest_brief=1 > "$OUT/sanitize_$tool.log" 2>&1
+    note "compute-sanitizer $tool rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize_$tool.log" | tail -1)"
+  done
+fi
+
+if [ "${BENCH:-0}" = 1 ]; then
+  python3 -m gemmfuse bench --out "$OUT/bench.json" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | tail -60
+  note "bench rc=${PIPESTATUS[0]}"
+fi
+
+echo; echo "===== summary"; printf '%s\n' "${summary[@]}"

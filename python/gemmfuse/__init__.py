@@ -1,0 +1,30 @@
+"""gemmfuse: run ``Linear -> elementwise/normalisation/reduction`` chains as fused kernels.
+
+    import gemmfuse
+    fast = gemmfuse.optimize(model, example_inputs, precision="fp32")   # or "fast", "tf32"
+    print(gemmfuse.explain(fast))
+    compiled = torch.compile(model, backend="gemmfuse")                # options={"precision": ...}
+
+Python is the front only: capture (FX graph -> chain spec text), the optimized module and the
+torch.compile backend. Planning and kernels are C++ (``torch.ops.gemmfuse``).
+"""
+from __future__ import annotations
+
+from . import _lib
+from ._lib import LibraryMissing
+from .capture import find_chains
+from .explain import explain
+from .module import PRECISIONS, optimize, runtimes, weights_changed
+
+from . import backend as _backend
+
+_backend.register()
+
+__all__ = ["optimize", "explain", "find_chains", "runtimes", "weights_changed", "PRECISIONS",
+           "LibraryMissing",
+           "load_library"]
+
+
+def load_library() -> str:
+    """Load the C++ operator library now (it is otherwise loaded on first use)."""
+    return _lib.load()

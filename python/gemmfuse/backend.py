@@ -1,0 +1,72 @@
+"""``torch.compile(model, backend="gemmfuse")``: rewrite the chains of dynamo's graph.
+
+Dynamo hands the backend a GraphModule whose modules are inlined (``F.linear``,
+``F.batch_norm(..., training, momentum, eps)``, ``F.group_norm``, ...) and whose parameters and
+buffers arrive as placeholders. The backend captures the chains of that graph (capture.py,
+"dynamo" flavour), replaces each by one ``_run_chain`` call and returns the rewritten
+``gm.forward``; with nothing captured it returns the graph unchanged. Training flags are
+constants in such graphs (dynamo guards on them and recompiles when they change).
+
+Precision: ``torch.compile(m, backend="gemmfuse", options={"precision": "fast"})``; default fp32.
+Chains whose inputs require grad while autograd records are left to PyTorch (the fused op has
+no backward).
+"""
+from __future__ import annotations
+
+import torch
+import torch.fx as fx
+
+from . import _lib
+from .capture import TInfo, find_chains, node_info
+from .module import PRECISIONS, ChainEntry, OptimizeReport, rewrite_chain
+
+BACKEND_NAME = "gemmfuse"
+# The reports of the most recent compilations (newest last), for explain and tests.
+REPORTS: list = []
+_KEEP = 32
+
+
+def gemmfuse_backend(gm: fx.GraphModule, example_inputs, options=None, mode=None, **_):
+    options = dict(options or {})
+    precision = options.pop("precision", "fp32")
+    if precision not in PRECISIONS:
+        raise ValueError(f"gemmfuse backend: precision must be one of {PRECISIONS}, got {precision!r}")
+    report = OptimizeReport(precision=precision, flavor="dynamo")
+    gm._gemmfuse = report
+    REPORTS.append(report)
+    del REPORTS[:-_KEEP]
+    if not _lib.available():
+        report.rejected.append(("*", "the gemmfuse operator library is not available"))
+        return gm.forward
+    cap = find_chains(gm, "dynamo", check=_lib.check)
+    report.rejected = list(cap.rejected)
+    grad = torch.is_grad_enabled()
+    remap: dict = {}
+    fused = 0
+    for chain in cap.chains:
+        entry = ChainEntry(index=chain.index, linear=chain.linear.name,
+                           nodes=chain.describe_nodes(), stop=chain.stop, spec=chain.spec(()),
+                           status="pytorch")
+        report.entries.append(entry)
+        if grad:
+            srcs = [chain.x, chain.weight, chain.bias] + list(chain.operands)
+            if any(isinstance(node_info(s), TInfo) and node_info(s).requires_grad
+                   for s in srcs if isinstance(s, fx.Node)):
+                entry.reason = "autograd is recording and inputs require grad (compile under torch.no_grad() to fuse)"
+                continue
+        attr = f"_gemmfuse_chain_{chain.index}"
+        rewrite_chain(gm, chain, precision, remap, attr)
+        entry.status, entry.attr = "fused", attr
+        fused += 1
+    if fused:
+        gm.recompile()
+    return gm.forward
+
+
+def register():
+    try:
+        from torch._dynamo.backends.registry import _COMPILER_FNS, register_backend
+    except ImportError:  # pragma: no cover - very old torch
+        return
+    if BACKEND_NAME not in _COMPILER_FNS:
+        register_backend(gemmfuse_backend, name=BACKEND_NAME)

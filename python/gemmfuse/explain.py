@@ -1,0 +1,109 @@
+"""``gemmfuse.explain(module[, example_inputs])``: what was fused, how, and what was not, and why.
+
+For an optimized module: every chain with the PyTorch nodes it replaced, its spec (at the
+module's current training flags), the C++ plan (``describe``: rewrites and steps), why the
+chain ends where it does, and every fallback to PyTorch with its reason and count. For a
+plain module, it is optimized first with ``example_inputs``.
+"""
+from __future__ import annotations
+
+import torch
+
+from . import _lib
+from .module import example_from_record, optimize
+
+
+def _current_plan(module, entry, rt):
+    """describe() at the module's current training flags and the optimize-time shapes."""
+    flags = tuple(bool(module.get_submodule(q).training) for q in rt.mode_names)
+    spec = rt.specs[flags]
+    if spec == entry.spec:
+        return spec, entry.plan
+    try:
+        plan = "(plan at the current training flags)\n" + _describe_with_example(module, entry, rt, spec)
+    except (RuntimeError, ValueError, TypeError, AttributeError) as e:
+        plan = f"(no plan at the current training flags: {_lib.unsupported_reason(e)})"
+    return spec, plan
+
+
+def _describe_with_example(module, entry, rt, spec):
+    ts = [example_from_record(module, r) for r in rt.example_sources]
+    x = ts[rt.x_idx]
+    ops = [ts[i].to(x.dtype) for i in rt.op_idx]
+    return _lib.describe(spec, x, ts[rt.w_idx], None if rt.b_idx is None else ts[rt.b_idx], ops,
+                         [ts[i] for i in rt.st_idx], rt.precision)
+
+
+def _indent(text: str, pad: str = "    ") -> str:
+    return "\n".join(pad + line if line else line for line in text.rstrip("\n").splitlines())
+
+
+def explain_text(module) -> str:
+    rep = getattr(module, "_gemmfuse", None)
+    if rep is None:
+        raise ValueError("gemmfuse.explain: this module is not optimized; call "
+                         "gemmfuse.explain(model, example_inputs) to optimize it first")
+    fused = [e for e in rep.entries if e.status == "fused"]
+    out = [f"gemmfuse: {len(fused)} of {len(rep.entries)} chain(s) fused "
+           f"(precision {rep.precision}, {rep.flavor} capture)"]
+    for e in rep.entries:
+        rt = getattr(module, e.attr) if e.attr else None
+        head = f"chain {e.index} (from {e.linear}): "
+        head += "FUSED" if e.status == "fused" else f"left in PyTorch: {e.reason}"
+        out.append("")
+        out.append(head)
+        out.append("  replaces these PyTorch nodes:")
+        out.extend("    " + n for n in e.nodes)
+        out.append(f"  chain ends because: {e.stop or 'end of graph'}")
+        spec, plan = e.spec, e.plan
+        if rt is not None and rt.mode_names:
+            spec, plan = _current_plan(module, e, rt)
+            out.append("  mode-dependent stages follow: " + ", ".join(rt.mode_names))
+        out.append("  spec:")
+        out.append(_indent(spec))
+        if plan:
+            out.append("  plan:")
+            out.append(_indent(plan))
+        if rt is not None:
+            out.append(f"  runtime: {rt.fused_calls} fused call(s)")
+            if rt.fallbacks:
+                out.append("  fallbacks to PyTorch:")
+                for reason, count in rt.fallbacks.items():
+                    out.append(f"    {count}x {reason}")
+            else:
+                out.append("  fallbacks to PyTorch: none")
+    if rep.rejected:
+        out.append("")
+        out.append("not captured:")
+        for name, reason in rep.rejected:
+            out.append(f"  {name}: {reason}")
+    if not rep.entries and not rep.rejected:
+        out.append("  (no Linear found)")
+    return "\n".join(out) + "\n"
+
+
+def explain(module, example_inputs=None, precision: str = "fp32", print_it: bool = True) -> str:
+    """Explain an optimized module (or optimize ``module`` with ``example_inputs`` first).
+    Returns the text; prints it too (with rich, when installed) unless ``print_it=False``."""
+    if getattr(module, "_gemmfuse", None) is None:
+        if example_inputs is None:
+            raise ValueError("gemmfuse.explain: a plain module needs example_inputs to optimize it")
+        module = optimize(module, example_inputs, precision=precision)
+    text = explain_text(module)
+    if print_it:
+        try:
+            from rich.console import Console
+            from rich.markup import escape
+            con = Console()
+            for line in text.splitlines():
+                style = None
+                if line.startswith("chain "):
+                    style = "bold green" if "FUSED" in line else "bold yellow"
+                elif line.startswith("gemmfuse:"):
+                    style = "bold"
+                elif line.startswith("not captured"):
+                    style = "bold red"
+                con.print(escape(line), style=style, highlight=False, soft_wrap=True)
+        except ImportError:
+            print(text)
+    return text

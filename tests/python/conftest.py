@@ -1,0 +1,87 @@
+"""Shared fixtures for the Python tests of gemmfuse's front (capture, optimize, backend, explain).
+
+The operator library (build/lib/libgemmfuse_ops.so, or $GEMMFUSE_LIB) is needed by every test
+that runs a chain; those tests skip when it is missing, unless GEMMFUSE_REQUIRE_LIB=1 (CI), in
+which case they fail. GEMMFUSE_MOCK=1 installs a pure-PyTorch stand-in (tests/python/_mock_ops.py)
+for developing the front without a build.
+"""
+import copy
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "python"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import gemmfuse  # noqa: E402
+from gemmfuse import _lib  # noqa: E402
+
+if os.environ.get("GEMMFUSE_MOCK") == "1":
+    import _mock_ops  # noqa: E402
+
+    _mock_ops.install()
+    _lib._loaded = "<mock>"
+
+HAVE_LIB = _lib.available()
+REQUIRE_LIB = os.environ.get("GEMMFUSE_REQUIRE_LIB") == "1"
+HAVE_CUDA = torch.cuda.is_available()
+
+
+def pytest_report_header(config):
+    return [f"gemmfuse library: {_lib._loaded or 'MISSING'}; cuda: {HAVE_CUDA}; torch {torch.__version__}"]
+
+
+needs_lib = pytest.mark.skipif(not (HAVE_LIB or REQUIRE_LIB),
+                               reason="libgemmfuse_ops.so not built (make -C <repo> build)")
+MOCK = os.environ.get("GEMMFUSE_MOCK") == "1"
+real_lib = pytest.mark.skipif(MOCK, reason="checks the C++ plan text (not the mock)")
+needs_cuda = pytest.mark.skipif(not HAVE_CUDA, reason="no CUDA device")
+
+# Small seed shapes (seed-models.md uses 1024 x 8192 x 8192).
+SEED_B, SEED_K, SEED_N = 16, 96, 160
+SEED_N94 = 256  # m94: 8 groups of 32 channels
+
+
+def seed_ids():
+    from gemmfuse.models import MODELS
+    return list(MODELS)
+
+
+def make_seed(mid, batch=SEED_B, k=SEED_K, n=None, device="cpu", seed=0):
+    """(model, inputs) for seed model `mid` at small shapes; m94 keeps 32 channels per group."""
+    from gemmfuse.models import MODELS
+    torch.manual_seed(seed)
+    spec = MODELS[mid]
+    if n is None:
+        n = SEED_N94 if mid == "m94" else SEED_N
+    if mid == "m94":
+        cls = spec.cls
+        model = cls(*cls.get_init_inputs(k, n, groups=n // 32)).to(device)
+        inputs = cls.get_inputs(batch, k, device=device)
+    else:
+        model, inputs = spec.make(batch, k, n, device=device)
+    return model, inputs
+
+
+def double_ref(model):
+    """The same model in float64 (deep copy)."""
+    return copy.deepcopy(model).double()
+
+
+def assert_close64(out, ref, atol=1e-4, rtol=1e-4, what=""):
+    """out (any float dtype) against a float64 reference; NaN positions must match."""
+    out64 = out.detach().double().cpu()
+    ref = ref.detach().double().cpu()
+    assert out64.shape == ref.shape, f"{what}: shape {tuple(out64.shape)} != {tuple(ref.shape)}"
+    assert torch.equal(torch.isnan(out64), torch.isnan(ref)), f"{what}: NaN positions differ"
+    torch.testing.assert_close(out64, ref, atol=atol, rtol=rtol, equal_nan=True, msg=lambda m: f"{what}: {m}")
+
+
+@pytest.fixture(autouse=True)
+def _seed_everything():
+    torch.manual_seed(0)
+    yield

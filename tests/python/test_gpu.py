@@ -1,0 +1,217 @@
+"""CUDA: seed models x precision vs float64, GPU fuzz, shapes, streams, CUDA graphs, devices.
+
+Skips without a GPU. Precision promises (docs/design.md):
+  fp32: error vs float64 no worse than 1.25x eager fp32's (+ slack for tiny values);
+  fast: allclose(atol=rtol=1e-4) and rel <= 2e-5;
+  tf32: as PyTorch with allow_tf32 (checked loosely: within 2x eager TF32's error).
+"""
+import copy
+import random
+
+import pytest
+import torch
+import torch.nn as nn
+
+import gemmfuse
+from conftest import HAVE_CUDA, assert_close64, make_seed, needs_lib, seed_ids
+
+pytestmark = [needs_lib, pytest.mark.skipif(not HAVE_CUDA, reason="no CUDA device")]
+
+B, K, N = 256, 1024, 1024
+
+
+@pytest.fixture(autouse=True)
+def _no_tf32():
+    if not HAVE_CUDA:
+        yield
+        return
+    old = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
+
+
+def rel(out, ref):
+    out, ref = out.double(), ref.double()
+    return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def _seed_gpu(mid, batch=B, k=K, n=N):
+    return make_seed(mid, batch=batch, k=k, n=n, device="cuda")
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fast", "tf32"])
+@pytest.mark.parametrize("mid", seed_ids())
+def test_seed_models_cuda(mid, precision):
+    model, inputs = _seed_gpu(mid)
+    ref_model = copy.deepcopy(model).double()
+    eager = copy.deepcopy(model)
+    opt = gemmfuse.optimize(model, inputs, precision=precision)
+    assert len(gemmfuse.runtimes(opt)) == 1
+    x = inputs[0]
+    with torch.no_grad():
+        out = opt(x)
+        ref = ref_model(x.double())
+        e32 = eager(x)
+        if precision == "tf32":
+            torch.backends.cuda.matmul.allow_tf32 = True
+            e_tf32 = copy.deepcopy(eager)(x) if mid != "m84" else None
+            torch.backends.cuda.matmul.allow_tf32 = False
+    r, r_eager = rel(out, ref), rel(e32, ref)
+    if precision == "fast":
+        assert_close64(out, ref, what=f"{mid} fast")
+        assert r <= 2e-5, (mid, r)
+    elif precision == "fp32":
+        assert r <= 1.25 * r_eager + 1e-7, (mid, r, r_eager)
+    else:
+        if e_tf32 is not None:
+            assert r <= 2 * rel(e_tf32, ref) + 1e-6, (mid, r)
+    rt = gemmfuse.runtimes(opt)[0]
+    assert rt.fused_calls == 1 and rt.fallbacks == {}, rt.fallbacks
+    if mid == "m84":
+        for name in ("running_mean", "running_var", "num_batches_tracked"):
+            torch.testing.assert_close(getattr(model.bn, name).double(), getattr(ref_model.bn, name).double(),
+                                       atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fast"])
+@pytest.mark.parametrize("M", [1, 7, 128, 1024, 4096])
+def test_shapes_not_multiple_of_16(M, precision):
+    k, n = 1001, 999
+    from gemmfuse.models import M94
+    for mid in ("m22", "m99", "m94"):
+        if mid == "m94":  # 8 groups of 125 channels
+            torch.manual_seed(0)
+            model = M94(k, 1000, (1000,), 8).cuda()
+        else:
+            model, _ = _seed_gpu(mid, batch=M, k=k, n=n)
+        x = torch.rand(M, k, device="cuda")
+        ref_model = copy.deepcopy(model).double()
+        eager = copy.deepcopy(model)
+        opt = gemmfuse.optimize(model, (x,), precision=precision)
+        with torch.no_grad():
+            out, ref, e32 = opt(x), ref_model(x.double()), eager(x)
+        if precision == "fast":
+            assert_close64(out, ref, what=f"{mid} M={M}")
+        else:
+            assert rel(out, ref) <= 1.25 * rel(e32, ref) + 1e-7, (mid, M)
+        assert gemmfuse.runtimes(opt)[0].fallbacks == {}
+
+
+def test_3d_inputs_cuda():
+    model, _ = _seed_gpu("m99", k=333, n=777)
+    x = torch.rand(4, 37, 333, device="cuda")
+
+    class Last(nn.Module):          # softmax over the last dim of a 3-d value
+        def __init__(self, inner):
+            super().__init__()
+            self.linear = inner.linear
+
+        def forward(self, x):
+            return torch.softmax(torch.nn.functional.gelu(self.linear(x)), dim=-1)
+
+    m = Last(model)
+    ref = copy.deepcopy(m).double()
+    opt = gemmfuse.optimize(m, (x,), precision="fast")
+    with torch.no_grad():
+        assert_close64(opt(x), ref(x.double()), what="3-d")
+    assert gemmfuse.runtimes(opt)[0].fused_calls == 1
+
+
+def test_non_default_stream():
+    model, inputs = _seed_gpu("m94")
+    ref = copy.deepcopy(model).double()
+    opt = gemmfuse.optimize(model, inputs, precision="fast")
+    s = torch.cuda.Stream()
+    x = inputs[0]
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.no_grad(), torch.cuda.stream(s):
+        xs = x * 1.0                       # produced on the side stream
+        outs = [opt(xs) for _ in range(3)]
+    torch.cuda.current_stream().wait_stream(s)
+    for o in outs:
+        assert_close64(o, ref(x.double()), what="side stream")
+
+
+@pytest.mark.parametrize("mid", ["m18", "m22", "m94", "m99"])
+def test_cuda_graph_capture_replay(mid):
+    model, inputs = _seed_gpu(mid)
+    ref = copy.deepcopy(model).double()
+    opt = gemmfuse.optimize(model, inputs, precision="fast")
+    static_x = inputs[0].clone()
+    with torch.no_grad():
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(2):
+                opt(static_x)              # warm-up: prepared weights, workspaces
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            static_out = opt(static_x)
+        for _ in range(3):
+            new = torch.rand_like(static_x)
+            static_x.copy_(new)
+            g.replay()
+            torch.cuda.synchronize()
+            assert_close64(static_out, ref(new.double()), what=f"{mid} graph replay")
+
+
+@pytest.mark.parametrize("mid", seed_ids())
+def test_weights_changed_after_optimize_cuda(mid):
+    model, inputs = _seed_gpu(mid)
+    opt = gemmfuse.optimize(model, inputs, precision="fast")
+    x = inputs[0]
+    with torch.no_grad():
+        opt(x)
+        lin = next(m for m in model.modules() if isinstance(m, nn.Linear))
+        lin.weight.mul_(-0.5)
+        lin.bias.add_(0.25)
+        ref = copy.deepcopy(model).double()
+        assert_close64(opt(x), ref(x.double()), what=f"{mid} after weight change")
+        opt.load_state_dict(copy.deepcopy(make_seed(mid, batch=B, k=K, n=N, device="cuda", seed=7)[0].state_dict()))
+        ref = copy.deepcopy(model).double()
+        assert_close64(opt(x), ref(x.double()), what=f"{mid} after load_state_dict")
+
+
+def test_devices_mismatch_clear_error():
+    model, inputs = _seed_gpu("m99")
+    opt = gemmfuse.optimize(model, inputs)
+    with torch.no_grad(), pytest.raises(RuntimeError, match="same device.*cpu.*cuda"):
+        opt(inputs[0].cpu())
+    cpu_model, cpu_inputs = make_seed("m99")
+    opt_cpu = gemmfuse.optimize(cpu_model, cpu_inputs)
+    with torch.no_grad(), pytest.raises(RuntimeError, match="same device.*cuda.*cpu"):
+        opt_cpu(cpu_inputs[0].cuda())
+
+
+def test_gpu_fuzz():
+    """>= 200 random chains from test_fuzz's generator, run on CUDA."""
+    import test_fuzz as T
+
+    n = 208
+    stats = {"fused": 0, "whole": 0, "pytorch": []}
+    for i in range(n):
+        idx = 100000 + i
+        rng = random.Random(T.SEED * 1000003 + idx)
+        program = T.gen_program(rng)
+        Kf, Nf, M, lead, steps, bias = program
+        torch.manual_seed(idx)
+        model = T.FuzzModel(program, idx)
+        x = torch.randn(*lead, M, Kf)
+        ref_model = copy.deepcopy(model).double()
+        model = model.cuda()
+        eager = copy.deepcopy(model)
+        xc = x.cuda()
+        opt = gemmfuse.optimize(model, (xc,))
+        with torch.no_grad():
+            out = opt(xc)
+            e32 = eager(xc)
+            ref = ref_model(x.double())
+        ok, msg = T._compare(out.cpu(), ref, e32.cpu())
+        entry = opt._gemmfuse.entries[0] if opt._gemmfuse.entries else None
+        assert ok, f"{msg}\nGPU fuzz seed={T.SEED} index={idx} x{list(x.shape)}\nspec:\n{entry.spec if entry else ''}program: {steps}"
+        rts = gemmfuse.runtimes(opt)
+        stats["fused"] += bool(rts) and rts[0].fused_calls == 1
+    assert stats["fused"] >= 0.9 * n

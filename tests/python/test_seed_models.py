@@ -1,0 +1,119 @@
+"""The five seed models, optimized, against the same model in float64 (small shapes)."""
+import copy
+
+import pytest
+import torch
+
+import gemmfuse
+from conftest import assert_close64, double_ref, make_seed, needs_lib, real_lib, seed_ids
+
+pytestmark = needs_lib
+PRECISIONS = ["fp32", "fast", "tf32"]
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("mid", seed_ids())
+def test_seed_vs_float64(mid, precision):
+    model, inputs = make_seed(mid)
+    ref = double_ref(model)
+    opt = gemmfuse.optimize(model, inputs, precision=precision)
+    rts = gemmfuse.runtimes(opt)
+    assert len(rts) == 1, gemmfuse.explain(opt, print_it=False)
+    with torch.no_grad():
+        for step in range(2):
+            x = torch.rand_like(inputs[0])
+            out = opt(x)
+            expect = ref(x.double())
+            assert out.dtype == torch.float32
+            assert_close64(out, expect, what=f"{mid} {precision} call {step}")
+    assert rts[0].fused_calls == 2 and rts[0].fallbacks == {}, rts[0].fallbacks
+
+
+def test_m84_running_stats_follow_pytorch():
+    model, inputs = make_seed("m84")
+    eager = copy.deepcopy(model)
+    ref = double_ref(model)
+    opt = gemmfuse.optimize(model, inputs)
+    # optimize() must not have touched the statistics.
+    assert int(model.bn.num_batches_tracked) == 0
+    assert torch.equal(model.bn.running_mean, torch.zeros(160))
+    with torch.no_grad():
+        for _ in range(2):
+            x = torch.rand_like(inputs[0])
+            out = opt(x)
+            assert_close64(out, ref(x.double()), what="m84")
+            eager(x)
+    bn, ebn = model.bn, eager.bn
+    assert opt.bn is bn
+    assert int(bn.num_batches_tracked) == int(ebn.num_batches_tracked) == 2
+    torch.testing.assert_close(bn.running_mean, ebn.running_mean, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(bn.running_var, ebn.running_var, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(bn.running_mean.double(), ref.bn.running_mean, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(bn.running_var.double(), ref.bn.running_var, atol=1e-6, rtol=1e-5)
+    assert gemmfuse.runtimes(opt)[0].fallbacks == {}
+
+
+def test_m84_eval_mode_uses_running_stats():
+    model, inputs = make_seed("m84")
+    opt = gemmfuse.optimize(model, inputs)
+    with torch.no_grad():
+        opt(torch.rand_like(inputs[0]))           # train: updates stats
+        opt.eval()
+        assert not model.bn.training              # the same module object
+        ref = double_ref(model)
+        before = model.bn.running_mean.clone()
+        x = torch.rand_like(inputs[0])
+        assert_close64(opt(x), ref(x.double()), what="m84 eval")
+        assert torch.equal(model.bn.running_mean, before)
+        assert int(model.bn.num_batches_tracked) == 1
+        opt.train()
+        opt(x)
+        assert int(model.bn.num_batches_tracked) == 2
+    rt = gemmfuse.runtimes(opt)[0]
+    assert rt.fused_calls == 3 and rt.fallbacks == {}
+    text = gemmfuse.explain(opt, print_it=False)
+    assert "batch_norm training=1" in text
+
+
+def test_m94_second_bias_is_used():
+    model, inputs = make_seed("m94")
+    opt = gemmfuse.optimize(model, inputs)
+    with torch.no_grad():
+        model.bias.add_(torch.randn(256) * 3)      # the second bias changes after optimize
+        ref = double_ref(model)
+        x = torch.rand_like(inputs[0])
+        assert_close64(opt(x), ref(x.double()), what="m94")
+        out0 = opt(x)
+        model.bias.zero_()
+        out1 = opt(x)
+        assert not torch.allclose(out0, out1)
+        assert_close64(out1, double_ref(model)(x.double()), what="m94 zero bias")
+
+
+@real_lib
+def test_explain_m18_gemv():
+    model, inputs = make_seed("m18")
+    text = gemmfuse.explain(model, inputs, print_it=False)
+    assert "FUSED" in text
+    low = text.lower()
+    assert "gemv" in low and ("column sum" in low or "colsum" in low), text
+
+
+@real_lib
+def test_explain_m22_times_four():
+    model, inputs = make_seed("m22")
+    opt = gemmfuse.optimize(model, inputs)
+    text = gemmfuse.explain(opt, print_it=False)
+    assert "FUSED" in text
+    assert "x*4" in text.replace(" ", "") or "mul b=4" in text, text
+
+
+@pytest.mark.parametrize("mid", seed_ids())
+def test_explain_lists_nodes_and_spec(mid):
+    model, inputs = make_seed(mid)
+    opt = gemmfuse.optimize(model, inputs)
+    with torch.no_grad():
+        opt(*inputs)
+    text = gemmfuse.explain(opt, print_it=False)
+    assert "replaces these PyTorch nodes" in text and "linear in=96" in text
+    assert "plan:" in text and "1 fused call(s)" in text and "fallbacks to PyTorch: none" in text

@@ -5,6 +5,8 @@
 
 #include <string>
 
+#include "gemmfuse/plan.h"
+
 namespace gemmfuse::bindings {
 
 struct CallInputs {
@@ -27,7 +29,10 @@ struct StateViews {
   std::vector<std::pair<at::Tensor, at::Tensor>> copy_back;  // (original, converted)
   std::vector<void*> pointers;
   explicit StateViews(at::TensorList state);
-  void finish();
+  // Copies converted state back and bumps the version counters of state the plan wrote
+  // (custom ops get no ADInplaceOrView kernel, so nobody else does; caches keyed on
+  // _version, such as the eval BatchNorm fold, depend on it).
+  void finish(const Plan& plan, at::TensorList state);
 };
 
 }  // namespace gemmfuse::bindings

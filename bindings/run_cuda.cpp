@@ -43,7 +43,7 @@ at::Tensor run_on_cuda(const CallInputs& in) {
                                    x.options().dtype(at::kByte));
   executor.run(plan, args, prepared.defined() ? prepared.data_ptr() : nullptr,
                workspace.data_ptr());
-  state.finish();
+  state.finish(plan, in.state);
   return out.view(shape);
 }
 

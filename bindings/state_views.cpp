@@ -17,8 +17,17 @@ StateViews::StateViews(at::TensorList state) {
   }
 }
 
-void StateViews::finish() {
+void StateViews::finish(const Plan& plan, at::TensorList state) {
   for (auto& [orig, conv] : copy_back) orig.copy_(conv);
+  bool written = false;
+  for (const auto& step : plan.steps) {
+    written = written || (step.kind == Step::Kind::ColumnStats && step.input >= 0 &&
+                          step.node.running_mean.present());
+  }
+  if (!written) return;
+  for (const auto& s : state) {
+    if (!s.is_inference()) s.unsafeGetTensorImpl()->bump_version();
+  }
 }
 
 }  // namespace gemmfuse::bindings

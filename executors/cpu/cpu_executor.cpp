@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "gemv_nonfinite.h"
 #include "pointwise.h"
 
 #if defined(_OPENMP)
@@ -29,7 +30,7 @@ size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
 // Byte offsets of the prepared parts (see prepared_bytes).
 struct PreparedLayout {
-  size_t w = 0, b = 0, colsum = 0, sumb = 0, total = 0;
+  size_t w = 0, b = 0, colsum = 0, sumb = 0, colsign = 0, total = 0;
   explicit PreparedLayout(const Plan& p) {
     size_t off = 0;
     if (p.prep.fold_batchnorm) {
@@ -43,6 +44,8 @@ struct PreparedLayout {
       off += align_up(sizeof(float) * static_cast<size_t>(p.K));
       sumb = off;
       off += align_up(sizeof(float));
+      colsign = off;  // for rows with inf/NaN inputs: executors/common/gemv_nonfinite.h
+      off += align_up(sizeof(float) * static_cast<size_t>(p.K));
     }
     total = off;
   }
@@ -383,11 +386,20 @@ void run_gemv(const Step& st, const Memory& mem, const void* prepared) {
   const float* x = static_cast<const float*>(mem.args.x);
   float* y = mem.buffer(st.output);
   const double scale = st.node.op == OpCode::Mean ? 1.0 / static_cast<double>(plan.N) : 1.0;
+  const float* sign = at<float>(prepared, lay.colsign);
   GF_OMP_FOR
   for (int64_t r = 0; r < plan.M; ++r) {
     double s = 0;
-    for (int64_t k = 0; k < plan.K; ++k) s += static_cast<double>(x[r * plan.K + k]) * cs[k];
-    y[r] = static_cast<float>((s + sumb) * scale);
+    float nonfinite = 0.f;
+    bool any_nonfinite = false;
+    for (int64_t k = 0; k < plan.K; ++k) {
+      const float xk = x[r * plan.K + k];
+      s += static_cast<double>(xk) * cs[k];
+      nonfinite += gemv_nonfinite_term(xk, sign[k]);
+      any_nonfinite = any_nonfinite || !gf_isfinite(xk);
+    }
+    y[r] = any_nonfinite ? static_cast<float>(nonfinite * scale)
+                         : static_cast<float>((s + sumb) * scale);
   }
 }
 
@@ -460,6 +472,15 @@ void CpuExecutor::prepare(const Plan& plan, const RunArgs& args, void* prepared)
         for (int64_t k = k0; k < k1; ++k) acc[k - k0] += w[n * K + k];
       for (int64_t k = k0; k < k1; ++k) cs[k] = static_cast<float>(acc[k - k0]);
     }
+    // Column signs, row by row through W (contiguous reads).
+    std::vector<char> pos(static_cast<size_t>(K), 1), neg(static_cast<size_t>(K), 1);
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t k = 0; k < K; ++k) {
+        pos[k] &= w[n * K + k] > 0.f;
+        neg[k] &= w[n * K + k] < 0.f;
+      }
+    float* sign = at<float>(prepared, lay.colsign);
+    for (int64_t k = 0; k < K; ++k) sign[k] = pos[k] ? 1.f : (neg[k] ? -1.f : NAN);
     double sb = 0;
     if (b)
       for (int64_t n = 0; n < N; ++n) sb += b[n];

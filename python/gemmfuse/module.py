@@ -153,7 +153,6 @@ class ChainRuntime:
         spec = self.specs[flags]
         if not x.is_contiguous():
             x = x.contiguous()
-        versions = {id(t): t._version for t in state}
         try:
             out = torch.ops.gemmfuse.run(spec, x, w, b, ops, state, self.precision)
         except (RuntimeError, ValueError) as e:
@@ -167,12 +166,6 @@ class ChainRuntime:
                 self.fallback(*inputs)  # PyTorch raises its own ValueError here, verbatim
                 raise ValueError(str(e).splitlines()[0]) from None
             raise
-        if state and self.bn_training[flags]:
-            # The op wrote the running statistics in place; make sure their version counters
-            # say so (caches keyed on _version, e.g. the eval BatchNorm fold, depend on it).
-            for t in state:
-                if t._version == versions[id(t)]:
-                    torch.autograd.graph.increment_version(t)
         self.fused_calls += 1
         return out
 

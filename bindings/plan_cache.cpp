@@ -5,6 +5,10 @@
 #include <stdexcept>
 #include <unordered_map>
 
+#ifdef GEMMFUSE_WITH_CUDA
+#include "cuda_executor.h"
+#endif
+
 namespace gemmfuse::bindings {
 namespace {
 
@@ -118,6 +122,9 @@ CachedPlan plan_for(const std::string& spec, const at::Tensor& x, const at::Tens
   }
   try {
     out.plan = std::make_shared<const Plan>(make_plan(req));
+#ifdef GEMMFUSE_WITH_CUDA
+    if (x.is_cuda()) CudaExecutor::check(*out.plan);  // e.g. a row program too long
+#endif
   } catch (const Unsupported& e) {
     TORCH_CHECK(false, "gemmfuse unsupported: ", e.what());
   } catch (const std::invalid_argument& e) {

@@ -1,0 +1,176 @@
+// Training BatchNorm statistics over the M rows of an fp32 [M, W] buffer.
+//
+// Level 1 (colstats_partial_kernel): grid (ceil(W/32), R row chunks), CTA 32 columns x 8 warps;
+// a thread keeps the column's shifted sums s1 = sum(x - x0), s2 = sum((x - x0)^2) in fp64 over
+// its rows (x0 = the column's first value, which keeps s2 - s1^2/n free of cancellation); the
+// 8 warps combine in a fixed order and write [chunk][2][W] fp64 partials to the workspace.
+// Level 2 (colstats_finalize_kernel): a thread per column adds the R partials in order:
+// mean, biased var -> [2, W] (mean row, invstd row); running_mean/var updated with the
+// momentum (or 1/num_batches for momentum=None, read on device) and the unbiased var.
+// Level 3 (colstats_count_kernel): num_batches_tracked += 1 (after level 2 read it).
+// Eval (input == -1, a BatchNorm not folded into W): colstats_running_kernel, stats from the
+// running statistics, nothing read from the rows, nothing updated.
+// Deterministic: no atomics, fixed orders.
+#include "column_stats.h"
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+#include "cuda_check.h"
+#include "layout.h"
+#include "prepare.h"
+
+namespace gemmfuse::cuda {
+namespace {
+
+constexpr int kCols = 32, kWarps = 8;
+constexpr int64_t kRowsPerChunk = 64;
+constexpr int64_t kMaxChunks = 32;
+
+__global__ void __launch_bounds__(kCols * kWarps)
+    colstats_partial_kernel(const float* __restrict__ y, int64_t M, int64_t W,
+                            int64_t rows_per_chunk, double* __restrict__ partials) {
+  __shared__ double s1s[kWarps][kCols], s2s[kWarps][kCols];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kCols + lane;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * rows_per_chunk;
+  const int64_t r1 = min(M, r0 + rows_per_chunk);
+  double s1 = 0.0, s2 = 0.0;
+  if (c < W) {
+    const double x0 = y[c];
+    int64_t r = r0 + warp;
+    for (; r + 3 * kWarps < r1; r += 4 * kWarps) {  // 4 loads in flight
+      const float a = y[r * W + c], b = y[(r + kWarps) * W + c],
+                  d = y[(r + 2 * kWarps) * W + c], e = y[(r + 3 * kWarps) * W + c];
+      const double da = a - x0, db = b - x0, dd = d - x0, de = e - x0;
+      s1 += (da + db) + (dd + de);
+      s2 += (da * da + db * db) + (dd * dd + de * de);
+    }
+    for (; r < r1; r += kWarps) {
+      const double d = static_cast<double>(y[r * W + c]) - x0;
+      s1 += d;
+      s2 += d * d;
+    }
+  }
+  s1s[warp][lane] = s1;
+  s2s[warp][lane] = s2;
+  __syncthreads();
+  if (warp == 0 && c < W) {
+    double a = 0.0, b = 0.0;
+    for (int i = 0; i < kWarps; ++i) {
+      a += s1s[i][lane];
+      b += s2s[i][lane];
+    }
+    double* p = partials + static_cast<int64_t>(blockIdx.y) * 2 * W;
+    p[c] = a;
+    p[W + c] = b;
+  }
+}
+
+__global__ void colstats_finalize_kernel(const float* __restrict__ y,
+                                         const double* __restrict__ partials, int64_t R,
+                                         int64_t M, int64_t W, double eps, double momentum,
+                                         float* __restrict__ stats, float* running_mean,
+                                         float* running_var, const int64_t* num_batches) {
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= W) return;
+  double s1 = 0.0, s2 = 0.0;
+  for (int64_t i = 0; i < R; ++i) {
+    s1 += partials[i * 2 * W + c];
+    s2 += partials[i * 2 * W + W + c];
+  }
+  const double n = static_cast<double>(M);
+  const double x0 = y[c];
+  const double mean = x0 + s1 / n;
+  const double var = fmax((s2 - s1 * s1 / n) / n, 0.0);
+  const float meanf = static_cast<float>(mean);
+  stats[c] = meanf;
+  stats[W + c] = static_cast<float>(1.0 / sqrt(var + eps));
+  if (running_mean && running_var) {
+    // momentum < 0: None, the cumulative average with factor 1/num_batches_tracked (after
+    // this batch's increment, which the count kernel makes next).
+    const double m = momentum >= 0.0 ? momentum : 1.0 / static_cast<double>(*num_batches + 1);
+    running_mean[c] = static_cast<float>((1.0 - m) * running_mean[c] + m * mean);
+    running_var[c] = static_cast<float>((1.0 - m) * running_var[c] + m * (var * n / (n - 1.0)));
+  }
+}
+
+// Eval BatchNorm that was not folded: stats from the running statistics.
+__global__ void colstats_running_kernel(const float* __restrict__ running_mean,
+                                        const float* __restrict__ running_var, int64_t W,
+                                        double eps, float* __restrict__ stats) {
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= W) return;
+  stats[c] = running_mean[c];
+  stats[W + c] = static_cast<float>(1.0 / sqrt(static_cast<double>(running_var[c]) + eps));
+}
+
+__global__ void colstats_count_kernel(int64_t* num_batches) { *num_batches += 1; }
+
+}  // namespace
+
+int64_t colstats_chunks(int64_t M) {
+  return std::clamp<int64_t>((M + kRowsPerChunk - 1) / kRowsPerChunk, 1, kMaxChunks);
+}
+
+size_t colstats_workspace_bytes(int64_t M, int64_t W) {
+  return sizeof(double) * 2 * static_cast<size_t>(W) * static_cast<size_t>(colstats_chunks(M));
+}
+
+void launch_column_stats(const Plan& plan, const Step& step, const RunArgs& args,
+                         char* workspace, double* partials, cudaStream_t stream) {
+  const int64_t M = plan.M, W = std::max<int64_t>(step.width_in, 1);
+  const Node& bn = step.node;
+  if (step.output < 0) throw std::logic_error("CUDA column stats: output must be a buffer");
+  float* stats = reinterpret_cast<float*>(workspace + plan.buffer_offset(step.output));
+  auto state = [&](const Operand& op) -> void* {
+    if (!op.present()) return nullptr;
+    if (op.kind != Operand::Kind::State || op.index < 0 ||
+        op.index >= static_cast<int>(args.state.size()) || !args.state[op.index])
+      throw std::invalid_argument("gemmfuse: batch_norm state operand missing");
+    return args.state[op.index];
+  };
+  float* rm = static_cast<float*>(state(bn.running_mean));
+  float* rv = static_cast<float*>(state(bn.running_var));
+  const unsigned grid2 = static_cast<unsigned>((W + 255) / 256);
+
+  if (step.input < 0) {  // eval: mean = running_mean, invstd = 1/sqrt(running_var + eps)
+    if (!rm || !rv)
+      throw std::invalid_argument("gemmfuse: eval batch_norm without running statistics");
+    colstats_running_kernel<<<grid2, 256, 0, stream>>>(rm, rv, W, bn.eps, stats);
+    GF_LAUNCH_CHECK();
+    return;
+  }
+
+  if (M < 2)
+    throw std::invalid_argument("Expected more than 1 value per channel when training, got input size [" +
+                                std::to_string(M) + ", " + std::to_string(W) + "]");
+  if (partials == nullptr) throw std::logic_error("CUDA column stats: no workspace for partials");
+  const float* y = reinterpret_cast<const float*>(workspace + plan.buffer_offset(step.input));
+
+  // Running statistics are updated when training with both present (as PyTorch with
+  // track_running_stats); num_batches_tracked then counts the batch.
+  const bool update = bn.training && rm && rv;
+  int64_t* nb = update ? static_cast<int64_t*>(state(bn.num_batches)) : nullptr;
+  if (update && bn.momentum < 0 && !nb)
+    throw Unsupported("batch_norm momentum=None needs num_batches_tracked");
+
+  const int64_t R = colstats_chunks(M);
+  const int64_t rows_per_chunk = (M + R - 1) / R;
+  if ((W + kCols - 1) / kCols > 0x7fffffffLL)
+    throw Unsupported("CUDA column stats: width out of range");
+  const dim3 grid1(static_cast<unsigned>((W + kCols - 1) / kCols), static_cast<unsigned>(R));
+  colstats_partial_kernel<<<grid1, kCols * kWarps, 0, stream>>>(y, M, W, rows_per_chunk, partials);
+  GF_LAUNCH_CHECK();
+  colstats_finalize_kernel<<<grid2, 256, 0, stream>>>(
+      y, partials, R, M, W, bn.eps, bn.momentum < 0 ? -1.0 : bn.momentum, stats,
+      update ? rm : nullptr, update ? rv : nullptr, nb);
+  GF_LAUNCH_CHECK();
+  if (nb) {
+    colstats_count_kernel<<<1, 1, 0, stream>>>(nb);
+    GF_LAUNCH_CHECK();
+  }
+}
+
+}  // namespace gemmfuse::cuda

@@ -1,0 +1,22 @@
+// Training BatchNorm column statistics (ColumnStats steps): deterministic two-level reduction
+// over the M rows, mean and invstd to a [2, W] buffer, running statistics updated on device.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "gemmfuse/executor.h"
+#include "gemmfuse/plan.h"
+
+namespace gemmfuse::cuda {
+
+// Row chunks of the first level (each writes fp64 [2, W] partial sums).
+int64_t colstats_chunks(int64_t M);
+size_t colstats_workspace_bytes(int64_t M, int64_t W);
+
+void launch_column_stats(const Plan& plan, const Step& step, const RunArgs& args,
+                         char* workspace, double* partials, cudaStream_t stream);
+
+}  // namespace gemmfuse::cuda

@@ -1,0 +1,38 @@
+// The CUDA executor: runs a Plan on one GPU, asynchronously on args.stream.
+//
+//   Gemm         cuBLASLt (gemm_cublas.cu): fp32 SGEMM / TF32 / bf16x3 split (`fast`) /
+//                the model's 16-bit type; bias as the GEMM epilogue
+//   Gemv         gemv.cu: x . colsum(W) + sum(b)
+//   RowPass      row_program.cu: the row-program interpreter
+//   ColumnStats  column_stats.cu: BatchNorm statistics (batch: two-level reduction, running
+//                stats updated on device; eval: from the running stats)
+//   prepare()    prepare.cu: folded eval BatchNorm, fp32 bias, column sums, W split
+//
+// Contract (executor.h): x, weight, bias and out in plan.dtype, operands and running stats
+// fp32, num_batches int64, all device pointers on the current device. run() allocates
+// nothing, never synchronises the host, and is CUDA-graph capturable; errors throw
+// std::runtime_error (CUDA/cuBLAS failures), Unsupported (a plan this executor does not
+// take: check() says so up front) or std::invalid_argument (missing tensors).
+// Thread-safe: one instance may serve several threads and devices (cuBLASLt handles and
+// algorithm choices are cached per device behind a mutex).
+#pragma once
+
+#include "gemmfuse/executor.h"
+
+namespace gemmfuse {
+
+class CudaExecutor : public Executor {
+ public:
+  CudaExecutor() = default;
+
+  // Throws Unsupported when the plan exceeds this executor's limits (e.g. a row program of
+  // more than 32 instructions). prepared_bytes/workspace_bytes/run call it too.
+  static void check(const Plan& plan);
+
+  size_t prepared_bytes(const Plan& plan) const override;
+  size_t workspace_bytes(const Plan& plan) const override;
+  void prepare(const Plan& plan, const RunArgs& args, void* prepared) override;
+  void run(const Plan& plan, const RunArgs& args, const void* prepared, void* workspace) override;
+};
+
+}  // namespace gemmfuse

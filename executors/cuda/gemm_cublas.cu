@@ -1,0 +1,292 @@
+// The Gemm step on cuBLASLt.
+//
+// Row-major Y[M,N] = x[M,K] W[N,K]^T is column-major Y^T[N,M] = W . x^T: cuBLASLt's
+// D[m=N, n=M] = op(A)[N,K] op(B)[K,M] with A = W stored [K,N] (ld K, transa = T) and
+// B = x stored [K,M] (ld K, transb = N), D ld N. The bias is the BIAS epilogue (one value per
+// row of D = per column of Y), on the last GEMM of a step.
+//
+// Handles: one cuBLASLt handle per device, created on first use and kept for the process
+// (never destroyed: destroying at static-destruction time races the driver's teardown).
+// Algorithms: the heuristic's first choice, cached per (device, shape, types, epilogue,
+// pointer alignments). Workspace: ours (WorkspaceLayout::lt), never cuBLAS's own allocation,
+// so every call is stream-ordered and graph-capturable.
+#include "gemm_cublas.h"
+
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "cuda_check.h"
+#include "layout.h"
+#include "split.h"
+
+namespace gemmfuse::cuda {
+namespace {
+
+std::mutex g_mutex;
+std::vector<cublasLtHandle_t> g_handles;  // per device
+struct CachedAlgo {
+  bool found = false;
+  cublasLtMatmulAlgo_t algo{};
+};
+std::unordered_map<std::string, CachedAlgo> g_algos;
+
+cublasLtHandle_t lt_handle(int dev) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (g_handles.size() <= static_cast<size_t>(dev)) g_handles.resize(dev + 1, nullptr);
+  if (!g_handles[dev]) GF_CUBLAS_CHECK(cublasLtCreate(&g_handles[dev]));
+  return g_handles[dev];
+}
+
+struct MatmulDesc {
+  cublasLtMatmulDesc_t d = nullptr;
+  ~MatmulDesc() { if (d) cublasLtMatmulDescDestroy(d); }
+};
+struct MatrixLayout {
+  cublasLtMatrixLayout_t d = nullptr;
+  ~MatrixLayout() { if (d) cublasLtMatrixLayoutDestroy(d); }
+};
+struct Preference {
+  cublasLtMatmulPreference_t d = nullptr;
+  ~Preference() { if (d) cublasLtMatmulPreferenceDestroy(d); }
+};
+
+uint32_t alignment_of(const void* p) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  uint32_t al = 256;
+  while (al > 1 && (a % al) != 0) al >>= 1;
+  return al;
+}
+
+// D[m,n] (col-major, ld ldd) = A^T B (+ beta*D) (+ bias[m]); A stored [k,m] ld lda, B [k,n] ld ldb.
+struct LtGemm {
+  int64_t m = 0, n = 0, k = 0;
+  const void* A = nullptr;
+  int64_t lda = 0;
+  const void* B = nullptr;
+  int64_t ldb = 0;
+  void* D = nullptr;
+  int64_t ldd = 0;
+  cudaDataType_t ab_type = CUDA_R_32F, d_type = CUDA_R_32F;
+  cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
+  float beta = 0.f;
+  const void* bias = nullptr;  // in d_type
+};
+
+// Returns false (and launches nothing) when no algorithm exists with the bias epilogue.
+bool lt_matmul(const LtGemm& g, void* ws, size_t ws_bytes, cudaStream_t stream) {
+  int dev = 0;
+  GF_CUDA_CHECK(cudaGetDevice(&dev));
+  cublasLtHandle_t h = lt_handle(dev);
+
+  MatmulDesc op;
+  GF_CUBLAS_CHECK(cublasLtMatmulDescCreate(&op.d, g.compute, CUDA_R_32F));
+  const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+  GF_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op.d, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+  GF_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op.d, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+  const cublasLtEpilogue_t epi = g.bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+  GF_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op.d, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
+  if (g.bias) {
+    const void* bp = g.bias;
+    GF_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(op.d, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof(bp)));
+  }
+
+  MatrixLayout a, b, d;
+  GF_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&a.d, g.ab_type, g.k, g.m, g.lda));
+  GF_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&b.d, g.ab_type, g.k, g.n, g.ldb));
+  GF_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.d, g.d_type, g.m, g.n, g.ldd));
+
+  const uint32_t al_a = alignment_of(g.A), al_b = alignment_of(g.B), al_d = alignment_of(g.D);
+  char key[320];
+  std::snprintf(key, sizeof(key), "%d|%lld,%lld,%lld|%lld,%lld,%lld|%d,%d,%d|%d|%d|%u,%u,%u|%zu",
+                dev, static_cast<long long>(g.m), static_cast<long long>(g.n),
+                static_cast<long long>(g.k), static_cast<long long>(g.lda),
+                static_cast<long long>(g.ldb), static_cast<long long>(g.ldd),
+                static_cast<int>(g.ab_type), static_cast<int>(g.d_type),
+                static_cast<int>(g.compute), static_cast<int>(epi), g.beta != 0.f ? 1 : 0, al_a,
+                al_b, al_d, ws_bytes);
+
+  CachedAlgo ca;
+  bool cached = false;
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    auto it = g_algos.find(key);
+    if (it != g_algos.end()) {
+      ca = it->second;
+      cached = true;
+    }
+  }
+  if (!cached) {
+    Preference pref;
+    GF_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref.d));
+    const uint64_t wsb = ws_bytes;
+    GF_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref.d, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof(wsb)));
+    GF_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref.d, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof(al_a)));
+    GF_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref.d, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof(al_b)));
+    GF_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref.d, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_d, sizeof(al_d)));
+    GF_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref.d, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d, sizeof(al_d)));
+    cublasLtMatmulHeuristicResult_t res{};
+    int count = 0;
+    const cublasStatus_t st =
+        cublasLtMatmulAlgoGetHeuristic(h, op.d, a.d, b.d, d.d, d.d, pref.d, 1, &res, &count);
+    if (st == CUBLAS_STATUS_SUCCESS && count > 0 && res.state == CUBLAS_STATUS_SUCCESS) {
+      ca.found = true;
+      ca.algo = res.algo;
+    } else if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED) {
+      throw_cublas(st, "cublasLtMatmulAlgoGetHeuristic", __FILE__, __LINE__);
+    }
+    std::lock_guard<std::mutex> lock(g_mutex);
+    g_algos.emplace(key, ca);
+  }
+  if (!ca.found) {
+    if (g.bias) return false;
+    throw std::runtime_error(std::string("gemmfuse CUDA: cuBLASLt has no algorithm for GEMM ") + key);
+  }
+  const float alpha = 1.f, beta = g.beta;
+  GF_CUBLAS_CHECK(cublasLtMatmul(h, op.d, &alpha, g.A, a.d, g.B, b.d, &beta, g.D, d.d, g.D, d.d,
+                                 &ca.algo, ws, ws_bytes, stream));
+  return true;
+}
+
+// Fallback when the bias epilogue is not available: Y[r, c] += bias[c].
+template <class T>
+__global__ void add_bias_kernel(T* y, const T* __restrict__ bias, int64_t M, int64_t N) {
+  const int64_t total = M * N;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float v = static_cast<float>(y[i]) + static_cast<float>(bias[i % N]);
+    y[i] = static_cast<T>(v);
+  }
+}
+
+void add_bias(void* y, const void* bias, cudaDataType_t t, int64_t M, int64_t N,
+              cudaStream_t stream) {
+  const int64_t total = M * N;
+  const unsigned grid = static_cast<unsigned>(std::min<int64_t>((total + 255) / 256, 65535 * 8));
+  if (grid == 0) return;
+  if (t == CUDA_R_32F)
+    add_bias_kernel<float><<<grid, 256, 0, stream>>>(static_cast<float*>(y),
+                                                     static_cast<const float*>(bias), M, N);
+  else if (t == CUDA_R_16BF)
+    add_bias_kernel<__nv_bfloat16><<<grid, 256, 0, stream>>>(
+        static_cast<__nv_bfloat16*>(y), static_cast<const __nv_bfloat16*>(bias), M, N);
+  else
+    add_bias_kernel<__half><<<grid, 256, 0, stream>>>(static_cast<__half*>(y),
+                                                      static_cast<const __half*>(bias), M, N);
+  GF_LAUNCH_CHECK();
+}
+
+// The last GEMM of the step: with the bias epilogue when cuBLASLt has one for this
+// configuration and the bias is 16-byte aligned, else plain GEMM + add_bias.
+void last_gemm(LtGemm g, void* ws, size_t ws_bytes, cudaStream_t stream) {
+  const void* bias = g.bias;
+  if (bias && reinterpret_cast<uintptr_t>(bias) % 16 == 0 && lt_matmul(g, ws, ws_bytes, stream))
+    return;
+  g.bias = nullptr;
+  lt_matmul(g, ws, ws_bytes, stream);
+  if (bias) add_bias(g.D, bias, g.d_type, g.n, g.m, stream);
+}
+
+cudaDataType_t cuda_type(DType d) {
+  return d == DType::F32 ? CUDA_R_32F : d == DType::BF16 ? CUDA_R_16BF : CUDA_R_16F;
+}
+
+}  // namespace
+
+void run_gemm(const Plan& plan, const Step& step, const RunArgs& args, const char* prepared,
+              char* workspace, cudaStream_t stream) {
+  const int64_t M = plan.M, N = plan.N, K = plan.K;
+  if (M == 0 || N == 0) return;
+  const PreparedLayout P = prepared_layout(plan);
+  const WorkspaceLayout W = workspace_layout(plan);
+  if (P.total > 0 && prepared == nullptr)
+    throw std::logic_error("CUDA gemm: the plan needs prepared weights but none were given");
+
+  const bool to_output = step.output == kOutput;
+  void* y = to_output ? args.out : workspace + plan.buffer_offset(step.output);
+  const cudaDataType_t d_type = to_output ? cuda_type(plan.dtype) : CUDA_R_32F;
+  void* lt_ws = workspace + W.lt;
+
+  // The bias in D's type: prepared (folded or converted) or the caller's.
+  const void* bias = nullptr;
+  if (d_type == CUDA_R_32F && P.bias_f32 != kAbsent) {
+    bias = prepared + P.bias_f32;
+  } else if (d_type != CUDA_R_32F && P.bias_dt != kAbsent) {
+    bias = prepared + P.bias_dt;
+  } else if (plan.chain.has_bias) {
+    if (!args.bias) throw std::invalid_argument("gemmfuse: the chain's Linear has a bias but none was passed");
+    if (d_type != cuda_type(plan.dtype))
+      throw std::logic_error("CUDA gemm: bias type does not match the output (prepare missing)");
+    bias = args.bias;
+  }
+
+  if (K == 0) {  // x W^T is zero: Y = bias (cuBLASLt rejects k = 0)
+    GF_CUDA_CHECK(cudaMemsetAsync(y, 0, static_cast<size_t>(M * N) * (d_type == CUDA_R_32F ? 4 : 2), stream));
+    if (bias) add_bias(y, bias, d_type, M, N, stream);
+    return;
+  }
+
+  LtGemm g;
+  g.m = N;
+  g.n = M;
+  g.D = y;
+  g.ldd = N;
+  g.d_type = d_type;
+
+  if (uses_split(plan)) {
+    // fast: [xlo|xhi] . [Whi|Wlo]^T over K' = 2 Kh, then xhi . Whi^T added with beta = 1.
+    if (P.w_split == kAbsent || W.x_split == kAbsent)
+      throw std::logic_error("CUDA gemm: split precision without split buffers");
+    const int64_t Kh = P.Kh;
+    auto* xs = reinterpret_cast<__nv_bfloat16*>(workspace + W.x_split);
+    const auto* ws = reinterpret_cast<const __nv_bfloat16*>(prepared + P.w_split);
+    launch_split_x(static_cast<const float*>(args.x), xs, M, K, Kh, stream);
+    g.ab_type = CUDA_R_16BF;
+    g.compute = CUBLAS_COMPUTE_32F;
+    g.A = ws;
+    g.lda = 2 * Kh;
+    g.B = xs;
+    g.ldb = 2 * Kh;
+    g.k = 2 * Kh;
+    g.beta = 0.f;
+    g.bias = nullptr;
+    lt_matmul(g, lt_ws, W.lt_bytes, stream);
+    g.B = xs + Kh;  // xhi
+    g.k = Kh;       // Whi (zero padded past K, as is xhi)
+    g.beta = 1.f;
+    g.bias = bias;
+    last_gemm(g, lt_ws, W.lt_bytes, stream);
+    return;
+  }
+
+  const void* w = args.weight;
+  if (P.w_folded != kAbsent) w = prepared + P.w_folded;
+  g.A = w;
+  g.lda = K;
+  g.B = args.x;
+  g.ldb = K;
+  g.k = K;
+  g.bias = bias;
+  g.ab_type = cuda_type(plan.dtype);
+  if (plan.dtype == DType::F32)
+    g.compute = plan.precision == Precision::TF32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  else
+    g.compute = CUBLAS_COMPUTE_32F;  // bf16/fp16 inputs, fp32 accumulation
+  last_gemm(g, lt_ws, W.lt_bytes, stream);
+}
+
+}  // namespace gemmfuse::cuda

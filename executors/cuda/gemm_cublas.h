@@ -1,0 +1,15 @@
+// The Gemm step on cuBLASLt: Y[M,N] = x[M,K] W[N,K]^T (+ bias), row-major, in the plan's
+// precision (fp32 SGEMM, TF32, bf16x3 split for `fast`, or the model's 16-bit type).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "gemmfuse/executor.h"
+#include "gemmfuse/plan.h"
+
+namespace gemmfuse::cuda {
+
+void run_gemm(const Plan& plan, const Step& step, const RunArgs& args, const char* prepared,
+              char* workspace, cudaStream_t stream);
+
+}  // namespace gemmfuse::cuda

@@ -1,0 +1,178 @@
+// Gemv: Y[m] = (x[m,:] . wsum + bsum) * scale (rows with inf/NaN inputs: gemv_nonfinite.h).
+// Memory bound: x is read once with 16-byte
+// loads (4 fp32 or 8 bf16/fp16 per load, 4 loads in flight per thread), products and sums in
+// fp64 (x*wsum is exact in fp64), one CTA per row for long rows, one warp per row otherwise.
+#include "gemv.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <stdexcept>
+
+#include "cuda_check.h"
+#include "gemv_nonfinite.h"
+#include "layout.h"
+
+namespace gemmfuse::cuda {
+namespace {
+
+constexpr int kGemvThreads = 256;
+
+__device__ __forceinline__ float to_f(float v) { return v; }
+__device__ __forceinline__ float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float to_f(__half v) { return __half2float(v); }
+
+template <class T>
+__device__ __forceinline__ void store_as(void* out, int64_t i, float v);
+template <>
+__device__ __forceinline__ void store_as<float>(void* out, int64_t i, float v) {
+  static_cast<float*>(out)[i] = v;
+}
+template <>
+__device__ __forceinline__ void store_as<__nv_bfloat16>(void* out, int64_t i, float v) {
+  static_cast<__nv_bfloat16*>(out)[i] = __float2bfloat16_rn(v);
+}
+template <>
+__device__ __forceinline__ void store_as<__half>(void* out, int64_t i, float v) {
+  static_cast<__half*>(out)[i] = __float2half_rn(v);
+}
+
+// Dot of one 16-byte vector of x (kVec elements) with wsum[c .. c+kVec); `bad` notes a
+// non-finite x.
+template <class T>
+__device__ __forceinline__ double dot_vec(const uint4& q, const float* __restrict__ w, bool& bad) {
+  constexpr int kVec = 16 / sizeof(T);
+  const T* xs = reinterpret_cast<const T*>(&q);
+  double acc = 0.0;
+#pragma unroll
+  for (int j = 0; j < kVec; j += 4) {
+    const float4 wv = __ldg(reinterpret_cast<const float4*>(w + j));
+    const float x0 = to_f(xs[j]), x1 = to_f(xs[j + 1]), x2 = to_f(xs[j + 2]), x3 = to_f(xs[j + 3]);
+    bad |= !(gf_isfinite(x0) && gf_isfinite(x1) && gf_isfinite(x2) && gf_isfinite(x3));
+    acc = fma(static_cast<double>(x0), static_cast<double>(wv.x), acc);
+    acc = fma(static_cast<double>(x1), static_cast<double>(wv.y), acc);
+    acc = fma(static_cast<double>(x2), static_cast<double>(wv.z), acc);
+    acc = fma(static_cast<double>(x3), static_cast<double>(wv.w), acc);
+  }
+  return acc;
+}
+
+// kTpr threads per row (32: a warp; kGemvThreads: the CTA). out_f32: Y buffer, else the
+// model's dtype T. A row with an inf/NaN input gets what the unrewritten Linear + sum gives
+// (gemv_nonfinite.h): a second, rare pass over that row with the column signs.
+template <class T, int kTpr>
+__global__ void __launch_bounds__(kGemvThreads)
+    gemv_kernel(const T* __restrict__ x, const float* __restrict__ wsum,
+                const float* __restrict__ bsum, const float* __restrict__ colsign, int64_t M,
+                int64_t K, double scale, void* __restrict__ out, bool out_f32, bool vec) {
+  constexpr int kRows = kGemvThreads / kTpr;
+  constexpr int kVec = 16 / sizeof(T);
+  __shared__ double red[kGemvThreads / 32];
+  __shared__ float nf[kGemvThreads];
+  const int sub = threadIdx.x / kTpr, t = threadIdx.x % kTpr;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRows + sub;
+  const T* xr = x + row * K;
+  double acc = 0.0;
+  bool bad = false;
+  if (row < M) {
+    if (vec) {
+      const uint4* xv = reinterpret_cast<const uint4*>(xr);
+      const int64_t nv = K / kVec;
+      int64_t i = t;
+      for (; i + 3 * kTpr < nv; i += 4 * kTpr) {  // 4 independent 16-byte loads in flight
+        uint4 q0 = __ldg(xv + i), q1 = __ldg(xv + i + kTpr), q2 = __ldg(xv + i + 2 * kTpr),
+              q3 = __ldg(xv + i + 3 * kTpr);
+        acc += dot_vec<T>(q0, wsum + i * kVec, bad);
+        acc += dot_vec<T>(q1, wsum + (i + kTpr) * kVec, bad);
+        acc += dot_vec<T>(q2, wsum + (i + 2 * kTpr) * kVec, bad);
+        acc += dot_vec<T>(q3, wsum + (i + 3 * kTpr) * kVec, bad);
+      }
+      for (; i < nv; i += kTpr) acc += dot_vec<T>(__ldg(xv + i), wsum + i * kVec, bad);
+    } else {
+      for (int64_t k = t; k < K; k += kTpr) {
+        const float xk = to_f(xr[k]);
+        bad |= !gf_isfinite(xk);
+        acc = fma(static_cast<double>(xk), static_cast<double>(wsum[k]), acc);
+      }
+    }
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+  if (kTpr > 32) {
+    if (lane == 0) red[warp] = acc;
+    __syncthreads();
+    double s = 0.0;
+    for (int i = 0; i < kTpr / 32; ++i) s += red[i];
+    acc = s;
+  }
+  // Uniform over the row's threads (the CTA, or the warp).
+  const bool row_bad = kTpr > 32 ? __syncthreads_or(bad) != 0 : __any_sync(0xffffffffu, bad);
+  float nonfinite = 0.f;
+  if (row_bad) {  // sums of infinities and NaNs: the outcome does not depend on the order
+    if (row < M)
+      for (int64_t k = t; k < K; k += kTpr) nonfinite += gemv_nonfinite_term(to_f(xr[k]), colsign[k]);
+    nf[threadIdx.x] = nonfinite;  // reduced through shared memory (no shuffles in this branch)
+    if (kTpr > 32) __syncthreads(); else __syncwarp();
+    if (t == 0)
+      for (int i = 1; i < kTpr; ++i) nonfinite += nf[threadIdx.x + i];
+  }
+  if (t == 0 && row < M) {
+    const float y = row_bad ? static_cast<float>(nonfinite * scale)
+                            : static_cast<float>((acc + static_cast<double>(*bsum)) * scale);
+    if (out_f32) store_as<float>(out, row, y);
+    else store_as<T>(out, row, y);
+  }
+}
+
+template <class T>
+void launch_typed(const void* x, const float* wsum, const float* bsum, const float* colsign,
+                  int64_t M, int64_t K, double scale, void* out, bool out_f32,
+                  cudaStream_t stream) {
+  const bool vec = (K * static_cast<int64_t>(sizeof(T))) % 16 == 0 &&
+                   reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+                   reinterpret_cast<uintptr_t>(wsum) % 16 == 0;
+  const T* xt = static_cast<const T*>(x);
+  if (K * static_cast<int64_t>(sizeof(T)) >= 8192) {
+    gemv_kernel<T, kGemvThreads><<<static_cast<unsigned>(M), kGemvThreads, 0, stream>>>(
+        xt, wsum, bsum, colsign, M, K, scale, out, out_f32, vec);
+  } else {
+    constexpr int kRows = kGemvThreads / 32;
+    gemv_kernel<T, 32><<<static_cast<unsigned>((M + kRows - 1) / kRows), kGemvThreads, 0,
+                         stream>>>(xt, wsum, bsum, colsign, M, K, scale, out, out_f32, vec);
+  }
+  GF_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+void launch_gemv(const Plan& plan, const Step& step, const RunArgs& args, const char* prepared,
+                 char* workspace, cudaStream_t stream) {
+  if (plan.M == 0) return;
+  if (plan.M > 0x7fffffffLL) throw Unsupported("CUDA gemv: too many rows");
+  const PreparedLayout L = prepared_layout(plan);
+  if (L.wsum == kAbsent || prepared == nullptr)
+    throw std::logic_error("CUDA gemv: the plan has a Gemv step but no column sums prepared");
+  const float* wsum = reinterpret_cast<const float*>(prepared + L.wsum);
+  const float* bsum = reinterpret_cast<const float*>(prepared + L.bsum);
+  const float* colsign = reinterpret_cast<const float*>(prepared + L.colsign);
+  const double scale = step.node.op == OpCode::Mean ? 1.0 / static_cast<double>(plan.N) : 1.0;
+  const bool out_f32 = step.output != kOutput || plan.dtype == DType::F32;
+  void* out = step.output == kOutput ? args.out : workspace + plan.buffer_offset(step.output);
+  switch (plan.dtype) {
+    case DType::F32:
+      launch_typed<float>(args.x, wsum, bsum, colsign, plan.M, plan.K, scale, out, out_f32,
+                                 stream);
+      break;
+    case DType::BF16:
+      launch_typed<__nv_bfloat16>(args.x, wsum, bsum, colsign, plan.M, plan.K, scale, out, out_f32,
+                                 stream);
+      break;
+    case DType::F16:
+      launch_typed<__half>(args.x, wsum, bsum, colsign, plan.M, plan.K, scale, out, out_f32,
+                                 stream);
+      break;
+  }
+}
+
+}  // namespace gemmfuse::cuda

@@ -1,0 +1,88 @@
+#include "layout.h"
+
+#include <algorithm>
+
+#include "column_stats.h"
+#include "row_program.h"
+
+namespace gemmfuse::cuda {
+
+size_t dtype_size(DType d) { return d == DType::F32 ? 4 : 2; }
+
+const Step* find_step(const Plan& plan, Step::Kind kind) {
+  for (const Step& s : plan.steps)
+    if (s.kind == kind) return &s;
+  return nullptr;
+}
+
+bool uses_split(const Plan& plan) {
+  return plan.dtype == DType::F32 && plan.precision == Precision::Fast &&
+         find_step(plan, Step::Kind::Gemm) != nullptr;
+}
+
+namespace {
+struct Cursor {
+  size_t at = 0;
+  size_t take(size_t bytes) {
+    const size_t off = align_up(at);
+    at = off + bytes;
+    return off;
+  }
+};
+}  // namespace
+
+PreparedLayout prepared_layout(const Plan& plan) {
+  PreparedLayout L;
+  const int64_t N = plan.N, K = plan.K;
+  const size_t dsz = dtype_size(plan.dtype);
+  const Step* gemm = find_step(plan, Step::Kind::Gemm);
+  const bool fold = plan.prep.fold_batchnorm;
+  const bool split = uses_split(plan);
+  Cursor c;
+  if (fold) L.scale = c.take(sizeof(float) * N);
+  if (fold || (plan.chain.has_bias && plan.dtype != DType::F32))
+    L.bias_f32 = c.take(sizeof(float) * N);
+  if (gemm && fold && gemm->output == kOutput && plan.dtype != DType::F32)
+    L.bias_dt = c.take(dsz * N);
+  if (gemm && fold && !split) L.w_folded = c.take(dsz * N * K);
+  if (split) {
+    L.Kh = split_half(K);
+    L.w_split = c.take(sizeof(uint16_t) * N * 2 * L.Kh);
+  }
+  if (plan.prep.column_sums) {
+    L.wsum = c.take(sizeof(float) * K);
+    L.bsum = c.take(sizeof(float));
+    L.colsign = c.take(sizeof(float) * K);
+  }
+  L.total = c.at == 0 ? 0 : align_up(c.at);
+  return L;
+}
+
+WorkspaceLayout workspace_layout(const Plan& plan) {
+  WorkspaceLayout L;
+  Cursor c;
+  c.at = plan.buffers_bytes();
+  if (uses_split(plan)) {
+    const int64_t Kh = split_half(plan.K);
+    L.x_split = c.take(sizeof(uint16_t) * plan.M * 2 * Kh);
+  }
+  if (find_step(plan, Step::Kind::Gemm)) {
+    L.lt_bytes = kLtWorkspaceBytes;
+    L.lt = c.take(L.lt_bytes);
+  }
+  for (const Step& s : plan.steps) {
+    if (s.kind == Step::Kind::ColumnStats && s.input >= 0)
+      L.colstats_bytes =
+          std::max(L.colstats_bytes, colstats_workspace_bytes(plan.M, std::max<int64_t>(s.width_in, 1)));
+    if (s.kind == Step::Kind::RowPass) {
+      const RowConfig rc = row_config(s, plan.M);
+      if (rc.scratch) L.row_scratch_bytes = std::max(L.row_scratch_bytes, rc.scratch_bytes);
+    }
+  }
+  if (L.colstats_bytes) L.colstats = c.take(L.colstats_bytes);
+  if (L.row_scratch_bytes) L.row_scratch = c.take(L.row_scratch_bytes);
+  L.total = align_up(c.at);
+  return L;
+}
+
+}  // namespace gemmfuse::cuda

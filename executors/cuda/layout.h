@@ -1,0 +1,63 @@
+// Byte layouts of the CUDA executor's prepared memory (once per weight version) and of its
+// per-run workspace. Every region starts on a 256-byte boundary; `kAbsent` marks a region the
+// plan does not need. Computed from the plan alone (plus the device's shared-memory limit for
+// the row-program scratch), so prepared_bytes/workspace_bytes/prepare/run always agree.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "gemmfuse/plan.h"
+
+namespace gemmfuse::cuda {
+
+constexpr size_t kAbsent = static_cast<size_t>(-1);
+constexpr size_t kAlign = 256;
+inline size_t align_up(size_t v, size_t a = kAlign) { return (v + a - 1) / a * a; }
+
+// cuBLASLt workspace (NVIDIA recommends 32 MiB on Hopper).
+constexpr size_t kLtWorkspaceBytes = size_t(32) << 20;
+
+size_t dtype_size(DType d);
+
+// Where the Gemm / Gemv step sits (nullptr when the plan has none).
+const Step* find_step(const Plan& plan, Step::Kind kind);
+
+// Split precision is used for fp32 models in `fast` mode.
+bool uses_split(const Plan& plan);
+// K rounded up to a multiple of 8 (16-byte rows of bf16): the stride of one half of a split.
+inline int64_t split_half(int64_t K) { return (K + 7) / 8 * 8; }
+
+// Prepared memory (see prepare.cu):
+//   scale     fp32 [N]        s[n] = gamma / sqrt(running_var + eps)      (fold_batchnorm)
+//   bias_f32  fp32 [N]        bias as fp32: folded b' or the dtype bias converted
+//                             (fold_batchnorm, or a bf16/fp16 bias)
+//   bias_dt   dtype [N]       folded b' in the model dtype (fold, Gemm writes the 16-bit output)
+//   w_folded  dtype [N, K]    W' = W * s[n]                              (fold, Gemm, no split)
+//   w_split   bf16 [N, 2*Kh]  [W'hi | 0 | W'lo | 0], Kh = split_half(K)  (fast, fp32 model)
+//   wsum      fp32 [K]        column sums of W' over N (fp64 accumulation, rounded once)
+//   bsum      fp32 [1]        sum of the (folded) bias                    (column_sums)
+//   colsign   fp32 [K]        +1 / -1 where every W'[:,k] is > 0 / < 0, else NaN: rows with
+//                             inf/NaN inputs (executors/common/gemv_nonfinite.h) (column_sums)
+struct PreparedLayout {
+  size_t scale = kAbsent, bias_f32 = kAbsent, bias_dt = kAbsent, w_folded = kAbsent,
+         w_split = kAbsent, wsum = kAbsent, bsum = kAbsent, colsign = kAbsent;
+  int64_t Kh = 0;
+  size_t total = 0;
+};
+PreparedLayout prepared_layout(const Plan& plan);
+
+// Workspace of one run:
+//   [0, plan.buffers_bytes())   the plan's fp32 buffers (Plan::buffer_offset)
+//   x_split     bf16 [M, 2*Kh]  [xlo | 0 | xhi | 0]                       (fast, fp32 model)
+//   lt          kLtWorkspaceBytes                                          (Gemm step)
+//   colstats    fp64 [R, 2, W]  per-chunk shifted sums (max over ColumnStats steps)
+//   row_scratch fp32            rows of row passes too wide for shared memory (max over steps)
+struct WorkspaceLayout {
+  size_t x_split = kAbsent, lt = kAbsent, colstats = kAbsent, row_scratch = kAbsent;
+  size_t lt_bytes = 0, colstats_bytes = 0, row_scratch_bytes = 0;
+  size_t total = 0;
+};
+WorkspaceLayout workspace_layout(const Plan& plan);
+
+}  // namespace gemmfuse::cuda

@@ -1,0 +1,227 @@
+// Weight preparation, once per weight version, on args.stream (layout: PreparedLayout).
+//   fold_params: s[n] = gamma[n] / sqrt(running_var[n] + eps), b'[n] = (b[n] - running_mean[n]) s[n]
+//                + beta[n] (fp64, rounded once), or the 16-bit bias converted to fp32
+//   fold_w:      W'[n,k] = W[n,k] * s[n] in the model dtype          (Gemm without split)
+//   split_w:     [W'hi | 0 | W'lo | 0] bf16 [N, 2 Kh]                 (fast, fp32 model)
+//   colsum:      wsum[k] = sum_n W'[n,k] in fp64, rounded once, and the column signs
+//                (executors/common/gemv_nonfinite.h)                   (Gemv)
+//   bsum:        sum_n b'[n] in fp64, rounded once                    (Gemv)
+#include "prepare.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+#include "cuda_check.h"
+#include "layout.h"
+#include "split.h"
+
+namespace gemmfuse::cuda {
+namespace {
+
+__device__ __forceinline__ float to_f(float v) { return v; }
+__device__ __forceinline__ float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float to_f(__half v) { return __half2float(v); }
+template <class T> __device__ __forceinline__ T from_f(float v);
+template <> __device__ __forceinline__ float from_f<float>(float v) { return v; }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+template <> __device__ __forceinline__ __half from_f<__half>(float v) { return __float2half_rn(v); }
+
+unsigned grid_for(int64_t total, int threads) {
+  return static_cast<unsigned>(std::clamp<int64_t>((total + threads - 1) / threads, 1, 132 * 32));
+}
+
+template <class T>
+__global__ void fold_params_kernel(int64_t N, bool fold, const float* gamma, const float* beta,
+                                   const float* rmean, const float* rvar, double eps,
+                                   const T* bias, float* scale, float* bias_f32, T* bias_dt) {
+  for (int64_t n = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; n < N;
+       n += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const double b = bias ? static_cast<double>(to_f(bias[n])) : 0.0;
+    double bf = b;
+    if (fold) {
+      const double s = (gamma ? static_cast<double>(gamma[n]) : 1.0) /
+                       sqrt(static_cast<double>(rvar[n]) + eps);
+      scale[n] = static_cast<float>(s);
+      bf = (b - static_cast<double>(rmean[n])) * s + (beta ? static_cast<double>(beta[n]) : 0.0);
+    }
+    if (bias_f32) bias_f32[n] = static_cast<float>(bf);
+    if (bias_dt) bias_dt[n] = from_f<T>(static_cast<float>(bf));
+  }
+}
+
+template <class T>
+__global__ void fold_w_kernel(const T* __restrict__ w, const float* __restrict__ scale, int64_t N,
+                              int64_t K, T* __restrict__ out) {
+  const int64_t total = N * K;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    out[i] = from_f<T>(to_f(w[i]) * scale[i / K]);
+}
+
+__global__ void split_w_kernel(const float* __restrict__ w, const float* __restrict__ scale,
+                               int64_t N, int64_t K, int64_t Kh, __nv_bfloat16* __restrict__ out) {
+  const int64_t total = N * Kh;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t n = i / Kh, k = i - n * Kh;
+    float v = 0.f;
+    if (k < K) {
+      v = w[n * K + k];
+      if (scale) v *= scale[n];
+    }
+    __nv_bfloat16 hi, lo;
+    split_bf16(v, hi, lo);
+    out[n * 2 * Kh + k] = hi;
+    out[n * 2 * Kh + Kh + k] = lo;
+  }
+}
+
+// wsum[k] = sum_n W'[n,k], colsign[k] = +1 / -1 when every W'[n,k] is > 0 / < 0, else NaN
+// (W' = W * s[n] when folded). CTA = 32 columns x 8 warps, warps stride over n.
+template <class T>
+__global__ void __launch_bounds__(256)
+    colsum_kernel(const T* __restrict__ w, const float* __restrict__ scale, int64_t N, int64_t K,
+                  float* __restrict__ wsum, float* __restrict__ colsign) {
+  __shared__ double part[8][32];
+  __shared__ int flags[8][32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t k = static_cast<int64_t>(blockIdx.x) * 32 + lane;
+  double acc = 0.0;
+  int pos = 1, neg = 1;
+  if (k < K) {
+#pragma unroll 4
+    for (int64_t n = warp; n < N; n += 8) {
+      float v = to_f(w[n * K + k]);
+      if (scale) v *= scale[n];  // W' as the GEMM would see it (rounded once)
+      acc += v;
+      pos &= v > 0.f;
+      neg &= v < 0.f;
+    }
+  }
+  part[warp][lane] = acc;
+  flags[warp][lane] = pos | (neg << 1);
+  __syncthreads();
+  if (warp == 0 && k < K) {
+    double s = 0.0;
+    int f = 3;
+    for (int i = 0; i < 8; ++i) {
+      s += part[i][lane];
+      f &= flags[i][lane];
+    }
+    wsum[k] = static_cast<float>(s);
+    colsign[k] = (f & 1) ? 1.f : (f & 2) ? -1.f : __int_as_float(0x7fc00000);
+  }
+}
+
+// bsum = sum_n bias[n] (fp32 bias, may be nullptr: 0). One CTA, fixed order.
+__global__ void __launch_bounds__(256) bsum_kernel(const float* __restrict__ bias, int64_t N,
+                                                   float* __restrict__ bsum) {
+  __shared__ double part[256];
+  double acc = 0.0;
+  if (bias)
+    for (int64_t n = threadIdx.x; n < N; n += 256) acc += bias[n];
+  part[threadIdx.x] = acc;
+  __syncthreads();
+  for (int s = 128; s > 0; s >>= 1) {
+    if (static_cast<int>(threadIdx.x) < s) part[threadIdx.x] += part[threadIdx.x + s];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) *bsum = static_cast<float>(part[0]);
+}
+
+template <class T>
+void prepare_typed(const Plan& plan, const RunArgs& args, char* prepared, cudaStream_t stream) {
+  const PreparedLayout L = prepared_layout(plan);
+  const int64_t N = plan.N, K = plan.K;
+  const bool fold = plan.prep.fold_batchnorm;
+  const Node& bn = plan.prep.batchnorm;
+  const T* w = static_cast<const T*>(args.weight);
+  const T* bias = plan.chain.has_bias ? static_cast<const T*>(args.bias) : nullptr;
+  if (plan.chain.has_bias && !bias)
+    throw std::invalid_argument("gemmfuse: the chain's Linear has a bias but none was passed");
+  if (!w && N * K > 0) throw std::invalid_argument("gemmfuse: no weight passed");
+
+  float* scale = L.scale != kAbsent ? reinterpret_cast<float*>(prepared + L.scale) : nullptr;
+  float* bias_f32 = L.bias_f32 != kAbsent ? reinterpret_cast<float*>(prepared + L.bias_f32) : nullptr;
+  T* bias_dt = L.bias_dt != kAbsent ? reinterpret_cast<T*>(prepared + L.bias_dt) : nullptr;
+
+  if (N > 0 && (scale || bias_f32 || bias_dt)) {
+    const float* gamma = nullptr;
+    const float* beta = nullptr;
+    const float* rm = nullptr;
+    const float* rv = nullptr;
+    if (fold) {
+      gamma = operand_ptr(bn.weight, args);
+      beta = operand_ptr(bn.bias, args);
+      rm = operand_ptr(bn.running_mean, args);
+      rv = operand_ptr(bn.running_var, args);
+      if (!rm || !rv)
+        throw std::logic_error("CUDA prepare: folded batch_norm without running statistics");
+    }
+    fold_params_kernel<T><<<grid_for(N, 256), 256, 0, stream>>>(N, fold, gamma, beta, rm, rv,
+                                                                bn.eps, bias, scale, bias_f32,
+                                                                bias_dt);
+    GF_LAUNCH_CHECK();
+  }
+  if (L.w_folded != kAbsent && N * K > 0) {
+    fold_w_kernel<T><<<grid_for(N * K, 256), 256, 0, stream>>>(
+        w, scale, N, K, reinterpret_cast<T*>(prepared + L.w_folded));
+    GF_LAUNCH_CHECK();
+  }
+  if (L.w_split != kAbsent && N > 0) {
+    if (plan.dtype != DType::F32) throw std::logic_error("CUDA prepare: split of a 16-bit W");
+    split_w_kernel<<<grid_for(N * L.Kh, 256), 256, 0, stream>>>(
+        reinterpret_cast<const float*>(w), scale, N, K, L.Kh,
+        reinterpret_cast<__nv_bfloat16*>(prepared + L.w_split));
+    GF_LAUNCH_CHECK();
+  }
+  if (L.wsum != kAbsent) {
+    if (K > 0) {
+      colsum_kernel<T><<<static_cast<unsigned>((K + 31) / 32), 256, 0, stream>>>(
+          w, scale, N, K, reinterpret_cast<float*>(prepared + L.wsum),
+          reinterpret_cast<float*>(prepared + L.colsign));
+      GF_LAUNCH_CHECK();
+    }
+    const float* bsrc = bias_f32 ? bias_f32
+                                 : (bias ? reinterpret_cast<const float*>(bias) : nullptr);
+    if (bsrc == reinterpret_cast<const float*>(bias) && bias && plan.dtype != DType::F32)
+      throw std::logic_error("CUDA prepare: 16-bit bias without its fp32 copy");
+    bsum_kernel<<<1, 256, 0, stream>>>(bsrc, N, reinterpret_cast<float*>(prepared + L.bsum));
+    GF_LAUNCH_CHECK();
+  }
+}
+
+}  // namespace
+
+const float* operand_ptr(const Operand& op, const RunArgs& args) {
+  switch (op.kind) {
+    case Operand::Kind::None: return nullptr;
+    case Operand::Kind::Tensor:
+      if (op.index < 0 || op.index >= static_cast<int>(args.operands.size()) || !args.operands[op.index])
+        throw std::invalid_argument("gemmfuse: operand t" + std::to_string(op.index) + " missing");
+      return args.operands[op.index];
+    case Operand::Kind::State:
+      if (op.index < 0 || op.index >= static_cast<int>(args.state.size()) || !args.state[op.index])
+        throw std::invalid_argument("gemmfuse: state s" + std::to_string(op.index) + " missing");
+      return static_cast<const float*>(args.state[op.index]);
+    default:
+      throw Unsupported("CUDA prepare: batch_norm parameters must be tensors");
+  }
+}
+
+void prepare_weights(const Plan& plan, const RunArgs& args, char* prepared, cudaStream_t stream) {
+  const PreparedLayout L = prepared_layout(plan);
+  if (L.total == 0) return;
+  if (!prepared) throw std::invalid_argument("gemmfuse: prepare() without prepared memory");
+  switch (plan.dtype) {
+    case DType::F32: prepare_typed<float>(plan, args, prepared, stream); break;
+    case DType::BF16: prepare_typed<__nv_bfloat16>(plan, args, prepared, stream); break;
+    case DType::F16: prepare_typed<__half>(plan, args, prepared, stream); break;
+  }
+}
+
+}  // namespace gemmfuse::cuda

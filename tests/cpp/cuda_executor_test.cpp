@@ -1,0 +1,676 @@
+// The CUDA executor against the CPU executor (the reference), on random problems with a
+// fresh seed per test (printed; GEMMFUSE_SEED=<n> repeats one). Outputs, workspace and
+// prepared memory are poisoned with NaN before every run, so anything a kernel fails to write
+// (or reads before writing) shows up. Tests that need a GPU skip themselves without one.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "cpu_test_util.h"
+#include "cuda_executor.h"
+
+namespace {
+
+using namespace gemmfuse;
+using gftest::Case;
+using gftest::StateTensor;
+
+bool gpu_present() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return n > 0;
+}
+
+#define SKIP_WITHOUT_GPU()                                          \
+  do {                                                              \
+    if (!gpu_present()) GTEST_SKIP() << "no CUDA device available"; \
+  } while (0)
+
+void ck(cudaError_t e, const char* what) {
+  if (e != cudaSuccess)
+    throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
+}
+#define CK(call) ck((call), #call)
+
+// Device memory for one test; poisoned with 0xFF bytes (NaN in fp32, bf16 and fp16).
+struct DevMem {
+  void* p = nullptr;
+  size_t bytes = 0;
+  explicit DevMem(size_t n) : bytes(n) {
+    CK(cudaMalloc(&p, std::max<size_t>(n, 256)));
+    CK(cudaMemset(p, 0xFF, std::max<size_t>(n, 256)));
+  }
+  ~DevMem() { cudaFree(p); }
+  DevMem(const DevMem&) = delete;
+  DevMem& operator=(const DevMem&) = delete;
+};
+
+size_t elt(DType d) { return d == DType::F32 ? 4 : 2; }
+
+// fp32 values -> bytes in dtype d.
+std::vector<uint8_t> encode(const std::vector<float>& v, DType d) {
+  std::vector<uint8_t> out(v.size() * elt(d));
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (d == DType::F32) {
+      std::memcpy(&out[i * 4], &v[i], 4);
+    } else if (d == DType::BF16) {
+      const __nv_bfloat16 h = __float2bfloat16(v[i]);
+      std::memcpy(&out[i * 2], &h, 2);
+    } else {
+      const __half h = __float2half(v[i]);
+      std::memcpy(&out[i * 2], &h, 2);
+    }
+  }
+  return out;
+}
+
+std::vector<float> decode(const std::vector<uint8_t>& b, DType d) {
+  std::vector<float> out(b.size() / elt(d));
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (d == DType::F32) {
+      std::memcpy(&out[i], &b[i * 4], 4);
+    } else if (d == DType::BF16) {
+      __nv_bfloat16 h;
+      std::memcpy(&h, &b[i * 2], 2);
+      out[i] = __bfloat162float(h);
+    } else {
+      __half h;
+      std::memcpy(&h, &b[i * 2], 2);
+      out[i] = __half2float(h);
+    }
+  }
+  return out;
+}
+
+// Round x, W and b to the dtype so that the CPU reference sees the same inputs.
+void round_inputs(Case& c, DType d) {
+  if (d == DType::F32) return;
+  for (auto* v : {&c.x, &c.w, &c.b}) *v = decode(encode(*v, d), d);
+}
+
+struct CudaOptions {
+  DType dtype = DType::F32;
+  Precision precision = Precision::FP32;
+  cudaStream_t stream = nullptr;
+  bool graph = false;  // capture run() into a CUDA graph and launch that
+  int runs = 1;        // run() this many times (state accumulates)
+};
+
+struct CudaResult {
+  Plan plan;
+  std::vector<float> out;
+  std::vector<StateTensor> state;
+};
+
+CudaResult run_cuda(const Case& c, const CudaOptions& o) {
+  PlanRequest req;
+  req.chain = c.chain;
+  req.batch_sizes = c.batch;
+  req.operand_sizes = c.operand_sizes;
+  req.dtype = o.dtype;
+  req.precision = o.precision;
+  CudaResult r;
+  r.plan = make_plan(req);
+  const Plan& plan = r.plan;
+  CudaExecutor ex;
+
+  auto upload = [](const void* src, size_t bytes) {
+    auto m = std::make_unique<DevMem>(bytes);
+    if (bytes) CK(cudaMemcpy(m->p, src, bytes, cudaMemcpyHostToDevice));
+    return m;
+  };
+  const auto xb = encode(c.x, o.dtype), wb = encode(c.w, o.dtype), bb = encode(c.b, o.dtype);
+  auto dx = upload(xb.data(), xb.size());
+  auto dw = upload(wb.data(), wb.size());
+  auto db = upload(bb.data(), bb.size());
+  std::vector<std::unique_ptr<DevMem>> dops, dstate;
+  RunArgs a;
+  a.x = dx->p;
+  a.weight = dw->p;
+  a.bias = c.chain.has_bias ? db->p : nullptr;
+  for (const auto& t : c.operands) {
+    dops.push_back(upload(t.data(), t.size() * sizeof(float)));
+    a.operands.push_back(static_cast<const float*>(dops.back()->p));
+  }
+  for (const auto& s : c.state) {
+    if (s.is_int) dstate.push_back(upload(&s.i, sizeof(int64_t)));
+    else dstate.push_back(upload(s.f.data(), s.f.size() * sizeof(float)));
+    a.state.push_back(dstate.back()->p);
+  }
+  const size_t out_bytes = static_cast<size_t>(c.M * plan.out_width) * elt(o.dtype);
+  DevMem dout(out_bytes);
+  DevMem prepared(ex.prepared_bytes(plan));
+  DevMem workspace(ex.workspace_bytes(plan));
+  a.out = dout.p;
+  a.stream = o.stream;
+
+  ex.prepare(plan, a, prepared.bytes ? prepared.p : nullptr);
+  for (int i = 0; i < o.runs; ++i) {
+    if (o.graph) {
+      cudaGraph_t g = nullptr;
+      cudaGraphExec_t ge = nullptr;
+      CK(cudaStreamBeginCapture(o.stream, cudaStreamCaptureModeGlobal));
+      try {
+        ex.run(plan, a, prepared.p, workspace.p);
+      } catch (...) {
+        cudaStreamEndCapture(o.stream, &g);
+        if (g) cudaGraphDestroy(g);
+        throw;
+      }
+      CK(cudaStreamEndCapture(o.stream, &g));
+      CK(cudaGraphInstantiate(&ge, g, 0));
+      CK(cudaGraphLaunch(ge, o.stream));
+      CK(cudaStreamSynchronize(o.stream));
+      CK(cudaGraphExecDestroy(ge));
+      CK(cudaGraphDestroy(g));
+    } else {
+      ex.run(plan, a, prepared.p, workspace.p);
+    }
+  }
+  CK(cudaStreamSynchronize(o.stream));
+  CK(cudaGetLastError());
+
+  std::vector<uint8_t> ob(out_bytes);
+  CK(cudaMemcpy(ob.data(), dout.p, out_bytes, cudaMemcpyDeviceToHost));
+  r.out = decode(ob, o.dtype);
+  r.state = c.state;
+  for (size_t i = 0; i < r.state.size(); ++i) {
+    StateTensor& s = r.state[i];
+    if (s.is_int) CK(cudaMemcpy(&s.i, dstate[i]->p, sizeof(int64_t), cudaMemcpyDeviceToHost));
+    else CK(cudaMemcpy(s.f.data(), dstate[i]->p, s.f.size() * sizeof(float), cudaMemcpyDeviceToHost));
+  }
+  return r;
+}
+
+// Tolerance of a comparison against the fp32 CPU executor.
+double tolerance(const CudaOptions& o) {
+  if (o.dtype == DType::BF16) return 1e-2;
+  if (o.dtype == DType::F16) return 2e-3;
+  switch (o.precision) {
+    case Precision::FP32: return 1e-5;
+    case Precision::Fast: return 5e-5;
+    case Precision::TF32: return 5e-3;
+  }
+  return 1e-5;
+}
+
+// NaN/inf pattern equal; ||got - ref|| <= tol ||ref||; elementwise within
+// 20 tol (|ref| + rms(ref)).
+::testing::AssertionResult close_to(const std::vector<float>& got, const std::vector<float>& ref,
+                                    double tol) {
+  if (got.size() != ref.size())
+    return ::testing::AssertionFailure() << "size " << got.size() << " vs " << ref.size();
+  double ss_ref = 0, ss_err = 0;
+  size_t finite = 0;
+  for (size_t i = 0; i < ref.size(); ++i)
+    if (std::isfinite(ref[i])) {
+      ss_ref += static_cast<double>(ref[i]) * ref[i];
+      ++finite;
+    }
+  const double rms = finite ? std::sqrt(ss_ref / finite) : 0.0;
+  int bad = 0;
+  std::ostringstream msg;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double g = got[i], r = ref[i];
+    bool ok;
+    if (r != r) {
+      ok = g != g;
+    } else if (std::isinf(r)) {
+      ok = g == r;
+    } else {
+      ok = std::isfinite(g) && std::fabs(g - r) <= 20 * tol * (std::fabs(r) + rms);
+      if (std::isfinite(g)) ss_err += (g - r) * (g - r);
+    }
+    if (!ok && bad++ < 6) msg << " [" << i << "] got " << g << " want " << r << ";";
+  }
+  if (bad) return ::testing::AssertionFailure() << bad << " elementwise mismatches:" << msg.str();
+  if (ss_err > tol * tol * ss_ref)
+    return ::testing::AssertionFailure() << "normwise rel error " << std::sqrt(ss_err / ss_ref)
+                                         << " > " << tol;
+  return ::testing::AssertionSuccess();
+}
+
+// Build a case, run CPU (fp32) and CUDA, compare outputs and running state.
+struct Problem {
+  std::string spec;
+  std::vector<int64_t> batch;
+  std::vector<std::vector<int64_t>> operand_sizes;
+  std::string state;  // 'f' float [state_width], 'i' int64
+  int64_t state_width = 0;
+  float lo = -1.f, hi = 1.f;  // operand value range
+};
+
+void check_problem(const Problem& p, const CudaOptions& o, std::mt19937_64& rng,
+                   const std::function<void(Case&)>& tweak = nullptr) {
+  SCOPED_TRACE("spec:\n" + p.spec + "\nM=" + std::to_string(gftest::numel(p.batch)) +
+               " dtype=" + dtype_name(o.dtype) + " precision=" + precision_name(o.precision));
+  Case c = gftest::make_case(p.spec, p.batch, p.operand_sizes, p.state, rng, p.state_width,
+                             p.lo, p.hi);
+  if (tweak) tweak(c);
+  round_inputs(c, o.dtype);
+  const gftest::CpuResult ref = gftest::run_cpu(c);
+  const CudaResult got = run_cuda(c, o);
+  EXPECT_TRUE(close_to(got.out, ref.out, tolerance(o))) << got.plan.describe();
+  ASSERT_EQ(got.state.size(), ref.state.size());
+  for (size_t i = 0; i < got.state.size(); ++i) {
+    if (got.state[i].is_int) {
+      EXPECT_EQ(got.state[i].i, ref.state[i].i) << "state s" << i;
+    } else {
+      // Running statistics come from the GEMM's output: as close as the precision allows.
+      EXPECT_TRUE(close_to(got.state[i].f, ref.state[i].f, std::max(1e-5, tolerance(o))))
+          << "state s" << i;
+    }
+  }
+}
+
+std::string linear(int64_t K, int64_t N, bool bias = true) {
+  return "linear in=" + std::to_string(K) + " out=" + std::to_string(N) + " bias=" +
+         (bias ? "1" : "0") + "\n";
+}
+
+// The five seed models at a small shape (K, N not multiples of 16; m94 groups of 9).
+std::vector<Problem> seed_problems(int64_t M, int64_t K = 50, int64_t N = 72) {
+  const std::string L = linear(K, N);
+  std::vector<Problem> ps;
+  ps.push_back({L + "sum keepdim=1\nmax keepdim=1\nmean keepdim=1\nlogsumexp keepdim=1\n"
+                    "logsumexp keepdim=1",
+                {M}, {}, "", 0});
+  ps.push_back({L + "mul b=2.0\nadd b=v1\nclamp lo=-10 hi=10\nlogsumexp keepdim=1\nmish\nmul b=v4",
+                {M}, {}, "", 0});
+  if (M > 1)
+    ps.push_back({L + "batch_norm training=1 eps=1e-05 momentum=0.1 weight=t0 bias=t1 "
+                      "running_mean=s0 running_var=s1 num_batches=s2\nmul b=t2\nsoftmax",
+                  {M}, {{N}, {N}, {1}}, "ffi", N});
+  ps.push_back({L + "add b=t0\nclamp lo=-1 hi=1\nmish\ngroup_norm groups=8 eps=1e-05 weight=t1 bias=t2",
+                {M}, {{N}, {N}, {N}}, "", 0});
+  ps.push_back({L + "gelu\nsoftmax", {M}, {}, "", 0});
+  return ps;
+}
+
+// ---- tests that need no GPU ---------------------------------------------------------------
+
+TEST(CudaExecutorPlan, RefusesTooLongRowPrograms) {
+  std::string spec = linear(16, 24);
+  for (int i = 0; i < 40; ++i) spec += (i % 2) ? "tanh\n" : "sigmoid\n";
+  PlanRequest req;
+  req.chain = parse_chain(spec);
+  req.batch_sizes = {4};
+  const Plan plan = make_plan(req);
+  EXPECT_THROW(CudaExecutor::check(plan), Unsupported);
+  CudaExecutor ex;
+  EXPECT_THROW(ex.workspace_bytes(plan), Unsupported);
+}
+
+TEST(CudaExecutorPlan, PreparedLayoutFollowsThePlan) {
+  PlanRequest req;
+  req.chain = parse_chain(linear(50, 72) + "relu");
+  req.batch_sizes = {7};
+  CudaExecutor ex;
+  req.precision = Precision::FP32;
+  EXPECT_EQ(ex.prepared_bytes(make_plan(req)), 0u);
+  req.precision = Precision::Fast;  // W split: [N, 2 * 56] bf16
+  EXPECT_EQ(ex.prepared_bytes(make_plan(req)), (72 * 2 * 56 * 2 + 255) / 256 * 256);
+  EXPECT_GT(ex.workspace_bytes(make_plan(req)), ex.workspace_bytes([&] {
+    PlanRequest r2 = req;
+    r2.precision = Precision::FP32;
+    return make_plan(r2);
+  }()));
+  req.chain = parse_chain(linear(50, 72) + "sum keepdim=1");  // Gemv: colsum, bsum, colsign
+  req.precision = Precision::FP32;
+  EXPECT_EQ(ex.prepared_bytes(make_plan(req)), 3 * 256u);
+}
+
+// ---- against the CPU executor --------------------------------------------------------------
+
+TEST(CudaExecutor, SeedModelsFp32) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(gftest::test_seed());
+  for (int64_t M : {1, 7, 128})
+    for (const Problem& p : seed_problems(M)) check_problem(p, {}, rng);
+}
+
+TEST(CudaExecutor, SeedModelsFastAndTf32) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(gftest::test_seed());
+  for (Precision pr : {Precision::Fast, Precision::TF32})
+    for (int64_t M : {1, 7, 128}) {
+      CudaOptions o;
+      o.precision = pr;
+      for (const Problem& p : seed_problems(M)) check_problem(p, o, rng);
+    }
+}
+
+TEST(CudaExecutor, SeedModelsBf16AndFp16) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(gftest::test_seed());
+  for (DType d : {DType::BF16, DType::F16})
+    for (int64_t M : {7, 128}) {
+      CudaOptions o;
+      o.dtype = d;
+      for (const Problem& p : seed_problems(M)) check_problem(p, o, rng);
+    }
+}
+
+TEST(CudaExecutor, SeedModelsLargerShape) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(gftest::test_seed());
+  // Block-mode rows (N = 1000 and 4104: 256 and 512 threads), K with a 16-byte tail.
+  for (int64_t N : {1000, 4104}) {
+    for (Precision pr : {Precision::FP32, Precision::Fast}) {
+      CudaOptions o;
+      o.precision = pr;
+      for (const Problem& p : seed_problems(33, 260, N)) check_problem(p, o, rng);
+    }
+  }
+}
+
+TEST(CudaExecutor, BatchNormTrainingM1Refused) {
+  PlanRequest req;
+  req.chain = parse_chain(linear(8, 12) + "batch_norm training=1");
+  req.batch_sizes = {1};
+  EXPECT_THROW(make_plan(req), std::invalid_argument);
+}
+
+TEST(CudaExecutor, UnaryOps) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(gftest::test_seed());
+  const std::string L = linear(50, 72);
+  const std::vector<std::string> ops = {
+      "neg", "abs", "square", "relu", "sigmoid", "tanh", "silu", "mish", "gelu", "gelu_tanh",
+      "softplus beta=2 threshold=1", "softplus", "elu alpha=0.7", "leaky_relu alpha=0.2",
+      "clamp lo=-0.1 hi=0.2", "clamp lo=0", "exp", "pow alpha=2", "pow alpha=3"};
+  for (int64_t M : {1, 7})
+    for (const auto& op : ops) check_problem({L + op, {M}, {}, "", 0}, {}, rng);
+  // Ops with a restricted domain, fed |y| + 0.5.
+  const std::vector<std::string> pos = {"sqrt", "rsqrt", "log", "reciprocal", "pow alpha=1.7",
+                                        "pow alpha=-0.5", "pow alpha=0.5", "pow alpha=-2"};
+  for (const auto& op : pos) check_problem({L + "abs\nadd b=0.5\n" + op, {7}, {}, "", 0}, {}, rng);
+}
+
+TEST(CudaExecutor, BinaryOpsEveryOperandKind) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(gftest::test_seed());
+  const int64_t M = 7, N = 72;
+  const std::string L = linear(50, N);
+  const std::vector<std::vector<int64_t>> shapes = {{1}, {N}, {1, N}, {M, 1}, {M, N}};
+  // b / x has a pole where the GEMM output crosses 0: feed it |y| + 0.5 there.
+  const std::string away = "abs\nadd b=0.5\n";
+  for (const std::string op : {"add", "sub", "mul", "div", "minimum", "maximum"})
+    for (const auto& s : shapes)
+      for (int rev : {0, 1}) {
+        const std::string pre = (op == "div" && rev) ? away : "";
+        Problem p{L + pre + op + " b=t0 rev=" + std::to_string(rev), {M}, {s}, "", 0, 0.5f, 1.5f};
+        check_problem(p, {}, rng);
+      }
+  for (const std::string op : {"add b=0.25", "sub b=0.25 rev=1", "mul b=-3", "div b=7",
+                               "minimum b=0.1", "maximum b=-0.1", "add b=inf", "mul b=nan"})
+    check_problem({L + op, {M}, {}, "", 0}, {}, rng);
+  check_problem({L + away + "div b=7 rev=1", {M}, {}, "", 0}, {}, rng);
+}
+
+TEST(CudaExecutor, ValueOperandsAndSavedValues) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(gftest::test_seed());
+  const std::string L = linear(50, 72);
+  for (const char* body : {
+           "tanh\nmul b=v0",                                   // Y read back
+           "sigmoid\nexp\nsub b=v1",                           // a saved intermediate
+           "relu\nlogsumexp keepdim=1\nsigmoid\nmul b=v2",     // width-1 value
+           "gelu\nsoftmax\nadd b=v1\nlog_softmax",              // full-width save + barrier
+           "avg_pool kernel=2\nrelu\nadd b=v1",                 // after a pool
+           "mul b=3\nmean keepdim=1\nsub b=v2 rev=1\nexp"})     // width-1 value read back
+    for (int64_t M : {1, 7}) check_problem({L + body, {M}, {}, "", 0}, {}, rng);
+}
+
+TEST(CudaExecutor, Reductions) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(gftest::test_seed());
+  const std::string L = linear(50, 72);
+  for (const char* r : {"sum", "mean", "max", "min", "logsumexp"})
+    for (int keep : {0, 1})
+      for (int64_t M : {1, 7, 128}) {
+        // A pointwise stage first keeps the reduction in the row program (sum/mean as the
+        // first stage become a Gemv, tested below).
+        const std::string body = std::string("tanh\n") + r + " keepdim=" + std::to_string(keep) + "\nexp";
+        check_problem({L + body, {M}, {}, "", 0}, {}, rng);
+      }
+}
+
+TEST(CudaExecutor, GemvAndGemmWriteTheOutputDirectly) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(gftest::test_seed());
+  for (DType d : {DType::F32, DType::BF16}) {
+    CudaOptions o;
+    o.dtype = d;
+    for (int64_t M : {1, 7, 128}) {
+      check_problem({linear(50, 72) + "sum keepdim=1", {M}, {}, "", 0}, o, rng);
+      check_problem({linear(50, 72) + "mean keepdim=0", {M}, {}, "", 0}, o, rng);
+      check_problem({linear(2100, 24) + "sum keepdim=1", {M}, {}, "", 0}, o, rng);  // CTA/row
+      check_problem({linear(51, 24, false) + "mean keepdim=1", {M}, {}, "", 0}, o, rng);
+      check_problem({linear(50, 72), {M}, {}, "", 0}, o, rng);             // Gemm alone
+      check_problem({linear(50, 72, false), {M}, {}, "", 0}, o, rng);
+    }
+  }
+  for (Precision pr : {Precision::Fast, Precision::TF32}) {
+    CudaOptions o;
+    o.precision = pr;
+    check_problem({linear(50, 72), {7}, {}, "", 0}, o, rng);
+  }
+}
+
+TEST(CudaExecutor, SoftmaxAndLogSoftmax) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(gftest::test_seed());
+  for (int64_t N : {1, 3, 72, 300, 5000})
+    for (const char* op : {"softmax", "log_softmax"})
+      check_problem({linear(20, N) + "mul b=4\n" + op, {7}, {}, "", 0}, {}, rng);
+}
+
+TEST(CudaExecutor, GroupNorm) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(gftest::test_seed());
+  for (int64_t M : {1, 7})
+    for (const auto& [N, G] : std::vector<std::pair<int64_t, int64_t>>{
+             {72, 1}, {72, 8}, {72, 72}, {72, 3}, {1024, 2}, {1024, 32}, {4104, 4}})
+      for (int affine : {0, 1, 2}) {
+        std::string gn = "group_norm groups=" + std::to_string(G) + " eps=1e-05";
+        std::vector<std::vector<int64_t>> ops;
+        if (affine >= 1) { gn += " weight=t0"; ops.push_back({N}); }
+        if (affine == 2) { gn += " bias=t1"; ops.push_back({N}); }
+        check_problem({linear(40, N) + "relu\n" + gn, {M}, ops, "", 0}, {}, rng);
+      }
+}
+
+TEST(CudaExecutor, Pooling) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(gftest::test_seed());
+  for (int64_t N : {72, 77, 1000})
+    for (const char* pool : {"avg_pool kernel=3 stride=2 padding=1 ceil=1 include_pad=0",
+                             "avg_pool kernel=3 stride=2 padding=1 ceil=1 include_pad=1",
+                             "avg_pool kernel=4", "avg_pool kernel=5 stride=3 ceil=1",
+                             "max_pool kernel=3 stride=1 padding=1", "max_pool kernel=2 ceil=1",
+                             "max_pool kernel=2 stride=1 padding=1",
+                             "max_pool kernel=4 stride=3 padding=2 ceil=1"})
+      check_problem({linear(30, N) + std::string(pool) + "\ntanh\n" + pool + "\nsoftmax",
+                     {7}, {}, "", 0}, {}, rng);
+}
+
+TEST(CudaExecutor, BatchNormVariants) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(gftest::test_seed());
+  const int64_t N = 72;
+  const std::string L = linear(50, N);
+  const std::string aff = " weight=t0 bias=t1";
+  const std::string run = " running_mean=s0 running_var=s1";
+  for (int64_t M : {2, 7, 128}) {
+    // Training, momentum and cumulative; in the middle of a chain; no running stats.
+    check_problem({L + "batch_norm training=1" + aff + run + " num_batches=s2", {M},
+                   {{N}, {N}}, "ffi", N}, {}, rng);
+    check_problem({L + "batch_norm training=1 momentum=none" + aff + run + " num_batches=s2",
+                   {M}, {{N}, {N}}, "ffi", N}, {}, rng);
+    check_problem({L + "relu\nbatch_norm training=1 eps=0.001" + run + "\nsigmoid\nmul b=v1",
+                   {M}, {}, "ff", N}, {}, rng);
+    check_problem({L + "batch_norm training=1\ntanh\nbatch_norm training=1" + aff, {M},
+                   {{N}, {N}}, "", N}, {}, rng);
+  }
+  for (int64_t M : {1, 7}) {
+    // Eval: folded into W (then Gemm or Gemv), or applied from the running stats.
+    for (Precision pr : {Precision::FP32, Precision::Fast}) {
+      CudaOptions o;
+      o.precision = pr;
+      check_problem({L + "batch_norm training=0" + aff + run + "\nrelu", {M}, {{N}, {N}}, "ff", N}, o, rng);
+    }
+    check_problem({L + "batch_norm training=0" + run + "\nsum keepdim=1", {M}, {}, "ff", N}, {}, rng);
+    check_problem({L + "tanh\nbatch_norm training=0" + aff + run, {M}, {{N}, {N}}, "ff", N}, {}, rng);
+    CudaOptions bf;
+    bf.dtype = DType::BF16;
+    check_problem({L + "batch_norm training=0" + aff + run, {M}, {{N}, {N}}, "ff", N}, bf, rng);
+    check_problem({L + "batch_norm training=0" + aff + run + "\ngelu", {M}, {{N}, {N}}, "ff", N}, bf, rng);
+  }
+}
+
+TEST(CudaExecutor, DropoutEvalAndBatchDims) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(gftest::test_seed());
+  check_problem({linear(50, 72) + "dropout p=0.3 training=0\nsilu", {3, 5}, {}, "", 0}, {}, rng);
+  check_problem({linear(50, 72) + "dropout p=0 training=1\nsoftmax", {2, 2, 3}, {}, "", 0}, {}, rng);
+}
+
+TEST(CudaExecutor, WideRowsUseGlobalScratch) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(gftest::test_seed());
+  // 60000 floats (+ a pool output) exceed any GPU's shared memory per block.
+  check_problem({linear(8, 60000) + "softmax", {3}, {}, "", 0}, {}, rng);
+  check_problem({linear(8, 60000) + "gelu\navg_pool kernel=3 stride=2 padding=1\nlog_softmax\n"
+                 "max_pool kernel=2\ngroup_norm groups=5",
+                 {3}, {}, "", 0}, {}, rng);
+}
+
+TEST(CudaExecutor, NaNAndInfPropagate) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(gftest::test_seed());
+  auto poison = [](Case& c) {
+    const int64_t K = c.chain.in_features;
+    c.x[2 * K + 3] = std::numeric_limits<float>::quiet_NaN();
+  };
+  for (Precision pr : {Precision::FP32, Precision::Fast}) {
+    CudaOptions o;
+    o.precision = pr;
+    for (const char* body : {"clamp lo=-1 hi=1\nmax keepdim=1", "softmax", "relu\nlogsumexp keepdim=1",
+                             "maximum b=0.5\nsum keepdim=0", "max_pool kernel=3", "sum keepdim=1"})
+      check_problem({linear(50, 72) + body, {7}, {}, "", 0}, o, rng, poison);
+  }
+}
+
+TEST(CudaExecutor, GemvRowsWithInfOrNaNFollowTheColumnSigns) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(gftest::test_seed());
+  const float inf = std::numeric_limits<float>::infinity();
+  auto tweak = [&](Case& c) {
+    const int64_t K = c.chain.in_features, N = c.chain.out_features;
+    for (int64_t n = 0; n < N; ++n) {  // column 1 all negative, column 5 all positive
+      c.w[n * K + 1] = -std::fabs(c.w[n * K + 1]) - 1e-3f;
+      c.w[n * K + 5] = std::fabs(c.w[n * K + 5]) + 1e-3f;
+    }
+    c.x[2 * K + 3] = inf;                          // mixed-sign column: NaN
+    c.x[4 * K + 5] = -inf;                         // positive column: -inf
+    c.x[5 * K + 1] = inf;                          // -inf and +inf: NaN
+    c.x[5 * K + 5] = inf;
+    c.x[6 * K + 1] = inf;                          // negative column: -inf
+    c.x[6 * K + 0] = std::numeric_limits<float>::quiet_NaN() * 0.f + 1.f;  // stays finite
+  };
+  const std::string run = " running_mean=s0 running_var=s1";
+  for (DType d : {DType::F32, DType::BF16}) {
+    CudaOptions o;
+    o.dtype = d;
+    for (int64_t K : {50, 2100}) {  // warp per row, CTA per row
+      const std::string L = linear(K, 24);
+      check_problem({L + "sum keepdim=1", {8}, {}, "", 0}, o, rng, tweak);
+      check_problem({L + "mean keepdim=0", {8}, {}, "", 0}, o, rng, tweak);
+      check_problem({L + "sum keepdim=1\nexp", {8}, {}, "", 0}, o, rng, tweak);
+      check_problem({L + "batch_norm training=0" + run + "\nsum keepdim=1", {8}, {}, "ff", 24}, o,
+                    rng, tweak);
+    }
+  }
+}
+
+// ---- stream, graph, determinism ------------------------------------------------------------
+
+TEST(CudaExecutor, NonDefaultStream) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(gftest::test_seed());
+  cudaStream_t s = nullptr;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  CudaOptions o;
+  o.stream = s;
+  for (Precision pr : {Precision::FP32, Precision::Fast}) {
+    o.precision = pr;
+    for (const Problem& p : seed_problems(128)) check_problem(p, o, rng);
+  }
+  CK(cudaStreamDestroy(s));
+}
+
+TEST(CudaExecutor, GraphCaptureReplayEqualsDirectRun) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(gftest::test_seed());
+  cudaStream_t s = nullptr;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  for (Precision pr : {Precision::FP32, Precision::Fast, Precision::TF32}) {
+    for (const Problem& p : seed_problems(128)) {
+      SCOPED_TRACE(p.spec + " precision " + precision_name(pr));
+      Case c = gftest::make_case(p.spec, p.batch, p.operand_sizes, p.state, rng, p.state_width);
+      CudaOptions o;
+      o.precision = pr;
+      o.stream = s;
+      const CudaResult direct = run_cuda(c, o);
+      o.graph = true;
+      const CudaResult replay = run_cuda(c, o);
+      EXPECT_TRUE(gftest::same_bits(replay.out, direct.out));
+      for (size_t i = 0; i < c.state.size(); ++i) {
+        if (c.state[i].is_int) EXPECT_EQ(replay.state[i].i, direct.state[i].i);
+        else EXPECT_TRUE(gftest::same_bits(replay.state[i].f, direct.state[i].f));
+      }
+    }
+  }
+  CK(cudaStreamDestroy(s));
+}
+
+TEST(CudaExecutor, RepeatedRunsAreBitwiseEqualAndUpdateStateEachTime) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(gftest::test_seed());
+  const int64_t N = 72;
+  const std::string spec = linear(50, N) +
+                           "batch_norm training=1 momentum=none weight=t0 bias=t1 "
+                           "running_mean=s0 running_var=s1 num_batches=s2\nsoftmax";
+  Case c = gftest::make_case(spec, {64}, {{N}, {N}}, "ffi", rng, N);
+  CudaOptions once, thrice;
+  thrice.runs = 3;
+  const CudaResult a = run_cuda(c, once), b = run_cuda(c, thrice);
+  EXPECT_TRUE(gftest::same_bits(a.out, b.out));
+  EXPECT_EQ(a.state[2].i, c.state[2].i + 1);
+  EXPECT_EQ(b.state[2].i, c.state[2].i + 3);
+  // Three CPU runs give the same running statistics.
+  gftest::CpuResult r1 = gftest::run_cpu(c);
+  Case c2 = c;
+  c2.state = r1.state;
+  gftest::CpuResult r2 = gftest::run_cpu(c2);
+  c2.state = r2.state;
+  gftest::CpuResult r3 = gftest::run_cpu(c2);
+  for (int i = 0; i < 2; ++i)
+    EXPECT_TRUE(gftest::all_close(b.state[i].f, r3.state[i].f, 1e-6, 1e-5)) << "state s" << i;
+  EXPECT_EQ(b.state[2].i, r3.state[2].i);
+}
+
+}  // namespace

@@ -26,8 +26,10 @@ fi
 
 if [ "${SANITIZE:-0}" = 1 ]; then
   for tool in memcheck racecheck; do
-    compute-sanitizer --tool $tool --error-exitcode 9 build/tests/cpp/gemmfuse_cuda_tests \
-      --gtest_filter="${SANITIZE_FILTER:-*Small*}" --gtest_brief=1 > "$OUT/sanitize_$tool.log" 2>&1
+    timeout ${SANITIZE_TIMEOUT:-150} compute-sanitizer --tool $tool --error-exitcode 9 \
+      build/tests/cpp/gemmfuse_cuda_tests --gtest_brief=1 \
+      --gtest_filter="${SANITIZE_FILTER:-CudaExecutor.*:-*LargerShape*:*WideRows*}" \
+      > "$OUT/sanitize_$tool.log" 2>&1
     note "compute-sanitizer $tool rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize_$tool.log" | tail -1)"
   done
 fi

@@ -105,6 +105,24 @@ CachedPlan plan_for(const std::string& spec, const at::Tensor& x, const at::Tens
                 "' (expected fp32, fast or tf32)");
   }
 
+  // The last call's plan, per thread: a repeated call skips building and hashing the key.
+  struct LastCall {
+    std::string spec;
+    std::vector<int64_t> signature;
+    CachedPlan plan;
+  };
+  thread_local LastCall last;
+  std::vector<int64_t> signature(x.sizes().begin(), x.sizes().end());
+  for (const auto& t : operands) {
+    signature.push_back(-1);
+    signature.insert(signature.end(), t.sizes().begin(), t.sizes().end());
+  }
+  signature.push_back(static_cast<int64_t>(req.dtype));
+  signature.push_back(static_cast<int64_t>(req.precision));
+  signature.push_back(static_cast<int64_t>(x.device().type()));
+  signature.push_back(x.device().index());
+  if (last.plan.plan && last.signature == signature && last.spec == spec) return last.plan;
+
   std::ostringstream key;
   key << spec << '|';
   append_sizes(key, x.sizes());
@@ -117,6 +135,7 @@ CachedPlan plan_for(const std::string& spec, const at::Tensor& x, const at::Tens
     auto it = g_plans.find(out.key);
     if (it != g_plans.end()) {
       out.plan = it->second;
+      last = LastCall{spec, std::move(signature), out};
       return out;
     }
   }
@@ -134,6 +153,7 @@ CachedPlan plan_for(const std::string& spec, const at::Tensor& x, const at::Tens
   }
   std::lock_guard<std::mutex> lock(g_mutex);
   g_plans.emplace(out.key, out.plan);
+  last = LastCall{spec, std::move(signature), out};
   return out;
 }
 

@@ -39,10 +39,11 @@ at::Tensor run_on_cuda(const CallInputs& in) {
 
   at::Tensor prepared =
       prepared_for(cp.key, plan, executor, args, in.weight, in.bias, in.operands, in.state);
-  at::Tensor workspace = at::empty({static_cast<int64_t>(executor.workspace_bytes(plan))},
-                                   x.options().dtype(at::kByte));
+  const auto ws_bytes = static_cast<int64_t>(executor.workspace_bytes(plan));
+  at::Tensor workspace =
+      ws_bytes > 0 ? at::empty({ws_bytes}, x.options().dtype(at::kByte)) : at::Tensor();
   executor.run(plan, args, prepared.defined() ? prepared.data_ptr() : nullptr,
-               workspace.data_ptr());
+               workspace.defined() ? workspace.data_ptr() : nullptr);
   state.finish(plan, in.state);
   return out.view(shape);
 }

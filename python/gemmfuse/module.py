@@ -64,6 +64,8 @@ class ChainRuntime:
         self.fallbacks: dict = {}         # reason -> count
         self.refused: dict = {}           # (shape, dtype, device, flags) -> planner's reason
         self._warned = False
+        self._fast = None                 # (shape, dtype, device, flags, spec) of the last fused call
+        self._op = torch.ops.gemmfuse.run.default
 
     # -- helpers ---------------------------------------------------------------------------
     def flags(self, inputs) -> tuple:
@@ -97,6 +99,24 @@ class ChainRuntime:
 
     # -- the eager path ------------------------------------------------------------------------
     def __call__(self, inputs):
+        # Fast path: the same input signature and modes as the last fused call, under no
+        # autograd. Skips the checks below; what could still differ (an operand moved or cast)
+        # the C++ op checks itself and raises PyTorch's own error for.
+        fast = self._fast
+        if fast is not None:
+            x = inputs[self.x_idx]
+            if (type(x) is torch.Tensor and x.shape == fast[0] and x.dtype == fast[1]
+                    and x.device == fast[2] and not torch.is_grad_enabled()
+                    and (not self.mode_idx or self.flags(inputs) == fast[3])):
+                b = None if self.b_idx is None else inputs[self.b_idx]
+                out = self._op(fast[4], x if x.is_contiguous() else x.contiguous(),
+                               inputs[self.w_idx], b, [inputs[i] for i in self.op_idx],
+                               [inputs[i] for i in self.st_idx], self.precision)
+                self.fused_calls += 1
+                return out
+        return self._checked_call(inputs)
+
+    def _checked_call(self, inputs):
         x = inputs[self.x_idx]
         w = inputs[self.w_idx]
         b = None if self.b_idx is None else inputs[self.b_idx]
@@ -167,6 +187,9 @@ class ChainRuntime:
                 raise ValueError(str(e).splitlines()[0]) from None
             raise
         self.fused_calls += 1
+        if (all(o is inputs[i] for o, i in zip(ops, self.op_idx))
+                and all(t is inputs[i] for t, i in zip(state, self.st_idx))):
+            self._fast = (x.shape, x.dtype, x.device, flags, spec)
         return out
 
 

@@ -70,9 +70,12 @@ def test_seed_models_cuda(mid, precision):
     rt = gemmfuse.runtimes(opt)[0]
     assert rt.fused_calls == 1 and rt.fallbacks == {}, rt.fallbacks
     if mid == "m84":
+        # The running stats come from the batch statistics of this mode's GEMM: TF32's
+        # ~3e-4 relative GEMM error moves the batch means by up to ~1e-4 absolute.
+        atol = 2e-4 if precision == "tf32" else 1e-5
         for name in ("running_mean", "running_var", "num_batches_tracked"):
             torch.testing.assert_close(getattr(model.bn, name).double(), getattr(ref_model.bn, name).double(),
-                                       atol=1e-5, rtol=1e-4)
+                                       atol=atol, rtol=1e-4)
 
 
 @pytest.mark.parametrize("precision", ["fp32", "fast"])

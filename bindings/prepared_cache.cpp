@@ -1,7 +1,7 @@
 #include "prepared_cache.h"
 
+#include <map>
 #include <mutex>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -21,11 +21,13 @@ struct Entry {
 };
 
 std::mutex g_mutex;
-std::unordered_map<std::string, Entry> g_entries;
+// Keyed by the plan (plans are cached and never freed, so the pointer identifies one) and the
+// weight's storage: no string building on the per-call path.
+std::map<std::pair<const Plan*, const void*>, Entry> g_entries;
 
 }  // namespace
 
-at::Tensor prepared_for(const std::string& plan_key, const Plan& plan, Executor& executor,
+at::Tensor prepared_for(const Plan& plan, Executor& executor,
                         const RunArgs& args, const at::Tensor& weight,
                         const c10::optional<at::Tensor>& bias, at::TensorList operands,
                         at::TensorList state) {
@@ -44,10 +46,8 @@ at::Tensor prepared_for(const std::string& plan_key, const Plan& plan, Executor&
 
   // One entry per plan and weight tensor: a model's weights replaced by new storage get a new
   // entry (the old one stays until the process ends).
-  const std::string key = plan_key + "|w@" + std::to_string(reinterpret_cast<uintptr_t>(
-                                                  weight.data_ptr()));
   std::lock_guard<std::mutex> lock(g_mutex);
-  auto& entry = g_entries[key];
+  auto& entry = g_entries[{&plan, weight.data_ptr()}];
   if (trusted && entry.data.defined() && entry.versions == versions) return entry.data;
 
   entry.data = at::empty({static_cast<int64_t>(bytes)}, weight.options().dtype(at::kByte));

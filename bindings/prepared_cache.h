@@ -16,7 +16,7 @@ namespace gemmfuse::bindings {
 // Returns the prepared bytes for this plan and these tensors, preparing them (on the
 // executor's stream) when missing or when any tensor they were built from has changed.
 // An empty tensor when the plan needs no preparation.
-at::Tensor prepared_for(const std::string& plan_key, const Plan& plan, Executor& executor,
+at::Tensor prepared_for(const Plan& plan, Executor& executor,
                         const RunArgs& args, const at::Tensor& weight,
                         const c10::optional<at::Tensor>& bias, at::TensorList operands,
                         at::TensorList state);

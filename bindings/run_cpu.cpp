@@ -48,7 +48,7 @@ at::Tensor run_on_cpu(const CallInputs& in) {
   args.cpu_gemm = blas_gemm;
 
   at::Tensor prepared =
-      prepared_for(cp.key, plan, executor, args, in.weight, in.bias, in.operands, in.state);
+      prepared_for(plan, executor, args, in.weight, in.bias, in.operands, in.state);
   const auto ws_bytes = static_cast<int64_t>(executor.workspace_bytes(plan));
   at::Tensor workspace =
       ws_bytes > 0 ? at::empty({ws_bytes}, x.options().dtype(at::kByte)) : at::Tensor();

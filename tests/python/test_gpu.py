@@ -19,6 +19,11 @@ pytestmark = [needs_lib, pytest.mark.skipif(not HAVE_CUDA, reason="no CUDA devic
 
 B, K, N = 256, 1024, 1024
 
+# The fp32 promise (error no worse than 1.25x eager's) is statistical; with one output element
+# (M=1 on m18/m22) either side can be off by an ulp or two, so allow 4 ulps of slack.
+FP32_ULPS = 4 * 2.0 ** -24
+
+
 
 @pytest.fixture(autouse=True)
 def _no_tf32():
@@ -63,7 +68,7 @@ def test_seed_models_cuda(mid, precision):
         assert_close64(out, ref, what=f"{mid} fast")
         assert r <= 2e-5, (mid, r)
     elif precision == "fp32":
-        assert r <= 1.25 * r_eager + 1e-7, (mid, r, r_eager)
+        assert r <= 1.25 * r_eager + FP32_ULPS, (mid, r, r_eager)
     else:
         if e_tf32 is not None:
             assert r <= 2 * rel(e_tf32, ref) + 1e-6, (mid, r)
@@ -98,7 +103,7 @@ def test_shapes_not_multiple_of_16(M, precision):
         if precision == "fast":
             assert_close64(out, ref, what=f"{mid} M={M}")
         else:
-            assert rel(out, ref) <= 1.25 * rel(e32, ref) + 1e-7, (mid, M)
+            assert rel(out, ref) <= 1.25 * rel(e32, ref) + FP32_ULPS, (mid, M)
         assert gemmfuse.runtimes(opt)[0].fallbacks == {}
 
 

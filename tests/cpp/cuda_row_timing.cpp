@@ -1,0 +1,228 @@
+// Timing of the CUDA executor's row passes, column statistics and whole runs on the seed
+// chains at M=1024, K=N=8192 (not a test; not built by CMake). Old path (shared-memory row
+// interpreter, scalar column-stat kernel) against the new (register rows, vector column
+// stats) in the same process, L2 flushed before every timed launch, inputs rotated over 3 sets,
+// median of the repeats (CUDA events).
+// Build (after building build-perf):
+//   g++ -O2 -std=c++17 tests/cpp/cuda_row_timing.cpp -Icore/include -Iexecutors/cuda \
+//     -Iexecutors/common -I/usr/local/cuda/include build-perf/executors/cuda/libgemmfuse_cuda.a \
+//     build-perf/core/libgemmfuse_core.a -L/usr/local/cuda/lib64 -lcublasLt -lcublas -lcudart \
+//     -o build-perf/tests/cpp/cuda_row_timing
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "column_stats.h"
+#include "cuda_executor.h"
+#include "gemmfuse/chain.h"
+#include "gemmfuse/plan.h"
+#include "layout.h"
+#include "row_program.h"
+
+using namespace gemmfuse;
+
+#define CK(x)                                                                         \
+  do {                                                                                \
+    cudaError_t e_ = (x);                                                             \
+    if (e_ != cudaSuccess) throw std::runtime_error(std::string(#x) + ": " + cudaGetErrorString(e_)); \
+  } while (0)
+
+struct Buf {
+  void* p = nullptr;
+  explicit Buf(size_t n) { CK(cudaMalloc(&p, std::max<size_t>(n, 256))); }
+  ~Buf() { cudaFree(p); }
+};
+
+uint64_t g_rng = 88172645463325252ull;
+float urand() {  // [-1, 1)
+  g_rng ^= g_rng << 13; g_rng ^= g_rng >> 7; g_rng ^= g_rng << 17;
+  return static_cast<float>((g_rng >> 40) * (1.0 / 8388608.0)) - 1.f;
+}
+void fill(void* d, size_t n, float scale, float offset = 0.f) {
+  std::vector<float> h(n);
+  for (auto& v : h) v = offset + scale * urand();
+  CK(cudaMemcpy(d, h.data(), n * 4, cudaMemcpyHostToDevice));
+}
+
+float median(std::vector<float> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+struct Model {
+  const char* name;
+  std::string tail;
+  int nops;  // operands of width N (last may be 1: m84 scale)
+  bool scale1;
+  bool bn_state;
+};
+
+int main(int argc, char** argv) {
+  const int64_t M = 1024, K = 8192, N = 8192;
+  const int reps = argc > 1 ? std::atoi(argv[1]) : 30;
+  std::vector<Model> models = {
+      {"m22", "mul b=2.0\nadd b=v1\nclamp lo=-10 hi=10\nlogsumexp keepdim=1\nmish\nmul b=v4", 0, false, false},
+      {"m84", "batch_norm training=1 eps=1e-05 momentum=0.1 weight=t0 bias=t1 running_mean=s0 "
+              "running_var=s1 num_batches=s2\nmul b=t2\nsoftmax", 3, true, true},
+      {"m94", "add b=t0\nclamp lo=-1 hi=1\nmish\ngroup_norm groups=256 eps=1e-05 weight=t1 bias=t2", 3, false, false},
+      {"m99", "gelu\nsoftmax", 0, false, false},
+  };
+  cudaStream_t st;
+  CK(cudaStreamCreate(&st));
+  Buf flush(size_t(256) << 20);
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  auto do_flush = [&] { CK(cudaMemsetAsync(flush.p, 0, size_t(256) << 20, st)); };
+
+  Buf w(sizeof(float) * N * K), bias(sizeof(float) * N);
+  fill(w.p, N * K, 1.f / std::sqrt(float(K)));
+  fill(bias.p, N, 1.f / std::sqrt(float(K)));
+  std::vector<std::unique_ptr<Buf>> xs;
+  for (int i = 0; i < 3; ++i) {
+    xs.push_back(std::make_unique<Buf>(sizeof(float) * M * K));
+    fill(xs.back()->p, M * K, 1.f);
+  }
+
+  for (const Model& md : models) {
+    for (Precision pr : {Precision::Fast, Precision::TF32}) {
+      if (pr == Precision::TF32 && std::string(md.name) != "m84" && std::string(md.name) != "m99")
+        continue;
+      const std::string spec = "linear in=" + std::to_string(K) + " out=" + std::to_string(N) +
+                               " bias=1\n" + md.tail;
+      PlanRequest req;
+      req.chain = parse_chain(spec);
+      req.batch_sizes = {M};
+      for (int i = 0; i < md.nops; ++i)
+        req.operand_sizes.push_back({(md.scale1 && i == md.nops - 1) ? 1 : N});
+      req.precision = pr;
+      const Plan plan = make_plan(req);
+      std::printf("\n=== %s %s\n%s", md.name, precision_name(pr), plan.describe().c_str());
+      CudaExecutor ex;
+      std::vector<std::unique_ptr<Buf>> ops, state, outs, wss;
+      RunArgs args;
+      args.weight = w.p;
+      args.bias = bias.p;
+      for (int i = 0; i < md.nops; ++i) {
+        const int64_t n = (md.scale1 && i == md.nops - 1) ? 1 : N;
+        ops.push_back(std::make_unique<Buf>(sizeof(float) * n));
+        fill(ops.back()->p, n, 0.5f, 1.f);
+        args.operands.push_back(static_cast<const float*>(ops.back()->p));
+      }
+      if (md.bn_state) {
+        for (int i = 0; i < 2; ++i) {
+          state.push_back(std::make_unique<Buf>(sizeof(float) * N));
+          fill(state.back()->p, N, 0.25f, i == 0 ? 0.f : 1.f);
+          args.state.push_back(state.back()->p);
+        }
+        state.push_back(std::make_unique<Buf>(8));
+        CK(cudaMemset(state.back()->p, 0, 8));
+        args.state.push_back(state.back()->p);
+      }
+      args.stream = st;
+      Buf prepared(ex.prepared_bytes(plan));
+      const size_t wsb = ex.workspace_bytes(plan), outb = sizeof(float) * M * plan.out_width;
+      for (int i = 0; i < 3; ++i) {
+        wss.push_back(std::make_unique<Buf>(wsb));
+        outs.push_back(std::make_unique<Buf>(outb));
+      }
+      args.x = xs[0]->p;
+      args.out = outs[0]->p;
+      ex.prepare(plan, args, prepared.p);
+      auto run_set = [&](int i) {
+        RunArgs r = args;
+        r.x = xs[i]->p;
+        r.out = outs[i]->p;
+        ex.run(plan, r, prepared.p, wss[i]->p);
+      };
+      // mode 0: old paths; 1: new (register rows 512 threads when wider than 4096); 2: new, 256.
+      auto set_mode = [&](int mode) {
+        cuda::set_register_rows(mode != 0);
+        cuda::set_vector_colstats(mode != 0);
+        cuda::set_register_wide_threads(mode == 2 ? 256 : 512);
+      };
+      // Old vs new outputs (same inputs, set 0).
+      std::vector<float> o_old(M * plan.out_width), o_new(M * plan.out_width);
+      set_mode(0);
+      run_set(0);
+      CK(cudaMemcpy(o_old.data(), outs[0]->p, outb, cudaMemcpyDeviceToHost));
+      set_mode(1);
+      run_set(0);
+      CK(cudaMemcpy(o_new.data(), outs[0]->p, outb, cudaMemcpyDeviceToHost));
+      double md_ = 0, mref = 0;
+      for (size_t i = 0; i < o_old.size(); ++i) {
+        md_ = std::max(md_, (double)std::fabs(o_old[i] - o_new[i]));
+        mref = std::max(mref, (double)std::fabs(o_old[i]));
+      }
+      set_mode(2);
+      run_set(0);
+      std::vector<float> o_256(M * plan.out_width);
+      CK(cudaMemcpy(o_256.data(), outs[0]->p, outb, cudaMemcpyDeviceToHost));
+      double m256 = 0;
+      for (size_t i = 0; i < o_old.size(); ++i) m256 = std::max(m256, (double)std::fabs(o_old[i] - o_256[i]));
+      std::printf("old vs new-256 output: max |diff| %.3g\n", m256);
+      std::printf("old vs new output: max |diff| %.3g (max |out| %.3g)\n", md_, mref);
+      for (int i = 0; i < 3; ++i) run_set(i);  // every workspace holds Y and stats
+      CK(cudaStreamSynchronize(st));
+
+      // End to end, old and new interleaved.
+      std::vector<float> e2e[3];
+      for (int it = 0; it < reps + 3; ++it)
+        for (int mode = 0; mode < 3; ++mode) {
+          set_mode(mode);
+          do_flush();
+          CK(cudaEventRecord(a, st));
+          run_set(it % 3);
+          CK(cudaEventRecord(b, st));
+          CK(cudaEventSynchronize(b));
+          float ms = 0;
+          CK(cudaEventElapsedTime(&ms, a, b));
+          if (it >= 3) e2e[mode].push_back(ms);
+        }
+      std::printf("end to end ms: old %.4f  new %.4f  new-256 %.4f\n", median(e2e[0]),
+                  median(e2e[1]), median(e2e[2]));
+
+      // Each row pass / column-stat step alone (cold L2).
+      const cuda::WorkspaceLayout L = cuda::workspace_layout(plan);
+      for (size_t si = 0; si < plan.steps.size(); ++si) {
+        const Step& s = plan.steps[si];
+        if (s.kind != Step::Kind::RowPass && s.kind != Step::Kind::ColumnStats) continue;
+        std::vector<float> t[3];
+        for (int it = 0; it < reps + 3; ++it)
+          for (int mode = 0; mode < 3; ++mode) {
+            set_mode(mode);
+            const int i = it % 3;
+            char* ws = static_cast<char*>(wss[i]->p);
+            RunArgs r = args;
+            r.x = xs[i]->p;
+            r.out = outs[i]->p;
+            do_flush();
+            CK(cudaEventRecord(a, st));
+            if (s.kind == Step::Kind::RowPass)
+              cuda::launch_row_pass(plan, s, r, ws,
+                                    L.row_scratch != cuda::kAbsent ? reinterpret_cast<float*>(ws + L.row_scratch) : nullptr,
+                                    st);
+            else
+              cuda::launch_column_stats(plan, s, r, ws,
+                                        reinterpret_cast<double*>(ws + L.colstats), st);
+            CK(cudaEventRecord(b, st));
+            CK(cudaEventSynchronize(b));
+            float ms = 0;
+            CK(cudaEventElapsedTime(&ms, a, b));
+            if (it >= 3) t[mode].push_back(ms);
+          }
+        std::printf("step %zu %-11s us: old %.1f  new %.1f  new-256 %.1f\n", si + 1,
+                    s.kind == Step::Kind::RowPass ? "RowPass" : "ColumnStats",
+                    1e3 * median(t[0]), 1e3 * median(t[1]), 1e3 * median(t[2]));
+      }
+    }
+  }
+  std::printf("\ndone\n");
+  return 0;
+}

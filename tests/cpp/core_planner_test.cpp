@@ -269,3 +269,21 @@ TEST(Planner, NoStagesWritesOutputFromTheGemm) {
   EXPECT_EQ(p.M, 10);
   EXPECT_EQ(p.out_width, 3);
 }
+
+TEST(Planner, FastWithFewRowsRunsTheGemmInFp32) {
+  PlanRequest r;
+  r.chain = parse_chain(kLinear + "gelu\n");
+  r.precision = Precision::Fast;
+  r.batch_sizes = {16};
+  const Plan few = make_plan(r);
+  EXPECT_EQ(few.precision, Precision::FP32);
+  EXPECT_TRUE(contains(few.describe(), "bound by reading W")) << few.describe();
+  r.batch_sizes = {17};
+  EXPECT_EQ(make_plan(r).precision, Precision::Fast);
+  r.batch_sizes = {16};
+  r.fast_min_rows = 0;
+  EXPECT_EQ(make_plan(r).precision, Precision::Fast);
+  r.dtype = DType::BF16;  // 16-bit models have no split: their precision stays as asked
+  r.fast_min_rows = 16;
+  EXPECT_EQ(make_plan(r).precision, Precision::Fast);
+}

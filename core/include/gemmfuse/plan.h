@@ -147,6 +147,9 @@ struct PlanRequest {
   // false: plan the chain as captured (only identity dropouts are dropped). For tests and
   // for debugging a rewrite; products leave it on.
   bool simplify = true;
+  // `fast` with at most this many rows runs its GEMM in fp32: there the GEMM is bound by
+  // reading W, and fp32 is as fast and more accurate. Tests of the split path set 0.
+  int64_t fast_min_rows = 16;
 };
 
 // Simplify the chain and cut it into steps. Throws Unsupported (cannot fuse: fall back) or

@@ -5,6 +5,10 @@
 
 #include <string>
 
+#include <functional>
+#include <vector>
+
+#include "gemmfuse/executor.h"
 #include "gemmfuse/plan.h"
 
 namespace gemmfuse::bindings {
@@ -16,6 +20,18 @@ struct CallInputs {
   at::TensorList operands, state;
   std::string precision;
 };
+
+// The call's tensors as an executor wants them (dtype, contiguity).
+struct CallTensors {
+  at::Tensor x, weight, bias;
+  std::vector<at::Tensor> operands;
+};
+
+// What every device does the same way: plan, output shape, RunArgs, prepared weights,
+// workspace, run, state write-back. `convert` gives the tensors in the executor's form;
+// `args` comes with the device's own fields set (stream, cpu_gemm).
+at::Tensor execute(Executor& executor, const CallInputs& in,
+                   const std::function<CallTensors()>& convert, RunArgs args);
 
 at::Tensor run_on_cpu(const CallInputs& in);
 #ifdef GEMMFUSE_WITH_CUDA

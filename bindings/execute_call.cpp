@@ -1,0 +1,38 @@
+#include <ATen/ATen.h>
+
+#include "plan_cache.h"
+#include "prepared_cache.h"
+#include "run_call.h"
+
+namespace gemmfuse::bindings {
+
+at::Tensor execute(Executor& executor, const CallInputs& in,
+                   const std::function<CallTensors()>& convert, RunArgs args) {
+  auto cp = plan_for(in.spec, in.x, in.weight, in.bias, in.operands, in.state, in.precision);
+  const Plan& plan = *cp.plan;
+  std::vector<int64_t> shape(in.x.sizes().begin(), in.x.sizes().end() - 1);
+  if (plan.out_has_feature_dim) shape.push_back(plan.out_width);
+  if (plan.M == 0) return at::empty(shape, in.x.options());
+
+  const CallTensors t = convert();
+  StateViews state(in.state);
+  at::Tensor out = at::empty({plan.M, plan.out_width}, t.x.options());
+  args.x = t.x.data_ptr();
+  args.weight = t.weight.data_ptr();
+  args.bias = t.bias.defined() ? t.bias.data_ptr() : nullptr;
+  for (const auto& o : t.operands) args.operands.push_back(o.data_ptr<float>());
+  args.state = state.pointers;
+  args.out = out.data_ptr();
+
+  at::Tensor prepared =
+      prepared_for(plan, executor, args, in.weight, in.bias, in.operands, in.state);
+  const auto ws_bytes = static_cast<int64_t>(executor.workspace_bytes(plan));
+  at::Tensor workspace =
+      ws_bytes > 0 ? at::empty({ws_bytes}, t.x.options().dtype(at::kByte)) : at::Tensor();
+  executor.run(plan, args, prepared.defined() ? prepared.data_ptr() : nullptr,
+               workspace.defined() ? workspace.data_ptr() : nullptr);
+  state.finish(plan, in.state);
+  return out.to(in.x.scalar_type()).view(shape);  // the CPU computes in fp32
+}
+
+}  // namespace gemmfuse::bindings

@@ -1,19 +1,23 @@
 // Training BatchNorm statistics over the M rows of an fp32 [M, W] buffer.
 //
-// Level 1 (colstats_partial_kernel): grid (ceil(W/32), R row chunks), CTA 32 columns x 8 warps;
-// a thread keeps the column's shifted sums s1 = sum(x - x0), s2 = sum((x - x0)^2) in fp64 over
-// its rows (x0 = the column's first value, which keeps s2 - s1^2/n free of cancellation); the
-// 8 warps combine in a fixed order and write [chunk][2][W] fp64 partials to the workspace.
-// Level 2 (colstats_finalize_kernel): a thread per column adds the R partials in order:
-// mean, biased var -> [2, W] (mean row, invstd row); running_mean/var updated with the
-// momentum (or 1/num_batches for momentum=None, read on device) and the unbiased var.
-// Level 3 (colstats_count_kernel): num_batches_tracked += 1 (after level 2 read it).
+// Level 1 (colstats_partial4_kernel when W % 4 == 0, else colstats_partial_kernel): grid
+// (column blocks, R row chunks), 8 warps striding over the chunk's rows; a thread keeps its
+// columns' shifted sums s1 = sum(x - x0), s2 = sum((x - x0)^2) in fp64 (x0 = the column's first
+// value, which keeps s2 - s1^2/n free of cancellation); the 8 warps combine in a fixed order and
+// write [chunk][2][W] fp64 partials to the workspace. The vector kernel reads 4 columns per
+// thread with 16-byte loads (a warp: 512 contiguous bytes per row), 8 rows in flight.
+// num_batches_tracked += 1 is done by one thread of level 1 (nothing in level 1 reads it).
+// Level 2 (colstats_finalize_kernel): a thread per column adds the R partials in order (loads
+// unrolled, all in flight): mean, biased var -> [2, W] (mean row, invstd row); running_mean/var
+// updated with the momentum (or 1/num_batches for momentum=None: the count already includes
+// this batch) and the unbiased var.
 // Eval (input == -1, a BatchNorm not folded into W): colstats_running_kernel, stats from the
 // running statistics, nothing read from the rows, nothing updated.
 // Deterministic: no atomics, fixed orders.
 #include "column_stats.h"
 
 #include <algorithm>
+#include <atomic>
 #include <stdexcept>
 #include <string>
 
@@ -28,10 +32,67 @@ constexpr int kCols = 32, kWarps = 8;
 constexpr int64_t kRowsPerChunk = 64;
 constexpr int64_t kMaxChunks = 32;
 
+__device__ __forceinline__ void count_batch(int64_t* num_batches) {
+  if (num_batches && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) *num_batches += 1;
+}
+
+// 4 columns per thread, 128 per CTA; W % 4 == 0 and y 16-byte aligned.
+__global__ void __launch_bounds__(kCols * kWarps)
+    colstats_partial4_kernel(const float* __restrict__ y, int64_t M, int64_t W,
+                             int64_t rows_per_chunk, double* __restrict__ partials,
+                             int64_t* num_batches) {
+  __shared__ double s1s[kWarps][4 * kCols], s2s[kWarps][4 * kCols];
+  count_batch(num_batches);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t c = (static_cast<int64_t>(blockIdx.x) * kCols + lane) * 4;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * rows_per_chunk;
+  const int64_t r1 = min(M, r0 + rows_per_chunk);
+  double s1[4] = {0.0, 0.0, 0.0, 0.0}, s2[4] = {0.0, 0.0, 0.0, 0.0};
+  if (c < W) {
+    const float4 x0f = *reinterpret_cast<const float4*>(y + c);
+    const double x0[4] = {x0f.x, x0f.y, x0f.z, x0f.w};
+    auto add = [&](const float4 q) {
+      const double d[4] = {q.x - x0[0], q.y - x0[1], q.z - x0[2], q.w - x0[3]};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        s1[j] += d[j];
+        s2[j] = fma(d[j], d[j], s2[j]);
+      }
+    };
+    int64_t r = r0 + warp;
+    for (; r + 7 * kWarps < r1; r += 8 * kWarps) {  // 8 loads in flight, added in row order
+      float4 q[8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) q[j] = __ldcg(reinterpret_cast<const float4*>(y + (r + j * kWarps) * W + c));
+#pragma unroll
+      for (int j = 0; j < 8; ++j) add(q[j]);
+    }
+    for (; r < r1; r += kWarps) add(__ldcg(reinterpret_cast<const float4*>(y + r * W + c)));
+  }
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {  // [warp][column within the CTA]: conflict-free
+    s1s[warp][4 * lane + j] = s1[j];
+    s2s[warp][4 * lane + j] = s2[j];
+  }
+  __syncthreads();
+  // 256 threads, 128 columns: thread i < 128 sums column i's s1, thread 128 + i its s2.
+  const int i = threadIdx.x & 127;
+  const int64_t col = static_cast<int64_t>(blockIdx.x) * 4 * kCols + i;
+  if (col < W) {
+    const bool second = threadIdx.x >= 128;
+    double a = 0.0;
+#pragma unroll
+    for (int k = 0; k < kWarps; ++k) a += second ? s2s[k][i] : s1s[k][i];
+    partials[static_cast<int64_t>(blockIdx.y) * 2 * W + (second ? W : 0) + col] = a;
+  }
+}
+
 __global__ void __launch_bounds__(kCols * kWarps)
     colstats_partial_kernel(const float* __restrict__ y, int64_t M, int64_t W,
-                            int64_t rows_per_chunk, double* __restrict__ partials) {
+                            int64_t rows_per_chunk, double* __restrict__ partials,
+                            int64_t* num_batches) {
   __shared__ double s1s[kWarps][kCols], s2s[kWarps][kCols];
+  count_batch(num_batches);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kCols + lane;
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * rows_per_chunk;
@@ -76,7 +137,21 @@ __global__ void colstats_finalize_kernel(const float* __restrict__ y,
   const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= W) return;
   double s1 = 0.0, s2 = 0.0;
-  for (int64_t i = 0; i < R; ++i) {
+  int64_t i = 0;
+  for (; i + 8 <= R; i += 8) {  // 16 independent loads in flight, then added in order
+    double a[8], b[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      a[j] = partials[(i + j) * 2 * W + c];
+      b[j] = partials[(i + j) * 2 * W + W + c];
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      s1 += a[j];
+      s2 += b[j];
+    }
+  }
+  for (; i < R; ++i) {
     s1 += partials[i * 2 * W + c];
     s2 += partials[i * 2 * W + W + c];
   }
@@ -88,9 +163,9 @@ __global__ void colstats_finalize_kernel(const float* __restrict__ y,
   stats[c] = meanf;
   stats[W + c] = static_cast<float>(1.0 / sqrt(var + eps));
   if (running_mean && running_var) {
-    // momentum < 0: None, the cumulative average with factor 1/num_batches_tracked (after
-    // this batch's increment, which the count kernel makes next).
-    const double m = momentum >= 0.0 ? momentum : 1.0 / static_cast<double>(*num_batches + 1);
+    // momentum < 0: None, the cumulative average with factor 1/num_batches_tracked (which
+    // level 1 already incremented for this batch).
+    const double m = momentum >= 0.0 ? momentum : 1.0 / static_cast<double>(*num_batches);
     running_mean[c] = static_cast<float>((1.0 - m) * running_mean[c] + m * mean);
     running_var[c] = static_cast<float>((1.0 - m) * running_var[c] + m * (var * n / (n - 1.0)));
   }
@@ -106,9 +181,12 @@ __global__ void colstats_running_kernel(const float* __restrict__ running_mean,
   stats[W + c] = static_cast<float>(1.0 / sqrt(static_cast<double>(running_var[c]) + eps));
 }
 
-__global__ void colstats_count_kernel(int64_t* num_batches) { *num_batches += 1; }
+
+std::atomic<bool> g_vector_colstats{true};
 
 }  // namespace
+
+void set_vector_colstats(bool on) { g_vector_colstats.store(on); }
 
 int64_t colstats_chunks(int64_t M) {
   return std::clamp<int64_t>((M + kRowsPerChunk - 1) / kRowsPerChunk, 1, kMaxChunks);
@@ -160,17 +238,20 @@ void launch_column_stats(const Plan& plan, const Step& step, const RunArgs& args
   const int64_t rows_per_chunk = (M + R - 1) / R;
   if ((W + kCols - 1) / kCols > 0x7fffffffLL)
     throw Unsupported("CUDA column stats: width out of range");
-  const dim3 grid1(static_cast<unsigned>((W + kCols - 1) / kCols), static_cast<unsigned>(R));
-  colstats_partial_kernel<<<grid1, kCols * kWarps, 0, stream>>>(y, M, W, rows_per_chunk, partials);
+  if (W % 4 == 0 && reinterpret_cast<uintptr_t>(y) % 16 == 0 && g_vector_colstats.load()) {
+    const dim3 grid1(static_cast<unsigned>((W / 4 + kCols - 1) / kCols), static_cast<unsigned>(R));
+    colstats_partial4_kernel<<<grid1, kCols * kWarps, 0, stream>>>(y, M, W, rows_per_chunk,
+                                                                  partials, nb);
+  } else {
+    const dim3 grid1(static_cast<unsigned>((W + kCols - 1) / kCols), static_cast<unsigned>(R));
+    colstats_partial_kernel<<<grid1, kCols * kWarps, 0, stream>>>(y, M, W, rows_per_chunk,
+                                                                 partials, nb);
+  }
   GF_LAUNCH_CHECK();
   colstats_finalize_kernel<<<grid2, 256, 0, stream>>>(
       y, partials, R, M, W, bn.eps, bn.momentum < 0 ? -1.0 : bn.momentum, stats,
       update ? rm : nullptr, update ? rv : nullptr, nb);
   GF_LAUNCH_CHECK();
-  if (nb) {
-    colstats_count_kernel<<<1, 1, 0, stream>>>(nb);
-    GF_LAUNCH_CHECK();
-  }
 }
 
 }  // namespace gemmfuse::cuda

@@ -16,6 +16,9 @@ namespace gemmfuse::cuda {
 int64_t colstats_chunks(int64_t M);
 size_t colstats_workspace_bytes(int64_t M, int64_t W);
 
+// The 16-byte-vector level-1 kernel on (default) or off (the scalar kernel): for timing.
+void set_vector_colstats(bool on);
+
 void launch_column_stats(const Plan& plan, const Step& step, const RunArgs& args,
                          char* workspace, double* partials, cudaStream_t stream);
 

@@ -23,6 +23,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <mutex>
 #include <stdexcept>
@@ -525,6 +526,298 @@ __global__ void __launch_bounds__(kWarp ? kWarpModeThreads : 256)
   }
 }
 
+// ---- register mode ------------------------------------------------------------------------
+// Rows of width w (w % 4 == 0, 256 < w <= kRegMaxWidth) whose program has no Pool and whose
+// GroupNorms have groups of 4q columns, q a power of two <= 32: the row never leaves
+// registers. Thread t of nt holds the float4 chunks ci = k*nt + t (k < VPT) of its CTA's row:
+// the row is read with one coalesced 16-byte load per chunk (all in flight at once, streaming
+// cache hint), every instruction is applied in registers, and the row is stored once.
+// Barriers: one per team-wide reduction (softmax 2, logsumexp 2, sum/max 1); a GroupNorm has
+// none: a group is q consecutive lanes of one warp (chunk ci belongs to group ci / q and nt is a
+// multiple of 32), its sums are segmented butterfly shuffles (bitwise equal in every lane).
+// After a Reduce the row is one value held by every thread; thread 0 finishes it.
+
+// Every thread gets the reduction of v over the CTA, combined in a fixed order
+// (deterministic). red: two slots of 32 used alternately (`parity`), so no trailing barrier
+// is needed: a slot is rewritten two reductions later, after a barrier every thread reached
+// only once it had read the slot.
+template <class T, class Op>
+__device__ __forceinline__ T cta_allreduce2(T v, Op op, T* red, int& parity) {
+  v = warp_allreduce(v, op);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  T* slot = red + 32 * parity;
+  if (lane == 0) slot[warp] = v;
+  __syncthreads();
+  T r = slot[0];
+  for (int i = 1; i < nw; ++i) r = op(r, slot[i]);
+  parity ^= 1;
+  return r;
+}
+
+__device__ __forceinline__ void ld4(const float* p, float (&v)[4]) {
+  const float4 q = *reinterpret_cast<const float4*>(p);
+  v[0] = q.x; v[1] = q.y; v[2] = q.z; v[3] = q.w;
+}
+
+// Segmented butterfly over q consecutive lanes (q a power of two <= 32).
+__device__ __forceinline__ float seg_sum(float s, int q) {
+  for (int o = 1; o < q; o <<= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  return s;
+}
+
+// Sum of the thread's values of valid chunks in fp32, pairwise (chunk (a+b)+(c+d), then a tree
+// over the chunks): the terms of softmax and logsumexp sums are positive, so this costs at most
+// a few ulps on the thread's share; the team-wide sum is then in fp64.
+template <int VPT>
+__device__ __forceinline__ float thread_tree_sum(const float (&e)[VPT][4], int t, int nt, int nch) {
+  float acc[VPT];
+#pragma unroll
+  for (int k = 0; k < VPT; ++k)
+    acc[k] = (k * nt + t < nch) ? (e[k][0] + e[k][1]) + (e[k][2] + e[k][3]) : 0.f;
+#pragma unroll
+  for (int s = 1; s < VPT; s <<= 1)
+#pragma unroll
+    for (int k = 0; k + s < VPT; k += 2 * s) acc[k] += acc[k + s];
+  return acc[0];
+}
+
+// One row per CTA (grid = M). A persistent variant that prefetched the next row with cp.async
+// into shared memory while computing the current one measured slower on H100 (m94 row pass
+// +13%), so the row is loaded straight into registers (streaming hint, all loads in flight).
+template <int VPT>
+__global__ void __launch_bounds__(VPT >= 8 ? 256 : 512)
+    row_register_kernel(const __grid_constant__ DevProgram P) {
+  __shared__ double red_d[64];
+  __shared__ float red_f[64];
+  int par_d = 0, par_f = 0;
+  const int t = threadIdx.x, nt = blockDim.x;
+  const int64_t r = blockIdx.x;
+  int w = P.win;
+  const int nch = w >> 2;
+  float v[VPT][4];
+  {
+    const float* src = P.in + r * static_cast<int64_t>(P.win);
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+      const int ci = k * nt + t;
+      if (ci < nch) {
+        const float4 q = __ldcs(reinterpret_cast<const float4*>(src) + ci);
+        v[k][0] = q.x; v[k][1] = q.y; v[k][2] = q.z; v[k][3] = q.w;
+      } else {
+        v[k][0] = v[k][1] = v[k][2] = v[k][3] = 0.f;
+      }
+    }
+  }
+  auto valid = [&](int k) { return k * nt + t < nch; };
+
+#pragma unroll 1
+  for (int pc = 0; pc < P.n; ++pc) {
+    const DevInstr& in = P.ins[pc];
+    if (w == 1) {  // after a Reduce (only elementwise instructions follow)
+      if (t == 0) apply_elementwise(in, v[0], 1, r, 0);
+      continue;
+    }
+    const OpCode op = static_cast<OpCode>(in.op);
+    switch (in.kind) {
+      case kPointwise:
+        if (in.flags & kFlagBinary) {
+          const bool rev = (in.flags & kFlagReversed) != 0;
+          if (in.opnd == kOpCol || in.opnd == kOpFull) {
+            const float* base = in.b + (in.opnd == kOpFull ? r * static_cast<int64_t>(w) : 0);
+#pragma unroll
+            for (int k = 0; k < VPT; ++k) {
+              if (valid(k)) {
+                float b[4];
+                ld4(base + 4 * (k * nt + t), b);
+                apply_binary4(op, v[k], b, rev);
+              }
+            }
+          } else {
+            float b[4];
+            load_operand4(in, r, 0, 4, b);  // one value for the row
+#pragma unroll
+            for (int k = 0; k < VPT; ++k) apply_binary4(op, v[k], b, rev);
+          }
+        } else {
+#pragma unroll
+          for (int k = 0; k < VPT; ++k) apply_unary4(op, v[k], in.pp);
+        }
+        break;
+      case kBnApply:
+#pragma unroll
+        for (int k = 0; k < VPT; ++k) {
+          if (valid(k)) {
+            const int c = 4 * (k * nt + t);
+            float mu[4], is[4];
+            ld4(in.p0 + c, mu);
+            ld4(in.p0 + in.win + c, is);
+#pragma unroll
+            for (int j = 0; j < 4; ++j) v[k][j] = (v[k][j] - mu[j]) * is[j];
+            if (in.p1) {
+              float a[4];
+              ld4(in.p1 + c, a);
+#pragma unroll
+              for (int j = 0; j < 4; ++j) v[k][j] *= a[j];
+            }
+            if (in.p2) {
+              float a[4];
+              ld4(in.p2 + c, a);
+#pragma unroll
+              for (int j = 0; j < 4; ++j) v[k][j] += a[j];
+            }
+          }
+        }
+        break;
+      case kSave:
+#pragma unroll
+        for (int k = 0; k < VPT; ++k)
+          if (valid(k))
+            *reinterpret_cast<float4*>(in.save + r * static_cast<int64_t>(w) + 4 * (k * nt + t)) =
+                make_float4(v[k][0], v[k][1], v[k][2], v[k][3]);
+        break;
+      case kReduce: {
+        float res;
+        if (op == OpCode::Sum || op == OpCode::Mean) {
+          double s = 0.0;
+#pragma unroll
+          for (int k = 0; k < VPT; ++k)
+            if (valid(k))
+#pragma unroll
+              for (int j = 0; j < 4; ++j) s += v[k][j];
+          s = cta_allreduce2(s, SumD(), red_d, par_d);
+          res = op == OpCode::Sum ? static_cast<float>(s) : static_cast<float>(s / w);
+        } else if (op == OpCode::Max || op == OpCode::Min) {
+          const bool mx = op == OpCode::Max;
+          float m = mx ? -HUGE_VALF : HUGE_VALF;
+#pragma unroll
+          for (int k = 0; k < VPT; ++k)
+            if (valid(k))
+#pragma unroll
+              for (int j = 0; j < 4; ++j) m = mx ? nan_max(m, v[k][j]) : nan_min(m, v[k][j]);
+          res = mx ? cta_allreduce2(m, MaxF(), red_f, par_f) : cta_allreduce2(m, MinF(), red_f, par_f);
+        } else {  // LogSumExp
+          float m = -HUGE_VALF;
+#pragma unroll
+          for (int k = 0; k < VPT; ++k)
+            if (valid(k))
+#pragma unroll
+              for (int j = 0; j < 4; ++j) m = nan_max(m, v[k][j]);
+          m = cta_allreduce2(m, MaxF(), red_f, par_f);
+          const float sh = lse_shift(m);
+          float e[VPT][4];
+#pragma unroll
+          for (int k = 0; k < VPT; ++k)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) e[k][j] = expf(v[k][j] - sh);
+          const double s = cta_allreduce2(static_cast<double>(thread_tree_sum<VPT>(e, t, nt, nch)),
+                                          SumD(), red_d, par_d);
+          res = logf(static_cast<float>(s)) + sh;
+        }
+        v[0][0] = res;
+        w = 1;
+        break;
+      }
+      case kSoftmax: {
+        float m = -HUGE_VALF;
+#pragma unroll
+        for (int k = 0; k < VPT; ++k)
+          if (valid(k))
+#pragma unroll
+            for (int j = 0; j < 4; ++j) m = nan_max(m, v[k][j]);
+        m = cta_allreduce2(m, MaxF(), red_f, par_f);
+        double s = 0.0;
+        if (op == OpCode::Softmax) {
+#pragma unroll
+          for (int k = 0; k < VPT; ++k)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) v[k][j] = expf(v[k][j] - m);
+          s = cta_allreduce2(static_cast<double>(thread_tree_sum<VPT>(v, t, nt, nch)), SumD(),
+                             red_d, par_d);
+          const float sf = static_cast<float>(s);
+#pragma unroll
+          for (int k = 0; k < VPT; ++k)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) v[k][j] = v[k][j] / sf;
+        } else {  // LogSoftmax
+          float e[VPT][4];
+#pragma unroll
+          for (int k = 0; k < VPT; ++k)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) e[k][j] = expf(v[k][j] - m);
+          s = cta_allreduce2(static_cast<double>(thread_tree_sum<VPT>(e, t, nt, nch)), SumD(),
+                             red_d, par_d);
+          const float ls = logf(static_cast<float>(s));
+#pragma unroll
+          for (int k = 0; k < VPT; ++k)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) v[k][j] = (v[k][j] - m) - ls;
+        }
+        break;
+      }
+      case kGroupNorm: {  // groups of 4q columns: q lanes of one warp
+        const int q = (w / in.i0) >> 2;
+        const float inv_n = 1.0f / static_cast<float>(4 * q);
+        float mean[VPT], rstd[VPT];
+#pragma unroll
+        for (int k = 0; k < VPT; ++k)
+          mean[k] = seg_sum((v[k][0] + v[k][1]) + (v[k][2] + v[k][3]), q) * inv_n;
+#pragma unroll
+        for (int k = 0; k < VPT; ++k) {
+          float s = 0.f;
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const float d = v[k][j] - mean[k];
+            s = fmaf(d, d, s);
+          }
+          rstd[k] = s;
+        }
+#pragma unroll
+        for (int k = 0; k < VPT; ++k)
+          rstd[k] = 1.0f / sqrtf(seg_sum(rstd[k], q) * inv_n + in.imm);
+#pragma unroll
+        for (int k = 0; k < VPT; ++k) {
+          if (valid(k)) {
+            const int c = 4 * (k * nt + t);
+#pragma unroll
+            for (int j = 0; j < 4; ++j) v[k][j] = (v[k][j] - mean[k]) * rstd[k];
+            if (in.p1) {
+              float a[4];
+              ld4(in.p1 + c, a);
+#pragma unroll
+              for (int j = 0; j < 4; ++j) v[k][j] *= a[j];
+            }
+            if (in.p2) {
+              float a[4];
+              ld4(in.p2 + c, a);
+#pragma unroll
+              for (int j = 0; j < 4; ++j) v[k][j] += a[j];
+            }
+          }
+        }
+        break;
+      }
+      default: break;
+    }
+  }
+
+  if (w == 1) {
+    if (t == 0) store_out(P, r, 0, 1, v[0]);
+    return;
+  }
+#pragma unroll
+  for (int k = 0; k < VPT; ++k) {
+    if (valid(k)) {
+      const int c = 4 * (k * nt + t);
+      if (P.out_type == kOutF32) {
+        __stcs(reinterpret_cast<float4*>(static_cast<float*>(P.out) + r * static_cast<int64_t>(P.wout) + c),
+               make_float4(v[k][0], v[k][1], v[k][2], v[k][3]));
+      } else {
+        store_out(P, r, c, 4, v[k]);
+      }
+    }
+  }
+}
+
 // ---- host side ----------------------------------------------------------------------------
 
 int64_t eff(int64_t w) { return w > 0 ? w : 1; }
@@ -550,6 +843,48 @@ struct DeviceLimits {
 };
 std::mutex g_limits_mutex;
 std::vector<DeviceLimits> g_limits;
+std::atomic<bool> g_register_rows{true};
+std::atomic<int> g_register_wide_threads{512};
+
+// Register mode's threads per CTA and chunks per thread (0: the step cannot use it). Rows
+// wider than 4096: 512 threads x 4 chunks (61 registers, 2 CTAs = 32 warps per SM) by default;
+// 256 x 8 takes 111 registers (2 CTAs = 16 warps per SM).
+int register_threads(int64_t w) {
+  return w > 4096 ? g_register_wide_threads.load() : w >= 1024 ? 256 : 128;
+}
+int register_vpt(const Step& step) {
+  const int64_t w0 = eff(step.width_in);
+  if (w0 % 4 != 0 || w0 <= kWarpModeMaxWidth || w0 > kRegMaxWidth) return 0;
+  int64_t w = w0;
+  for (const Instr& in : step.program) {
+    if (w == 1 && in.kind != Instr::Kind::Pointwise && in.kind != Instr::Kind::Save &&
+        in.kind != Instr::Kind::BatchNormApply)
+      return 0;
+    switch (in.kind) {
+      case Instr::Kind::Pool: return 0;
+      case Instr::Kind::GroupNorm: {
+        if (in.node.groups <= 0 || w % in.node.groups != 0) return 0;
+        const int64_t gs = w / in.node.groups;
+        if (gs % 4 != 0) return 0;
+        const int64_t q = gs / 4;
+        if (q > 32 || (q & (q - 1)) != 0) return 0;
+        break;
+      }
+      case Instr::Kind::Pointwise:
+      case Instr::Kind::Reduce:
+      case Instr::Kind::Softmax:
+      case Instr::Kind::BatchNormApply:
+      case Instr::Kind::Save:
+        break;
+      default: return 0;
+    }
+    w = width_after(in, w);
+  }
+  const int64_t nt = register_threads(w0), nch = w0 / 4;
+  const int64_t need = (nch + nt - 1) / nt;
+  return need <= 1 ? 1 : need <= 2 ? 2 : need <= 4 ? 4 : need <= 8 ? 8 : 0;
+}
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 }  // namespace
 
@@ -582,6 +917,12 @@ void check_row_step(const Step& step) {
     throw std::logic_error("CUDA row program: program ends at width " + std::to_string(w) +
                            ", step says " + std::to_string(step.width_out));
 }
+
+void set_register_rows(bool on) { g_register_rows.store(on); }
+void set_register_wide_threads(int threads) {
+  g_register_wide_threads.store(threads == 256 ? 256 : 512);
+}
+bool register_rows() { return g_register_rows.load(); }
 
 size_t row_smem_limit() {
   int dev = 0;
@@ -621,6 +962,7 @@ RowConfig row_config(const Step& step, int64_t M) {
     if (is_pool(in)) capB = std::max(capB, w);
     else capA = std::max(capA, w);
   }
+  rc.reg_vpt = register_vpt(step);
   rc.capA = static_cast<int>((capA + 3) / 4 * 4);
   rc.capB = static_cast<int>((capB + 3) / 4 * 4);
   rc.warp_mode = rc.capA <= kWarpModeMaxWidth && rc.capB <= kWarpModeMaxWidth;
@@ -764,6 +1106,32 @@ void launch_row_pass(const Plan& plan, const Step& step, const RunArgs& args, ch
     }
     w = width_after(in, w);
     d.wout = static_cast<int32_t>(w);
+  }
+
+  // Register mode when the step allows it and every vector the kernel reads is 16-byte aligned.
+  // (A one-value output, m22's logsumexp chain, stays on the interpreter: register mode
+  // measured no faster there.)
+  bool reg = rc.reg_vpt > 0 && !rc.warp_mode && register_rows() && P.in_vec && P.out_vec &&
+             plan.M <= INT_MAX;
+  for (int i = 0; reg && i < P.n; ++i) {
+    const DevInstr& d = P.ins[i];
+    if (d.kind == kPointwise && (d.flags & kFlagBinary) && (d.opnd == kOpCol || d.opnd == kOpFull))
+      reg = aligned16(d.b);
+    if (d.kind == kGroupNorm || d.kind == kBnApply)
+      reg = aligned16(d.p0) && aligned16(d.p1) && aligned16(d.p2);
+    if (d.kind == kSave) reg = aligned16(d.save);
+  }
+  if (reg) {
+    const int nt = register_threads(P.win);
+    const unsigned grid = static_cast<unsigned>(plan.M);
+    switch (rc.reg_vpt) {
+      case 1: row_register_kernel<1><<<grid, nt, 0, stream>>>(P); break;
+      case 2: row_register_kernel<2><<<grid, nt, 0, stream>>>(P); break;
+      case 4: row_register_kernel<4><<<grid, nt, 0, stream>>>(P); break;
+      default: row_register_kernel<8><<<grid, nt, 0, stream>>>(P); break;
+    }
+    GF_LAUNCH_CHECK();
+    return;
   }
 
   const unsigned grid = static_cast<unsigned>(rc.grid);

@@ -17,6 +17,7 @@ constexpr int kMaxInstrs = 32;          // instructions per row program (kernel 
 constexpr int kWarpModeMaxWidth = 256;  // rows at most this wide: one warp per row
 constexpr int kWarpModeThreads = 128;   // 4 rows per CTA in warp mode
 constexpr int64_t kScratchCtas = 512;   // CTAs (and scratch rows) when rows live in global memory
+constexpr int kRegMaxWidth = 8192;      // register mode: rows up to this wide (256 threads x 8 float4)
 
 // The launch shape of one RowPass, a function of the step, M and the device's shared memory.
 struct RowConfig {
@@ -28,6 +29,7 @@ struct RowConfig {
   bool scratch = false;       // rows in the workspace's row_scratch area
   int64_t grid = 0;
   size_t scratch_bytes = 0;   // workspace bytes the scratch rows take
+  int reg_vpt = 0;            // register mode possible: float4 chunks per thread (1,2,4,8), else 0
 };
 
 // Throws Unsupported when the step cannot run on this executor (too many instructions, an
@@ -38,6 +40,13 @@ RowConfig row_config(const Step& step, int64_t M);
 // Dynamic shared memory a row slot may use on the current device (opt-in limit less the
 // kernel's static shared memory). Cached per device.
 size_t row_smem_limit();
+
+// Register mode (rows kept in registers, see row_program.cu) on or off for the whole process
+// (default on). Off: every RowPass runs the shared-memory interpreter. For tests and timing.
+void set_register_rows(bool on);
+bool register_rows();
+// Threads per CTA of register mode for rows wider than 4096 (256 or 512; default 512).
+void set_register_wide_threads(int threads);
 
 void launch_row_pass(const Plan& plan, const Step& step, const RunArgs& args, char* workspace,
                      float* row_scratch, cudaStream_t stream);

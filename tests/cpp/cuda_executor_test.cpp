@@ -17,6 +17,7 @@
 
 #include "cpu_test_util.h"
 #include "cuda_executor.h"
+#include "row_program.h"
 
 namespace {
 
@@ -121,6 +122,7 @@ CudaResult run_cuda(const Case& c, const CudaOptions& o) {
   req.operand_sizes = c.operand_sizes;
   req.dtype = o.dtype;
   req.precision = o.precision;
+  req.fast_min_rows = 0;  // cover the split path at every M
   CudaResult r;
   r.plan = make_plan(req);
   const Plan& plan = r.plan;
@@ -317,6 +319,7 @@ TEST(CudaExecutorPlan, PreparedLayoutFollowsThePlan) {
   PlanRequest req;
   req.chain = parse_chain(linear(50, 72) + "relu");
   req.batch_sizes = {7};
+  req.fast_min_rows = 0;
   CudaExecutor ex;
   req.precision = Precision::FP32;
   EXPECT_EQ(ex.prepared_bytes(make_plan(req)), 0u);
@@ -491,6 +494,74 @@ TEST(CudaExecutor, GroupNorm) {
         if (affine == 2) { gn += " bias=t1"; ops.push_back({N}); }
         check_problem({linear(40, N) + "relu\n" + gn, {M}, ops, "", 0}, {}, rng);
       }
+}
+
+// Rows wide enough for the register-mode row kernel (rows in registers, GroupNorm groups of
+// 4..128 columns as segmented warp shuffles), each problem run on both row kernels.
+struct RegisterRowsOff {
+  RegisterRowsOff() { cuda::set_register_rows(false); }
+  ~RegisterRowsOff() { cuda::set_register_rows(true); }
+};
+
+void check_both_row_kernels(const Problem& p, std::mt19937_64& rng, const CudaOptions& o = {}) {
+  check_problem(p, o, rng);
+  RegisterRowsOff off;
+  check_problem(p, o, rng);
+}
+
+TEST(CudaExecutor, RegisterRowsGroupNorm) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(gftest::test_seed());
+  // Group sizes 4..128 (q = 1..32 lanes) and 256 (not register mode), widths of 1, 2, 3 and 4
+  // chunks per thread.
+  for (const auto& [N, G] : std::vector<std::pair<int64_t, int64_t>>{
+           {2048, 512}, {2048, 256}, {2048, 128}, {2048, 64}, {2048, 32}, {2048, 16}, {2048, 8},
+           {8192, 256}, {6144, 48}, {1000, 250}, {520, 65}, {3000, 30}})
+    for (int affine : {0, 2}) {
+      std::string gn = "group_norm groups=" + std::to_string(G) + " eps=1e-05";
+      std::vector<std::vector<int64_t>> ops{{N}};
+      if (affine == 2) {
+        gn += " weight=t1 bias=t2";
+        ops.push_back({N});
+        ops.push_back({N});
+      }
+      check_both_row_kernels({linear(40, N) + "add b=t0\nclamp lo=-1 hi=1\nmish\n" + gn, {5},
+                              ops, "", 0},
+                             rng);
+    }
+}
+
+TEST(CudaExecutor, RegisterRowsSeedChainsWide) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(gftest::test_seed());
+  for (int64_t N : {8192, 4100, 1024, 300}) {
+    const std::string L = linear(30, N);
+    check_both_row_kernels({L + "mul b=2.0\nadd b=v1\nclamp lo=-10 hi=10\nlogsumexp keepdim=1\n"
+                                "mish\nmul b=v4",
+                            {6}, {}, "", 0},
+                           rng);
+    check_both_row_kernels({L + "batch_norm training=1 eps=1e-05 momentum=0.1 weight=t0 bias=t1 "
+                                "running_mean=s0 running_var=s1 num_batches=s2\nmul b=t2\nsoftmax",
+                            {33}, {{N}, {N}, {1}}, "ffi", N},
+                           rng);
+    check_both_row_kernels({L + "batch_norm training=1 momentum=none running_mean=s0 "
+                                "running_var=s1 num_batches=s2\ngelu\nlog_softmax",
+                            {9}, {}, "ffi", N},
+                           rng);
+    check_both_row_kernels({L + "gelu\nsoftmax", {4}, {}, "", 0}, rng);
+    check_both_row_kernels({L + "tanh\nsum keepdim=1\nsigmoid", {3}, {}, "", 0}, rng);
+    check_both_row_kernels({L + "max keepdim=1", {3}, {}, "", 0}, rng);
+    check_both_row_kernels({L + "sub b=t0\nmin keepdim=1\nexp", {3}, {{3, N}}, "", 0}, rng);
+    check_both_row_kernels({L + "mean keepdim=1\nmul b=t0", {3}, {{3, 1}}, "", 0}, rng);
+    CudaOptions bf;
+    bf.dtype = DType::BF16;
+    check_both_row_kernels({L + "silu\nlog_softmax", {4}, {}, "", 0}, rng, bf);
+    CudaOptions h;
+    h.dtype = DType::F16;
+    check_both_row_kernels({L + "relu\ngroup_norm groups=" + std::to_string(N / 4) + " eps=1e-05",
+                            {4}, {}, "", 0},
+                           rng, h);
+  }
 }
 
 TEST(CudaExecutor, Pooling) {

@@ -1,8 +1,10 @@
 // Timing of the CUDA executor's row passes, column statistics and whole runs on the seed
 // chains at M=1024, K=N=8192 (not a test; not built by CMake). Old path (shared-memory row
 // interpreter, scalar column-stat kernel) against the new (register rows, vector column
-// stats) in the same process, L2 flushed before every timed launch, inputs rotated over 3 sets,
-// median of the repeats (CUDA events).
+// stats) in the same process, inputs rotated over 3 sets, median of the repeats (CUDA events).
+// Whole runs: L2 flushed (a 256 MB memset) before each. Steps: timed right after a whole run on
+// the same workspace, so Y is as warm in L2 as in a real run (a memset flush leaves ~50 MB of
+// dirty lines whose write-back added ~15 us to every step measured after it).
 // Build (after building build-perf):
 //   g++ -O2 -std=c++17 tests/cpp/cuda_row_timing.cpp -Icore/include -Iexecutors/cuda \
 //     -Iexecutors/common -I/usr/local/cuda/include build-perf/executors/cuda/libgemmfuse_cuda.a \
@@ -14,6 +16,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -202,7 +205,8 @@ int main(int argc, char** argv) {
             RunArgs r = args;
             r.x = xs[i]->p;
             r.out = outs[i]->p;
-            do_flush();
+            // As in a run: the whole run first (its GEMM leaves Y partly in L2), then the step.
+            run_set(i);
             CK(cudaEventRecord(a, st));
             if (s.kind == Step::Kind::RowPass)
               cuda::launch_row_pass(plan, s, r, ws,

@@ -12,14 +12,14 @@ export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}:$NV/cu13/lib:$NV/cublas/lib:$NV/cuda
 summary=()
 note() { summary+=("$1"); echo "== $1"; }
 
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv
 python3 -c 'import torch; print("torch", torch.__version__, torch.cuda.get_device_name())'
 
 if [ "${TESTS:-0}" = 1 ]; then
   build/tests/cpp/gemmfuse_cuda_tests --gtest_brief=1 > "$OUT/cuda_tests.log" 2>&1
   note "cuda gtests rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/cuda_tests.log" | tr '\n' ' ')"
   tail -30 "$OUT/cuda_tests.log"
-  python3 -m pytest tests/python/test_gpu.py -q -x ${PYTEST_ARGS:-} > "$OUT/pytest_gpu.log" 2>&1
+  python3 -m pytest tests/python/test_gpu.py -q ${PYTEST_ARGS:-} > "$OUT/pytest_gpu.log" 2>&1
   note "pytest gpu rc=$? $(tail -1 "$OUT/pytest_gpu.log")"
   tail -40 "$OUT/pytest_gpu.log"
 fi
@@ -29,9 +29,16 @@ if [ "${SANITIZE:-0}" = 1 ]; then
     timeout ${SANITIZE_TIMEOUT:-150} compute-sanitizer --tool $tool --error-exitcode 9 \
       build/tests/cpp/gemmfuse_cuda_tests --gtest_brief=1 \
       --gtest_filter="${SANITIZE_FILTER:-CudaExecutor.*:-*LargerShape*:*WideRows*}" \
-      > "$OUT/sanitize_$tool.log" 2>&1
-    note "compute-sanitizer $tool rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize_$tool.log" | tail -1)"
+      > "$OUT/sanitize_tmp.log" 2>&1
+    note "compute-sanitizer $tool rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize_tmp.log" | tail -1)"
+    { echo "===== $tool"; cat "$OUT/sanitize_tmp.log"; } >> "$OUT/sanitize.log"
   done
+  rm -f "$OUT/sanitize_tmp.log"
+fi
+
+if [ "${OVERHEAD:-0}" = 1 ]; then
+  python3 scripts/host_overhead.py --model m18 > "$OUT/host_overhead.log" 2>&1
+  note "host overhead (m18): $(tr '\n' ';' < "$OUT/host_overhead.log" | tr -s ' ')"
 fi
 
 if [ "${BENCH:-0}" = 1 ]; then

@@ -37,7 +37,7 @@ def plot_speedups(records, path, title=""):
         for b, h, y in zip(bars, hatch, ys):
             if h:
                 b.set_hatch("//")
-            ax.annotate(f"{y:.2g}", (b.get_x() + b.get_width() / 2, y), ha="center",
+            ax.annotate(f"{y:.3g}", (b.get_x() + b.get_width() / 2, y), ha="center",
                         va="bottom", fontsize=6)
     ax.axhline(1.0, color="k", lw=0.8)
     ax.set_yscale("log")

@@ -2,7 +2,7 @@
 
 Dynamo hands the backend a GraphModule whose modules are inlined (``F.linear``,
 ``F.batch_norm(..., training, momentum, eps)``, ``F.group_norm``, ...) and whose parameters and
-buffers arrive as placeholders. The backend captures the chains of that graph (capture.py,
+buffers arrive as placeholders. The backend captures the chains of that graph (capture/,
 "dynamo" flavour), replaces each by one ``_run_chain`` call and returns the rewritten
 ``gm.forward``; with nothing captured it returns the graph unchanged. Training flags are
 constants in such graphs (dynamo guards on them and recompiles when they change).

@@ -7,7 +7,6 @@ plain module, it is optimized first with ``example_inputs``.
 """
 from __future__ import annotations
 
-import torch
 
 from . import _lib
 from .module import example_from_record, optimize

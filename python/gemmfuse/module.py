@@ -1,7 +1,7 @@
 """The optimized module: a traced copy of the model whose chains call ``torch.ops.gemmfuse.run``.
 
 ``optimize(model, example_inputs, precision)`` traces the model with torch.fx, finds every
-``Linear -> stages`` chain (capture.py), asks the C++ planner (``describe``) whether it takes
+``Linear -> stages`` chain (capture/), asks the C++ planner (``describe``) whether it takes
 each chain on the example inputs, and replaces every accepted chain by one call of
 ``_run_chain``. Everything else keeps running in PyTorch. The result is a
 ``torch.fx.GraphModule`` that shares the model's Parameters, buffers and submodules (the same

@@ -1,0 +1,197 @@
+"""Finding chains in a graph: a Linear and the stages that follow it, grown while each next
+node is a fusable stage whose inputs come from outside the chain."""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+import torch.fx as fx
+import torch.nn as nn
+
+from .values import AttrRef, TInfo, node_info
+from .chain import CaptureReport, Chain, Unsupported, bind
+from .classify import _Ctx, _LINEAR_FUNCS, classify
+
+# --------------------------------------------------------------------------------------------
+# Finding chains.
+
+
+def _linear_parts(node: fx.Node, gm: fx.GraphModule):
+    """(x, weight source, bias source|None, module qualname|None) or raise Unsupported."""
+    if node.op == "call_module":
+        mod = gm.get_submodule(node.target)
+        if type(mod) is not nn.Linear:
+            return None
+        if len(node.args) != 1 or node.kwargs:
+            raise Unsupported("Linear called with extra arguments")
+        q = node.target
+        return (node.args[0], AttrRef(f"{q}.weight"),
+                AttrRef(f"{q}.bias") if mod.bias is not None else None, q)
+    if node.op == "call_function" and node.target in _LINEAR_FUNCS:
+        a = bind(node, ["input", "weight", "bias"], {"bias": None})
+        x, w, b = a["input"], a["weight"], a["bias"]
+        if not isinstance(x, fx.Node) or not isinstance(w, fx.Node):
+            raise Unsupported("F.linear with non-tensor arguments")
+        if b is not None and not isinstance(b, fx.Node):
+            raise Unsupported("F.linear bias is not a tensor")
+        return (x, w, b, None)
+    return None
+
+
+def _attr_tensor(gm: fx.GraphModule, q: str):
+    obj = gm
+    for part in q.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _shape_of_source(gm, src):
+    if isinstance(src, AttrRef):
+        t = _attr_tensor(gm, src.qualname)
+        return tuple(t.shape) if isinstance(t, torch.Tensor) else None
+    if src.op == "get_attr":
+        t = _attr_tensor(gm, src.target)
+        return tuple(t.shape) if isinstance(t, torch.Tensor) else None
+    inf = node_info(src)
+    return tuple(inf.shape) if isinstance(inf, TInfo) else None
+
+
+def find_chains(gm: fx.GraphModule, flavor: str = "fx", check: Optional[Callable] = None) -> CaptureReport:
+    """Every chain in ``gm``. ``check(spec) -> reason`` (the C++ parser), when given, vets each
+    spec; a spec it refuses is reported in ``rejected`` and not returned as a chain."""
+    report = CaptureReport(flavor=flavor)
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    taken: set = set()
+    for node in list(gm.graph.nodes):
+        if node in taken:
+            continue
+        try:
+            parts = _linear_parts(node, gm)
+        except Unsupported as e:
+            report.rejected.append((node.name, str(e)))
+            continue
+        if parts is None:
+            continue
+        x, w, b, q = parts
+        wshape = _shape_of_source(gm, w)
+        if wshape is None or len(wshape) != 2:
+            report.rejected.append((node.name, f"linear weight shape unknown or not 2-d ({wshape})"))
+            continue
+        xinf = node_info(x)
+        lin_inf = node_info(node)
+        if not isinstance(lin_inf, TInfo) or not isinstance(xinf, TInfo):
+            report.rejected.append((node.name, "no shape information for the linear's input/output"))
+            continue
+        if xinf.rank < 1:
+            report.rejected.append((node.name, "0-d input"))
+            continue
+        chain = Chain(index=len(report.chains), linear=node, x=x, weight=w, bias=b,
+                      in_features=int(wshape[1]), out_features=int(wshape[0]), linear_module=q)
+        _grow(chain, gm, order)
+        chain.finish()
+        if check is not None:
+            bad = None
+            for flags in chain.flag_combos():
+                reason = check(chain.spec(flags))
+                if reason:
+                    bad = reason
+                    break
+            if bad:
+                report.rejected.append((node.name, f"spec refused by the parser: {bad}"))
+                continue
+        taken.update(chain.nodes)
+        report.chains.append(chain)
+    return report
+
+
+def _grow(chain: Chain, gm: fx.GraphModule, order: dict):
+    lin = chain.linear
+    chain.values = {lin: 0}
+    chain_nodes = {lin}
+    mode_flags = {}
+    ctx = _Ctx(gm, chain, chain_nodes, mode_flags)
+    ctx.rank = node_info(lin).rank
+    ctx.width = chain.out_features
+    stop = ""
+    while True:
+        cur = ctx.cur
+        users = sorted(cur.users, key=lambda n: order.get(n, 1 << 30))
+        if not users:
+            stop = f"{cur.name} is not used"
+            break
+        nxt = users[0]
+        if nxt.op == "output":
+            stop = f"{cur.name} is the graph's output"
+            break
+        if nxt in chain_nodes:  # cannot happen in a DAG, but be safe
+            stop = f"{nxt.name} already in the chain"
+            break
+        try:
+            stage = classify(nxt, ctx)
+        except Unsupported as e:
+            stop = f"{nxt.name}: {e}"
+            break
+        # The stage's value must keep the rank bookkeeping right.
+        stage.input_node = cur
+        op_line = next((v for v in stage.variants.values() if v is not None), None)
+        chain.stages.append(stage)
+        chain_nodes.update(stage.nodes)
+        vnode = stage.value_node
+        if op_line is None:
+            chain.values[vnode] = chain.values[cur]
+        else:
+            chain.values[vnode] = len(chain.stages)
+            op, keys = op_line
+            if op in ("sum", "mean", "max", "min", "logsumexp"):
+                if keys.get("keepdim", True):
+                    ctx.width = 1
+                else:
+                    ctx.rank -= 1
+                    ctx.has_feat = False
+                    ctx.width = 0
+            elif op in ("avg_pool", "max_pool"):
+                inf = node_info(vnode)
+                if isinstance(inf, TInfo) and inf.rank >= 1:
+                    ctx.width = int(inf.shape[-1])
+        inf = node_info(vnode)
+        if isinstance(inf, TInfo) and inf.rank != ctx.rank:
+            # Our bookkeeping disagrees with the graph's metadata: stop before this stage.
+            chain.stages.pop()
+            for n in stage.nodes:
+                chain_nodes.discard(n)
+                chain.values.pop(n, None)
+            stop = f"{nxt.name}: rank bookkeeping mismatch"
+            break
+        ctx.cur = vnode
+    # Every value but the last must be used only inside the chain: keep the longest prefix
+    # for which that holds.
+    chain.stop = stop
+    while chain.stages:
+        inside = set(chain.nodes)
+        bad = None
+        last = chain.output
+        for n in inside:
+            if n is last:
+                continue
+            for u in n.users:
+                if u not in inside:
+                    bad = (n, u)
+                    break
+            if bad:
+                break
+        if bad is None:
+            break
+        removed = chain.stages.pop()
+        for n in removed.nodes:
+            chain.values.pop(n, None)
+        chain.stop = f"{bad[0].name} is also used by {bad[1].name}, outside the chain"
+
+
+def capture_spec_texts(gm: fx.GraphModule, flavor: str = "fx") -> list:
+    """Convenience: the spec text of every chain at the graph's current training flags."""
+    rep = find_chains(gm, flavor)
+    out = []
+    for c in rep.chains:
+        flags = tuple(gm.get_submodule(q).training for q in c.mode_modules)
+        out.append(c.spec(flags))
+    return out

@@ -15,7 +15,6 @@ import random
 
 import pytest
 import torch
-import torch.fx as fx
 import torch.nn as nn
 import torch.nn.functional as F
 

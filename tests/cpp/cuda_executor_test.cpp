@@ -17,6 +17,7 @@
 
 #include "cpu_test_util.h"
 #include "cuda_executor.h"
+#include "column_stats.h"
 #include "row_program.h"
 
 namespace {
@@ -503,8 +504,18 @@ struct RegisterRowsOff {
   ~RegisterRowsOff() { cuda::set_register_rows(true); }
 };
 
+struct RegisterHintsOn {
+  RegisterHintsOn() { cuda::set_register_hints(true); }
+  ~RegisterHintsOn() { cuda::set_register_hints(false); }
+};
+
+// Register mode without and with its L1 cache hints, then the interpreter.
 void check_both_row_kernels(const Problem& p, std::mt19937_64& rng, const CudaOptions& o = {}) {
   check_problem(p, o, rng);
+  {
+    RegisterHintsOn hint;
+    check_problem(p, o, rng);
+  }
   RegisterRowsOff off;
   check_problem(p, o, rng);
 }
@@ -609,6 +620,35 @@ TEST(CudaExecutor, BatchNormVariants) {
     bf.dtype = DType::BF16;
     check_problem({L + "batch_norm training=0" + aff + run, {M}, {{N}, {N}}, "ff", N}, bf, rng);
     check_problem({L + "batch_norm training=0" + aff + run + "\ngelu", {M}, {{N}, {N}}, "ff", N}, bf, rng);
+  }
+}
+
+// The one-kernel column statistics forced on narrow widths (a partly filled last column slice),
+// with 32 and 16 columns per CTA, M from 2 to above the 8-loads-in-flight stride; momentum and
+// momentum=None (num_batches_tracked read, then counted); a width not a multiple of 4 falls back.
+struct FusedColstats {
+  explicit FusedColstats(int mode) { cuda::set_fused_colstats(mode); }
+  ~FusedColstats() { cuda::set_fused_colstats(1); }
+};
+
+TEST(CudaExecutor, FusedColumnStats) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(gftest::test_seed());
+  const std::string aff = " weight=t0 bias=t1";
+  const std::string run = " running_mean=s0 running_var=s1";
+  for (int mode : {8, 4}) {
+    FusedColstats f(mode);
+    for (int64_t N : {72, 40, 7})
+      for (int64_t M : {2, 7, 300}) {
+        const std::string L = linear(20, N);
+        check_problem({L + "batch_norm training=1" + aff + run + " num_batches=s2\nmul b=t2\nsoftmax",
+                       {M}, {{N}, {N}, {1}}, "ffi", N}, {}, rng);
+        check_problem({L + "batch_norm training=1 momentum=none" + aff + run + " num_batches=s2",
+                       {M}, {{N}, {N}}, "ffi", N}, {}, rng);
+        check_problem({L + "relu\nbatch_norm training=1 eps=0.001" + run + "\nsigmoid", {M}, {},
+                       "ff", N}, {}, rng);
+        check_problem({L + "batch_norm training=1\ntanh", {M}, {}, "", N}, {}, rng);
+      }
   }
 }
 

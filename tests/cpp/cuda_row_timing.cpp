@@ -1,15 +1,18 @@
 // Timing of the CUDA executor's row passes, column statistics and whole runs on the seed
-// chains at M=1024, K=N=8192 (not a test; not built by CMake). Old path (shared-memory row
-// interpreter, scalar column-stat kernel) against the new (register rows, vector column
-// stats) in the same process, inputs rotated over 3 sets, median of the repeats (CUDA events).
+// chains at M=1024, K=N=8192 (not a test; not built by CMake). Four configurations in the same
+// process (set_mode below): "head" (register rows without cache hints, one-value rows on the
+// interpreter, two-level vector column stats), "new" (the defaults: one-value rows in registers,
+// one-kernel column stats), "hints" (new with register mode's L1 hints), "alt" (new, one-kernel
+// column stats with 16 columns per CTA); inputs rotated over 3
+// sets, median of the repeats (CUDA events). m84 is also timed as a bf16 model (bf16 output).
 // Whole runs: L2 flushed (a 256 MB memset) before each. Steps: timed right after a whole run on
 // the same workspace, so Y is as warm in L2 as in a real run (a memset flush leaves ~50 MB of
 // dirty lines whose write-back added ~15 us to every step measured after it).
-// Build (after building build-perf):
+// Build (after building build-perf2):
 //   g++ -O2 -std=c++17 tests/cpp/cuda_row_timing.cpp -Icore/include -Iexecutors/cuda \
-//     -Iexecutors/common -I/usr/local/cuda/include build-perf/executors/cuda/libgemmfuse_cuda.a \
-//     build-perf/core/libgemmfuse_core.a -L/usr/local/cuda/lib64 -lcublasLt -lcublas -lcudart \
-//     -o build-perf/tests/cpp/cuda_row_timing
+//     -Iexecutors/common -I/usr/local/cuda/include build-perf2/executors/cuda/libgemmfuse_cuda.a \
+//     build-perf2/core/libgemmfuse_core.a -L/usr/local/cuda/lib64 -lcublasLt -lcublas -lcudart \
+//     -o build-perf2/tests/cpp/cuda_row_timing
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -53,6 +56,17 @@ void fill(void* d, size_t n, float scale, float offset = 0.f) {
   CK(cudaMemcpy(d, h.data(), n * 4, cudaMemcpyHostToDevice));
 }
 
+void fill_bf16(void* d, size_t n, float scale, float offset = 0.f) {
+  std::vector<uint16_t> h(n);
+  for (auto& v : h) {
+    const float f = offset + scale * urand();
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    v = static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+  }
+  CK(cudaMemcpy(d, h.data(), n * 2, cudaMemcpyHostToDevice));
+}
+
 float median(std::vector<float> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
@@ -64,6 +78,7 @@ struct Model {
   int nops;  // operands of width N (last may be 1: m84 scale)
   bool scale1;
   bool bn_state;
+  DType dtype = DType::F32;
 };
 
 int main(int argc, char** argv) {
@@ -73,6 +88,8 @@ int main(int argc, char** argv) {
       {"m22", "mul b=2.0\nadd b=v1\nclamp lo=-10 hi=10\nlogsumexp keepdim=1\nmish\nmul b=v4", 0, false, false},
       {"m84", "batch_norm training=1 eps=1e-05 momentum=0.1 weight=t0 bias=t1 running_mean=s0 "
               "running_var=s1 num_batches=s2\nmul b=t2\nsoftmax", 3, true, true},
+      {"m84-bf16", "batch_norm training=1 eps=1e-05 momentum=0.1 weight=t0 bias=t1 running_mean=s0 "
+              "running_var=s1 num_batches=s2\nmul b=t2\nsoftmax", 3, true, true, DType::BF16},
       {"m94", "add b=t0\nclamp lo=-1 hi=1\nmish\ngroup_norm groups=256 eps=1e-05 weight=t1 bias=t2", 3, false, false},
       {"m99", "gelu\nsoftmax", 0, false, false},
   };
@@ -87,16 +104,23 @@ int main(int argc, char** argv) {
   Buf w(sizeof(float) * N * K), bias(sizeof(float) * N);
   fill(w.p, N * K, 1.f / std::sqrt(float(K)));
   fill(bias.p, N, 1.f / std::sqrt(float(K)));
-  std::vector<std::unique_ptr<Buf>> xs;
+  Buf wb(2 * N * K), biasb(2 * N);
+  fill_bf16(wb.p, N * K, 1.f / std::sqrt(float(K)));
+  fill_bf16(biasb.p, N, 1.f / std::sqrt(float(K)));
+  std::vector<std::unique_ptr<Buf>> xs, xbs;
   for (int i = 0; i < 3; ++i) {
     xs.push_back(std::make_unique<Buf>(sizeof(float) * M * K));
     fill(xs.back()->p, M * K, 1.f);
+    xbs.push_back(std::make_unique<Buf>(2 * M * K));
+    fill_bf16(xbs.back()->p, M * K, 1.f);
   }
 
   for (const Model& md : models) {
+    const bool bf = md.dtype == DType::BF16;
     for (Precision pr : {Precision::Fast, Precision::TF32}) {
       if (pr == Precision::TF32 && std::string(md.name) != "m84" && std::string(md.name) != "m99")
         continue;
+      if (bf && pr != Precision::Fast) continue;
       const std::string spec = "linear in=" + std::to_string(K) + " out=" + std::to_string(N) +
                                " bias=1\n" + md.tail;
       PlanRequest req;
@@ -105,13 +129,14 @@ int main(int argc, char** argv) {
       for (int i = 0; i < md.nops; ++i)
         req.operand_sizes.push_back({(md.scale1 && i == md.nops - 1) ? 1 : N});
       req.precision = pr;
+      req.dtype = md.dtype;
       const Plan plan = make_plan(req);
       std::printf("\n=== %s %s\n%s", md.name, precision_name(pr), plan.describe().c_str());
       CudaExecutor ex;
       std::vector<std::unique_ptr<Buf>> ops, state, outs, wss;
       RunArgs args;
-      args.weight = w.p;
-      args.bias = bias.p;
+      args.weight = bf ? wb.p : w.p;
+      args.bias = bf ? biasb.p : bias.p;
       for (int i = 0; i < md.nops; ++i) {
         const int64_t n = (md.scale1 && i == md.nops - 1) ? 1 : N;
         ops.push_back(std::make_unique<Buf>(sizeof(float) * n));
@@ -130,54 +155,68 @@ int main(int argc, char** argv) {
       }
       args.stream = st;
       Buf prepared(ex.prepared_bytes(plan));
-      const size_t wsb = ex.workspace_bytes(plan), outb = sizeof(float) * M * plan.out_width;
+      const size_t wsb = ex.workspace_bytes(plan), outb = (bf ? 2 : 4) * M * plan.out_width;
       for (int i = 0; i < 3; ++i) {
         wss.push_back(std::make_unique<Buf>(wsb));
         outs.push_back(std::make_unique<Buf>(outb));
       }
-      args.x = xs[0]->p;
+      auto& X = bf ? xbs : xs;
+      args.x = X[0]->p;
       args.out = outs[0]->p;
       ex.prepare(plan, args, prepared.p);
       auto run_set = [&](int i) {
         RunArgs r = args;
-        r.x = xs[i]->p;
+        r.x = X[i]->p;
         r.out = outs[i]->p;
         ex.run(plan, r, prepared.p, wss[i]->p);
       };
-      // mode 0: old paths; 1: new (register rows 512 threads when wider than 4096); 2: new, 256.
+      // 0 head, 1 new, 2 hints, 3 alt (see the top of the file).
+      constexpr int kModes = 4;
+      const char* names[kModes] = {"head", "new", "hints", "alt"};
       auto set_mode = [&](int mode) {
-        cuda::set_register_rows(mode != 0);
-        cuda::set_vector_colstats(mode != 0);
-        cuda::set_register_wide_threads(mode == 2 ? 256 : 512);
+        cuda::set_register_rows(true);
+        cuda::set_vector_colstats(true);
+        cuda::set_register_hints(mode == 2);
+        cuda::set_register_one_value(mode != 0);
+        cuda::set_fused_colstats(mode == 0 ? 0 : mode == 3 ? 4 : 1);
+        cuda::set_register_wide_threads(512);
       };
-      // Old vs new outputs (same inputs, set 0).
-      std::vector<float> o_old(M * plan.out_width), o_new(M * plan.out_width);
+      // Outputs of every mode against head's (same inputs, set 0; running stats advance).
+      auto output = [&]() {
+        std::vector<float> o(M * plan.out_width);
+        if (bf) {
+          std::vector<uint16_t> h(o.size());
+          CK(cudaMemcpy(h.data(), outs[0]->p, outb, cudaMemcpyDeviceToHost));
+          for (size_t i = 0; i < o.size(); ++i) {
+            const uint32_t u = static_cast<uint32_t>(h[i]) << 16;
+            std::memcpy(&o[i], &u, 4);
+          }
+        } else {
+          CK(cudaMemcpy(o.data(), outs[0]->p, outb, cudaMemcpyDeviceToHost));
+        }
+        return o;
+      };
       set_mode(0);
       run_set(0);
-      CK(cudaMemcpy(o_old.data(), outs[0]->p, outb, cudaMemcpyDeviceToHost));
-      set_mode(1);
-      run_set(0);
-      CK(cudaMemcpy(o_new.data(), outs[0]->p, outb, cudaMemcpyDeviceToHost));
-      double md_ = 0, mref = 0;
-      for (size_t i = 0; i < o_old.size(); ++i) {
-        md_ = std::max(md_, (double)std::fabs(o_old[i] - o_new[i]));
-        mref = std::max(mref, (double)std::fabs(o_old[i]));
+      const std::vector<float> o_old = output();
+      double mref = 0;
+      for (float v : o_old) mref = std::max(mref, (double)std::fabs(v));
+      for (int mode = 1; mode < kModes; ++mode) {
+        set_mode(mode);
+        run_set(0);
+        const std::vector<float> o = output();
+        double md_ = 0;
+        for (size_t i = 0; i < o_old.size(); ++i)
+          md_ = std::max(md_, (double)std::fabs(o_old[i] - o[i]));
+        std::printf("head vs %s output: max |diff| %.3g (max |out| %.3g)\n", names[mode], md_, mref);
       }
-      set_mode(2);
-      run_set(0);
-      std::vector<float> o_256(M * plan.out_width);
-      CK(cudaMemcpy(o_256.data(), outs[0]->p, outb, cudaMemcpyDeviceToHost));
-      double m256 = 0;
-      for (size_t i = 0; i < o_old.size(); ++i) m256 = std::max(m256, (double)std::fabs(o_old[i] - o_256[i]));
-      std::printf("old vs new-256 output: max |diff| %.3g\n", m256);
-      std::printf("old vs new output: max |diff| %.3g (max |out| %.3g)\n", md_, mref);
       for (int i = 0; i < 3; ++i) run_set(i);  // every workspace holds Y and stats
       CK(cudaStreamSynchronize(st));
 
       // End to end, old and new interleaved.
-      std::vector<float> e2e[3];
+      std::vector<float> e2e[kModes];
       for (int it = 0; it < reps + 3; ++it)
-        for (int mode = 0; mode < 3; ++mode) {
+        for (int mode = 0; mode < kModes; ++mode) {
           set_mode(mode);
           do_flush();
           CK(cudaEventRecord(a, st));
@@ -188,22 +227,23 @@ int main(int argc, char** argv) {
           CK(cudaEventElapsedTime(&ms, a, b));
           if (it >= 3) e2e[mode].push_back(ms);
         }
-      std::printf("end to end ms: old %.4f  new %.4f  new-256 %.4f\n", median(e2e[0]),
-                  median(e2e[1]), median(e2e[2]));
+      std::printf("end to end ms:");
+      for (int mode = 0; mode < kModes; ++mode) std::printf("  %s %.4f", names[mode], median(e2e[mode]));
+      std::printf("\n");
 
       // Each row pass / column-stat step alone (cold L2).
       const cuda::WorkspaceLayout L = cuda::workspace_layout(plan);
       for (size_t si = 0; si < plan.steps.size(); ++si) {
         const Step& s = plan.steps[si];
         if (s.kind != Step::Kind::RowPass && s.kind != Step::Kind::ColumnStats) continue;
-        std::vector<float> t[3];
+        std::vector<float> t[kModes];
         for (int it = 0; it < reps + 3; ++it)
-          for (int mode = 0; mode < 3; ++mode) {
+          for (int mode = 0; mode < kModes; ++mode) {
             set_mode(mode);
             const int i = it % 3;
             char* ws = static_cast<char*>(wss[i]->p);
             RunArgs r = args;
-            r.x = xs[i]->p;
+            r.x = X[i]->p;
             r.out = outs[i]->p;
             // As in a run: the whole run first (its GEMM leaves Y partly in L2), then the step.
             run_set(i);
@@ -221,9 +261,10 @@ int main(int argc, char** argv) {
             CK(cudaEventElapsedTime(&ms, a, b));
             if (it >= 3) t[mode].push_back(ms);
           }
-        std::printf("step %zu %-11s us: old %.1f  new %.1f  new-256 %.1f\n", si + 1,
-                    s.kind == Step::Kind::RowPass ? "RowPass" : "ColumnStats",
-                    1e3 * median(t[0]), 1e3 * median(t[1]), 1e3 * median(t[2]));
+        std::printf("step %zu %-11s us:", si + 1,
+                    s.kind == Step::Kind::RowPass ? "RowPass" : "ColumnStats");
+        for (int mode = 0; mode < kModes; ++mode) std::printf("  %s %.1f", names[mode], 1e3 * median(t[mode]));
+        std::printf("\n");
       }
     }
   }

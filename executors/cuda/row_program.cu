@@ -559,34 +559,12 @@ __device__ __forceinline__ void ld4(const float* p, float (&v)[4]) {
   v[0] = q.x; v[1] = q.y; v[2] = q.z; v[3] = q.w;
 }
 
-// Cache hints of register mode (kHint): a per-column vector (BatchNorm stats, weight, bias, a
-// column operand) is read by every row, so it is kept in L1 (evict_last; the kernel's L1 is
-// configured at its largest) and the CTAs that follow on the SM find it there instead of in L2
-// (m84: 4 vectors of W floats per row were 4x the row's own L2 traffic); row data (read once)
-// does not allocate in L1. Without kHint: default loads for vectors, streaming for rows.
-// Measured on H100 (M=1024, N=8192): no gain (m84 row pass 41.5 us with, 40.5 without; m22
-// 36.0 vs 36.8), so off by default (set_register_hints): the pass is bound by bytes in flight
-// per SM, not by L2 traffic.
-template <bool kHint>
-__device__ __forceinline__ void ldv4(const float* p, float (&v)[4]) {
-  if (kHint) {
-    asm("ld.global.L1::evict_last.v4.f32 {%0, %1, %2, %3}, [%4];"
-        : "=f"(v[0]), "=f"(v[1]), "=f"(v[2]), "=f"(v[3])
-        : "l"(p));
-  } else {
-    ld4(p, v);
-  }
-}
-template <bool kHint>
+// Row data is read once: streaming loads (evict-first). Per-column vectors use plain loads.
+// (L1 residency hints for those vectors were tried on H100 — m84 row pass 41.5 us with, 40.5
+// without — and removed: the pass is bound by bytes in flight per SM, not by L2 traffic.)
 __device__ __forceinline__ void ldrow4(const float* p, float (&v)[4]) {
-  if (kHint) {
-    asm("ld.global.L1::no_allocate.v4.f32 {%0, %1, %2, %3}, [%4];"
-        : "=f"(v[0]), "=f"(v[1]), "=f"(v[2]), "=f"(v[3])
-        : "l"(p));
-  } else {
-    const float4 q = __ldcs(reinterpret_cast<const float4*>(p));
-    v[0] = q.x; v[1] = q.y; v[2] = q.z; v[3] = q.w;
-  }
+  const float4 q = __ldcs(reinterpret_cast<const float4*>(p));
+  v[0] = q.x; v[1] = q.y; v[2] = q.z; v[3] = q.w;
 }
 
 // Segmented butterfly over q consecutive lanes (q a power of two <= 32).
@@ -614,7 +592,7 @@ __device__ __forceinline__ float thread_tree_sum(const float (&e)[VPT][4], int t
 // One row per CTA (grid = M). A persistent variant that prefetched the next row with cp.async
 // into shared memory while computing the current one measured slower on H100 (m94 row pass
 // +13%), so the row is loaded straight into registers (streaming hint, all loads in flight).
-template <int VPT, bool kHint>
+template <int VPT>
 __global__ void __launch_bounds__(VPT >= 8 ? 256 : 512)
     row_register_kernel(const __grid_constant__ DevProgram P) {
   __shared__ double red_d[64];
@@ -631,7 +609,7 @@ __global__ void __launch_bounds__(VPT >= 8 ? 256 : 512)
     for (int k = 0; k < VPT; ++k) {
       const int ci = k * nt + t;
       if (ci < nch) {
-        ldrow4<kHint>(src + 4 * ci, v[k]);
+        ldrow4(src + 4 * ci, v[k]);
       } else {
         v[k][0] = v[k][1] = v[k][2] = v[k][3] = 0.f;
       }
@@ -657,8 +635,8 @@ __global__ void __launch_bounds__(VPT >= 8 ? 256 : 512)
             for (int k = 0; k < VPT; ++k) {
               if (valid(k)) {
                 float b[4];
-                if (in.opnd == kOpFull) ldrow4<kHint>(base + 4 * (k * nt + t), b);
-                else ldv4<kHint>(base + 4 * (k * nt + t), b);
+                if (in.opnd == kOpFull) ldrow4(base + 4 * (k * nt + t), b);
+                else ld4(base + 4 * (k * nt + t), b);
                 apply_binary4(op, v[k], b, rev);
               }
             }
@@ -679,19 +657,19 @@ __global__ void __launch_bounds__(VPT >= 8 ? 256 : 512)
           if (valid(k)) {
             const int c = 4 * (k * nt + t);
             float mu[4], is[4];
-            ldv4<kHint>(in.p0 + c, mu);
-            ldv4<kHint>(in.p0 + in.win + c, is);
+            ld4(in.p0 + c, mu);
+            ld4(in.p0 + in.win + c, is);
 #pragma unroll
             for (int j = 0; j < 4; ++j) v[k][j] = (v[k][j] - mu[j]) * is[j];
             if (in.p1) {
               float a[4];
-              ldv4<kHint>(in.p1 + c, a);
+              ld4(in.p1 + c, a);
 #pragma unroll
               for (int j = 0; j < 4; ++j) v[k][j] *= a[j];
             }
             if (in.p2) {
               float a[4];
-              ldv4<kHint>(in.p2 + c, a);
+              ld4(in.p2 + c, a);
 #pragma unroll
               for (int j = 0; j < 4; ++j) v[k][j] += a[j];
             }
@@ -813,13 +791,13 @@ __global__ void __launch_bounds__(VPT >= 8 ? 256 : 512)
             for (int j = 0; j < 4; ++j) v[k][j] = (v[k][j] - mean[k]) * rstd[k];
             if (in.p1) {
               float a[4];
-              ldv4<kHint>(in.p1 + c, a);
+              ld4(in.p1 + c, a);
 #pragma unroll
               for (int j = 0; j < 4; ++j) v[k][j] *= a[j];
             }
             if (in.p2) {
               float a[4];
-              ldv4<kHint>(in.p2 + c, a);
+              ld4(in.p2 + c, a);
 #pragma unroll
               for (int j = 0; j < 4; ++j) v[k][j] += a[j];
             }
@@ -870,14 +848,12 @@ int64_t width_after(const Instr& in, int64_t w) {
 
 struct DeviceLimits {
   bool known = false;
-  bool carveout = false;  // register-mode kernels with kHint: L1 at its largest
   size_t limit = 0;
 };
 std::mutex g_limits_mutex;
 std::vector<DeviceLimits> g_limits;
 std::atomic<bool> g_register_rows{true};
 std::atomic<int> g_register_wide_threads{512};
-std::atomic<bool> g_register_hints{false};
 std::atomic<bool> g_register_one_value{true};
 
 // Register mode's threads per CTA and chunks per thread (0: the step cannot use it). Rows
@@ -957,32 +933,9 @@ void set_register_wide_threads(int threads) {
   g_register_wide_threads.store(threads == 256 ? 256 : 512);
 }
 bool register_rows() { return g_register_rows.load(); }
-void set_register_hints(bool on) { g_register_hints.store(on); }
 void set_register_one_value(bool on) { g_register_one_value.store(on); }
 
 namespace {
-// The kHint kernels ask for the largest L1 (they use 768 bytes of shared memory), once per device.
-void register_carveout() {
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return;
-  }
-  std::lock_guard<std::mutex> lock(g_limits_mutex);
-  if (g_limits.size() <= static_cast<size_t>(dev)) g_limits.resize(dev + 1);
-  DeviceLimits& d = g_limits[dev];
-  if (d.carveout) return;
-  const int mx = cudaSharedmemCarveoutMaxL1;
-  GF_CUDA_CHECK(cudaFuncSetAttribute(row_register_kernel<1, true>,
-                                     cudaFuncAttributePreferredSharedMemoryCarveout, mx));
-  GF_CUDA_CHECK(cudaFuncSetAttribute(row_register_kernel<2, true>,
-                                     cudaFuncAttributePreferredSharedMemoryCarveout, mx));
-  GF_CUDA_CHECK(cudaFuncSetAttribute(row_register_kernel<4, true>,
-                                     cudaFuncAttributePreferredSharedMemoryCarveout, mx));
-  GF_CUDA_CHECK(cudaFuncSetAttribute(row_register_kernel<8, true>,
-                                     cudaFuncAttributePreferredSharedMemoryCarveout, mx));
-  d.carveout = true;
-}
 }  // namespace
 
 size_t row_smem_limit() {
@@ -1186,21 +1139,11 @@ void launch_row_pass(const Plan& plan, const Step& step, const RunArgs& args, ch
   if (reg) {
     const int nt = register_threads(P.win);
     const unsigned grid = static_cast<unsigned>(plan.M);
-    if (g_register_hints.load()) {
-      register_carveout();
-      switch (rc.reg_vpt) {
-        case 1: row_register_kernel<1, true><<<grid, nt, 0, stream>>>(P); break;
-        case 2: row_register_kernel<2, true><<<grid, nt, 0, stream>>>(P); break;
-        case 4: row_register_kernel<4, true><<<grid, nt, 0, stream>>>(P); break;
-        default: row_register_kernel<8, true><<<grid, nt, 0, stream>>>(P); break;
-      }
-    } else {
-      switch (rc.reg_vpt) {
-        case 1: row_register_kernel<1, false><<<grid, nt, 0, stream>>>(P); break;
-        case 2: row_register_kernel<2, false><<<grid, nt, 0, stream>>>(P); break;
-        case 4: row_register_kernel<4, false><<<grid, nt, 0, stream>>>(P); break;
-        default: row_register_kernel<8, false><<<grid, nt, 0, stream>>>(P); break;
-      }
+    switch (rc.reg_vpt) {
+      case 1: row_register_kernel<1><<<grid, nt, 0, stream>>>(P); break;
+      case 2: row_register_kernel<2><<<grid, nt, 0, stream>>>(P); break;
+      case 4: row_register_kernel<4><<<grid, nt, 0, stream>>>(P); break;
+      default: row_register_kernel<8><<<grid, nt, 0, stream>>>(P); break;
     }
     GF_LAUNCH_CHECK();
     return;

@@ -47,10 +47,7 @@ void set_register_rows(bool on);
 bool register_rows();
 // Threads per CTA of register mode for rows wider than 4096 (256 or 512; default 512).
 void set_register_wide_threads(int threads);
-// Register mode's L1 cache hints (per-column vectors kept in L1, rows not allocated there;
-// default off: measured no faster) and register mode for rows that end as one value (default
-// on). For tests and timing.
-void set_register_hints(bool on);
+// Register mode for rows that end as one value (default on). For tests and timing.
 void set_register_one_value(bool on);
 
 void launch_row_pass(const Plan& plan, const Step& step, const RunArgs& args, char* workspace,

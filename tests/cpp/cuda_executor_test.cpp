@@ -504,18 +504,9 @@ struct RegisterRowsOff {
   ~RegisterRowsOff() { cuda::set_register_rows(true); }
 };
 
-struct RegisterHintsOn {
-  RegisterHintsOn() { cuda::set_register_hints(true); }
-  ~RegisterHintsOn() { cuda::set_register_hints(false); }
-};
-
-// Register mode without and with its L1 cache hints, then the interpreter.
+// Register mode, then the interpreter.
 void check_both_row_kernels(const Problem& p, std::mt19937_64& rng, const CudaOptions& o = {}) {
   check_problem(p, o, rng);
-  {
-    RegisterHintsOn hint;
-    check_problem(p, o, rng);
-  }
   RegisterRowsOff off;
   check_problem(p, o, rng);
 }

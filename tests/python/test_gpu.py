@@ -223,3 +223,22 @@ def test_gpu_fuzz():
         rts = gemmfuse.runtimes(opt)
         stats["fused"] += bool(rts) and rts[0].fused_calls == 1
     assert stats["fused"] >= 0.9 * n
+
+
+@pytest.mark.parametrize("mid", seed_ids())
+def test_compile_backend_cuda(mid):
+    """torch.compile(backend="gemmfuse") on CUDA: dynamo's graph (modules inlined, parameters
+    as inputs) is captured and runs fused, in `fast` mode within 1e-4 of float64."""
+    from gemmfuse import backend as gf_backend
+    torch._dynamo.reset()
+    model, inputs = _seed_gpu(mid)
+    ref = copy.deepcopy(model).double()
+    compiled = torch.compile(model, backend="gemmfuse", options={"precision": "fast"})
+    with torch.no_grad():
+        for step in range(2):
+            x = torch.rand_like(inputs[0])
+            out = compiled(x)
+            assert_close64(out, ref(x.double()), what=f"{mid} compiled step {step}")
+            assert rel(out, ref(x.double())) <= 2e-5
+    assert [e.status for e in gf_backend.REPORTS[-1].entries] == ["fused"]
+    torch._dynamo.reset()

@@ -27,7 +27,7 @@ test-cpp: build
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
 
 test-python: build
-	PYTHONPATH=python $(VPY) -m pytest tests/python -q
+	GEMMFUSE_REQUIRE_LIB=1 PYTHONPATH=python $(VPY) -m pytest tests/python -q
 
 test: test-cpp test-python
 

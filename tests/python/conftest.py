@@ -2,8 +2,7 @@
 
 The operator library (build/lib/libgemmfuse_ops.so, or $GEMMFUSE_LIB) is needed by every test
 that runs a chain; those tests skip when it is missing, unless GEMMFUSE_REQUIRE_LIB=1 (CI), in
-which case they fail. GEMMFUSE_MOCK=1 installs a pure-PyTorch stand-in (tests/python/_mock_ops.py)
-for developing the front without a build.
+which case they fail (`make test` sets it).
 """
 import copy
 import os
@@ -20,12 +19,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gemmfuse  # noqa: E402
 from gemmfuse import _lib  # noqa: E402
 
-if os.environ.get("GEMMFUSE_MOCK") == "1":
-    import _mock_ops  # noqa: E402
-
-    _mock_ops.install()
-    _lib._loaded = "<mock>"
-
 HAVE_LIB = _lib.available()
 REQUIRE_LIB = os.environ.get("GEMMFUSE_REQUIRE_LIB") == "1"
 HAVE_CUDA = torch.cuda.is_available()
@@ -37,8 +30,6 @@ def pytest_report_header(config):
 
 needs_lib = pytest.mark.skipif(not (HAVE_LIB or REQUIRE_LIB),
                                reason="libgemmfuse_ops.so not built (make -C <repo> build)")
-MOCK = os.environ.get("GEMMFUSE_MOCK") == "1"
-real_lib = pytest.mark.skipif(MOCK, reason="checks the C++ plan text (not the mock)")
 needs_cuda = pytest.mark.skipif(not HAVE_CUDA, reason="no CUDA device")
 
 # Small seed shapes (seed-models.md uses 1024 x 8192 x 8192).

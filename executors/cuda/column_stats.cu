@@ -41,6 +41,23 @@ __device__ __forceinline__ void count_batch(int64_t* num_batches) {
   if (num_batches && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) *num_batches += 1;
 }
 
+// Shifted fp64 sums of 4 columns: sum(x - x0) and sum((x - x0)^2) with x0 the column's first
+// value, so the variance stays exact when |mean| >> std. Columns past W keep zeros.
+struct ShiftedSums4 {
+  double x0[4] = {0.0, 0.0, 0.0, 0.0}, s1[4] = {0.0, 0.0, 0.0, 0.0}, s2[4] = {0.0, 0.0, 0.0, 0.0};
+  __device__ __forceinline__ void shift(const float4 first) {
+    x0[0] = first.x; x0[1] = first.y; x0[2] = first.z; x0[3] = first.w;
+  }
+  __device__ __forceinline__ void add(const float4 q) {
+    const double d[4] = {q.x - x0[0], q.y - x0[1], q.z - x0[2], q.w - x0[3]};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      s1[j] += d[j];
+      s2[j] = fma(d[j], d[j], s2[j]);
+    }
+  }
+};
+
 // 4 columns per thread, 128 per CTA; W % 4 == 0 and y 16-byte aligned.
 __global__ void __launch_bounds__(kCols * kWarps)
     colstats_partial4_kernel(const float* __restrict__ y, int64_t M, int64_t W,
@@ -52,32 +69,23 @@ __global__ void __launch_bounds__(kCols * kWarps)
   const int64_t c = (static_cast<int64_t>(blockIdx.x) * kCols + lane) * 4;
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * rows_per_chunk;
   const int64_t r1 = min(M, r0 + rows_per_chunk);
-  double s1[4] = {0.0, 0.0, 0.0, 0.0}, s2[4] = {0.0, 0.0, 0.0, 0.0};
+  ShiftedSums4 acc;
   if (c < W) {
-    const float4 x0f = *reinterpret_cast<const float4*>(y + c);
-    const double x0[4] = {x0f.x, x0f.y, x0f.z, x0f.w};
-    auto add = [&](const float4 q) {
-      const double d[4] = {q.x - x0[0], q.y - x0[1], q.z - x0[2], q.w - x0[3]};
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        s1[j] += d[j];
-        s2[j] = fma(d[j], d[j], s2[j]);
-      }
-    };
+    acc.shift(*reinterpret_cast<const float4*>(y + c));
     int64_t r = r0 + warp;
     for (; r + 7 * kWarps < r1; r += 8 * kWarps) {  // 8 loads in flight, added in row order
       float4 q[8];
 #pragma unroll
       for (int j = 0; j < 8; ++j) q[j] = __ldcg(reinterpret_cast<const float4*>(y + (r + j * kWarps) * W + c));
 #pragma unroll
-      for (int j = 0; j < 8; ++j) add(q[j]);
+      for (int j = 0; j < 8; ++j) acc.add(q[j]);
     }
-    for (; r < r1; r += kWarps) add(__ldcg(reinterpret_cast<const float4*>(y + r * W + c)));
+    for (; r < r1; r += kWarps) acc.add(__ldcg(reinterpret_cast<const float4*>(y + r * W + c)));
   }
 #pragma unroll
   for (int j = 0; j < 4; ++j) {  // [warp][column within the CTA]: conflict-free
-    s1s[warp][4 * lane + j] = s1[j];
-    s2s[warp][4 * lane + j] = s2[j];
+    s1s[warp][4 * lane + j] = acc.s1[j];
+    s2s[warp][4 * lane + j] = acc.s2[j];
   }
   __syncthreads();
   // 256 threads, 128 columns: thread i < 128 sums column i's s1, thread 128 + i its s2.
@@ -195,18 +203,9 @@ __global__ void __launch_bounds__(kFusedThreads)
   if (increment && blockIdx.x == 0 && threadIdx.x == 0) *num_batches += 1;
   const int ct = threadIdx.x % TC, rl = threadIdx.x / TC;
   const int64_t c = static_cast<int64_t>(blockIdx.x) * CW + 4 * ct;
-  double s1[4] = {0.0, 0.0, 0.0, 0.0}, s2[4] = {0.0, 0.0, 0.0, 0.0};
+  ShiftedSums4 acc;
   if (c < W) {
-    const float4 x0f = __ldg(reinterpret_cast<const float4*>(y + c));
-    const double x0[4] = {x0f.x, x0f.y, x0f.z, x0f.w};
-    auto add = [&](const float4 q) {
-      const double d[4] = {q.x - x0[0], q.y - x0[1], q.z - x0[2], q.w - x0[3]};
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        s1[j] += d[j];
-        s2[j] = fma(d[j], d[j], s2[j]);
-      }
-    };
+    acc.shift(__ldg(reinterpret_cast<const float4*>(y + c)));
     const float* base = y + c;
     int64_t r = rl;
     for (; r + 7 * RP < M; r += 8 * RP) {  // 8 loads in flight, added in row order
@@ -214,14 +213,14 @@ __global__ void __launch_bounds__(kFusedThreads)
 #pragma unroll
       for (int j = 0; j < 8; ++j) q[j] = __ldcs(reinterpret_cast<const float4*>(base + (r + j * RP) * W));
 #pragma unroll
-      for (int j = 0; j < 8; ++j) add(q[j]);
+      for (int j = 0; j < 8; ++j) acc.add(q[j]);
     }
-    for (; r < M; r += RP) add(__ldcs(reinterpret_cast<const float4*>(base + r * W)));
+    for (; r < M; r += RP) acc.add(__ldcs(reinterpret_cast<const float4*>(base + r * W)));
   }
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
-    s1s[rl][4 * ct + j] = s1[j];
-    s2s[rl][4 * ct + j] = s2[j];
+    s1s[rl][4 * ct + j] = acc.s1[j];
+    s2s[rl][4 * ct + j] = acc.s2[j];
   }
   __syncthreads();
   const int i = threadIdx.x;

@@ -567,6 +567,22 @@ __device__ __forceinline__ void ldrow4(const float* p, float (&v)[4]) {
   v[0] = q.x; v[1] = q.y; v[2] = q.z; v[3] = q.w;
 }
 
+// v = v * weight[c..c+4) + bias[c..c+4); either vector may be absent (nullptr).
+__device__ __forceinline__ void affine4(float (&v)[4], const float* weight, const float* bias,
+                                        int c) {
+  float a[4];
+  if (weight) {
+    ld4(weight + c, a);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) v[j] *= a[j];
+  }
+  if (bias) {
+    ld4(bias + c, a);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) v[j] += a[j];
+  }
+}
+
 // Segmented butterfly over q consecutive lanes (q a power of two <= 32).
 __device__ __forceinline__ float seg_sum(float s, int q) {
   for (int o = 1; o < q; o <<= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
@@ -661,18 +677,7 @@ __global__ void __launch_bounds__(VPT >= 8 ? 256 : 512)
             ld4(in.p0 + in.win + c, is);
 #pragma unroll
             for (int j = 0; j < 4; ++j) v[k][j] = (v[k][j] - mu[j]) * is[j];
-            if (in.p1) {
-              float a[4];
-              ld4(in.p1 + c, a);
-#pragma unroll
-              for (int j = 0; j < 4; ++j) v[k][j] *= a[j];
-            }
-            if (in.p2) {
-              float a[4];
-              ld4(in.p2 + c, a);
-#pragma unroll
-              for (int j = 0; j < 4; ++j) v[k][j] += a[j];
-            }
+            affine4(v[k], in.p1, in.p2, c);
           }
         }
         break;
@@ -789,18 +794,7 @@ __global__ void __launch_bounds__(VPT >= 8 ? 256 : 512)
             const int c = 4 * (k * nt + t);
 #pragma unroll
             for (int j = 0; j < 4; ++j) v[k][j] = (v[k][j] - mean[k]) * rstd[k];
-            if (in.p1) {
-              float a[4];
-              ld4(in.p1 + c, a);
-#pragma unroll
-              for (int j = 0; j < 4; ++j) v[k][j] *= a[j];
-            }
-            if (in.p2) {
-              float a[4];
-              ld4(in.p2 + c, a);
-#pragma unroll
-              for (int j = 0; j < 4; ++j) v[k][j] += a[j];
-            }
+            affine4(v[k], in.p1, in.p2, c);
           }
         }
         break;

@@ -76,6 +76,11 @@ def _free(dev):
 BATCH_BELOW_MS = 0.5
 
 
+def _tick(progress, task):
+    progress.advance(task)
+    progress.refresh()
+
+
 def time_calls(fn, sets, warmup, repeats, dev, tick=lambda: None):
     """Median/min/p90 ms per call of `fn(*sets[i % len(sets)])`, after `warmup` calls.
 
@@ -110,15 +115,27 @@ def time_calls(fn, sets, warmup, repeats, dev, tick=lambda: None):
         _sync(dev)
         return [a.elapsed_time(b) / per for a, b in evs]
 
-    latency = timed(1)
+    # Like timeit: no garbage collection inside timed regions (a collection there is a host
+    # stall that a short call would show as its own time).
+    gc_on = gc.isenabled()
+    gc.disable()
+    try:
+        latency = timed(1)
+        batched = None
+        if statistics.median(latency) < BATCH_BELOW_MS:
+            per = max(2, int(2 * BATCH_BELOW_MS / max(statistics.median(latency), 1e-3)))
+            batched = (per, timed(per))
+    finally:
+        if gc_on:
+            gc.enable()
     for _ in range(repeats):
         tick()
     out = _summary(latency, "per call (CUDA events around each call)")
     out["ms_latency"] = out["ms"]
-    if out["ms"] < BATCH_BELOW_MS:
-        per = max(2, int(2 * BATCH_BELOW_MS / max(out["ms"], 1e-3)))
-        out.update(_summary(timed(per), f"batches of {per} back-to-back calls (CUDA events "
-                                        f"around each batch)"))
+    if batched is not None:
+        per, ms = batched
+        out.update(_summary(ms, f"batches of {per} back-to-back calls (CUDA events around each "
+                                f"batch)"))
     return out
 
 
@@ -356,7 +373,7 @@ def run_models(cfg, dev, shape, progress, base):
             t = tasks[(mid, v)]
             dtype = torch.bfloat16 if v.endswith("bf16") else torch.float32
             rec = _measure(v, model, sets, dtype, ref, ref_state, cfg, dev,
-                           lambda t=t: progress.advance(t))
+                           lambda t=t: _tick(progress, t))
             progress.update(t, completed=per_call)
             rec.update(base, model=mid, batch=b, in_features=k, out_features=n,
                        floor_ms=fl["bf16" if dtype == torch.bfloat16 else "fp32"]["floor_ms"],
@@ -387,7 +404,7 @@ def run_sweep(cfg, dev, k, n, progress, base):
         for v in variants:
             t = tasks[(m, v)]
             rec = _measure(v, model, sets, torch.float32, ref, {}, cfg, dev,
-                           lambda t=t: progress.advance(t))
+                           lambda t=t: _tick(progress, t))
             progress.update(t, completed=per_call)
             rec.update(base, chain="m99", M=m, K=k, N=n, flops=flops, bytes=bytes_,
                        floor_ms=floor * 1e3)
@@ -489,8 +506,10 @@ def run(cfg: Config, console=None):
     old = (torch.backends.cuda.matmul.allow_tf32, torch.get_float32_matmul_precision())
     torch.backends.cuda.matmul.allow_tf32 = False  # eager fp32 means no TF32
     torch.set_float32_matmul_precision("highest")
+    # No auto-refresh: its background thread takes the GIL at random moments, and a stall
+    # inside a timed region delays the next launch (seen as 2x outliers on short calls).
     progress = Progress(TextColumn("{task.description:<28}"), BarColumn(), MofNCompleteColumn(),
-                        TimeElapsedColumn(), console=console)
+                        TimeElapsedColumn(), console=console, auto_refresh=False)
     try:
         with torch.no_grad(), progress:
             records = run_models(cfg, dev, (b, k, n), progress, base)

@@ -212,6 +212,30 @@ __device__ __forceinline__ void apply_elementwise(const DevInstr& in, float (&v)
   }
 }
 
+// Four values rounded to a 16-bit type (bf16 or fp16): one 8-byte store when `vec`, else
+// the first `cnt` one by one.
+__device__ __forceinline__ __nv_bfloat162 pack2(__nv_bfloat16*, float a, float b) {
+  return __floats2bfloat162_rn(a, b);
+}
+__device__ __forceinline__ __half2 pack2(__half*, float a, float b) { return __floats2half2_rn(a, b); }
+__device__ __forceinline__ __nv_bfloat16 round16(__nv_bfloat16*, float a) { return __float2bfloat16_rn(a); }
+__device__ __forceinline__ __half round16(__half*, float a) { return __float2half_rn(a); }
+
+template <class T>
+__device__ __forceinline__ void store4_16bit(T* dst, const float (&v)[4], int cnt, bool vec) {
+  if (vec) {
+    auto a = pack2(dst, v[0], v[1]), b = pack2(dst, v[2], v[3]);
+    uint2 u;
+    u.x = *reinterpret_cast<uint32_t*>(&a);
+    u.y = *reinterpret_cast<uint32_t*>(&b);
+    *reinterpret_cast<uint2*>(dst) = u;
+  } else {
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      if (j < cnt) dst[j] = round16(dst, v[j]);
+  }
+}
+
 __device__ __forceinline__ void store_out(const DevProgram& P, int64_t r, int c0, int cnt,
                                           const float (&v)[4]) {
   const int64_t at = r * static_cast<int64_t>(P.wout) + c0;
@@ -226,31 +250,9 @@ __device__ __forceinline__ void store_out(const DevProgram& P, int64_t r, int c0
         if (j < cnt) dst[j] = v[j];
     }
   } else if (P.out_type == kOutBF16) {
-    __nv_bfloat16* dst = static_cast<__nv_bfloat16*>(P.out) + at;
-    if (vec) {
-      __nv_bfloat162 a = __floats2bfloat162_rn(v[0], v[1]), b = __floats2bfloat162_rn(v[2], v[3]);
-      uint2 u;
-      u.x = *reinterpret_cast<uint32_t*>(&a);
-      u.y = *reinterpret_cast<uint32_t*>(&b);
-      *reinterpret_cast<uint2*>(dst) = u;
-    } else {
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-        if (j < cnt) dst[j] = __float2bfloat16_rn(v[j]);
-    }
+    store4_16bit(static_cast<__nv_bfloat16*>(P.out) + at, v, cnt, vec);
   } else {
-    __half* dst = static_cast<__half*>(P.out) + at;
-    if (vec) {
-      __half2 a = __floats2half2_rn(v[0], v[1]), b = __floats2half2_rn(v[2], v[3]);
-      uint2 u;
-      u.x = *reinterpret_cast<uint32_t*>(&a);
-      u.y = *reinterpret_cast<uint32_t*>(&b);
-      *reinterpret_cast<uint2*>(dst) = u;
-    } else {
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-        if (j < cnt) dst[j] = __float2half_rn(v[j]);
-    }
+    store4_16bit(static_cast<__half*>(P.out) + at, v, cnt, vec);
   }
 }
 

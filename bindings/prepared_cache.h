@@ -1,5 +1,5 @@
 // Prepared weights (column sums, folded BatchNorm, split-precision parts), built once per
-// weight version. A version is the tensor's data pointer and its autograd version counter,
+// weight version. A version is the tensor's storage object and its autograd version counter,
 // which every in-place update bumps: optimizer steps, load_state_dict, `with no_grad: w.mul_()`.
 // (Writes through `w.data` bypass the counter — PyTorch gives them a fresh one — and are not
 // seen; docs/design.md says so.)

@@ -120,6 +120,31 @@ def test_gemv_rewrite_follows_weights():
         _check(opt, model, x, f"m18 step {i}")
 
 
+@pytest.mark.parametrize("device,mid,precision", [
+    ("cpu", "m18", "fp32"), ("cuda", "m18", "fp32"), ("cuda", "m99", "fast")])
+def test_new_weight_at_a_freed_weights_address(device, mid, precision):
+    """Allocators hand a freed block to the next tensor of its size, and a fresh tensor starts
+    at the same version: prepared weights must follow the tensor, not its address."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    model, inputs = make_seed(mid, device=device)
+    opt = gemmfuse.optimize(model, inputs, precision=precision)
+    x = inputs[0]
+    lin = model.linear
+    seen, reused = set(), 0
+    for i in range(12):
+        w = torch.rand_like(lin.weight) - 0.5   # a new tensor, version 0, often at a freed address
+        reused += w.data_ptr() in seen
+        seen.add(w.data_ptr())
+        with torch.no_grad():
+            lin.weight = nn.Parameter(w, requires_grad=False)
+            out = opt(x)
+        assert_close64(out, double_ref(model)(x.double()), what=f"{mid} weight {i}")
+        del w, out
+    if reused == 0:
+        pytest.skip("the allocator never reused an address here (nothing was tested)")
+
+
 def test_eval_batchnorm_fold_follows_stats():
     model, inputs = make_seed("m84")
     opt = gemmfuse.optimize(model, inputs).eval()

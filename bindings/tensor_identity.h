@@ -1,0 +1,38 @@
+// Which tensor contents a cached result was built from. The data pointer alone is not enough:
+// PyTorch's allocators hand a freed block to the next tensor of that size, and a fresh tensor
+// starts at the same version, so (pointer, version) can name a different tensor (seen: a new
+// weight at a freed weight's address got the old weight's prepared column sums).
+// The identity is the storage object, held weakly — its address then cannot be reused by
+// another storage while the identity lives — plus the offset into it and the autograd version
+// counter, which every in-place write bumps.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <optional>
+
+namespace gemmfuse::bindings {
+
+class TensorIdentity {
+ public:
+  explicit TensorIdentity(const at::Tensor& t)
+      : storage_(t.storage().getWeakStorageImpl()),
+        offset_(t.storage_offset()),
+        version_(t.is_inference() ? -1 : static_cast<int64_t>(t._version())) {}
+
+  // Inference tensors have no version counter: a result built from one is never reused.
+  bool trusted() const { return version_ >= 0; }
+
+  bool operator==(const TensorIdentity& o) const {
+    return storage_._unsafe_get_target() == o.storage_._unsafe_get_target() &&
+           offset_ == o.offset_ && version_ == o.version_;
+  }
+  bool operator!=(const TensorIdentity& o) const { return !(*this == o); }
+
+ private:
+  c10::weak_intrusive_ptr<c10::StorageImpl> storage_;
+  int64_t offset_;
+  int64_t version_;
+};
+
+}  // namespace gemmfuse::bindings

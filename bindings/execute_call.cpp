@@ -7,7 +7,8 @@
 namespace gemmfuse::bindings {
 
 at::Tensor execute(Executor& executor, const CallInputs& in,
-                   const std::function<CallTensors()>& convert, RunArgs args) {
+                   const std::function<CallTensors()>& convert, RunArgs args,
+                   StateViews::Native16Bit native) {
   auto cp = plan_for(in.spec, in.x, in.weight, in.bias, in.operands, in.state, in.precision);
   const Plan& plan = *cp.plan;
   std::vector<int64_t> shape(in.x.sizes().begin(), in.x.sizes().end() - 1);
@@ -15,13 +16,14 @@ at::Tensor execute(Executor& executor, const CallInputs& in,
   if (plan.M == 0) return at::empty(shape, in.x.options());
 
   const CallTensors t = convert();
-  StateViews state(in.state);
+  StateViews state(in.state, native);
   at::Tensor out = at::empty({plan.M, plan.out_width}, t.x.options());
   args.x = t.x.data_ptr();
   args.weight = t.weight.data_ptr();
   args.bias = t.bias.defined() ? t.bias.data_ptr() : nullptr;
   for (const auto& o : t.operands) args.operands.push_back(o.data_ptr<float>());
   args.state = state.pointers;
+  args.state_dtypes = state.dtypes;
   args.out = out.data_ptr();
 
   at::Tensor prepared =

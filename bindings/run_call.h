@@ -27,28 +27,33 @@ struct CallTensors {
   std::vector<at::Tensor> operands;
 };
 
-// What every device does the same way: plan, output shape, RunArgs, prepared weights,
-// workspace, run, state write-back. `convert` gives the tensors in the executor's form;
-// `args` comes with the device's own fields set (stream, cpu_gemm).
-at::Tensor execute(Executor& executor, const CallInputs& in,
-                   const std::function<CallTensors()>& convert, RunArgs args);
-
-at::Tensor run_on_cpu(const CallInputs& in);
-#ifdef GEMMFUSE_WITH_CUDA
-at::Tensor run_on_cuda(const CallInputs& in);
-#endif
-
-// The state tensors as executors want them (fp32 running stats, int64 counters), with a
-// copy-back for any that had to be converted.
+// The state tensors as executors want them (running statistics in fp32, or also bf16/fp16
+// where the executor reads those natively; int64 counters), with a copy-back for any that
+// had to be converted.
 struct StateViews {
+  enum class Native16Bit { No, Yes };
   std::vector<at::Tensor> views;
   std::vector<std::pair<at::Tensor, at::Tensor>> copy_back;  // (original, converted)
   std::vector<void*> pointers;
-  explicit StateViews(at::TensorList state);
+  std::vector<DType> dtypes;
+  StateViews(at::TensorList state, Native16Bit native);
   // Copies converted state back and bumps the version counters of state the plan wrote
   // (custom ops get no ADInplaceOrView kernel, so nobody else does; caches keyed on
   // _version, such as the eval BatchNorm fold, depend on it).
   void finish(const Plan& plan, at::TensorList state);
 };
+
+// What every device does the same way: plan, output shape, RunArgs, prepared weights,
+// workspace, run, state write-back. `convert` gives the tensors in the executor's form;
+// `args` comes with the device's own fields set (stream, cpu_gemm); `native` says whether
+// the executor reads 16-bit running statistics itself.
+at::Tensor execute(Executor& executor, const CallInputs& in,
+                   const std::function<CallTensors()>& convert, RunArgs args,
+                   StateViews::Native16Bit native);
+
+at::Tensor run_on_cpu(const CallInputs& in);
+#ifdef GEMMFUSE_WITH_CUDA
+at::Tensor run_on_cuda(const CallInputs& in);
+#endif
 
 }  // namespace gemmfuse::bindings

@@ -28,7 +28,7 @@ at::Tensor run_on_cpu(const CallInputs& in) {
     CallTensors t{f32(in.x), f32(in.weight), in.bias ? f32(*in.bias) : at::Tensor(), {}};
     for (const auto& o : in.operands) t.operands.push_back(f32(o));
     return t;
-  }, std::move(args));
+  }, std::move(args), StateViews::Native16Bit::No);
 }
 
 }  // namespace gemmfuse::bindings

@@ -5,6 +5,7 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include "cuda_executor.h"
+#include "operand_cache.h"
 #include "run_call.h"
 
 namespace gemmfuse::bindings {
@@ -15,12 +16,13 @@ at::Tensor run_on_cuda(const CallInputs& in) {
   RunArgs args;
   args.stream = c10::cuda::getCurrentCUDAStream(in.x.device().index()).stream();
   return execute(executor, in, [&] {
-    // x, W, b and the output in the model's dtype; operands fp32 (a no-op for fp32 params).
+    // x, W, b and the output in the model's dtype; operands fp32 (a no-op for fp32 params,
+    // converted once per version for 16-bit ones); running statistics as the module keeps them.
     CallTensors t{in.x.contiguous(), in.weight.contiguous(),
                   in.bias ? in.bias->contiguous() : at::Tensor(), {}};
-    for (const auto& o : in.operands) t.operands.push_back(o.to(at::kFloat).contiguous());
+    for (const auto& o : in.operands) t.operands.push_back(fp32_operand(o));
     return t;
-  }, std::move(args));
+  }, std::move(args), StateViews::Native16Bit::Yes);
 }
 
 }  // namespace gemmfuse::bindings

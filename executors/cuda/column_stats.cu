@@ -27,6 +27,7 @@
 #include <string>
 
 #include "cuda_check.h"
+#include "running_stats.h"
 #include "layout.h"
 #include "prepare.h"
 
@@ -145,8 +146,8 @@ __global__ void __launch_bounds__(kCols * kWarps)
 __global__ void colstats_finalize_kernel(const float* __restrict__ y,
                                          const double* __restrict__ partials, int64_t R,
                                          int64_t M, int64_t W, double eps, double momentum,
-                                         float* __restrict__ stats, float* running_mean,
-                                         float* running_var, const int64_t* num_batches) {
+                                         float* __restrict__ stats, RunningStat running_mean,
+                                         RunningStat running_var, const int64_t* num_batches) {
   const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= W) return;
   double s1 = 0.0, s2 = 0.0;
@@ -179,8 +180,8 @@ __global__ void colstats_finalize_kernel(const float* __restrict__ y,
     // momentum < 0: None, the cumulative average with factor 1/num_batches_tracked (which
     // level 1 already incremented for this batch).
     const double m = momentum >= 0.0 ? momentum : 1.0 / static_cast<double>(*num_batches);
-    running_mean[c] = static_cast<float>((1.0 - m) * running_mean[c] + m * mean);
-    running_var[c] = static_cast<float>((1.0 - m) * running_var[c] + m * (var * n / (n - 1.0)));
+    store_stat(running_mean, c, (1.0 - m) * load_stat(running_mean, c) + m * mean);
+    store_stat(running_var, c, (1.0 - m) * load_stat(running_var, c) + m * (var * n / (n - 1.0)));
   }
 }
 
@@ -196,8 +197,8 @@ constexpr int kFusedThreads = 256;
 template <int TC>
 __global__ void __launch_bounds__(kFusedThreads)
     colstats_fused_kernel(const float* __restrict__ y, int64_t M, int64_t W, double eps,
-                          double momentum, float* __restrict__ stats, float* running_mean,
-                          float* running_var, int64_t* num_batches, bool increment) {
+                          double momentum, float* __restrict__ stats, RunningStat running_mean,
+                          RunningStat running_var, int64_t* num_batches, bool increment) {
   constexpr int RP = kFusedThreads / TC, CW = 4 * TC;
   __shared__ double s1s[RP][CW + 1], s2s[RP][CW + 1];
   if (increment && blockIdx.x == 0 && threadIdx.x == 0) *num_batches += 1;
@@ -240,8 +241,9 @@ __global__ void __launch_bounds__(kFusedThreads)
     if (running_mean && running_var) {
       const double m =
           momentum >= 0.0 ? momentum : 1.0 / (static_cast<double>(*num_batches) + 1.0);
-      running_mean[col] = static_cast<float>((1.0 - m) * running_mean[col] + m * mean);
-      running_var[col] = static_cast<float>((1.0 - m) * running_var[col] + m * (var * n / (n - 1.0)));
+      store_stat(running_mean, col, (1.0 - m) * load_stat(running_mean, col) + m * mean);
+      store_stat(running_var, col,
+                 (1.0 - m) * load_stat(running_var, col) + m * (var * n / (n - 1.0)));
     }
   }
 }
@@ -249,13 +251,12 @@ __global__ void __launch_bounds__(kFusedThreads)
 __global__ void colstats_count_kernel(int64_t* num_batches) { *num_batches += 1; }
 
 // Eval BatchNorm that was not folded: stats from the running statistics.
-__global__ void colstats_running_kernel(const float* __restrict__ running_mean,
-                                        const float* __restrict__ running_var, int64_t W,
-                                        double eps, float* __restrict__ stats) {
+__global__ void colstats_running_kernel(RunningStat running_mean, RunningStat running_var,
+                                        int64_t W, double eps, float* __restrict__ stats) {
   const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= W) return;
-  stats[c] = running_mean[c];
-  stats[W + c] = static_cast<float>(1.0 / sqrt(static_cast<double>(running_var[c]) + eps));
+  stats[c] = static_cast<float>(load_stat(running_mean, c));
+  stats[W + c] = static_cast<float>(1.0 / sqrt(load_stat(running_var, c) + eps));
 }
 
 
@@ -291,15 +292,8 @@ void launch_column_stats(const Plan& plan, const Step& step, const RunArgs& args
   const Node& bn = step.node;
   if (step.output < 0) throw std::logic_error("CUDA column stats: output must be a buffer");
   float* stats = reinterpret_cast<float*>(workspace + plan.buffer_offset(step.output));
-  auto state = [&](const Operand& op) -> void* {
-    if (!op.present()) return nullptr;
-    if (op.kind != Operand::Kind::State || op.index < 0 ||
-        op.index >= static_cast<int>(args.state.size()) || !args.state[op.index])
-      throw std::invalid_argument("gemmfuse: batch_norm state operand missing");
-    return args.state[op.index];
-  };
-  float* rm = static_cast<float*>(state(bn.running_mean));
-  float* rv = static_cast<float*>(state(bn.running_var));
+  const RunningStat rm = running_stat(args, bn.running_mean);
+  const RunningStat rv = running_stat(args, bn.running_var);
   const unsigned grid2 = static_cast<unsigned>((W + 255) / 256);
 
   if (step.input < 0) {  // eval: mean = running_mean, invstd = 1/sqrt(running_var + eps)
@@ -319,7 +313,8 @@ void launch_column_stats(const Plan& plan, const Step& step, const RunArgs& args
   // Running statistics are updated when training with both present (as PyTorch with
   // track_running_stats); num_batches_tracked then counts the batch.
   const bool update = bn.training && rm && rv;
-  int64_t* nb = update ? static_cast<int64_t*>(state(bn.num_batches)) : nullptr;
+  int64_t* nb = update && bn.num_batches.present()
+                    ? static_cast<int64_t*>(running_stat(args, bn.num_batches).p) : nullptr;
   if (update && bn.momentum < 0 && !nb)
     throw Unsupported("batch_norm momentum=None needs num_batches_tracked");
 
@@ -335,8 +330,8 @@ void launch_column_stats(const Plan& plan, const Step& step, const RunArgs& args
       const bool none = update && bn.momentum < 0;
       const double mom = bn.momentum < 0 ? -1.0 : bn.momentum;
       const unsigned g = static_cast<unsigned>((W + 4 * tc - 1) / (4 * tc));
-      float* urm = update ? rm : nullptr;
-      float* urv = update ? rv : nullptr;
+      const RunningStat urm = update ? rm : RunningStat{};
+      const RunningStat urv = update ? rv : RunningStat{};
       const bool inc = nb != nullptr && !none;
       if (tc == 8)
         colstats_fused_kernel<8><<<g, kFusedThreads, 0, stream>>>(y, M, W, bn.eps, mom, stats, urm,
@@ -369,7 +364,7 @@ void launch_column_stats(const Plan& plan, const Step& step, const RunArgs& args
   GF_LAUNCH_CHECK();
   colstats_finalize_kernel<<<grid2, 256, 0, stream>>>(
       y, partials, R, M, W, bn.eps, bn.momentum < 0 ? -1.0 : bn.momentum, stats,
-      update ? rm : nullptr, update ? rv : nullptr, nb);
+      update ? rm : RunningStat{}, update ? rv : RunningStat{}, nb);
   GF_LAUNCH_CHECK();
 }
 

@@ -17,6 +17,7 @@
 
 #include "cuda_check.h"
 #include "layout.h"
+#include "running_stats.h"
 #include "split.h"
 
 namespace gemmfuse::cuda {
@@ -36,7 +37,7 @@ unsigned grid_for(int64_t total, int threads) {
 
 template <class T>
 __global__ void fold_params_kernel(int64_t N, bool fold, const float* gamma, const float* beta,
-                                   const float* rmean, const float* rvar, double eps,
+                                   RunningStat rmean, RunningStat rvar, double eps,
                                    const T* bias, float* scale, float* bias_f32, T* bias_dt) {
   for (int64_t n = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; n < N;
        n += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -44,9 +45,9 @@ __global__ void fold_params_kernel(int64_t N, bool fold, const float* gamma, con
     double bf = b;
     if (fold) {
       const double s = (gamma ? static_cast<double>(gamma[n]) : 1.0) /
-                       sqrt(static_cast<double>(rvar[n]) + eps);
+                       sqrt(load_stat(rvar, n) + eps);
       scale[n] = static_cast<float>(s);
-      bf = (b - static_cast<double>(rmean[n])) * s + (beta ? static_cast<double>(beta[n]) : 0.0);
+      bf = (b - load_stat(rmean, n)) * s + (beta ? static_cast<double>(beta[n]) : 0.0);
     }
     if (bias_f32) bias_f32[n] = static_cast<float>(bf);
     if (bias_dt) bias_dt[n] = from_f<T>(static_cast<float>(bf));
@@ -152,13 +153,12 @@ void prepare_typed(const Plan& plan, const RunArgs& args, char* prepared, cudaSt
   if (N > 0 && (scale || bias_f32 || bias_dt)) {
     const float* gamma = nullptr;
     const float* beta = nullptr;
-    const float* rm = nullptr;
-    const float* rv = nullptr;
+    RunningStat rm, rv;
     if (fold) {
       gamma = operand_ptr(bn.weight, args);
       beta = operand_ptr(bn.bias, args);
-      rm = operand_ptr(bn.running_mean, args);
-      rv = operand_ptr(bn.running_var, args);
+      rm = running_stat(args, bn.running_mean);
+      rv = running_stat(args, bn.running_var);
       if (!rm || !rv)
         throw std::logic_error("CUDA prepare: folded batch_norm without running statistics");
     }
@@ -207,6 +207,9 @@ const float* operand_ptr(const Operand& op, const RunArgs& args) {
     case Operand::Kind::State:
       if (op.index < 0 || op.index >= static_cast<int>(args.state.size()) || !args.state[op.index])
         throw std::invalid_argument("gemmfuse: state s" + std::to_string(op.index) + " missing");
+      if (static_cast<size_t>(op.index) < args.state_dtypes.size() &&
+          args.state_dtypes[op.index] != DType::F32)
+        throw std::logic_error("CUDA prepare: a 16-bit state tensor where fp32 is read");
       return static_cast<const float*>(args.state[op.index]);
     default:
       throw Unsupported("CUDA prepare: batch_norm parameters must be tensors");

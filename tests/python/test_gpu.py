@@ -83,6 +83,41 @@ def test_seed_models_cuda(mid, precision):
                                        atol=atol, rtol=1e-4)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("mid", seed_ids())
+def test_16bit_models_cuda(mid, dtype):
+    """bf16/fp16 models: error no worse than eager's in the same dtype; BatchNorm running
+    statistics stay in the model's dtype, are updated in place (read and written there, no
+    fp32 round trip), and the eval fold reads them."""
+    model, inputs = _seed_gpu(mid)
+    ref_model = copy.deepcopy(model).double()
+    model = model.to(dtype)
+    eager = copy.deepcopy(model)
+    opt = gemmfuse.optimize(model, (inputs[0].to(dtype),))
+    for step in range(2):
+        x = torch.rand(B, K, device="cuda")
+        with torch.no_grad():
+            out, ref, e = opt(x.to(dtype)), ref_model(x.double()), eager(x.to(dtype))
+        assert out.dtype == dtype and torch.isfinite(out).all()
+        assert rel(out, ref) <= 1.25 * rel(e, ref) + 1e-4, (mid, step, rel(out, ref), rel(e, ref))
+        if mid == "m84":
+            for name in ("running_mean", "running_var"):
+                ours, theirs = getattr(model.bn, name), getattr(eager.bn, name)
+                assert ours.dtype == dtype
+                exact = getattr(ref_model.bn, name)
+                # within two ulps of the dtype of the float64 model's statistics
+                torch.testing.assert_close(ours.double(), exact, atol=1e-3, rtol=2 * 2.0 ** -7)
+                assert rel(ours, exact) <= 1.25 * rel(theirs, exact) + 1e-4, name
+            assert model.bn.num_batches_tracked.item() == step + 1
+    assert gemmfuse.runtimes(opt)[0].fallbacks == {}
+    if mid == "m84":  # eval: the BatchNorm is folded into W from the 16-bit running stats
+        opt.eval(), eager.eval(), ref_model.eval()
+        x = torch.rand(B, K, device="cuda")
+        with torch.no_grad():
+            out, ref, e = opt(x.to(dtype)), ref_model(x.double()), eager(x.to(dtype))
+        assert rel(out, ref) <= 1.25 * rel(e, ref) + 1e-4, ("eval", rel(out, ref), rel(e, ref))
+
+
 @pytest.mark.parametrize("precision", ["fp32", "fast"])
 @pytest.mark.parametrize("M", [1, 7, 128, 1024, 4096])
 def test_shapes_not_multiple_of_16(M, precision):

@@ -19,6 +19,9 @@ struct RunArgs {
   const void* bias = nullptr;    // [N] or nullptr
   std::vector<const float*> operands;  // t<i>, fp32, contiguous
   std::vector<void*> state;            // s<i>: running_mean/var (float*), num_batches (int64_t*)
+  // CUDA only: the dtype of each running-statistics tensor in `state` (fp32, bf16 or fp16;
+  // missing entries are fp32). The CPU executor takes fp32 running statistics only.
+  std::vector<DType> state_dtypes;
   void* out = nullptr;           // [M, plan.out_width]
   void* stream = nullptr;        // cudaStream_t for CUDA; unused on the CPU
 

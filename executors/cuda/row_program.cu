@@ -25,7 +25,6 @@
 #include <algorithm>
 #include <atomic>
 #include <climits>
-#include <cstdlib>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -608,26 +607,32 @@ __device__ __forceinline__ float thread_tree_sum(const float (&e)[VPT][4], int t
   return acc[0];
 }
 
-// Reduction scratch of the register kernels: two slots of 32 per type (cta_allreduce2), and
-// the parities, which carry over from row to row in the persistent kernel.
-struct RowReduceScratch {
-  double* red_d;
-  float* red_f;
-  int par_d = 0, par_f = 0;
-};
-
-// The program on row r, held in registers: thread t has the float4 chunks k*nt + t (zero past
-// the row), then the output written. Barriers inside: every thread of the CTA must call it.
+// One row per CTA (grid = M). A persistent variant that prefetched the next row with cp.async
+// into shared memory while computing the current one measured slower on H100 (m94 row pass
+// +13%), so the row is loaded straight into registers (streaming hint, all loads in flight).
 template <int VPT>
-__device__ __forceinline__ void run_register_row(const DevProgram& P, float (&v)[VPT][4],
-                                                 int64_t r, RowReduceScratch& rs) {
-  double* red_d = rs.red_d;
-  float* red_f = rs.red_f;
-  int& par_d = rs.par_d;
-  int& par_f = rs.par_f;
+__global__ void __launch_bounds__(VPT >= 8 ? 256 : 512)
+    row_register_kernel(const __grid_constant__ DevProgram P) {
+  __shared__ double red_d[64];
+  __shared__ float red_f[64];
+  int par_d = 0, par_f = 0;
   const int t = threadIdx.x, nt = blockDim.x;
+  const int64_t r = blockIdx.x;
   int w = P.win;
   const int nch = w >> 2;
+  float v[VPT][4];
+  {
+    const float* src = P.in + r * static_cast<int64_t>(P.win);
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+      const int ci = k * nt + t;
+      if (ci < nch) {
+        ldrow4(src + 4 * ci, v[k]);
+      } else {
+        v[k][0] = v[k][1] = v[k][2] = v[k][3] = 0.f;
+      }
+    }
+  }
   auto valid = [&](int k) { return k * nt + t < nch; };
 
 #pragma unroll 1
@@ -818,103 +823,6 @@ __device__ __forceinline__ void run_register_row(const DevProgram& P, float (&v)
   }
 }
 
-// One row per CTA (grid = M): the row is loaded straight into registers (streaming hint, all
-// loads in flight), then the program runs. Used where row_stream_kernel is not (narrow rows,
-// GPUs before sm_90).
-template <int VPT>
-__global__ void __launch_bounds__(VPT >= 8 ? 256 : 512)
-    row_register_kernel(const __grid_constant__ DevProgram P) {
-  __shared__ double red_d[64];
-  __shared__ float red_f[64];
-  RowReduceScratch rs{red_d, red_f};
-  const int t = threadIdx.x, nt = blockDim.x;
-  const int64_t r = blockIdx.x;
-  const int nch = P.win >> 2;
-  float v[VPT][4];
-  const float* src = P.in + r * static_cast<int64_t>(P.win);
-#pragma unroll
-  for (int k = 0; k < VPT; ++k) {
-    const int ci = k * nt + t;
-    if (ci < nch) {
-      ldrow4(src + 4 * ci, v[k]);
-    } else {
-      v[k][0] = v[k][1] = v[k][2] = v[k][3] = 0.f;
-    }
-  }
-  run_register_row<VPT>(P, v, r, rs);
-}
-
-// Persistent and pipelined (sm_90): a CTA takes rows blockIdx.x, + gridDim.x, ...; thread 0
-// keeps kStages rows in flight with bulk copies (cp.async.bulk, completing on an mbarrier per
-// stage) into shared memory while the CTA computes. The one-row-per-CTA kernel loads its row,
-// then computes with no loads in flight: its CTAs start together and compute together, and the
-// pass ran at 1.0-1.5 TB/s (m22 35 us for 32 MB). Here the copy engine keeps reading.
-template <int VPT, int kStages>
-__global__ void __launch_bounds__(VPT >= 8 ? 256 : 512)
-    row_stream_kernel(const __grid_constant__ DevProgram P) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  extern __shared__ __align__(128) float stage_rows[];  // kStages rows of P.win floats
-  __shared__ __align__(8) uint64_t full[kStages];
-  __shared__ double red_d[64];
-  __shared__ float red_f[64];
-  RowReduceScratch rs{red_d, red_f};
-  const int t = threadIdx.x, nt = blockDim.x;
-  const int nch = P.win >> 2;
-  const uint32_t row_bytes = static_cast<uint32_t>(P.win) * 4u;
-  const int64_t first = blockIdx.x, step = gridDim.x;
-
-  auto smem_addr = [](const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); };
-  // Thread 0: row `row` into stage s, completion counted in bytes on full[s].
-  auto issue = [&](int s, int64_t row) {
-    const uint32_t bar = smem_addr(&full[s]);
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(row_bytes)
-                 : "memory");
-    asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-            smem_addr(stage_rows + static_cast<size_t>(s) * P.win)),
-        "l"(P.in + row * static_cast<int64_t>(P.win)), "r"(row_bytes), "r"(bar)
-        : "memory");
-  };
-  if (t == 0) {
-    for (int s = 0; s < kStages; ++s)
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&full[s])) : "memory");
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  __syncthreads();
-  if (t == 0)
-    for (int s = 0; s < kStages; ++s)
-      if (first + s * step < P.M) issue(s, first + s * step);
-
-  int i = 0;
-  for (int64_t r = first; r < P.M; r += step, ++i) {
-    const int s = i % kStages;
-    const uint32_t parity = static_cast<uint32_t>(i / kStages) & 1u;
-    const uint32_t bar = smem_addr(&full[s]);
-    uint32_t done = 0;
-    while (!done) {
-      asm volatile(
-          "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-          " selp.u32 %0, 1, 0, p;\n}" : "=r"(done) : "r"(bar), "r"(parity) : "memory");
-    }
-    float v[VPT][4];
-    const float* row = stage_rows + static_cast<size_t>(s) * P.win;
-#pragma unroll
-    for (int k = 0; k < VPT; ++k) {
-      const int ci = k * nt + t;
-      if (ci < nch) {
-        ld4(row + 4 * ci, v[k]);
-      } else {
-        v[k][0] = v[k][1] = v[k][2] = v[k][3] = 0.f;
-      }
-    }
-    __syncthreads();  // every thread has read stage s: refill it
-    const int64_t next = r + static_cast<int64_t>(kStages) * step;
-    if (t == 0 && next < P.M) issue(s, next);
-    run_register_row<VPT>(P, v, r, rs);
-  }
-#endif
-}
-
 // ---- host side ----------------------------------------------------------------------------
 
 int64_t eff(int64_t w) { return w > 0 ? w : 1; }
@@ -984,73 +892,6 @@ int register_vpt(const Step& step) {
 }
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-// Streamed register rows (row_stream_kernel): sm_90 and rows of at least kStreamMinWidth
-// floats (narrower rows are many small CTAs per SM already). GEMMFUSE_STREAM_ROWS=0 turns it
-// off for the process (A/B timing).
-constexpr int kStreamStages = 3;
-constexpr int64_t kStreamMinWidth = 2048;
-std::atomic<bool> g_stream_rows{[] {
-  const char* e = std::getenv("GEMMFUSE_STREAM_ROWS");
-  return !(e && e[0] == '0');
-}()};
-
-struct StreamSupport {
-  bool known = false, ok = false;
-  int sms = 0;
-};
-std::mutex g_stream_mutex;
-std::vector<StreamSupport> g_stream_support;  // per device
-
-template <int VPT>
-bool launch_stream_vpt(const DevProgram& P, cudaStream_t stream) {
-  auto kernel = row_stream_kernel<VPT, kStreamStages>;
-  const int nt = register_threads(P.win);
-  const size_t smem = static_cast<size_t>(kStreamStages) * P.win * sizeof(float);
-  int dev = 0;
-  GF_CUDA_CHECK(cudaGetDevice(&dev));
-  StreamSupport sup;
-  {
-    std::lock_guard<std::mutex> lock(g_stream_mutex);
-    if (g_stream_support.size() <= static_cast<size_t>(dev)) g_stream_support.resize(dev + 1);
-    if (!g_stream_support[dev].known) {
-      int major = 0, sms = 0, optin = 0;
-      GF_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-      GF_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-      GF_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-      g_stream_support[dev] = {true, major >= 9 && optin >= 48 * 1024, sms};
-    }
-    sup = g_stream_support[dev];
-  }
-  if (!sup.ok) return false;
-  // The dynamic shared-memory opt-in, per kernel and device (cheap; done before each launch
-  // that needs more than the 48 KB default).
-  if (smem > 48 * 1024 &&
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(smem)) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  int per_sm = 0;
-  GF_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, nt, smem));
-  if (per_sm < 1) return false;
-  const int64_t grid = std::min<int64_t>(P.M, static_cast<int64_t>(per_sm) * sup.sms);
-  kernel<<<static_cast<unsigned>(grid), nt, smem, stream>>>(P);
-  GF_LAUNCH_CHECK();
-  return true;
-}
-
-// Launches the streamed register kernel when it applies; false: use row_register_kernel.
-bool launch_stream_rows(const DevProgram& P, int vpt, cudaStream_t stream) {
-  if (!g_stream_rows.load() || P.win < kStreamMinWidth || P.win % 4 != 0 || !aligned16(P.in))
-    return false;
-  switch (vpt) {
-    case 2: return launch_stream_vpt<2>(P, stream);
-    case 4: return launch_stream_vpt<4>(P, stream);
-    case 8: return launch_stream_vpt<8>(P, stream);
-    default: return false;
-  }
-}
-
 }  // namespace
 
 void check_row_step(const Step& step) {
@@ -1089,7 +930,6 @@ void set_register_wide_threads(int threads) {
 }
 bool register_rows() { return g_register_rows.load(); }
 void set_register_one_value(bool on) { g_register_one_value.store(on); }
-void set_stream_rows(bool on) { g_stream_rows.store(on); }
 
 namespace {
 }  // namespace
@@ -1292,7 +1132,6 @@ void launch_row_pass(const Plan& plan, const Step& step, const RunArgs& args, ch
       reg = aligned16(d.p0) && aligned16(d.p1) && aligned16(d.p2);
     if (d.kind == kSave) reg = aligned16(d.save);
   }
-  if (reg && launch_stream_rows(P, rc.reg_vpt, stream)) return;
   if (reg) {
     const int nt = register_threads(P.win);
     const unsigned grid = static_cast<unsigned>(plan.M);

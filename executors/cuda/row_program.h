@@ -49,9 +49,6 @@ bool register_rows();
 void set_register_wide_threads(int threads);
 // Register mode for rows that end as one value (default on). For tests and timing.
 void set_register_one_value(bool on);
-// Streamed register rows on sm_90 (persistent CTAs fed by bulk copies; default on unless
-// GEMMFUSE_STREAM_ROWS=0). For tests and timing.
-void set_stream_rows(bool on);
 
 void launch_row_pass(const Plan& plan, const Step& step, const RunArgs& args, char* workspace,
                      float* row_scratch, cudaStream_t stream);

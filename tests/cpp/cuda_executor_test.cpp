@@ -566,32 +566,6 @@ TEST(CudaExecutor, RegisterRowsSeedChainsWide) {
   }
 }
 
-// The streamed register kernel (sm_90) with many rows per CTA, so the stages wrap several
-// times and the last pass is partial, against the one-row-per-CTA kernel and the interpreter.
-TEST(CudaExecutor, StreamedRowsManyRowsPerCta) {
-  SKIP_WITHOUT_GPU();
-  std::mt19937_64 rng(gftest::test_seed());
-  for (int64_t N : {2048, 4100, 8192}) {
-    const std::string L = linear(8, N);
-    for (bool stream : {true, false}) {
-      cuda::set_stream_rows(stream);
-      check_both_row_kernels({L + "gelu\nsoftmax", {1203}, {}, "", 0}, rng);
-      check_both_row_kernels({L + "batch_norm training=1 eps=1e-05 momentum=0.1 weight=t0 "
-                                  "bias=t1 running_mean=s0 running_var=s1 num_batches=s2\n"
-                                  "mul b=t2\nsoftmax",
-                              {811}, {{N}, {N}, {1}}, "ffi", N},
-                             rng);
-      check_both_row_kernels({L + "mul b=2.0\nclamp lo=-10 hi=10\nlogsumexp keepdim=1\nmish",
-                              {997}, {}, "", 0},
-                             rng);
-      CudaOptions bf;
-      bf.dtype = DType::BF16;
-      check_both_row_kernels({L + "silu\nlog_softmax", {650}, {}, "", 0}, rng, bf);
-    }
-    cuda::set_stream_rows(true);
-  }
-}
-
 TEST(CudaExecutor, Pooling) {
   SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(gftest::test_seed());

@@ -9,7 +9,7 @@ namespace gemmfuse::bindings {
 at::Tensor execute(Executor& executor, const CallInputs& in,
                    const std::function<CallTensors()>& convert, RunArgs args,
                    StateViews::Native16Bit native) {
-  auto cp = plan_for(in.spec, in.x, in.weight, in.bias, in.operands, in.state, in.precision);
+  const CachedPlan& cp = plan_for(in.spec, in.x, in.weight, in.bias, in.operands, in.state, in.precision);
   const Plan& plan = *cp.plan;
   std::vector<int64_t> shape(in.x.sizes().begin(), in.x.sizes().end() - 1);
   if (plan.out_has_feature_dim) shape.push_back(plan.out_width);

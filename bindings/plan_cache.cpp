@@ -59,17 +59,18 @@ std::vector<int64_t> output_shape(const Chain& chain, at::IntArrayRef x_sizes) {
   return shape;
 }
 
-CachedPlan plan_for(const std::string& spec, const at::Tensor& x, const at::Tensor& weight,
-                    const c10::optional<at::Tensor>& bias, at::TensorList operands,
-                    at::TensorList state, const std::string& precision) {
-  auto chain = chain_for(spec);
+namespace {
 
+// The F.linear checks and same-device checks of one call against its chain.
+void check_call(const Chain& chain, const at::Tensor& x, const at::Tensor& weight,
+                const c10::optional<at::Tensor>& bias, at::TensorList operands,
+                at::TensorList state) {
   // The checks F.linear makes, with PyTorch's wording, so a wrong call fails the same way.
   TORCH_CHECK(x.dim() >= 1, "gemmfuse: input must have at least one dimension");
-  TORCH_CHECK(weight.dim() == 2 && weight.size(0) == chain->out_features &&
-                  weight.size(1) == chain->in_features,
+  TORCH_CHECK(weight.dim() == 2 && weight.size(0) == chain.out_features &&
+                  weight.size(1) == chain.in_features,
               "gemmfuse: weight of shape ", weight.sizes(), " does not match the chain's Linear(",
-              chain->in_features, ", ", chain->out_features, ")");
+              chain.in_features, ", ", chain.out_features, ")");
   TORCH_CHECK(x.size(-1) == weight.size(1), "mat1 and mat2 shapes cannot be multiplied (",
               x.numel() / std::max<int64_t>(x.size(-1), 1), "x", x.size(-1), " and ",
               weight.size(1), "x", weight.size(0), ")");
@@ -84,13 +85,53 @@ CachedPlan plan_for(const std::string& spec, const at::Tensor& x, const at::Tens
   same_device(weight);
   if (bias.has_value()) {
     same_device(*bias);
-    TORCH_CHECK(chain->has_bias, "gemmfuse: a bias was passed to a chain without one");
+    TORCH_CHECK(chain.has_bias, "gemmfuse: a bias was passed to a chain without one");
   } else {
-    TORCH_CHECK(!chain->has_bias, "gemmfuse: the chain's Linear has a bias but none was passed");
+    TORCH_CHECK(!chain.has_bias, "gemmfuse: the chain's Linear has a bias but none was passed");
   }
   for (const auto& t : operands) same_device(t);
   for (const auto& t : state) same_device(t);
+}
 
+// What selects a plan besides the spec: x's sizes, the operands' sizes, dtype, precision,
+// device.
+std::vector<int64_t> call_signature(const at::Tensor& x, at::TensorList operands,
+                                    const std::string& precision) {
+  std::vector<int64_t> sig(x.sizes().begin(), x.sizes().end());
+  for (const auto& t : operands) {
+    sig.push_back(-1);
+    sig.insert(sig.end(), t.sizes().begin(), t.sizes().end());
+  }
+  sig.push_back(-2);
+  sig.push_back(static_cast<int64_t>(x.scalar_type()));
+  for (char c : precision) sig.push_back(c);
+  sig.push_back(static_cast<int64_t>(x.device().type()));
+  sig.push_back(x.device().index());
+  return sig;
+}
+
+}  // namespace
+
+const CachedPlan& plan_for(const std::string& spec, const at::Tensor& x, const at::Tensor& weight,
+                    const c10::optional<at::Tensor>& bias, at::TensorList operands,
+                    at::TensorList state, const std::string& precision) {
+  // The last call's chain and plan, per thread: a repeated call (the common case: one model
+  // called again and again) skips the chain lookup, the request and the key.
+  struct LastCall {
+    std::string spec;
+    std::shared_ptr<const Chain> chain;
+    std::vector<int64_t> signature;
+    CachedPlan plan;
+  };
+  thread_local LastCall last;
+  std::vector<int64_t> signature = call_signature(x, operands, precision);
+  if (last.plan.plan && last.signature == signature && last.spec == spec) {
+    check_call(*last.chain, x, weight, bias, operands, state);
+    return last.plan;  // no copy: the key string stays where it is
+  }
+
+  auto chain = chain_for(spec);
+  check_call(*chain, x, weight, bias, operands, state);
   PlanRequest req;
   req.chain = *chain;
   req.batch_sizes.assign(x.sizes().begin(), x.sizes().end() - 1);
@@ -105,24 +146,6 @@ CachedPlan plan_for(const std::string& spec, const at::Tensor& x, const at::Tens
                 "' (expected fp32, fast or tf32)");
   }
 
-  // The last call's plan, per thread: a repeated call skips building and hashing the key.
-  struct LastCall {
-    std::string spec;
-    std::vector<int64_t> signature;
-    CachedPlan plan;
-  };
-  thread_local LastCall last;
-  std::vector<int64_t> signature(x.sizes().begin(), x.sizes().end());
-  for (const auto& t : operands) {
-    signature.push_back(-1);
-    signature.insert(signature.end(), t.sizes().begin(), t.sizes().end());
-  }
-  signature.push_back(static_cast<int64_t>(req.dtype));
-  signature.push_back(static_cast<int64_t>(req.precision));
-  signature.push_back(static_cast<int64_t>(x.device().type()));
-  signature.push_back(x.device().index());
-  if (last.plan.plan && last.signature == signature && last.spec == spec) return last.plan;
-
   std::ostringstream key;
   key << spec << '|';
   append_sizes(key, x.sizes());
@@ -135,8 +158,8 @@ CachedPlan plan_for(const std::string& spec, const at::Tensor& x, const at::Tens
     auto it = g_plans.find(out.key);
     if (it != g_plans.end()) {
       out.plan = it->second;
-      last = LastCall{spec, std::move(signature), out};
-      return out;
+      last = LastCall{spec, chain, std::move(signature), std::move(out)};
+      return last.plan;
     }
   }
   try {
@@ -153,8 +176,8 @@ CachedPlan plan_for(const std::string& spec, const at::Tensor& x, const at::Tens
   }
   std::lock_guard<std::mutex> lock(g_mutex);
   g_plans.emplace(out.key, out.plan);
-  last = LastCall{spec, std::move(signature), out};
-  return out;
+  last = LastCall{spec, chain, std::move(signature), std::move(out)};
+  return last.plan;
 }
 
 }  // namespace gemmfuse::bindings

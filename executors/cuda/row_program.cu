@@ -609,9 +609,14 @@ __device__ __forceinline__ float thread_tree_sum(const float (&e)[VPT][4], int t
 
 // One row per CTA (grid = M). A persistent variant that prefetched the next row with cp.async
 // into shared memory while computing the current one measured slower on H100 (m94 row pass
-// +13%), so the row is loaded straight into registers (streaming hint, all loads in flight).
+// +13%), so the row is loaded straight into registers (streaming hint, all loads in flight);
+// so did one fed by bulk copies, 3 rows in flight per CTA (+2..6 us on every seed pass). The
+// pass is bound by instruction issue (ncu: IPC 1.7-2.1, 16 warp-cycles per issued instruction,
+// ~60-80 instructions per element), so what helps is more warps: VPT = 4 (512 threads) is
+// capped at 40 registers for 3 CTAs (48 warps) per SM instead of 2 at 59 (no spills;
+// m22 30.7 -> 27.5 us, m99 33.4 -> 30.8 us as bf16 models).
 template <int VPT>
-__global__ void __launch_bounds__(VPT >= 8 ? 256 : 512)
+__global__ void __launch_bounds__(VPT >= 8 ? 256 : 512, VPT == 4 ? 3 : 1)
     row_register_kernel(const __grid_constant__ DevProgram P) {
   __shared__ double red_d[64];
   __shared__ float red_f[64];

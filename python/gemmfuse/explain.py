@@ -45,6 +45,9 @@ def explain_text(module) -> str:
     fused = [e for e in rep.entries if e.status == "fused"]
     out = [f"gemmfuse: {len(fused)} of {len(rep.entries)} chain(s) fused "
            f"(precision {rep.precision}, {rep.flavor} capture)"]
+    if "_gemmfuse_direct" in getattr(module, "__dict__", {}):
+        out.append("call path: direct (the whole forward is one fused chain; hooks, keyword "
+                   "arguments, tracing and compiling take the normal module call)")
     for e in rep.entries:
         rt = getattr(module, e.attr) if e.attr else None
         head = f"chain {e.index} (from {e.linear}): "

@@ -24,7 +24,7 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 
-from . import _lib
+from . import _lib, direct
 from .capture import (AttrRef, CaptureReport, Chain, InfoProp, TInfo, _attr_tensor, find_chains,
                       node_info, source_key)
 
@@ -480,6 +480,7 @@ def optimize(model: nn.Module, example_inputs, precision: str = "fp32") -> fx.Gr
         entry.attr = attr
     gm.recompile()
     gm._gemmfuse = report
+    direct.install(gm, _run_chain)
     return gm
 
 

@@ -34,8 +34,7 @@ at::Tensor fp32_operand(const at::Tensor& t) {
   const c10::Stream stream = current_stream(t);
   std::lock_guard<std::mutex> lock(g_mutex);
   auto it = g_entries.find(t.data_ptr());
-  if (it != g_entries.end() && it->second.source == id && it->second.stream == stream &&
-      it->second.converted.sizes() == t.sizes())
+  if (it != g_entries.end() && it->second.source == id && it->second.stream == stream)
     return it->second.converted;
   at::Tensor converted = t.to(at::kFloat).contiguous();
   if (it != g_entries.end()) {

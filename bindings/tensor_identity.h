@@ -3,13 +3,12 @@
 // starts at the same version, so (pointer, version) can name a different tensor (seen: a new
 // weight at a freed weight's address got the old weight's prepared column sums).
 // The identity is the storage object, held weakly — its address then cannot be reused by
-// another storage while the identity lives — plus the offset into it and the autograd version
-// counter, which every in-place write bumps.
+// another storage while the identity lives — plus the view of it (offset, sizes, strides,
+// dtype) and the autograd version counter, which every in-place write bumps.
 #pragma once
 
 #include <ATen/ATen.h>
-
-#include <optional>
+#include <c10/util/SmallVector.h>
 
 namespace gemmfuse::bindings {
 
@@ -18,6 +17,9 @@ class TensorIdentity {
   explicit TensorIdentity(const at::Tensor& t)
       : storage_(t.storage().getWeakStorageImpl()),
         offset_(t.storage_offset()),
+        sizes_(t.sizes().begin(), t.sizes().end()),
+        strides_(t.strides().begin(), t.strides().end()),
+        dtype_(t.scalar_type()),
         version_(t.is_inference() ? -1 : static_cast<int64_t>(t._version())) {}
 
   // Inference tensors have no version counter: a result built from one is never reused.
@@ -25,13 +27,16 @@ class TensorIdentity {
 
   bool operator==(const TensorIdentity& o) const {
     return storage_._unsafe_get_target() == o.storage_._unsafe_get_target() &&
-           offset_ == o.offset_ && version_ == o.version_;
+           offset_ == o.offset_ && version_ == o.version_ && dtype_ == o.dtype_ &&
+           sizes_ == o.sizes_ && strides_ == o.strides_;
   }
   bool operator!=(const TensorIdentity& o) const { return !(*this == o); }
 
  private:
   c10::weak_intrusive_ptr<c10::StorageImpl> storage_;
   int64_t offset_;
+  c10::SmallVector<int64_t, 4> sizes_, strides_;
+  at::ScalarType dtype_;
   int64_t version_;
 };
 

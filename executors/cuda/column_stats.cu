@@ -313,8 +313,7 @@ void launch_column_stats(const Plan& plan, const Step& step, const RunArgs& args
   // Running statistics are updated when training with both present (as PyTorch with
   // track_running_stats); num_batches_tracked then counts the batch.
   const bool update = bn.training && rm && rv;
-  int64_t* nb = update && bn.num_batches.present()
-                    ? static_cast<int64_t*>(running_stat(args, bn.num_batches).p) : nullptr;
+  int64_t* nb = update ? static_cast<int64_t*>(state_ptr(args, bn.num_batches)) : nullptr;
   if (update && bn.momentum < 0 && !nb)
     throw Unsupported("batch_norm momentum=None needs num_batches_tracked");
 

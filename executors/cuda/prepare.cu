@@ -204,13 +204,12 @@ const float* operand_ptr(const Operand& op, const RunArgs& args) {
       if (op.index < 0 || op.index >= static_cast<int>(args.operands.size()) || !args.operands[op.index])
         throw std::invalid_argument("gemmfuse: operand t" + std::to_string(op.index) + " missing");
       return args.operands[op.index];
-    case Operand::Kind::State:
-      if (op.index < 0 || op.index >= static_cast<int>(args.state.size()) || !args.state[op.index])
-        throw std::invalid_argument("gemmfuse: state s" + std::to_string(op.index) + " missing");
-      if (static_cast<size_t>(op.index) < args.state_dtypes.size() &&
-          args.state_dtypes[op.index] != DType::F32)
+    case Operand::Kind::State: {
+      const RunningStat s = running_stat(args, op);
+      if (s.type != DType::F32)
         throw std::logic_error("CUDA prepare: a 16-bit state tensor where fp32 is read");
-      return static_cast<const float*>(args.state[op.index]);
+      return static_cast<const float*>(s.p);
+    }
     default:
       throw Unsupported("CUDA prepare: batch_norm parameters must be tensors");
   }

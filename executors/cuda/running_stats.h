@@ -36,15 +36,22 @@ __device__ __forceinline__ void store_stat(const RunningStat& s, int64_t i, doub
   }
 }
 
-// The state operand `op` of this call (absent when the operand is None).
-inline RunningStat running_stat(const RunArgs& args, const Operand& op) {
-  if (!op.present()) return {};
+// The state tensor s<i> that `op` names (nullptr when the operand is None). Throws
+// std::invalid_argument when it is not a state operand of this call.
+inline void* state_ptr(const RunArgs& args, const Operand& op) {
+  if (!op.present()) return nullptr;
   if (op.kind != Operand::Kind::State || op.index < 0 ||
       op.index >= static_cast<int>(args.state.size()) || !args.state[op.index])
     throw std::invalid_argument("gemmfuse: batch_norm state s" + std::to_string(op.index) + " missing");
-  const DType t = static_cast<size_t>(op.index) < args.state_dtypes.size()
+  return args.state[op.index];
+}
+
+// A running-statistics operand with its dtype (absent when the operand is None).
+inline RunningStat running_stat(const RunArgs& args, const Operand& op) {
+  void* p = state_ptr(args, op);
+  const DType t = p && static_cast<size_t>(op.index) < args.state_dtypes.size()
                       ? args.state_dtypes[op.index] : DType::F32;
-  return {args.state[op.index], t};
+  return {p, t};
 }
 
 }  // namespace gemmfuse::cuda

@@ -591,6 +591,18 @@ __device__ __forceinline__ float seg_sum(float s, int q) {
   return s;
 }
 
+// Max (kMax) or min of the thread's values of valid chunks, NaN-propagating as PyTorch's.
+template <int VPT, bool kMax>
+__device__ __forceinline__ float thread_extremum(const float (&v)[VPT][4], int t, int nt, int nch) {
+  float m = kMax ? -HUGE_VALF : HUGE_VALF;
+#pragma unroll
+  for (int k = 0; k < VPT; ++k)
+    if (k * nt + t < nch)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) m = kMax ? nan_max(m, v[k][j]) : nan_min(m, v[k][j]);
+  return m;
+}
+
 // Sum of the thread's values of valid chunks in fp32, pairwise (chunk (a+b)+(c+d), then a tree
 // over the chunks): the terms of softmax and logsumexp sums are positive, so this costs at most
 // a few ulps on the thread's share; the team-wide sum is then in fp64.
@@ -613,7 +625,8 @@ __device__ __forceinline__ float thread_tree_sum(const float (&e)[VPT][4], int t
 // so did one fed by bulk copies, 3 rows in flight per CTA (+2..6 us on every seed pass). The
 // pass is bound by instruction issue (ncu: IPC 1.7-2.1, 16 warp-cycles per issued instruction,
 // ~60-80 instructions per element), so what helps is more warps: VPT = 4 (512 threads) is
-// capped at 40 registers for 3 CTAs (48 warps) per SM instead of 2 at 59 (no spills;
+// capped at 40 registers for 3 CTAs (48 warps) per SM instead of 2 at 59 (no spills for
+// sm_90a; the sm_80 build spills 16 bytes and was not timed;
 // m22 30.7 -> 27.5 us, m99 33.4 -> 30.8 us as bf16 models).
 template <int VPT>
 __global__ void __launch_bounds__(VPT >= 8 ? 256 : 512, VPT == 4 ? 3 : 1)
@@ -707,22 +720,11 @@ __global__ void __launch_bounds__(VPT >= 8 ? 256 : 512, VPT == 4 ? 3 : 1)
           s = cta_allreduce2(s, SumD(), red_d, par_d);
           res = op == OpCode::Sum ? static_cast<float>(s) : static_cast<float>(s / w);
         } else if (op == OpCode::Max || op == OpCode::Min) {
-          const bool mx = op == OpCode::Max;
-          float m = mx ? -HUGE_VALF : HUGE_VALF;
-#pragma unroll
-          for (int k = 0; k < VPT; ++k)
-            if (valid(k))
-#pragma unroll
-              for (int j = 0; j < 4; ++j) m = mx ? nan_max(m, v[k][j]) : nan_min(m, v[k][j]);
-          res = mx ? cta_allreduce2(m, MaxF(), red_f, par_f) : cta_allreduce2(m, MinF(), red_f, par_f);
+          res = op == OpCode::Max
+                    ? cta_allreduce2(thread_extremum<VPT, true>(v, t, nt, nch), MaxF(), red_f, par_f)
+                    : cta_allreduce2(thread_extremum<VPT, false>(v, t, nt, nch), MinF(), red_f, par_f);
         } else {  // LogSumExp
-          float m = -HUGE_VALF;
-#pragma unroll
-          for (int k = 0; k < VPT; ++k)
-            if (valid(k))
-#pragma unroll
-              for (int j = 0; j < 4; ++j) m = nan_max(m, v[k][j]);
-          m = cta_allreduce2(m, MaxF(), red_f, par_f);
+          const float m = cta_allreduce2(thread_extremum<VPT, true>(v, t, nt, nch), MaxF(), red_f, par_f);
           const float sh = lse_shift(m);
           // Every exp added in fp64, as the interpreter does (the row's one output value).
           double s = 0.0;
@@ -739,13 +741,7 @@ __global__ void __launch_bounds__(VPT >= 8 ? 256 : 512, VPT == 4 ? 3 : 1)
         break;
       }
       case kSoftmax: {
-        float m = -HUGE_VALF;
-#pragma unroll
-        for (int k = 0; k < VPT; ++k)
-          if (valid(k))
-#pragma unroll
-            for (int j = 0; j < 4; ++j) m = nan_max(m, v[k][j]);
-        m = cta_allreduce2(m, MaxF(), red_f, par_f);
+        const float m = cta_allreduce2(thread_extremum<VPT, true>(v, t, nt, nch), MaxF(), red_f, par_f);
         double s = 0.0;
         if (op == OpCode::Softmax) {
 #pragma unroll

@@ -211,19 +211,12 @@ class FuzzModel(nn.Module):
                         setattr(self, name, nn.Parameter(t))
                     else:
                         self.register_buffer(name, t)
-            elif kind == "group_norm":
+            elif kind in ("group_norm", "layer_norm"):
                 if form == "module":
-                    self.extra[name] = nn.GroupNorm(prm["groups"], width, eps=prm["eps"], affine=prm["affine"])
-                    if prm["affine"]:
-                        with torch.no_grad():
-                            self.extra[name].weight.copy_(torch.randn(width, generator=g))
-                            self.extra[name].bias.copy_(torch.randn(width, generator=g))
-                elif prm["affine"]:
-                    setattr(self, name + "w", nn.Parameter(torch.randn(width, generator=g)))
-                    setattr(self, name + "b", nn.Parameter(torch.randn(width, generator=g)))
-            elif kind == "layer_norm":
-                if form == "module":
-                    self.extra[name] = nn.LayerNorm(width, eps=prm["eps"], elementwise_affine=prm["affine"])
+                    self.extra[name] = (
+                        nn.GroupNorm(prm["groups"], width, eps=prm["eps"], affine=prm["affine"])
+                        if kind == "group_norm" else
+                        nn.LayerNorm(width, eps=prm["eps"], elementwise_affine=prm["affine"]))
                     if prm["affine"]:
                         with torch.no_grad():
                             self.extra[name].weight.copy_(torch.randn(width, generator=g))

@@ -1,7 +1,10 @@
 // Gemv: Y[m] = (x[m,:] . wsum + bsum) * scale (rows with inf/NaN inputs: gemv_nonfinite.h).
-// Memory bound: x is read once with 16-byte
-// loads (4 fp32 or 8 bf16/fp16 per load, 4 loads in flight per thread), products and sums in
-// fp64 (x*wsum is exact in fp64), one CTA per row for long rows, one warp per row otherwise.
+// Memory bound: x is read once with 16-byte loads (4 fp32 or 8 bf16/fp16 per load), 8 loads in
+// flight per thread (a 32 KB row in one round trip for 256 threads). The products of one
+// 16-byte vector are summed in fp32 (fma) and those partial sums in fp64: one fp64 conversion
+// per vector instead of two per element (conversions to fp64 issue at 16/clk/SM on sm_90,
+// which made the fp64-product version compute-bound at ~2 TB/s), at ~1e-7 relative error.
+// One CTA per row for long rows, one warp per row otherwise.
 #include "gemv.h"
 
 #include <cuda_bf16.h>
@@ -37,22 +40,22 @@ __device__ __forceinline__ void store_as<__half>(void* out, int64_t i, float v) 
   static_cast<__half*>(out)[i] = __float2half_rn(v);
 }
 
-// Dot of one 16-byte vector of x (kVec elements) with wsum[c .. c+kVec); `bad` notes a
-// non-finite x.
+// Dot of one 16-byte vector of x (kVec elements) with wsum[c .. c+kVec), in fp32; `bad` notes
+// a non-finite x.
 template <class T>
-__device__ __forceinline__ double dot_vec(const uint4& q, const float* __restrict__ w, bool& bad) {
+__device__ __forceinline__ float dot_vec(const uint4& q, const float* __restrict__ w, bool& bad) {
   constexpr int kVec = 16 / sizeof(T);
   const T* xs = reinterpret_cast<const T*>(&q);
-  double acc = 0.0;
+  float acc = 0.f;
 #pragma unroll
   for (int j = 0; j < kVec; j += 4) {
     const float4 wv = __ldg(reinterpret_cast<const float4*>(w + j));
     const float x0 = to_f(xs[j]), x1 = to_f(xs[j + 1]), x2 = to_f(xs[j + 2]), x3 = to_f(xs[j + 3]);
     bad |= !(gf_isfinite(x0) && gf_isfinite(x1) && gf_isfinite(x2) && gf_isfinite(x3));
-    acc = fma(static_cast<double>(x0), static_cast<double>(wv.x), acc);
-    acc = fma(static_cast<double>(x1), static_cast<double>(wv.y), acc);
-    acc = fma(static_cast<double>(x2), static_cast<double>(wv.z), acc);
-    acc = fma(static_cast<double>(x3), static_cast<double>(wv.w), acc);
+    acc = fmaf(x0, wv.x, acc);
+    acc = fmaf(x1, wv.y, acc);
+    acc = fmaf(x2, wv.z, acc);
+    acc = fmaf(x3, wv.w, acc);
   }
   return acc;
 }
@@ -80,15 +83,17 @@ __global__ void __launch_bounds__(kGemvThreads)
       const uint4* xv = reinterpret_cast<const uint4*>(xr);
       const int64_t nv = K / kVec;
       int64_t i = t;
-      for (; i + 3 * kTpr < nv; i += 4 * kTpr) {  // 4 independent 16-byte loads in flight
-        uint4 q0 = __ldg(xv + i), q1 = __ldg(xv + i + kTpr), q2 = __ldg(xv + i + 2 * kTpr),
-              q3 = __ldg(xv + i + 3 * kTpr);
-        acc += dot_vec<T>(q0, wsum + i * kVec, bad);
-        acc += dot_vec<T>(q1, wsum + (i + kTpr) * kVec, bad);
-        acc += dot_vec<T>(q2, wsum + (i + 2 * kTpr) * kVec, bad);
-        acc += dot_vec<T>(q3, wsum + (i + 3 * kTpr) * kVec, bad);
+      constexpr int kInFlight = 8;  // independent 16-byte loads issued before any is used
+      for (; i + (kInFlight - 1) * kTpr < nv; i += kInFlight * kTpr) {
+        uint4 q[kInFlight];
+#pragma unroll
+        for (int u = 0; u < kInFlight; ++u) q[u] = __ldg(xv + i + u * kTpr);
+#pragma unroll
+        for (int u = 0; u < kInFlight; ++u)
+          acc += static_cast<double>(dot_vec<T>(q[u], wsum + (i + u * kTpr) * kVec, bad));
       }
-      for (; i < nv; i += kTpr) acc += dot_vec<T>(__ldg(xv + i), wsum + i * kVec, bad);
+      for (; i < nv; i += kTpr)
+        acc += static_cast<double>(dot_vec<T>(__ldg(xv + i), wsum + i * kVec, bad));
     } else {
       for (int64_t k = t; k < K; k += kTpr) {
         const float xk = to_f(xr[k]);

@@ -1,4 +1,5 @@
 #include <ATen/ATen.h>
+#include <c10/util/SmallVector.h>
 
 #include "plan_cache.h"
 #include "prepared_cache.h"
@@ -11,13 +12,14 @@ at::Tensor execute(Executor& executor, const CallInputs& in,
                    StateViews::Native16Bit native) {
   const CachedPlan& cp = plan_for(in.spec, in.x, in.weight, in.bias, in.operands, in.state, in.precision);
   const Plan& plan = *cp.plan;
-  std::vector<int64_t> shape(in.x.sizes().begin(), in.x.sizes().end() - 1);
+  c10::SmallVector<int64_t, 5> shape(in.x.sizes().begin(), in.x.sizes().end() - 1);
   if (plan.out_has_feature_dim) shape.push_back(plan.out_width);
   if (plan.M == 0) return at::empty(shape, in.x.options());
 
   const CallTensors t = convert();
   StateViews state(in.state, native);
-  at::Tensor out = at::empty({plan.M, plan.out_width}, t.x.options());
+  // [M, out_width] in memory, allocated in the caller's shape (no view op per call).
+  at::Tensor out = at::empty(shape, t.x.options());
   args.x = t.x.data_ptr();
   args.weight = t.weight.data_ptr();
   args.bias = t.bias.defined() ? t.bias.data_ptr() : nullptr;
@@ -34,7 +36,8 @@ at::Tensor execute(Executor& executor, const CallInputs& in,
   executor.run(plan, args, prepared.defined() ? prepared.data_ptr() : nullptr,
                workspace.defined() ? workspace.data_ptr() : nullptr);
   state.finish(plan, in.state);
-  return out.to(in.x.scalar_type()).view(shape);  // the CPU computes in fp32
+  // The CPU computes 16-bit models in fp32; CUDA writes the model's dtype.
+  return out.scalar_type() == in.x.scalar_type() ? out : out.to(in.x.scalar_type());
 }
 
 }  // namespace gemmfuse::bindings

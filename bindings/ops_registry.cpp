@@ -19,7 +19,7 @@ std::string str(c10::string_view s) { return std::string(s.data(), s.size()); }
 CallInputs inputs(c10::string_view spec, const at::Tensor& x, const at::Tensor& weight,
                   const c10::optional<at::Tensor>& bias, at::TensorList operands,
                   at::TensorList state, c10::string_view precision) {
-  return CallInputs{str(spec), x, weight, bias, operands, state, str(precision)};
+  return CallInputs{spec, x, weight, bias, operands, state, precision};
 }
 
 at::Tensor run_cpu(c10::string_view spec, const at::Tensor& x, const at::Tensor& weight,
@@ -52,7 +52,7 @@ at::Tensor run_meta(c10::string_view spec, const at::Tensor& x, const at::Tensor
 std::string describe(c10::string_view spec, const at::Tensor& x, const at::Tensor& weight,
                      const c10::optional<at::Tensor>& bias, at::TensorList operands,
                      at::TensorList state, c10::string_view precision) {
-  auto cp = plan_for(str(spec), x, weight, bias, operands, state, str(precision));
+  const auto& cp = plan_for(spec, x, weight, bias, operands, state, precision);
   std::ostringstream os;
   os << "executor: " << (x.is_cuda() ? "cuda" : "cpu");
   if (!x.is_cuda() && cp.plan->precision != Precision::FP32)

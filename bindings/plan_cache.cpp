@@ -1,5 +1,7 @@
 #include "plan_cache.h"
 
+#include <c10/util/SmallVector.h>
+
 #include <mutex>
 #include <sstream>
 #include <stdexcept>
@@ -94,10 +96,11 @@ void check_call(const Chain& chain, const at::Tensor& x, const at::Tensor& weigh
 }
 
 // What selects a plan besides the spec: x's sizes, the operands' sizes, dtype, precision,
-// device.
-std::vector<int64_t> call_signature(const at::Tensor& x, at::TensorList operands,
-                                    const std::string& precision) {
-  std::vector<int64_t> sig(x.sizes().begin(), x.sizes().end());
+// device. On the stack for the usual ranks (this runs on every call).
+using Signature = c10::SmallVector<int64_t, 24>;
+Signature call_signature(const at::Tensor& x, at::TensorList operands,
+                         c10::string_view precision) {
+  Signature sig(x.sizes().begin(), x.sizes().end());
   for (const auto& t : operands) {
     sig.push_back(-1);
     sig.insert(sig.end(), t.sizes().begin(), t.sizes().end());
@@ -112,23 +115,25 @@ std::vector<int64_t> call_signature(const at::Tensor& x, at::TensorList operands
 
 }  // namespace
 
-const CachedPlan& plan_for(const std::string& spec, const at::Tensor& x, const at::Tensor& weight,
-                    const c10::optional<at::Tensor>& bias, at::TensorList operands,
-                    at::TensorList state, const std::string& precision) {
+const CachedPlan& plan_for(c10::string_view spec_view, const at::Tensor& x,
+                           const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
+                           at::TensorList operands, at::TensorList state,
+                           c10::string_view precision_view) {
   // The last call's chain and plan, per thread: a repeated call (the common case: one model
   // called again and again) skips the chain lookup, the request and the key.
   struct LastCall {
     std::string spec;
     std::shared_ptr<const Chain> chain;
-    std::vector<int64_t> signature;
+    Signature signature;
     CachedPlan plan;
   };
   thread_local LastCall last;
-  std::vector<int64_t> signature = call_signature(x, operands, precision);
-  if (last.plan.plan && last.signature == signature && last.spec == spec) {
+  Signature signature = call_signature(x, operands, precision_view);
+  if (last.plan.plan && last.signature == signature && c10::string_view(last.spec) == spec_view) {
     check_call(*last.chain, x, weight, bias, operands, state);
     return last.plan;  // no copy: the key string stays where it is
   }
+  const std::string spec(spec_view), precision(precision_view);
 
   auto chain = chain_for(spec);
   check_call(*chain, x, weight, bias, operands, state);

@@ -23,9 +23,9 @@ struct CachedPlan {
 // Checks the call as PyTorch's F.linear would (same messages where PyTorch has one), then
 // returns the plan (a reference to this thread's last-call memo: valid until the thread's next
 // plan_for). Refused chains raise "gemmfuse unsupported: <reason>".
-const CachedPlan& plan_for(const std::string& spec, const at::Tensor& x, const at::Tensor& weight,
-                    const c10::optional<at::Tensor>& bias, at::TensorList operands,
-                    at::TensorList state, const std::string& precision);
+const CachedPlan& plan_for(c10::string_view spec, const at::Tensor& x, const at::Tensor& weight,
+                           const c10::optional<at::Tensor>& bias, at::TensorList operands,
+                           at::TensorList state, c10::string_view precision);
 
 // Output shape of the chain for input x (leading dims of x, then the output width unless a
 // keepdim=false reduction dropped it). Used by the Meta kernel and by run.

@@ -21,6 +21,20 @@ std::mutex g_mutex;
 // same address finds the entry but not its sources, and rebuilds it.
 std::map<std::pair<const Plan*, const void*>, Entry> g_entries;
 
+// What the preparation reads, in a fixed order: W and b always; the BatchNorm tensors when it
+// is folded.
+template <class F>
+void for_each_source(const Plan& plan, const at::Tensor& weight,
+                     const c10::optional<at::Tensor>& bias, at::TensorList operands,
+                     at::TensorList state, F&& f) {
+  f(weight);
+  if (bias.has_value()) f(*bias);
+  if (plan.prep.fold_batchnorm) {
+    for (const auto& t : operands) f(t);
+    for (const auto& t : state) f(t);
+  }
+}
+
 }  // namespace
 
 at::Tensor prepared_for(const Plan& plan, Executor& executor,
@@ -30,22 +44,23 @@ at::Tensor prepared_for(const Plan& plan, Executor& executor,
   const size_t bytes = executor.prepared_bytes(plan);
   if (bytes == 0) return at::Tensor();
 
-  // What the preparation reads: W and b always; the BatchNorm tensors when it is folded.
-  std::vector<TensorIdentity> sources{TensorIdentity(weight)};
-  if (bias.has_value()) sources.emplace_back(*bias);
-  if (plan.prep.fold_batchnorm) {
-    for (const auto& t : operands) sources.emplace_back(t);
-    for (const auto& t : state) sources.emplace_back(t);
-  }
-  bool trusted = true;
-  for (const auto& s : sources) trusted = trusted && s.trusted();
-
   // One entry per plan and weight tensor: a model's weights replaced by new storage get a new
   // entry (the old one stays until the process ends).
   std::lock_guard<std::mutex> lock(g_mutex);
   auto& entry = g_entries[{&plan, weight.data_ptr()}];
-  if (trusted && entry.data.defined() && entry.sources == sources) return entry.data;
+  if (entry.data.defined()) {
+    size_t i = 0;
+    bool fresh = true;
+    for_each_source(plan, weight, bias, operands, state, [&](const at::Tensor& t) {
+      fresh = fresh && i < entry.sources.size() && entry.sources[i].matches(t);
+      ++i;
+    });
+    if (fresh && i == entry.sources.size()) return entry.data;
+  }
 
+  std::vector<TensorIdentity> sources;
+  for_each_source(plan, weight, bias, operands, state,
+                  [&](const at::Tensor& t) { sources.emplace_back(t); });
   entry.data = at::empty({static_cast<int64_t>(bytes)}, weight.options().dtype(at::kByte));
   executor.prepare(plan, args, entry.data.data_ptr());
   entry.sources = std::move(sources);

@@ -13,12 +13,14 @@
 
 namespace gemmfuse::bindings {
 
+// The op's arguments, by reference: a CallInputs lives only for the call that made it.
 struct CallInputs {
-  std::string spec;
-  at::Tensor x, weight;
-  c10::optional<at::Tensor> bias;
+  c10::string_view spec;
+  const at::Tensor& x;
+  const at::Tensor& weight;
+  const c10::optional<at::Tensor>& bias;
   at::TensorList operands, state;
-  std::string precision;
+  c10::string_view precision;
 };
 
 // The call's tensors as an executor wants them (dtype, contiguity).

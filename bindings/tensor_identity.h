@@ -25,6 +25,16 @@ class TensorIdentity {
   // Inference tensors have no version counter: a result built from one is never reused.
   bool trusted() const { return version_ >= 0; }
 
+  // Whether t is (still) the tensor this identity was taken of; no copies, no refcounting
+  // (runs on every call for the prepared-weights check).
+  bool matches(const at::Tensor& t) const {
+    return version_ >= 0 && !t.is_inference() &&
+           storage_._unsafe_get_target() == t.storage().unsafeGetStorageImpl() &&
+           offset_ == t.storage_offset() && version_ == static_cast<int64_t>(t._version()) &&
+           dtype_ == t.scalar_type() && t.sizes() == at::IntArrayRef(sizes_) &&
+           t.strides() == at::IntArrayRef(strides_);
+  }
+
   bool operator==(const TensorIdentity& o) const {
     return storage_._unsafe_get_target() == o.storage_._unsafe_get_target() &&
            offset_ == o.offset_ && version_ == o.version_ && dtype_ == o.dtype_ &&

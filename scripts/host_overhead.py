@@ -23,23 +23,38 @@ def per_call_us(fn, n=2000):
     return (time.perf_counter() - t) / n * 1e6
 
 
-def graph_us(fn, n=200):
+def graph_us(fns, n=201):
+    """GPU time per call: CUDA-graph replay (no launch gaps), cycling through one graph per fn
+    (one per input set, so x comes from HBM, not L2, when the sets are larger than L2)."""
     s = torch.cuda.Stream()
     with torch.cuda.stream(s):
         for _ in range(3):
-            fn()
+            for fn in fns:
+                fn()
     torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
+    graphs = []
+    for fn in fns:
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            fn()
+        graphs.append(g)
     a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    g.replay()
-    a.record()
-    for _ in range(n):
+    for g in graphs:
         g.replay()
+    a.record()
+    for i in range(n):
+        graphs[i % len(graphs)].replay()
     b.record()
     torch.cuda.synchronize()
     return a.elapsed_time(b) / n * 1e3
+
+
+def bench_style_us(fn, xs):
+    """The bench's own timing of short calls (gemmfuse.bench.time_calls): batches of
+    back-to-back calls between CUDA events, input sets rotated; median us per call."""
+    from gemmfuse.bench import time_calls
+    r = time_calls(fn, [[x] for x in xs], warmup=10, repeats=20, dev=xs[0].device)
+    return r["ms"] * 1e3
 
 
 def main():
@@ -49,6 +64,8 @@ def main():
     model, inputs = MODELS[args.model].make(device="cuda")
     opt = gemmfuse.optimize(model, inputs, precision="fp32")
     x = inputs[0]
+    # The bench's input sets: 3 of them, 3 x 33.6 MB against a 50 MB L2.
+    xs = [x] + [torch.rand_like(x) for _ in range(2)]
     rt = gemmfuse.runtimes(opt)[0]
     lin = model.linear
     spec = next(iter(rt.specs.values())) if len(rt.specs) == 1 else None
@@ -61,8 +78,19 @@ def main():
             rows.append(("torch.ops.gemmfuse.run", per_call_us(
                 lambda: op(spec, x, lin.weight, lin.bias, [], [], "fp32"))))
         rows.append(("optimized module", per_call_us(lambda: opt(x))))
+        it = iter(range(1 << 62))
+        rows.append(("optimized module, 3 inputs rotated", per_call_us(
+            lambda: opt(xs[next(it) % 3]))))
         rows.append(("eager model", per_call_us(lambda: model(x), n=50)))
-        rows.append(("GPU time of the optimized module (graph replay)", graph_us(lambda: opt(x))))
+        rows.append(("GPU time of the optimized module (graph replay, one x: in L2)",
+                     graph_us([lambda: opt(x)])))
+        rows.append(("GPU time, 3 inputs rotated (x from HBM)",
+                     graph_us([lambda xi=xi: opt(xi) for xi in xs])))
+        rows.append(("bench timing (batched events), one x", bench_style_us(opt, [x])))
+        rows.append(("bench timing (batched events), 3 inputs rotated", bench_style_us(opt, xs)))
+        if spec is not None:
+            rows.append(("bench timing of the op alone, 3 inputs rotated", bench_style_us(
+                lambda xi: op(spec, xi, lin.weight, lin.bias, [], [], "fp32"), xs)))
     for name, us in rows:
         print(f"{name:55s} {us:9.1f} us")
 

@@ -19,12 +19,23 @@ import torch.nn as nn
 from torch.nn.modules import module as _nn_module
 
 _MISS = object()
+_is_compiling = torch.compiler.is_compiling
+_tracing_state = torch._C._get_tracing_state
 _DICTS = ("_parameters", "_buffers", "_modules")
 
 
 def _global_hooks() -> bool:
     return bool(_nn_module._global_forward_pre_hooks or _nn_module._global_forward_hooks
                 or _nn_module._global_backward_pre_hooks or _nn_module._global_backward_hooks)
+
+
+def _hooked(sd: dict) -> bool:
+    """Whether the module (its instance dict) has any hook, or lacks the hook dicts."""
+    try:
+        return bool(sd["_forward_hooks"] or sd["_forward_pre_hooks"] or sd["_backward_hooks"]
+                    or sd["_backward_pre_hooks"])
+    except KeyError:
+        return True
 
 
 def _where(obj, name):
@@ -129,13 +140,11 @@ def install(gm: fx.GraphModule, run_chain) -> bool:
     normal = nn.Module.__call__
 
     def __call__(self, *args, **kwargs):
-        d = self.__dict__.get("_gemmfuse_direct")
-        if (d is not None and not kwargs and len(args) == d.nargs
-                and not (self._forward_hooks or self._forward_pre_hooks or self._backward_hooks
-                         or self._backward_pre_hooks)
-                and not _global_hooks() and not torch.compiler.is_compiling()
-                and not torch._C._get_tracing_state()):
-            rt = self.__dict__.get(d.rt_attr)
+        sd = self.__dict__  # instance attributes read from the dict: no MRO walk per lookup
+        d = sd.get("_gemmfuse_direct")
+        if (d is not None and not kwargs and len(args) == d.nargs and not _hooked(sd)
+                and not _global_hooks() and not _is_compiling() and not _tracing_state()):
+            rt = sd.get(d.rt_attr)
             inputs = d.inputs(self, args) if rt is not None else None
             if inputs is not None:
                 return rt(inputs)

@@ -3,6 +3,7 @@
 # Uses the build carried from the dev machine (build/lib, build/tests/cpp) and the GPU
 # machine's own python3 + torch. Each part is switched by an env var; logs go to $OUT.
 #   TESTS=1 SANITIZE=1 BENCH=1 BENCH_ARGS="..." PYTEST_ARGS="..." bash scripts/device-run.sh
+#   PROBE=1 [PROBE_ARGS="M N K"]: the CUTLASS-vs-cuBLAS GEMM probe (build/bench/cutlass_gemm_probe)
 set -uo pipefail
 OUT=${OUT:-/tmp/gemmfuse-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/python GEMMFUSE_LIB=$PWD/build/lib/libgemmfuse_ops.so
@@ -34,6 +35,12 @@ if [ "${SANITIZE:-0}" = 1 ]; then
     { echo "===== $tool"; cat "$OUT/sanitize_tmp.log"; } >> "$OUT/sanitize.log"
   done
   rm -f "$OUT/sanitize_tmp.log"
+fi
+
+if [ "${PROBE:-0}" = 1 ]; then  # bench/micro/cutlass_gemm_probe.cu (built with -DGEMMFUSE_BUILD_PROBES=ON)
+  build/bench/cutlass_gemm_probe ${PROBE_ARGS:-} > "$OUT/cutlass_gemm_probe.log" 2>&1
+  note "cutlass gemm probe rc=$?"
+  cat "$OUT/cutlass_gemm_probe.log"
 fi
 
 if [ "${OVERHEAD:-0}" = 1 ]; then

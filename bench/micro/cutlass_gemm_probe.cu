@@ -1,0 +1,239 @@
+// Can a CUTLASS Hopper GEMM match cuBLAS at the seed shape? The fused GEMM + softmax kernel
+// that bf16 m99 needs (bench/NOTES.md) is only worth writing if its mainloop is as fast as
+// cuBLAS's: eager bf16 m99 is cuBLAS (168 us) + gelu + softmax, and 1.2x over it leaves
+// ~13 us beyond a cuBLAS-speed GEMM. This times, in one process, cuBLAS (the TN call PyTorch's
+// F.linear makes, bf16 in and out, fp32 accumulation) against CUTLASS 3 sm90 kernels
+// (TMA + wgmma, warp-specialized, persistent) built by CUTLASS's collective builders, and
+// checks each CUTLASS result against cuBLAS's. One variant also runs the first part of m99's
+// epilogue inside the kernel (bias + exact gelu, CUTLASS's fusion callbacks) to see what an
+// epilogue with erf costs there.
+//   Built by CMake with -DGEMMFUSE_BUILD_PROBES=ON (target cutlass_gemm_probe).
+//   Run: cutlass_gemm_probe [M N K]   (default 1024 8192 8192)
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <type_traits>
+#include <string>
+#include <vector>
+
+#include "cute/tensor.hpp"
+#include "cutlass/cutlass.h"
+#include "cutlass/epilogue/collective/collective_builder.hpp"
+#include "cutlass/gemm/collective/collective_builder.hpp"
+#include "cutlass/gemm/device/gemm_universal_adapter.h"
+#include "cutlass/gemm/kernel/gemm_universal.hpp"
+#include "cutlass/util/packed_stride.hpp"
+
+#define CHECK_CUDA(x)                                                              \
+  do {                                                                             \
+    cudaError_t e_ = (x);                                                          \
+    if (e_ != cudaSuccess) {                                                       \
+      std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                \
+    }                                                                              \
+  } while (0)
+
+using namespace cute;
+
+// D[M,N] (row-major) = epilogue(x[M,K] (row-major) . W[N,K]^T) (W row-major = K x N
+// column-major); the epilogue is D = acc, or gelu(acc + bias[n]) with kGeluBias.
+template <class TileShape, class ClusterShape, class KernelSchedule, class EpilogueSchedule,
+          bool kGeluBias = false>
+struct CutlassGemm {
+  using T = cutlass::bfloat16_t;
+  using LayoutA = cutlass::layout::RowMajor;
+  using LayoutB = cutlass::layout::ColumnMajor;
+  using LayoutD = cutlass::layout::RowMajor;
+  static constexpr int kAlign = 8;  // 16 bytes of bf16
+  using Fusion = std::conditional_t<
+      kGeluBias,
+      cutlass::epilogue::fusion::LinCombPerColBiasEltAct<cutlass::epilogue::thread::GELU, T, float>,
+      cutlass::epilogue::fusion::LinearCombination<T, float>>;
+  using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float, T, LayoutD, kAlign, T,
+      LayoutD, kAlign, EpilogueSchedule, Fusion>::CollectiveOp;
+  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, T, LayoutA, kAlign, T, LayoutB,
+      kAlign, float, TileShape, ClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
+          sizeof(typename Epilogue::SharedStorage))>,
+      KernelSchedule>::CollectiveOp;
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue>;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+
+  Gemm gemm;
+  void* workspace = nullptr;
+  const T* bias = nullptr;
+
+  typename Gemm::Arguments arguments(int M, int N, int K, const T* x, const T* w, T* d) const {
+    using SA = typename Gemm::GemmKernel::StrideA;
+    using SB = typename Gemm::GemmKernel::StrideB;
+    using SC = typename Gemm::GemmKernel::StrideC;
+    using SD = typename Gemm::GemmKernel::StrideD;
+    typename Gemm::Arguments args{
+        cutlass::gemm::GemmUniversalMode::kGemm,
+        {M, N, K, 1},
+        {x, cutlass::make_cute_packed_stride(SA{}, {M, K, 1}), w,
+         cutlass::make_cute_packed_stride(SB{}, {N, K, 1})},
+        {{}, d, cutlass::make_cute_packed_stride(SC{}, {M, N, 1}), d,
+         cutlass::make_cute_packed_stride(SD{}, {M, N, 1})}};
+    args.epilogue.thread.alpha = 1.0f;
+    args.epilogue.thread.beta = 0.0f;
+    if constexpr (kGeluBias) args.epilogue.thread.bias_ptr = bias;
+    return args;
+  }
+  bool init(int M, int N, int K, const T* x, const T* w, T* d) {
+    auto args = arguments(M, N, K, x, w, d);
+    if (gemm.can_implement(args) != cutlass::Status::kSuccess) return false;
+    CHECK_CUDA(cudaMalloc(&workspace, std::max<size_t>(1, Gemm::get_workspace_size(args))));
+    return gemm.initialize(args, workspace) == cutlass::Status::kSuccess;
+  }
+  // Re-point A and D (rotated inputs); the same shape, so the same workspace.
+  bool run(int M, int N, int K, const T* x, const T* w, T* d) {
+    if (gemm.initialize(arguments(M, N, K, x, w, d), workspace) != cutlass::Status::kSuccess)
+      return false;
+    return gemm.run() == cutlass::Status::kSuccess;
+  }
+};
+
+using Coop = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
+using CoopEpi = cutlass::epilogue::TmaWarpSpecializedCooperative;
+using Ping = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
+using PingEpi = cutlass::epilogue::TmaWarpSpecialized;
+
+using V1 = CutlassGemm<Shape<_128, _256, _64>, Shape<_2, _1, _1>, Coop, CoopEpi>;
+using V2 = CutlassGemm<Shape<_256, _128, _64>, Shape<_1, _2, _1>, Coop, CoopEpi>;
+using V3 = CutlassGemm<Shape<_64, _256, _64>, Shape<_1, _2, _1>, Ping, PingEpi>;
+using V4 = CutlassGemm<Shape<_128, _256, _64>, Shape<_2, _1, _1>, Coop, CoopEpi, true>;
+
+// The reference for V4: gelu(y + bias) from cuBLAS's bf16 y (so it carries one more bf16
+// rounding than V4's, which applies the epilogue to the fp32 accumulator).
+__global__ void gelu_bias_ref(__nv_bfloat16* y, const __nv_bfloat16* bias, size_t n, int N) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    const float v = __bfloat162float(y[i]) + __bfloat162float(bias[i % N]);
+    y[i] = __float2bfloat16(0.5f * v * (1.f + erff(v * 0.70710678f)));
+  }
+}
+
+__global__ void fill(__nv_bfloat16* p, size_t n, unsigned seed, float lo, float hi) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    unsigned h = (unsigned(i) ^ seed) * 2654435761u;
+    h ^= h >> 13; h *= 0x5bd1e995u; h ^= h >> 15;
+    p[i] = __float2bfloat16(lo + (hi - lo) * (h >> 8) * (1.0f / 16777216.0f));
+  }
+}
+
+int main(int argc, char** argv) {
+  const int M = argc > 3 ? std::atoi(argv[1]) : 1024;
+  const int N = argc > 3 ? std::atoi(argv[2]) : 8192;
+  const int K = argc > 3 ? std::atoi(argv[3]) : 8192;
+  constexpr int kSets = 3, kWarm = 10, kReps = 51;
+  using T = cutlass::bfloat16_t;
+  std::vector<__nv_bfloat16*> xs(kSets), ds(kSets);
+  __nv_bfloat16 *w, *ref;
+  for (int s = 0; s < kSets; ++s) {
+    CHECK_CUDA(cudaMalloc(&xs[s], size_t(M) * K * 2));
+    CHECK_CUDA(cudaMalloc(&ds[s], size_t(M) * N * 2));
+    fill<<<1024, 256>>>(xs[s], size_t(M) * K, 17u + s, 0.f, 1.f);  // torch.rand
+  }
+  CHECK_CUDA(cudaMalloc(&w, size_t(N) * K * 2));
+  CHECK_CUDA(cudaMalloc(&ref, size_t(M) * N * 2));
+  __nv_bfloat16 *bias, *ref_gelu;
+  CHECK_CUDA(cudaMalloc(&bias, size_t(N) * 2));
+  CHECK_CUDA(cudaMalloc(&ref_gelu, size_t(M) * N * 2));
+  const float bound = 1.0f / std::sqrt(float(K));  // nn.Linear's default init range
+  fill<<<1024, 256>>>(w, size_t(N) * K, 99u, -bound, bound);
+  fill<<<64, 256>>>(bias, size_t(N), 7u, -bound, bound);
+
+  cublasHandle_t h;
+  cublasCreate(&h);
+  const float one = 1.f, zero = 0.f;
+  auto cublas = [&](int s) {
+    cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, w, CUDA_R_16BF, K, xs[s],
+                 CUDA_R_16BF, K, &zero, ds[s], CUDA_R_16BF, N, CUBLAS_COMPUTE_32F,
+                 CUBLAS_GEMM_DEFAULT);
+  };
+  cublas(0);
+  CHECK_CUDA(cudaMemcpy(ref, ds[0], size_t(M) * N * 2, cudaMemcpyDeviceToDevice));
+  CHECK_CUDA(cudaMemcpy(ref_gelu, ds[0], size_t(M) * N * 2, cudaMemcpyDeviceToDevice));
+  gelu_bias_ref<<<1024, 256>>>(ref_gelu, bias, size_t(M) * N, N);
+  std::vector<__nv_bfloat16> href(size_t(M) * N), hgelu(size_t(M) * N), hout(size_t(M) * N);
+  CHECK_CUDA(cudaMemcpy(href.data(), ref, href.size() * 2, cudaMemcpyDeviceToHost));
+  CHECK_CUDA(cudaMemcpy(hgelu.data(), ref_gelu, hgelu.size() * 2, cudaMemcpyDeviceToHost));
+
+  struct Variant {
+    std::string name;
+    std::function<bool(int)> call;
+    const std::vector<__nv_bfloat16>* expect;
+  };
+  std::vector<Variant> vs{
+      {"cuBLAS (F.linear's TN call)", [&](int s) { cublas(s); return true; }, &href}};
+  V1 v1; V2 v2; V3 v3; V4 v4;
+  v4.bias = reinterpret_cast<const T*>(bias);
+  auto add = [&](auto& g, const char* name, const std::vector<__nv_bfloat16>* expect) {
+    if (!g.init(M, N, K, (T*)xs[0], (T*)w, (T*)ds[0])) {
+      std::printf("%-58s cannot run this shape\n", name);
+      return;
+    }
+    vs.push_back({name, [&g, &xs, &ds, w, M, N, K](int s) {
+                    return g.run(M, N, K, (T*)xs[s], (T*)w, (T*)ds[s]);
+                  }, expect});
+  };
+  add(v1, "CUTLASS coop 128x256x64, cluster 2x1", &href);
+  add(v2, "CUTLASS coop 256x128x64, cluster 1x2", &href);
+  add(v3, "CUTLASS pingpong 64x256x64, cluster 1x2", &href);
+  add(v4, "CUTLASS coop 128x256x64 + bias + gelu(erf) epilogue", &hgelu);
+
+  // Correctness: every variant's set-0 output against cuBLAS's (poisoned first).
+  for (size_t i = 1; i < vs.size(); ++i) {
+    CHECK_CUDA(cudaMemset(ds[0], 0xff, size_t(M) * N * 2));  // NaN poison
+    if (!vs[i].call(0)) { std::printf("%s: run failed\n", vs[i].name.c_str()); return 1; }
+    CHECK_CUDA(cudaMemcpy(hout.data(), ds[0], hout.size() * 2, cudaMemcpyDeviceToHost));
+    double num = 0, den = 0, worst = 0;
+    for (size_t j = 0; j < hout.size(); ++j) {
+      const double a = __bfloat162float(hout[j]), b = __bfloat162float((*vs[i].expect)[j]);
+      const double d = std::isnan(a) ? 1e30 : a - b;
+      num += d * d; den += b * b; worst = std::max(worst, std::fabs(d));
+    }
+    std::printf("check %-52s rel diff vs reference %.2e, max abs %.2e\n", vs[i].name.c_str(),
+                std::sqrt(num / den), worst);
+  }
+
+  // Timing: interleaved rounds (variant order rotated); each sample is kBatch back-to-back
+  // calls between two CUDA events (no idle GPU between calls), inputs rotated.
+  constexpr int kBatch = 5;
+  const double flops = 2.0 * M * N * K;
+  std::vector<std::vector<float>> ms(vs.size());
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  for (int it = 0; it < kWarm + kReps; ++it) {
+    for (size_t i = 0; i < vs.size(); ++i) {
+      const size_t v = (i + it) % vs.size();
+      cudaEventRecord(a);
+      for (int j = 0; j < kBatch; ++j) vs[v].call((it * kBatch + j) % kSets);
+      cudaEventRecord(b);
+      CHECK_CUDA(cudaEventSynchronize(b));
+      float t;
+      cudaEventElapsedTime(&t, a, b);
+      if (it >= kWarm) ms[v].push_back(t / kBatch);
+    }
+  }
+  std::printf("\nM=%d N=%d K=%d bf16 in/out, fp32 accumulation; median of %d batches of %d calls, "
+              "%d input sets\n", M, N, K, kReps, kBatch, kSets);
+  const double base = [&] { auto t = ms[0]; std::sort(t.begin(), t.end()); return t[t.size() / 2]; }();
+  for (size_t v = 0; v < vs.size(); ++v) {
+    std::sort(ms[v].begin(), ms[v].end());
+    const double med = ms[v][ms[v].size() / 2];
+    std::printf("%-48s %8.1f us  %6.1f TFLOP/s  %.3fx cuBLAS time\n", vs[v].name.c_str(), med * 1e3,
+                flops / (med * 1e-3) / 1e12, med / base);
+  }
+  return 0;
+}

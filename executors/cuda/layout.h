@@ -15,11 +15,12 @@ constexpr size_t kAbsent = static_cast<size_t>(-1);
 constexpr size_t kAlign = 256;
 inline size_t align_up(size_t v, size_t a = kAlign) { return (v + a - 1) / a * a; }
 
-// cuBLASLt workspace. The size steers cuBLASLt's heuristic: with 32 MiB (NVIDIA's Hopper
-// recommendation) the fp32 seed GEMM got a 64x256 SGEMM kernel, with <= 4 MiB (and in eager
-// PyTorch, whose default workspace is smaller) a 128x128 one that is 7-11 us faster on H100
-// (bench/results/2026-11-21-h100-s3-lt-workspace-ab.log).
-constexpr size_t kLtWorkspaceBytes = size_t(4) << 20;
+// cuBLASLt workspace (NVIDIA recommends 32 MiB on Hopper). The size steers cuBLASLt's
+// heuristic: at the seed shape 4 MiB gives eager's 128x128 SGEMM kernel (7-11 us faster than
+// the 64x256 one chosen with 32 MiB), but at M = 16 and 128 it lost the split-K kernels that
+// make small batches faster than eager (fp32 M = 16: 0.167 -> 0.296 ms, eager 0.238). Kept at
+// 32 MiB; bench/NOTES.md has the numbers (a per-shape choice needs timing, not a rule).
+constexpr size_t kLtWorkspaceBytes = size_t(32) << 20;
 
 size_t dtype_size(DType d);
 

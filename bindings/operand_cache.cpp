@@ -29,19 +29,18 @@ c10::Stream current_stream(const at::Tensor& t) {
 
 at::Tensor fp32_operand(const at::Tensor& t) {
   if (t.scalar_type() == at::kFloat && t.is_contiguous()) return t;
-  TensorIdentity id(t);
-  if (!id.trusted() || t.numel() == 0) return t.to(at::kFloat).contiguous();
+  if (t.is_inference() || t.numel() == 0) return t.to(at::kFloat).contiguous();
   const c10::Stream stream = current_stream(t);
   std::lock_guard<std::mutex> lock(g_mutex);
   auto it = g_entries.find(t.data_ptr());
-  if (it != g_entries.end() && it->second.source == id && it->second.stream == stream)
+  if (it != g_entries.end() && it->second.source.matches(t) && it->second.stream == stream)
     return it->second.converted;
   at::Tensor converted = t.to(at::kFloat).contiguous();
   if (it != g_entries.end()) {
-    it->second = Entry{id, stream, converted};
+    it->second = Entry{TensorIdentity(t), stream, converted};
   } else {
     if (g_entries.size() >= kMaxEntries) g_entries.clear();
-    g_entries.emplace(t.data_ptr(), Entry{id, stream, converted});
+    g_entries.emplace(t.data_ptr(), Entry{TensorIdentity(t), stream, converted});
   }
   return converted;
 }

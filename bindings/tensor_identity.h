@@ -22,11 +22,9 @@ class TensorIdentity {
         dtype_(t.scalar_type()),
         version_(t.is_inference() ? -1 : static_cast<int64_t>(t._version())) {}
 
-  // Inference tensors have no version counter: a result built from one is never reused.
-  bool trusted() const { return version_ >= 0; }
-
   // Whether t is (still) the tensor this identity was taken of; no copies, no refcounting
-  // (runs on every call for the prepared-weights check).
+  // (runs on every call). Inference tensors have no version counter: an identity involving
+  // one never matches, so a result built from one is never reused.
   bool matches(const at::Tensor& t) const {
     return version_ >= 0 && !t.is_inference() &&
            storage_._unsafe_get_target() == t.storage().unsafeGetStorageImpl() &&
@@ -34,13 +32,6 @@ class TensorIdentity {
            dtype_ == t.scalar_type() && t.sizes() == at::IntArrayRef(sizes_) &&
            t.strides() == at::IntArrayRef(strides_);
   }
-
-  bool operator==(const TensorIdentity& o) const {
-    return storage_._unsafe_get_target() == o.storage_._unsafe_get_target() &&
-           offset_ == o.offset_ && version_ == o.version_ && dtype_ == o.dtype_ &&
-           sizes_ == o.sizes_ && strides_ == o.strides_;
-  }
-  bool operator!=(const TensorIdentity& o) const { return !(*this == o); }
 
  private:
   c10::weak_intrusive_ptr<c10::StorageImpl> storage_;

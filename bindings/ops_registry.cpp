@@ -8,6 +8,11 @@
 #include <sstream>
 #include <stdexcept>
 
+#ifdef GEMMFUSE_WITH_CUDA
+#include <c10/cuda/CUDAGuard.h>
+
+#include "cuda_executor.h"
+#endif
 #include "plan_cache.h"
 #include "run_call.h"
 
@@ -58,6 +63,13 @@ std::string describe(c10::string_view spec, const at::Tensor& x, const at::Tenso
   if (!x.is_cuda() && cp.plan->precision != Precision::FP32)
     os << " (computes every precision mode in fp32)";
   os << '\n' << cp.plan->describe();
+#ifdef GEMMFUSE_WITH_CUDA
+  if (x.is_cuda()) {
+    c10::cuda::CUDAGuard guard(x.device());
+    const std::string k = CudaExecutor::describe_kernels(*cp.plan);
+    if (!k.empty()) os << '\n' << k;
+  }
+#endif
   return os.str();
 }
 

@@ -29,6 +29,7 @@
 #include "cutlass/gemm/device/gemm_universal_adapter.h"
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
 #include "cutlass/util/packed_stride.hpp"
+#include "gemm_softmax.h"  // gemmfuse's fused sm90 kernel (executors/cuda/sm90)
 
 #define CHECK_CUDA(x)                                                              \
   do {                                                                             \
@@ -44,7 +45,7 @@ using namespace cute;
 // D[M,N] (row-major) = epilogue(x[M,K] (row-major) . W[N,K]^T) (W row-major = K x N
 // column-major); the epilogue is D = acc, or gelu(acc + bias[n]) with kGeluBias.
 template <class TileShape, class ClusterShape, class KernelSchedule, class EpilogueSchedule,
-          bool kGeluBias = false>
+          bool kGeluBias = false, int kStages = 0>  // 0: as many stages as fit
 struct CutlassGemm {
   using T = cutlass::bfloat16_t;
   using LayoutA = cutlass::layout::RowMajor;
@@ -62,8 +63,10 @@ struct CutlassGemm {
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, T, LayoutA, kAlign, T, LayoutB,
       kAlign, float, TileShape, ClusterShape,
-      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
-          sizeof(typename Epilogue::SharedStorage))>,
+      std::conditional_t<kStages == 0,
+                         cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
+                             sizeof(typename Epilogue::SharedStorage))>,
+                         cutlass::gemm::collective::StageCount<kStages>>,
       KernelSchedule>::CollectiveOp;
   using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
@@ -112,6 +115,15 @@ using V1 = CutlassGemm<Shape<_128, _256, _64>, Shape<_2, _1, _1>, Coop, CoopEpi>
 using V2 = CutlassGemm<Shape<_256, _128, _64>, Shape<_1, _2, _1>, Coop, CoopEpi>;
 using V3 = CutlassGemm<Shape<_64, _256, _64>, Shape<_1, _2, _1>, Ping, PingEpi>;
 using V4 = CutlassGemm<Shape<_128, _256, _64>, Shape<_2, _1, _1>, Coop, CoopEpi, true>;
+// The fused kernel's mainloop alone: 3 stages (the rest of its shared memory holds a tile).
+using V5 = CutlassGemm<Shape<_128, _256, _64>, Shape<_2, _1, _1>, Coop, CoopEpi, false, 3>;
+// Ping-pong with 128x128 tiles per warpgroup: would a kernel that hides each tile's epilogue
+// behind the other warpgroup's mainloop keep cuBLAS's mainloop speed?
+using V6 = CutlassGemm<Shape<_128, _128, _64>, Shape<_2, _1, _1>, Ping, PingEpi>;
+using V7 = CutlassGemm<Shape<_128, _128, _64>, Shape<_1, _2, _1>, Ping, PingEpi>;
+// The shared memory left beside a 3-tile stash holds 3 stages of 128x128x64 (or 6 of x32).
+using V8 = CutlassGemm<Shape<_128, _128, _64>, Shape<_2, _1, _1>, Ping, PingEpi, false, 3>;
+using V9 = CutlassGemm<Shape<_128, _128, _32>, Shape<_2, _1, _1>, Ping, PingEpi, false, 6>;
 
 // The reference for V4: gelu(y + bias) from cuBLAS's bf16 y (so it carries one more bf16
 // rounding than V4's, which applies the epilogue to the fp32 accumulator).
@@ -175,7 +187,8 @@ int main(int argc, char** argv) {
   };
   std::vector<Variant> vs{
       {"cuBLAS (F.linear's TN call)", [&](int s) { cublas(s); return true; }, &href}};
-  V1 v1; V2 v2; V3 v3; V4 v4;
+  V1 v1; V2 v2; V3 v3; V4 v4; V5 v5; V6 v6; V7 v7; V8 v8; V9 v9;
+  std::printf("CUTLASS coop 128x256x64 auto stage count: %d\n", int(V1::Mainloop::DispatchPolicy::Stages));
   v4.bias = reinterpret_cast<const T*>(bias);
   auto add = [&](auto& g, const char* name, const std::vector<__nv_bfloat16>* expect) {
     if (!g.init(M, N, K, (T*)xs[0], (T*)w, (T*)ds[0])) {
@@ -190,9 +203,101 @@ int main(int argc, char** argv) {
   add(v2, "CUTLASS coop 256x128x64, cluster 1x2", &href);
   add(v3, "CUTLASS pingpong 64x256x64, cluster 1x2", &href);
   add(v4, "CUTLASS coop 128x256x64 + bias + gelu(erf) epilogue", &hgelu);
+  add(v5, "CUTLASS coop 128x256x64, cluster 2x1, 3 stages", &href);
+  add(v6, "CUTLASS pingpong 128x128x64, cluster 2x1", &href);
+  add(v7, "CUTLASS pingpong 128x128x64, cluster 1x2", &href);
+  add(v8, "CUTLASS pingpong 128x128x64, cluster 2x1, 3 stages", &href);
+  add(v9, "CUTLASS pingpong 128x128x32, cluster 2x1, 6 stages", &href);
+
+  // gemmfuse's fused kernel: softmax(gelu(x W^T + b)) (bf16 out), timed only here; the
+  // GPU tests check its results.
+  float* bias32;
+  CHECK_CUDA(cudaMalloc(&bias32, size_t(N) * 4));
+  CHECK_CUDA(cudaMemset(bias32, 0, size_t(N) * 4));
+  void* fused_ws;
+  CHECK_CUDA(cudaMalloc(&fused_ws, gemmfuse::cuda::sm90::gemm_softmax_workspace_bytes(M, N)));
+  const std::string unfit = gemmfuse::cuda::sm90::gemm_softmax_unfit(M, N, K, gemmfuse::DType::BF16);
+  if (unfit.empty()) {
+    vs.push_back({"gemmfuse fused gemm+bias+gelu+softmax (sm90)", [&, M, N, K](int s) {
+                    gemmfuse::cuda::sm90::GemmSoftmaxProblem p;
+                    p.M = M; p.N = N; p.K = K;
+                    p.x = xs[s]; p.w = w; p.bias = bias32; p.out = ds[s];
+                    p.act = gemmfuse::cuda::sm90::Activation::GeluErf;
+                    gemmfuse::cuda::sm90::launch_gemm_softmax(p, fused_ws, nullptr);
+                    return true;
+                  }, nullptr});
+    // The same calls replayed from a CUDA graph (no host work between them), and the
+    // counter reset alone: what the launch path adds.
+    static cudaGraphExec_t graph_exec = nullptr;
+    {
+      cudaStream_t cs;
+      CHECK_CUDA(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
+      cudaGraph_t g;
+      CHECK_CUDA(cudaStreamBeginCapture(cs, cudaStreamCaptureModeGlobal));
+      gemmfuse::cuda::sm90::GemmSoftmaxProblem p;
+      p.M = M; p.N = N; p.K = K;
+      p.x = xs[1]; p.w = w; p.bias = bias32; p.out = ds[1];
+      p.act = gemmfuse::cuda::sm90::Activation::GeluErf;
+      gemmfuse::cuda::sm90::launch_gemm_softmax(p, fused_ws, cs);
+      CHECK_CUDA(cudaStreamEndCapture(cs, &g));
+      CHECK_CUDA(cudaGraphInstantiate(&graph_exec, g, 0));
+    }
+    vs.push_back({"  the same call replayed from a CUDA graph", [&](int) {
+                    CHECK_CUDA(cudaGraphLaunch(graph_exec, nullptr));
+                    return true;
+                  }, nullptr});
+    vs.push_back({"  (its 4-byte counter reset alone)", [&](int) {
+                    CHECK_CUDA(cudaMemsetAsync(fused_ws, 0, 4, nullptr));
+                    return true;
+                  }, nullptr});
+    // Three traced runs back to back: where the time goes inside the fused kernel (phases
+    // per CTA) and between two launches.
+    const int ctas = 256, reps = 3;
+    unsigned long long* trace;
+    CHECK_CUDA(cudaMalloc(&trace, reps * ctas * 16 * sizeof(unsigned long long)));
+    CHECK_CUDA(cudaMemset(trace, 0, reps * ctas * 16 * sizeof(unsigned long long)));
+    for (int rep = 0; rep < reps; ++rep) {
+      gemmfuse::cuda::sm90::GemmSoftmaxProblem p;
+      p.M = M; p.N = N; p.K = K;
+      p.x = xs[rep]; p.w = w; p.bias = bias32; p.out = ds[rep];
+      p.act = gemmfuse::cuda::sm90::Activation::GeluErf;
+      p.trace = trace + rep * ctas * 16;
+      gemmfuse::cuda::sm90::launch_gemm_softmax(p, fused_ws, nullptr);
+    }
+    CHECK_CUDA(cudaDeviceSynchronize());
+    std::vector<unsigned long long> all(reps * ctas * 16);
+    CHECK_CUDA(cudaMemcpy(all.data(), trace, all.size() * 8, cudaMemcpyDeviceToHost));
+    const char* names[10] = {"entry", "mainloop 1", "epilogue 1", "mainloop 2", "epilogue 2",
+                             "grid barrier", "row merge", "stores issued", "  merge loads",
+                             "  merge math"};
+    unsigned long long prev_end = 0;
+    for (int rep = 0; rep < reps; ++rep) {
+      const unsigned long long* tr = all.data() + rep * ctas * 16;
+      unsigned long long t0 = ~0ull, t_end = 0;
+      int used = 0;
+      for (int c = 0; c < ctas; ++c)
+        if (tr[c * 16]) { t0 = std::min(t0, tr[c * 16]); t_end = std::max(t_end, tr[c * 16 + 7]); ++used; }
+      std::printf("fused run %d: %d CTAs, first entry to last store %.1f us, gap after the previous run's last store %.1f us\n",
+                  rep, used, (t_end - t0) * 1e-3, prev_end ? (t0 - prev_end) * 1e-3 : 0.0);
+      prev_end = t_end;
+      if (rep != reps - 1) continue;
+      std::printf("  phase end, us from the first entry: min / median / max over CTAs\n");
+      for (int k = 0; k < 10; ++k) {
+        std::vector<double> v;
+        for (int c = 0; c < ctas; ++c)
+          if (tr[c * 16] && tr[c * 16 + k]) v.push_back((tr[c * 16 + k] - t0) * 1e-3);
+        if (v.empty()) continue;
+        std::sort(v.begin(), v.end());
+        std::printf("  %-14s %8.1f %8.1f %8.1f\n", names[k], v.front(), v[v.size() / 2], v.back());
+      }
+    }
+  } else {
+    std::printf("gemmfuse fused kernel: %s\n", unfit.c_str());
+  }
 
   // Correctness: every variant's set-0 output against cuBLAS's (poisoned first).
   for (size_t i = 1; i < vs.size(); ++i) {
+    if (!vs[i].expect) continue;
     CHECK_CUDA(cudaMemset(ds[0], 0xff, size_t(M) * N * 2));  // NaN poison
     if (!vs[i].call(0)) { std::printf("%s: run failed\n", vs[i].name.c_str()); return 1; }
     CHECK_CUDA(cudaMemcpy(hout.data(), ds[0], hout.size() * 2, cudaMemcpyDeviceToHost));

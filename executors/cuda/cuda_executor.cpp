@@ -7,6 +7,7 @@
 
 #include "column_stats.h"
 #include "cuda_check.h"
+#include "fused_softmax.h"
 #include "gemm_cublas.h"
 #include "gemv.h"
 #include "layout.h"
@@ -16,6 +17,41 @@
 namespace gemmfuse {
 
 using namespace gemmfuse::cuda;
+
+namespace {
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// Gemm + RowPass as one sm90 kernel when the plan and the device allow (fused_softmax.h);
+// false: run the steps.
+bool run_fused_softmax(const Plan& plan, const RunArgs& args, const char* prep, char* ws,
+                       cudaStream_t stream) {
+  const FusedSoftmax f = match_fused_softmax(plan);
+  if (!f.matches || !fused_softmax_enabled() ||
+      !sm90::gemm_softmax_unfit(plan.M, plan.N, plan.K, plan.dtype).empty())
+    return false;
+  const PreparedLayout P = prepared_layout(plan);
+  const WorkspaceLayout W = workspace_layout(plan);
+  sm90::GemmSoftmaxProblem p;
+  p.M = plan.M;
+  p.N = plan.N;
+  p.K = plan.K;
+  p.dtype = plan.dtype;
+  p.x = args.x;
+  p.w = P.w_folded != kAbsent ? prep + P.w_folded : args.weight;
+  p.bias = P.bias_f32 != kAbsent ? reinterpret_cast<const float*>(prep + P.bias_f32) : nullptr;
+  if (plan.chain.has_bias && p.bias == nullptr)
+    throw std::logic_error("CUDA executor: a 16-bit bias without its prepared fp32 copy");
+  p.out = args.out;
+  p.act = f.act;
+  p.scale = f.scale;
+  // TMA and the 16-byte stores need aligned rows (K, N multiples of 8: checked in unfit).
+  if (!aligned16(p.x) || !aligned16(p.w) || !aligned16(p.out)) return false;
+  sm90::launch_gemm_softmax(p, ws + W.gemm_softmax, stream);
+  return true;
+}
+
+}  // namespace
 
 void CudaExecutor::check(const Plan& plan) {
   if (plan.steps.empty()) throw std::logic_error("CUDA executor: empty plan");
@@ -35,6 +71,15 @@ void CudaExecutor::check(const Plan& plan) {
         break;
     }
   }
+}
+
+std::string CudaExecutor::describe_kernels(const Plan& plan) {
+  if (!match_fused_softmax(plan).matches) return "";
+  const std::string why = fused_softmax_unused(plan);
+  if (why.empty())
+    return "cuda: Gemm + RowPass run as one sm90 kernel (TMA/wgmma GEMM, the softmax finished "
+           "on chip; Y never goes to memory)";
+  return "cuda: the fused sm90 GEMM + softmax kernel is not used: " + why;
 }
 
 size_t CudaExecutor::prepared_bytes(const Plan& plan) const {
@@ -67,6 +112,7 @@ void CudaExecutor::run(const Plan& plan, const RunArgs& args, const void* prepar
     throw std::invalid_argument("gemmfuse: the plan needs prepared weights (prepare() first)");
   if (!args.x || !args.out) throw std::invalid_argument("gemmfuse: x and out are required");
 
+  if (run_fused_softmax(plan, args, prep, ws, stream)) return;
   for (const Step& s : plan.steps) {
     switch (s.kind) {
       case Step::Kind::Gemm:

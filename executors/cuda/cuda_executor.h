@@ -7,6 +7,8 @@
 //   ColumnStats  column_stats.cu: BatchNorm statistics (batch: two-level reduction, running
 //                stats updated on device; eval: from the running stats)
 //   prepare()    prepare.cu: folded eval BatchNorm, fp32 bias, column sums, W split
+//   Gemm + RowPass of a 16-bit Linear -> [gelu] -> [scalar] -> softmax: one sm90 kernel
+//                (sm90/gemm_softmax.cu) when the device and shape allow (fused_softmax.h)
 //
 // Contract (executor.h): x, weight, bias and out in plan.dtype, operands and running stats
 // fp32, num_batches int64, all device pointers on the current device. run() allocates
@@ -16,6 +18,8 @@
 // Thread-safe: one instance may serve several threads and devices (cuBLASLt handles and
 // algorithm choices are cached per device behind a mutex).
 #pragma once
+
+#include <string>
 
 #include "gemmfuse/executor.h"
 
@@ -28,6 +32,10 @@ class CudaExecutor : public Executor {
   // Throws Unsupported when the plan exceeds this executor's limits (e.g. a row program of
   // more than 32 instructions). prepared_bytes/workspace_bytes/run call it too.
   static void check(const Plan& plan);
+
+  // What run() launches for this plan on the current device beyond the plan's own steps
+  // (one line, or "" when it runs the steps as described), for explain.
+  static std::string describe_kernels(const Plan& plan);
 
   size_t prepared_bytes(const Plan& plan) const override;
   size_t workspace_bytes(const Plan& plan) const override;

@@ -18,6 +18,7 @@
 #include "cpu_test_util.h"
 #include "cuda_executor.h"
 #include "column_stats.h"
+#include "fused_softmax.h"
 #include "row_program.h"
 
 namespace {
@@ -256,7 +257,7 @@ struct Problem {
 };
 
 void check_problem(const Problem& p, const CudaOptions& o, std::mt19937_64& rng,
-                   const std::function<void(Case&)>& tweak = nullptr) {
+                   const std::function<void(Case&)>& tweak = nullptr, Plan* plan_out = nullptr) {
   SCOPED_TRACE("spec:\n" + p.spec + "\nM=" + std::to_string(gftest::numel(p.batch)) +
                " dtype=" + dtype_name(o.dtype) + " precision=" + precision_name(o.precision));
   Case c = gftest::make_case(p.spec, p.batch, p.operand_sizes, p.state, rng, p.state_width,
@@ -265,6 +266,7 @@ void check_problem(const Problem& p, const CudaOptions& o, std::mt19937_64& rng,
   round_inputs(c, o.dtype);
   const gftest::CpuResult ref = gftest::run_cpu(c);
   const CudaResult got = run_cuda(c, o);
+  if (plan_out) *plan_out = got.plan;
   EXPECT_TRUE(close_to(got.out, ref.out, tolerance(o))) << got.plan.describe();
   ASSERT_EQ(got.state.size(), ref.state.size());
   for (size_t i = 0; i < got.state.size(); ++i) {
@@ -674,6 +676,92 @@ TEST(CudaExecutor, NaNAndInfPropagate) {
                              "maximum b=0.5\nsum keepdim=0", "max_pool kernel=3", "sum keepdim=1"})
       check_problem({linear(50, 72) + body, {7}, {}, "", 0}, o, rng, poison);
   }
+}
+
+bool is_sm90() {
+  int dev = 0;
+  cudaDeviceProp prop;
+  return cudaGetDevice(&dev) == cudaSuccess && cudaGetDeviceProperties(&prop, dev) == cudaSuccess &&
+         prop.major == 9 && prop.minor == 0;
+}
+
+// The fused sm90 GEMM + softmax kernel (fused_softmax.h) on problems it takes: ragged M, N
+// and K tails, one and two tiles per CTA, with and without gelu and a scalar, NaN and inf rows, a
+// CUDA graph and a side stream. Each plan must actually take the kernel.
+TEST(CudaExecutor, FusedGemmSoftmaxSm90) {
+  SKIP_WITHOUT_GPU();
+  if (!is_sm90()) GTEST_SKIP() << "the fused kernel needs an sm_90 GPU";
+  std::mt19937_64 rng(gftest::test_seed());
+  struct Shape {
+    int64_t M, K, N;
+  };
+  // 1000 x 4104: 8 x 17 tiles, two per CTA; 500 x 4104: one per CTA. K = 264, 136: k tails.
+  const Shape shapes[] = {{1000, 264, 4104}, {500, 136, 4104}};
+  const char* bodies[] = {"gelu\nsoftmax", "softmax", "gelu\nmul b=0.5\nsoftmax", "mul b=3\nsoftmax"};
+  auto expect_fused = [](const Plan& plan) {
+    EXPECT_EQ(cuda::fused_softmax_unused(plan), "") << plan.describe();
+  };
+  for (DType d : {DType::BF16, DType::F16}) {
+    CudaOptions o;
+    o.dtype = d;
+    for (const Shape& s : shapes)
+      for (const char* body : bodies) {
+        Plan plan;
+        check_problem({linear(s.K, s.N) + body, {s.M}, {}, "", 0, -1.f, 1.f}, o, rng, nullptr, &plan);
+        expect_fused(plan);
+      }
+  }
+  // Small inputs (|x W^T + b| < 2 sqrt 2 everywhere): the epilogue's polynomial gelu; the
+  // unscaled cases above mostly take its erff fallback.
+  auto small = [](Case& c) {
+    for (float& v : c.x) v *= 0.02f;
+  };
+  for (DType d : {DType::BF16, DType::F16}) {
+    CudaOptions o;
+    o.dtype = d;
+    Plan plan;
+    check_problem({linear(264, 4104) + "gelu\nsoftmax", {1000}, {}, "", 0}, o, rng, small, &plan);
+    expect_fused(plan);
+  }
+  // Non-finite rows: a NaN in x makes its row NaN; +inf and -inf inputs give inf products.
+  auto poison = [](Case& c) {
+    const int64_t K = c.chain.in_features;
+    c.x[2 * K + 3] = std::numeric_limits<float>::quiet_NaN();
+    c.x[700 * K + 5] = std::numeric_limits<float>::infinity();
+    c.x[901 * K + 1] = -std::numeric_limits<float>::infinity();
+  };
+  CudaOptions o;
+  o.dtype = DType::BF16;
+  Plan plan;
+  check_problem({linear(264, 4104) + "gelu\nsoftmax", {1000}, {}, "", 0}, o, rng, poison, &plan);
+  expect_fused(plan);
+  // Graph capture (the counter reset is a memset node) on a side stream, replayed twice.
+  cudaStream_t st;
+  CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  o.stream = st;
+  o.graph = true;
+  o.runs = 2;
+  check_problem({linear(264, 4104) + "gelu\nsoftmax", {1000}, {}, "", 0}, o, rng, nullptr, &plan);
+  expect_fused(plan);
+  CK(cudaStreamDestroy(st));
+}
+
+// Plans outside the fused kernel's shape say why, and still run (step by step).
+TEST(CudaExecutorPlan, FusedSoftmaxMatchesOnlyItsChains) {
+  PlanRequest req;
+  req.batch_sizes = {1000};
+  req.dtype = DType::BF16;
+  req.chain = parse_chain(linear(264, 4104) + "gelu\nsoftmax");
+  EXPECT_TRUE(cuda::match_fused_softmax(make_plan(req)).matches);
+  req.chain = parse_chain(linear(264, 4104) + "relu\nsoftmax");
+  EXPECT_FALSE(cuda::match_fused_softmax(make_plan(req)).matches);
+  req.chain = parse_chain(linear(264, 4104) + "gelu\ndiv b=3\nsoftmax");
+  EXPECT_FALSE(cuda::match_fused_softmax(make_plan(req)).matches);
+  req.chain = parse_chain(linear(264, 4104) + "gelu\nlog_softmax");
+  EXPECT_FALSE(cuda::match_fused_softmax(make_plan(req)).matches);
+  req.dtype = DType::F32;
+  req.chain = parse_chain(linear(264, 4104) + "gelu\nsoftmax");
+  EXPECT_EQ(cuda::match_fused_softmax(make_plan(req)).why, "fp32 model");
 }
 
 TEST(CudaExecutor, GemvRowsWithInfOrNaNFollowTheColumnSigns) {

@@ -1,0 +1,29 @@
+// When the CUDA executor runs a plan's Gemm and its RowPass as one kernel: a 16-bit model
+// whose chain is Linear -> [gelu] -> [* a number] -> softmax goes to the sm90 fused
+// kernel (sm90/gemm_softmax.h) when the device and the shape allow; otherwise the plan runs
+// step by step (cuBLASLt, then the row program), with the same result to rounding.
+#pragma once
+
+#include <string>
+
+#include "gemmfuse/plan.h"
+#include "gemm_softmax.h"
+
+namespace gemmfuse::cuda {
+
+struct FusedSoftmax {
+  bool matches = false;  // the plan has the shape above (independent of the device)
+  std::string why;       // why not, when !matches
+  sm90::Activation act = sm90::Activation::Identity;
+  float scale = 1.f;
+};
+FusedSoftmax match_fused_softmax(const Plan& plan);
+
+// "" when run() takes the fused kernel for this plan on the current device, else why not.
+std::string fused_softmax_unused(const Plan& plan);
+
+// Process-wide switch (default on), for A/B timing and tests.
+void set_fused_softmax(bool on);
+bool fused_softmax_enabled();
+
+}  // namespace gemmfuse::cuda

@@ -1,0 +1,564 @@
+// The fused Linear -> [gelu] -> [scalar] -> softmax kernel for Hopper (see gemm_softmax.h).
+//
+// Layering as in CUTLASS: the mainloop is CUTLASS's sm90 TMA + wgmma warp-specialized
+// collective (a producer warp streams 128x64 x-tiles and 256x64 W-tiles through a 3-stage
+// shared-memory pipeline, two consumer warpgroups issue wgmma into 128x256 fp32
+// accumulators); this file is the kernel around it: the tile schedule, the softmax epilogue
+// and the grid-wide merge of row statistics. The epilogue knows the accumulator only as
+// (value, row, column) triples, through CuTe's identity-tensor partition.
+//
+// Schedule: clusters of 2 CTAs along M share each W tile (TMA multicast). A CTA covers 128
+// rows and tpc (1 or 2) adjacent 256-column tiles, computed one after the other; cluster q
+// takes m-blocks 2 (q % m_pairs) + {0, 1} and column group q / m_pairs. The CTAs' first
+// tiles run together and cover every other column tile, so x rows and W columns are shared
+// through L2 as in a plain GEMM. Covering two tiles of the same rows halves the row partials
+// each CTA publishes and reads at the grid barrier (one per 512 columns).
+//
+// Shared memory per CTA (bf16/fp16 operands):
+//   pipeline   3 x (128x64 + 256x64) x 2 B = 144 KiB; after the last mainloop it holds the
+//              last tile's stash
+//   stash      128 x 264 fp16 = 66 KiB: the first tile's exp(v - tile row max) while the
+//              second tile's mainloop runs (rows padded by 8 halves: conflict-free writes)
+#include "gemm_softmax.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <mutex>
+#include <stdexcept>
+#include <unordered_map>
+
+#include "cuda_check.h"
+#include "pointwise.h"
+
+#if defined(GEMMFUSE_WITH_SM90_KERNELS)
+#include "cute/tensor.hpp"
+#include "cutlass/arch/reg_reconfig.h"
+#include "cutlass/cutlass.h"
+#include "cutlass/gemm/collective/collective_builder.hpp"
+#include "cutlass/pipeline/pipeline.hpp"
+#endif
+
+namespace gemmfuse::cuda::sm90 {
+
+namespace {
+
+constexpr int kTileM = 128, kTileN = 256, kTileK = 64;
+constexpr int kClusterM = 2;       // CTAs per cluster (along M)
+constexpr int kThreads = 384;      // producer warpgroup + two consumer warpgroups
+constexpr int kConsumers = 256;
+constexpr int kStashStride = kTileN + 8;  // halves per stash row
+constexpr int kTraceSlots = 16;           // GemmSoftmaxProblem::trace stamps per CTA
+
+int ceil_div(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
+
+}  // namespace
+
+size_t gemm_softmax_workspace_bytes(int64_t M, int64_t N) {
+  // float2 partials [n_tiles][M], then the barrier counter on its own 256-byte line.
+  const size_t partials = sizeof(float) * 2 * static_cast<size_t>(ceil_div(N, kTileN)) * M;
+  return (partials + 255) / 256 * 256 + 256;
+}
+
+#if defined(GEMMFUSE_WITH_SM90_KERNELS)
+
+using namespace cute;
+
+namespace {
+
+template <class T>  // cutlass::bfloat16_t or cutlass::half_t
+struct Kernel {
+  using Element = T;
+  using TileShape = Shape<Int<kTileM>, Int<kTileN>, Int<kTileK>>;
+  using ClusterShape = Shape<Int<kClusterM>, _1, _1>;
+  static constexpr int kStages = 3;
+  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, T, cutlass::layout::RowMajor, 8, T,
+      cutlass::layout::ColumnMajor, 8, float, TileShape, ClusterShape,
+      cutlass::gemm::collective::StageCount<kStages>,
+      cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
+  using TiledMma = typename Mainloop::TiledMma;
+  using Pipeline = typename Mainloop::MainloopPipeline;
+  using StrideA = cutlass::detail::TagToStrideA_t<cutlass::layout::RowMajor>;
+  using StrideB = cutlass::detail::TagToStrideB_t<cutlass::layout::ColumnMajor>;
+  static_assert(size(TiledMma{}) == kConsumers, "two consumer warpgroups");
+
+  static constexpr size_t kStashBytes = sizeof(__half) * kTileM * kStashStride;
+  static constexpr size_t kTileBytes = sizeof(typename Mainloop::TensorStorage) > kStashBytes
+                                           ? sizeof(typename Mainloop::TensorStorage)
+                                           : kStashBytes;
+  struct SharedStorage {
+    alignas(1024) char tiles[kTileBytes];  // mainloop tiles, then the last tile's stash
+    alignas(16) __half stash[kTileM * kStashStride];
+    alignas(16) typename Mainloop::PipelineStorage pipeline;
+    float bias[2][kTileN];                        // fp32 bias of each column tile (0 past N)
+    float tile_max[2][kTileM], tile_sum[2][kTileM];  // row stats of each tile
+    float row_scale[2][kTileM];                   // exp(tile max - row max) / row sum
+  };
+
+  struct Params {
+    typename Mainloop::Params mainloop;
+    int M, N, K;
+    int m_tiles, n_tiles, k_tiles;
+    int m_pairs;   // clusters along M (2 CTAs each)
+    int tpc;       // column tiles per CTA (1 or 2): a CTA covers 128 rows x tpc * 256 columns
+    int n_groups;  // column groups of tpc tiles: ceil(n_tiles / tpc)
+    const float* bias;
+    void* out;
+    float2* partials;   // [n_groups][M]: (row max, row sum of exp) over one CTA's columns
+    unsigned* counter;  // zero at launch
+    int act;
+    float scale;
+    unsigned long long* trace;  // see GemmSoftmaxProblem::trace
+  };
+};
+
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ __forceinline__ void consumer_sync() {
+  asm volatile("bar.sync 1, %0;" ::"n"(kConsumers) : "memory");
+}
+
+__device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// GemmSoftmaxProblem::trace: %globaltimer into slot k of this CTA, after `dep` is computed.
+__device__ __forceinline__ void stamp(unsigned long long* trace, int ctid, int k, float dep = 0.f) {
+  if (trace != nullptr && ctid == 0) {
+    unsigned long long t;
+    asm volatile("" ::"f"(dep));
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    trace[blockIdx.x * kTraceSlots + k] = t;
+  }
+}
+
+template <class T>
+__device__ __forceinline__ uint32_t pack_out(float a, float b) {
+  if constexpr (std::is_same_v<T, cutlass::bfloat16_t>) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+    return *reinterpret_cast<uint32_t*>(&h);
+  } else {
+    __half2 h = __floats2half2_rn(a, b);
+    return *reinterpret_cast<uint32_t*>(&h);
+  }
+}
+
+// The tile (m_blk, n_blk) of this CTA's j-th work item: cluster q covers m-blocks
+// 2 (q % m_pairs) + {0, 1} and column group q / m_pairs (tiles tpc * group + j).
+struct TileCoord {
+  int m_blk, n_blk;
+};
+template <class P>
+__device__ __forceinline__ int group_of(const P& p) {
+  return static_cast<int>(blockIdx.x / kClusterM) / p.m_pairs;
+}
+template <class P>
+__device__ __forceinline__ TileCoord tile_of(const P& p, int j) {
+  const int q = blockIdx.x / kClusterM;
+  return {kClusterM * (q % p.m_pairs) + static_cast<int>(blockIdx.x % kClusterM),
+          p.tpc * (q / p.m_pairs) + j};
+}
+
+// (m, s) <- (m, s) merged with (mj, sj), where s = sum of exp(v - m) over a part of a row.
+// An all -inf part (m = -inf) adds its sum times 0: nothing, or NaN when its sum is NaN (a
+// NaN or +inf in the part), which then spreads to the whole row as in softmax.
+__device__ __forceinline__ void merge_stats(float& m, float& s, float mj, float sj) {
+  const float mn = fmaxf(m, mj);
+  const float base = mn == -HUGE_VALF ? 0.f : mn;
+  s = s * (m == -HUGE_VALF ? 0.f : __expf(m - base)) + sj * (mj == -HUGE_VALF ? 0.f : __expf(mj - base));
+  m = mn;
+}
+
+// Epilogue of one tile, by the 256 consumer threads: v = act(acc + bias) * scale (columns
+// past N are -inf), the row max and sum of exp(v - max) over the tile's columns to
+// S.tile_max/tile_sum[j], and e = exp(v - max) as fp16 into `stash` [128][kStashStride].
+template <class K, class Acc, class Coord>
+__device__ __forceinline__ void tile_epilogue(const typename K::Params& p, Acc& acc,
+                                              const Coord& coord, TileCoord t, int j,
+                                              typename K::SharedStorage& S, __half* stash) {
+  const int col0 = t.n_blk * kTileN;
+  constexpr int kVals = decltype(size(acc))::value;
+  static_assert(kVals == 128, "64 rows x 256 columns per warpgroup");
+  // Value i of the wgmma accumulator sits in row r0 + 8 * ((i >> 1) & 1) and its pairs
+  // (i, i + 1) are adjacent columns (CuTe's SM90 64xN accumulator layout).
+  // The epilogue is bound by instruction issue (8 warps, 128 values each, while the tensor
+  // cores wait), so every operation per value counts.
+  float amax = 0.f;
+#pragma unroll
+  for (int i = 0; i < kVals; i += 2) {
+    const float2 b = *reinterpret_cast<const float2*>(&S.bias[j][get<1>(coord(i))]);
+    acc(i) += b.x;
+    acc(i + 1) += b.y;
+    amax = fmaxf(amax, fmaxf(fabsf(acc(i)), fabsf(acc(i + 1))));
+  }
+  if (p.act == static_cast<int>(Activation::GeluErf)) {
+    // The 12-operation polynomial where the whole warp is in its range (NaN fails the test
+    // and takes erff too), else the erff form.
+    if (__all_sync(0xffffffffu, amax <= kGeluPolyRange)) {
+#pragma unroll
+      for (int i = 0; i < kVals; ++i) acc(i) = gelu_erf_poly(acc(i));
+    } else {
+      const PointwiseParams pp{};
+#pragma unroll
+      for (int i = 0; i < kVals; ++i) acc(i) = apply_unary(OpCode::GeluErf, acc(i), pp);
+    }
+  }
+  if (p.scale != 1.f) {
+#pragma unroll
+    for (int i = 0; i < kVals; ++i) acc(i) = acc(i) * p.scale;
+  }
+  if (col0 + kTileN > p.N) {  // the last column tile of a ragged N: columns past N are -inf
+#pragma unroll
+    for (int i = 0; i < kVals; ++i)
+      if (col0 + get<1>(coord(i)) >= p.N) acc(i) = -HUGE_VALF;
+  }
+  // Plain max: a NaN is dropped here but makes the tile's sum NaN, which the row merge
+  // propagates to the whole row (as softmax does).
+  float mx[2] = {-HUGE_VALF, -HUGE_VALF};
+#pragma unroll
+  for (int i = 0; i < kVals; ++i) mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], acc(i));
+  constexpr float kLog2e = 1.4426950408889634f;
+  float shift[2], sum[2] = {0.f, 0.f};
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+    // An all -inf row part contributes nothing (e = 0, sum = 0) instead of NaN.
+    shift[h] = mx[h] == -HUGE_VALF ? 0.f : mx[h] * kLog2e;
+  }
+#pragma unroll
+  for (int i = 0; i < kVals; i += 2) {
+    const int h = (i >> 1) & 1;
+    const float e0 = ex2(fmaf(acc(i), kLog2e, -shift[h]));
+    const float e1 = ex2(fmaf(acc(i + 1), kLog2e, -shift[h]));
+    sum[h] += e0 + e1;
+    const int r = get<0>(coord(i)), c = get<1>(coord(i));
+    *reinterpret_cast<__half2*>(stash + r * kStashStride + c) = __floats2half2_rn(e0, e1);
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], 1);
+    sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], 2);
+  }
+  if ((threadIdx.x & 3) == 0) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = get<0>(coord(2 * h));
+      S.tile_max[j][r] = mx[h];
+      S.tile_sum[j][r] = sum[h];
+    }
+  }
+}
+
+// out = e * exp(m_tile - m_row) / s_row for one stashed tile, 16-byte stores along rows.
+template <class K>
+__device__ __forceinline__ void store_tile(const typename K::Params& p, const __half* stash,
+                                           const float* row_scale, TileCoord t, int ctid) {
+  using T = typename K::Element;
+  const int row0 = t.m_blk * kTileM, col0 = t.n_blk * kTileN;
+  auto* out = static_cast<uint4*>(p.out);
+  constexpr int kChunks = kTileN / 8;  // 16-byte chunks per tile row
+#pragma unroll 4
+  for (int idx = ctid; idx < kTileM * kChunks; idx += kConsumers) {
+    const int r = idx / kChunks, c8 = idx % kChunks;
+    const int row = row0 + r, col = col0 + 8 * c8;
+    if (row >= p.M || col >= p.N) continue;
+    const uint4 raw = *reinterpret_cast<const uint4*>(stash + r * kStashStride + 8 * c8);
+    const __half2* e = reinterpret_cast<const __half2*>(&raw);
+    const float s = row_scale[r];
+    uint4 o;
+    uint32_t* ow = reinterpret_cast<uint32_t*>(&o);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const float2 f = __half22float2(e[k]);
+      ow[k] = pack_out<T>(f.x * s, f.y * s);
+    }
+    out[(static_cast<size_t>(row) * p.N + col) / 8] = o;
+  }
+}
+
+template <class K>
+__global__ void __launch_bounds__(kThreads, 1) gemm_softmax_kernel(const __grid_constant__ typename K::Params p) {
+  using Mainloop = typename K::Mainloop;
+  using Pipeline = typename K::Pipeline;
+  extern __shared__ __align__(1024) char smem_raw[];
+  auto& S = *reinterpret_cast<typename K::SharedStorage*>(smem_raw);
+  auto& tiles = *reinterpret_cast<typename Mainloop::TensorStorage*>(S.tiles);
+
+  stamp(p.trace, threadIdx.x, 0);  // kernel entry
+  const int warp = cutlass::canonical_warp_idx_sync();
+  const int warpgroup = cutlass::canonical_warp_group_idx();
+  const int lane = cutlass::canonical_lane_idx();
+  if (warp == 0 && lane == 0) Mainloop::prefetch_tma_descriptors(p.mainloop);
+
+  typename Pipeline::Params pp;
+  if (warpgroup == 0 && warp == 0) pp.role = Pipeline::ThreadCategory::Producer;
+  if (warpgroup > 0) pp.role = Pipeline::ThreadCategory::Consumer;
+  pp.is_leader = threadIdx.x % cutlass::NumThreadsPerWarpGroup == 0;
+  pp.num_consumers = kConsumers;
+  pp.transaction_bytes = p.mainloop.tma_transaction_bytes;
+  Pipeline pipeline(S.pipeline, pp, typename K::ClusterShape{});
+  // The pipeline's barriers must be initialised in both CTAs before either uses them.
+  cute::cluster_arrive_relaxed();
+  cute::cluster_wait();
+
+  const int n_work = min(p.tpc, p.n_tiles - p.tpc * group_of(p));
+  auto problem = make_shape(p.M, p.N, p.K, 1);
+
+  if (warpgroup == 0) {  // producer: one warp issues the TMA loads
+    cutlass::arch::warpgroup_reg_dealloc<40>();
+    if (warp == 0) {
+      Mainloop mainloop;
+      auto inputs = mainloop.load_init(problem, p.mainloop);
+      auto state = cutlass::make_producer_start_state<Pipeline>();
+      for (int j = 0; j < n_work; ++j) {
+        const TileCoord t = tile_of(p, j);
+        auto k_iter = cute::make_coord_iterator(idx2crd(0, shape<3>(get<0>(inputs))),
+                                                shape<3>(get<0>(inputs)));
+        mainloop.load(p.mainloop, pipeline, state, inputs, make_coord(t.m_blk, t.n_blk, _, 0),
+                      k_iter, p.k_tiles, lane, cute::block_rank_in_cluster(), tiles);
+        state.advance(p.k_tiles);
+      }
+      mainloop.load_tail(pipeline, state);
+    }
+    return;
+  }
+
+  cutlass::arch::warpgroup_reg_alloc<232>();
+  const int ctid = threadIdx.x - cutlass::NumThreadsPerWarpGroup;
+  typename K::TiledMma tiled_mma;
+  auto thr = tiled_mma.get_slice(ctid);
+  Tensor coord = thr.partition_C(make_identity_tensor(make_shape(Int<kTileM>{}, Int<kTileN>{})));
+  Mainloop mainloop;
+  typename Mainloop::PipelineState state;
+  __half* last_stash = reinterpret_cast<__half*>(S.tiles);
+  for (int j = 0; j < n_work; ++j) {  // the bias of every tile, read in the epilogues
+    const int col = tile_of(p, j).n_blk * kTileN + ctid;
+    S.bias[j][ctid] = p.bias != nullptr && col < p.N ? p.bias[col] : 0.f;
+  }
+  static_assert(kTileN == kConsumers, "one bias column per consumer thread");
+  consumer_sync();
+  for (int j = 0; j < n_work; ++j) {
+    const TileCoord t = tile_of(p, j);
+    Tensor acc = partition_fragment_C(tiled_mma, take<0, 2>(typename K::TileShape{}));
+    mainloop.mma(pipeline, state, acc, p.k_tiles, ctid, tiles, p.mainloop);
+    mainloop.mma_tail(pipeline, state, p.k_tiles);
+    state.advance(p.k_tiles);
+    stamp(p.trace, ctid, 1 + 2 * j);
+    const bool last = j == n_work - 1;
+    // The last stash reuses the pipeline's tiles: both warpgroups must be done reading them
+    // (their final TMA writes landed before the waits that preceded these wgmmas).
+    if (last) consumer_sync();
+    tile_epilogue<K>(p, acc, coord, t, j, S, last ? last_stash : S.stash);
+    stamp(p.trace, ctid, 2 + 2 * j);
+  }
+
+  // This CTA's row partials over its tpc tiles, for the other CTAs of its rows.
+  consumer_sync();
+  const int row0 = tile_of(p, 0).m_blk * kTileM;
+  if (ctid < kTileM && row0 + ctid < p.M) {
+    float m = -HUGE_VALF, s = 0.f;
+    for (int j = 0; j < n_work; ++j) merge_stats(m, s, S.tile_max[j][ctid], S.tile_sum[j][ctid]);
+    p.partials[static_cast<size_t>(group_of(p)) * p.M + row0 + ctid] = make_float2(m, s);
+  }
+
+  // Grid barrier: every CTA's partials are written (all CTAs are resident: the launcher
+  // checked the occupancy, and nothing waits before this point).
+  consumer_sync();
+  if (ctid == 0) {
+    __threadfence();
+    atomicAdd(p.counter, 1u);
+    while (ld_acquire(p.counter) < gridDim.x) __nanosleep(64);
+    __threadfence();
+  }
+  consumer_sync();
+  stamp(p.trace, ctid, 5);
+
+  // Row scales: merge the n_groups partials of each row, 16 at a time (loads issued
+  // together, then the max and the rescaled sum as trees, not one dependent merge per
+  // partial), then exp(tile max - row max) / row sum for each of this CTA's tiles.
+  if (ctid < kTileM && row0 + ctid < p.M) {
+    const float2* part = p.partials + row0 + ctid;
+    float m = -HUGE_VALF, s = 0.f;
+    for (int g0 = 0; g0 < p.n_groups; g0 += 16) {
+      float2 q[16];
+#pragma unroll
+      for (int k = 0; k < 16; ++k)
+        q[k] = g0 + k < p.n_groups ? __ldcg(part + static_cast<size_t>(g0 + k) * p.M)
+                                   : make_float2(-HUGE_VALF, 0.f);
+      if (g0 == 0) stamp(p.trace, ctid, 8, q[15].y);
+      float mc = q[0].x;
+#pragma unroll
+      for (int k = 1; k < 16; ++k) mc = fmaxf(mc, q[k].x);
+      float sc = 0.f;
+      const float base = mc == -HUGE_VALF ? 0.f : mc;
+#pragma unroll
+      for (int k = 0; k < 16; ++k) sc += q[k].y * (q[k].x == -HUGE_VALF ? 0.f : __expf(q[k].x - base));
+      merge_stats(m, s, mc, sc);
+    }
+    stamp(p.trace, ctid, 9, s);
+    for (int j = 0; j < n_work; ++j) {
+      const float mj = S.tile_max[j][ctid];
+      S.row_scale[j][ctid] = (mj == -HUGE_VALF ? 0.f : __expf(mj - m)) / s;
+    }
+  }
+  consumer_sync();
+  stamp(p.trace, ctid, 6);
+  for (int j = 0; j < n_work; ++j)
+    store_tile<K>(p, j == n_work - 1 ? last_stash : S.stash, S.row_scale[j], tile_of(p, j), ctid);
+  stamp(p.trace, ctid, 7);
+}
+
+struct Fit {
+  int max_clusters = 0;  // clusters of 2 CTAs the device holds at once (0: kernel unusable)
+  int sms = 0;
+  std::string why;       // why the kernel is unusable on this device
+};
+
+template <class K>
+void set_smem_attribute() {
+  GF_CUDA_CHECK(cudaFuncSetAttribute(gemm_softmax_kernel<K>,
+                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     static_cast<int>(sizeof(typename K::SharedStorage))));
+}
+
+template <class K>
+int max_active_clusters() {
+  set_smem_attribute<K>();
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(kClusterM * 64, 1, 1);
+  cfg.blockDim = dim3(kThreads, 1, 1);
+  cfg.dynamicSmemBytes = sizeof(typename K::SharedStorage);
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = kClusterM;
+  attr.val.clusterDim.y = 1;
+  attr.val.clusterDim.z = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  int n = 0;
+  GF_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, gemm_softmax_kernel<K>, &cfg));
+  return n;
+}
+
+const Fit& device_fit(DType dtype) {
+  static std::mutex mu;
+  static std::unordered_map<int, Fit> fits;  // key: device * 2 + (dtype == F16)
+  int dev = 0;
+  GF_CUDA_CHECK(cudaGetDevice(&dev));
+  std::lock_guard<std::mutex> lock(mu);
+  const int key = dev * 2 + (dtype == DType::F16 ? 1 : 0);
+  auto it = fits.find(key);
+  if (it != fits.end()) return it->second;
+  Fit f;
+  cudaDeviceProp prop;
+  GF_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
+  f.sms = prop.multiProcessorCount;
+  if (prop.major != 9 || prop.minor != 0) {
+    f.why = "needs an sm_90 GPU (this is sm_" + std::to_string(prop.major * 10 + prop.minor) + ")";
+  } else {
+    f.max_clusters = dtype == DType::F16 ? max_active_clusters<Kernel<cutlass::half_t>>()
+                                         : max_active_clusters<Kernel<cutlass::bfloat16_t>>();
+    if (f.max_clusters == 0) f.why = "the kernel does not fit on this GPU's SMs";
+  }
+  return fits.emplace(key, f).first->second;
+}
+
+// Column tiles per CTA: 1 when a cluster per (m-block pair, column tile) fits on the GPU at
+// once, else 2 (0: the problem does not fit).
+int tiles_per_cta(int64_t M, int64_t N, int max_clusters) {
+  const int64_t m_pairs = ceil_div(ceil_div(M, kTileM), kClusterM), n_tiles = ceil_div(N, kTileN);
+  if (m_pairs * n_tiles <= max_clusters) return 1;
+  if (m_pairs * ceil_div(n_tiles, 2) <= max_clusters) return 2;
+  return 0;
+}
+
+template <class K>
+void launch(const GemmSoftmaxProblem& pr, void* workspace, cudaStream_t stream, int max_clusters) {
+  using Mainloop = typename K::Mainloop;
+  using T = typename K::Element;
+  typename K::Params p;
+  p.M = static_cast<int>(pr.M);
+  p.N = static_cast<int>(pr.N);
+  p.K = static_cast<int>(pr.K);
+  p.m_tiles = ceil_div(pr.M, kTileM);
+  p.n_tiles = ceil_div(pr.N, kTileN);
+  p.k_tiles = ceil_div(pr.K, kTileK);
+  p.m_pairs = ceil_div(p.m_tiles, kClusterM);
+  p.tpc = tiles_per_cta(pr.M, pr.N, max_clusters);
+  p.n_groups = ceil_div(p.n_tiles, p.tpc);
+  typename Mainloop::Arguments args{
+      static_cast<const T*>(pr.x), cute::make_stride(int64_t(pr.K), Int<1>{}, int64_t(pr.M * pr.K)),
+      static_cast<const T*>(pr.w), cute::make_stride(int64_t(pr.K), Int<1>{}, int64_t(pr.N * pr.K))};
+  p.mainloop = Mainloop::to_underlying_arguments(make_shape(p.M, p.N, p.K, 1), args, nullptr);
+  p.bias = pr.bias;
+  p.out = pr.out;
+  char* ws = static_cast<char*>(workspace);
+  p.partials = reinterpret_cast<float2*>(ws);
+  p.counter = reinterpret_cast<unsigned*>(ws + gemm_softmax_workspace_bytes(pr.M, pr.N) - 256);
+  p.act = static_cast<int>(pr.act);
+  p.scale = pr.scale;
+  p.trace = pr.trace;
+
+  GF_CUDA_CHECK(cudaMemsetAsync(p.counter, 0, sizeof(unsigned), stream));
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(kClusterM * p.m_pairs * p.n_groups, 1, 1);
+  cfg.blockDim = dim3(kThreads, 1, 1);
+  cfg.dynamicSmemBytes = sizeof(typename K::SharedStorage);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = kClusterM;
+  attr.val.clusterDim.y = 1;
+  attr.val.clusterDim.z = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  GF_CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemm_softmax_kernel<K>, p));
+}
+
+}  // namespace
+
+std::string gemm_softmax_unfit(int64_t M, int64_t N, int64_t K, DType dtype) {
+  if (dtype != DType::BF16 && dtype != DType::F16) return "fp32 models use the cuBLAS GEMM";
+  if (K % 8 != 0 || N % 8 != 0) return "K and N must be multiples of 8 (16-byte TMA rows)";
+  if (M <= 0 || K <= 0) return "empty problem";
+  const Fit& f = device_fit(dtype);
+  if (f.max_clusters == 0) return f.why;
+  const int64_t tiles = ceil_div(M, kTileM) * ceil_div(N, kTileN);
+  if (2 * tiles < f.sms)  // fewer tiles than half the SMs: cuBLAS does better
+    return "too few 128x256 tiles (" + std::to_string(tiles) + ") to fill the GPU";
+  if (tiles_per_cta(M, N, f.max_clusters) == 0)
+    return "too many 128x256 tiles (" + std::to_string(tiles) + ") to keep on chip at once (at most " +
+           std::to_string(4 * f.max_clusters) + ")";
+  return "";
+}
+
+void launch_gemm_softmax(const GemmSoftmaxProblem& p, void* workspace, cudaStream_t stream) {
+  const std::string why = gemm_softmax_unfit(p.M, p.N, p.K, p.dtype);
+  if (!why.empty()) throw std::logic_error("gemm_softmax: " + why);
+  const int clusters = device_fit(p.dtype).max_clusters;
+  if (p.dtype == DType::F16)
+    launch<Kernel<cutlass::half_t>>(p, workspace, stream, clusters);
+  else
+    launch<Kernel<cutlass::bfloat16_t>>(p, workspace, stream, clusters);
+}
+
+#else  // built without the sm90 kernels (no CUTLASS headers)
+
+std::string gemm_softmax_unfit(int64_t, int64_t, int64_t, DType) {
+  return "built without the sm90 kernels (the nvidia-cutlass package was not found)";
+}
+void launch_gemm_softmax(const GemmSoftmaxProblem&, void*, cudaStream_t) {
+  throw std::logic_error("gemm_softmax: built without the sm90 kernels");
+}
+
+#endif
+
+}  // namespace gemmfuse::cuda::sm90

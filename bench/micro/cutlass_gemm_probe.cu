@@ -223,8 +223,7 @@ int main(int argc, char** argv) {
                     p.M = M; p.N = N; p.K = K;
                     p.x = xs[s]; p.w = w; p.bias = bias32; p.out = ds[s];
                     p.act = gemmfuse::cuda::sm90::Activation::GeluErf;
-                    gemmfuse::cuda::sm90::launch_gemm_softmax(p, fused_ws, nullptr);
-                    return true;
+                    return gemmfuse::cuda::sm90::launch_gemm_softmax(p, fused_ws, nullptr);
                   }, nullptr});
     // The same calls replayed from a CUDA graph (no host work between them), and the
     // counter reset alone: what the launch path adds.
@@ -238,7 +237,7 @@ int main(int argc, char** argv) {
       p.M = M; p.N = N; p.K = K;
       p.x = xs[1]; p.w = w; p.bias = bias32; p.out = ds[1];
       p.act = gemmfuse::cuda::sm90::Activation::GeluErf;
-      gemmfuse::cuda::sm90::launch_gemm_softmax(p, fused_ws, cs);
+      if (!gemmfuse::cuda::sm90::launch_gemm_softmax(p, fused_ws, cs)) return 1;
       CHECK_CUDA(cudaStreamEndCapture(cs, &g));
       CHECK_CUDA(cudaGraphInstantiate(&graph_exec, g, 0));
     }
@@ -251,7 +250,8 @@ int main(int argc, char** argv) {
                     return true;
                   }, nullptr});
     // Three traced runs back to back: where the time goes inside the fused kernel (phases
-    // per CTA) and between two launches.
+    // per CTA) and between two launches; with gelu and without (the epilogue's share).
+    auto traced = [&](gemmfuse::cuda::sm90::Activation act, const char* label) {
     const int ctas = 256, reps = 3;
     unsigned long long* trace;
     CHECK_CUDA(cudaMalloc(&trace, reps * ctas * 16 * sizeof(unsigned long long)));
@@ -260,11 +260,12 @@ int main(int argc, char** argv) {
       gemmfuse::cuda::sm90::GemmSoftmaxProblem p;
       p.M = M; p.N = N; p.K = K;
       p.x = xs[rep]; p.w = w; p.bias = bias32; p.out = ds[rep];
-      p.act = gemmfuse::cuda::sm90::Activation::GeluErf;
+      p.act = act;
       p.trace = trace + rep * ctas * 16;
-      gemmfuse::cuda::sm90::launch_gemm_softmax(p, fused_ws, nullptr);
+      if (!gemmfuse::cuda::sm90::launch_gemm_softmax(p, fused_ws, nullptr)) return;
     }
     CHECK_CUDA(cudaDeviceSynchronize());
+    std::printf("%s\n", label);
     std::vector<unsigned long long> all(reps * ctas * 16);
     CHECK_CUDA(cudaMemcpy(all.data(), trace, all.size() * 8, cudaMemcpyDeviceToHost));
     const char* names[10] = {"entry", "mainloop 1", "epilogue 1", "mainloop 2", "epilogue 2",
@@ -291,6 +292,11 @@ int main(int argc, char** argv) {
         std::printf("  %-14s %8.1f %8.1f %8.1f\n", names[k], v.front(), v[v.size() / 2], v.back());
       }
     }
+    CHECK_CUDA(cudaFree(trace));
+    };
+    traced(gemmfuse::cuda::sm90::Activation::GeluErf, "fused kernel, gelu + softmax:");
+    traced(gemmfuse::cuda::sm90::Activation::Identity, "fused kernel, softmax only:");
+
   } else {
     std::printf("gemmfuse fused kernel: %s\n", unfit.c_str());
   }

@@ -47,8 +47,7 @@ bool run_fused_softmax(const Plan& plan, const RunArgs& args, const char* prep, 
   p.scale = f.scale;
   // TMA and the 16-byte stores need aligned rows (K, N multiples of 8: checked in unfit).
   if (!aligned16(p.x) || !aligned16(p.w) || !aligned16(p.out)) return false;
-  sm90::launch_gemm_softmax(p, ws + W.gemm_softmax, stream);
-  return true;
+  return sm90::launch_gemm_softmax(p, ws + W.gemm_softmax, stream);
 }
 
 }  // namespace

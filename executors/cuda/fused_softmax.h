@@ -22,7 +22,10 @@ FusedSoftmax match_fused_softmax(const Plan& plan);
 // "" when run() takes the fused kernel for this plan on the current device, else why not.
 std::string fused_softmax_unused(const Plan& plan);
 
-// Process-wide switch (default on), for A/B timing and tests.
+// Process-wide switch, for A/B timing and tests: on unless GEMMFUSE_FUSED_SOFTMAX=0 is set
+// in the environment (the kernel meets its CTAs at a grid barrier, so it needs the whole GPU
+// for itself while it runs; the launch is cooperative and fails rather than waits when the
+// GPU cannot hold the grid).
 void set_fused_softmax(bool on);
 bool fused_softmax_enabled();
 

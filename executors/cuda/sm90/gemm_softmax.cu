@@ -481,7 +481,7 @@ int tiles_per_cta(int64_t M, int64_t N, int max_clusters) {
 }
 
 template <class K>
-void launch(const GemmSoftmaxProblem& pr, void* workspace, cudaStream_t stream, int max_clusters) {
+bool launch(const GemmSoftmaxProblem& pr, void* workspace, cudaStream_t stream, int max_clusters) {
   using Mainloop = typename K::Mainloop;
   using T = typename K::Element;
   typename K::Params p;
@@ -513,14 +513,24 @@ void launch(const GemmSoftmaxProblem& pr, void* workspace, cudaStream_t stream, 
   cfg.blockDim = dim3(kThreads, 1, 1);
   cfg.dynamicSmemBytes = sizeof(typename K::SharedStorage);
   cfg.stream = stream;
-  cudaLaunchAttribute attr;
-  attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = kClusterM;
-  attr.val.clusterDim.y = 1;
-  attr.val.clusterDim.z = 1;
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
-  GF_CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemm_softmax_kernel<K>, p));
+  // Cooperative: the driver launches the grid only if every CTA can be resident at once
+  // (else an error, never a grid barrier waiting forever, e.g. under an MPS SM limit).
+  cudaLaunchAttribute attr[2];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = kClusterM;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  attr[1].id = cudaLaunchAttributeCooperative;
+  attr[1].val.cooperative = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 2;
+  const cudaError_t e = cudaLaunchKernelEx(&cfg, gemm_softmax_kernel<K>, p);
+  if (e == cudaErrorCooperativeLaunchTooLarge) {
+    (void)cudaGetLastError();  // not sticky: the caller runs the plan step by step instead
+    return false;
+  }
+  GF_CUDA_CHECK(e);
+  return true;
 }
 
 }  // namespace
@@ -540,14 +550,12 @@ std::string gemm_softmax_unfit(int64_t M, int64_t N, int64_t K, DType dtype) {
   return "";
 }
 
-void launch_gemm_softmax(const GemmSoftmaxProblem& p, void* workspace, cudaStream_t stream) {
+bool launch_gemm_softmax(const GemmSoftmaxProblem& p, void* workspace, cudaStream_t stream) {
   const std::string why = gemm_softmax_unfit(p.M, p.N, p.K, p.dtype);
   if (!why.empty()) throw std::logic_error("gemm_softmax: " + why);
   const int clusters = device_fit(p.dtype).max_clusters;
-  if (p.dtype == DType::F16)
-    launch<Kernel<cutlass::half_t>>(p, workspace, stream, clusters);
-  else
-    launch<Kernel<cutlass::bfloat16_t>>(p, workspace, stream, clusters);
+  if (p.dtype == DType::F16) return launch<Kernel<cutlass::half_t>>(p, workspace, stream, clusters);
+  return launch<Kernel<cutlass::bfloat16_t>>(p, workspace, stream, clusters);
 }
 
 #else  // built without the sm90 kernels (no CUTLASS headers)
@@ -555,7 +563,7 @@ void launch_gemm_softmax(const GemmSoftmaxProblem& p, void* workspace, cudaStrea
 std::string gemm_softmax_unfit(int64_t, int64_t, int64_t, DType) {
   return "built without the sm90 kernels (the nvidia-cutlass package was not found)";
 }
-void launch_gemm_softmax(const GemmSoftmaxProblem&, void*, cudaStream_t) {
+bool launch_gemm_softmax(const GemmSoftmaxProblem&, void*, cudaStream_t) {
   throw std::logic_error("gemm_softmax: built without the sm90 kernels");
 }
 

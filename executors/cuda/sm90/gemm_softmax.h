@@ -50,6 +50,9 @@ std::string gemm_softmax_unfit(int64_t M, int64_t N, int64_t K, DType dtype);
 size_t gemm_softmax_workspace_bytes(int64_t M, int64_t N);
 
 // Enqueues the kernel on `stream` (x, w, out 16-byte aligned; workspace 16-byte aligned).
-void launch_gemm_softmax(const GemmSoftmaxProblem& p, void* workspace, cudaStream_t stream);
+// The launch is cooperative: false (nothing enqueued) when the driver finds that the GPU
+// cannot hold the whole grid now (e.g. an MPS limit on SMs); the caller then computes the
+// chain another way.
+bool launch_gemm_softmax(const GemmSoftmaxProblem& p, void* workspace, cudaStream_t stream);
 
 }  // namespace gemmfuse::cuda::sm90

@@ -57,7 +57,7 @@ PreparedLayout prepared_layout(const Plan& plan);
 //   lt          kLtWorkspaceBytes                                          (Gemm step)
 //   colstats    fp64 [R, 2, W]  per-chunk shifted sums (max over ColumnStats steps)
 //   row_scratch fp32            rows of row passes too wide for shared memory (max over steps)
-//   gemm_softmax                the fused sm90 kernel's row partials and barrier counter
+//   gemm_softmax                the fused sm90 kernel's row partials
 //                               (plans it may take: fused_softmax.h)
 struct WorkspaceLayout {
   size_t x_split = kAbsent, lt = kAbsent, colstats = kAbsent, row_scratch = kAbsent,

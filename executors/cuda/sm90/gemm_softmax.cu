@@ -21,6 +21,7 @@
 //              second tile's mainloop runs (rows padded by 8 halves: conflict-free writes)
 #include "gemm_softmax.h"
 
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -55,9 +56,9 @@ int ceil_div(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
 }  // namespace
 
 size_t gemm_softmax_workspace_bytes(int64_t M, int64_t N) {
-  // float2 partials [n_tiles][M], then the barrier counter on its own 256-byte line.
+  // float2 partials [n_tiles][M] (n_groups <= n_tiles rows of them are used).
   const size_t partials = sizeof(float) * 2 * static_cast<size_t>(ceil_div(N, kTileN)) * M;
-  return (partials + 255) / 256 * 256 + 256;
+  return (partials + 255) / 256 * 256;
 }
 
 #if defined(GEMMFUSE_WITH_SM90_KERNELS)
@@ -106,7 +107,6 @@ struct Kernel {
     const float* bias;
     void* out;
     float2* partials;   // [n_groups][M]: (row max, row sum of exp) over one CTA's columns
-    unsigned* counter;  // zero at launch
     int act;
     float scale;
     unsigned long long* trace;  // see GemmSoftmaxProblem::trace
@@ -121,12 +121,6 @@ __device__ __forceinline__ float ex2(float x) {
 
 __device__ __forceinline__ void consumer_sync() {
   asm volatile("bar.sync 1, %0;" ::"n"(kConsumers) : "memory");
-}
-
-__device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
-  unsigned v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
 }
 
 // GemmSoftmaxProblem::trace: %globaltimer into slot k of this CTA, after `dep` is computed.
@@ -328,6 +322,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_softmax_kernel(const __grid_
       }
       mainloop.load_tail(pipeline, state);
     }
+    cooperative_groups::this_grid().sync();  // the consumers' grid barrier needs every thread
     return;
   }
 
@@ -369,16 +364,9 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_softmax_kernel(const __grid_
     p.partials[static_cast<size_t>(group_of(p)) * p.M + row0 + ctid] = make_float2(m, s);
   }
 
-  // Grid barrier: every CTA's partials are written (all CTAs are resident: the launcher
-  // checked the occupancy, and nothing waits before this point).
-  consumer_sync();
-  if (ctid == 0) {
-    __threadfence();
-    atomicAdd(p.counter, 1u);
-    while (ld_acquire(p.counter) < gridDim.x) __nanosleep(64);
-    __threadfence();
-  }
-  consumer_sync();
+  // Grid barrier: every CTA's partials are written. The launch is cooperative, so all CTAs
+  // are resident, and the driver keeps the barrier word (nothing to reset per launch).
+  cooperative_groups::this_grid().sync();
   stamp(p.trace, ctid, 5);
 
   // Row scales: merge the n_groups partials of each row, 16 at a time (loads issued
@@ -502,12 +490,10 @@ bool launch(const GemmSoftmaxProblem& pr, void* workspace, cudaStream_t stream, 
   p.out = pr.out;
   char* ws = static_cast<char*>(workspace);
   p.partials = reinterpret_cast<float2*>(ws);
-  p.counter = reinterpret_cast<unsigned*>(ws + gemm_softmax_workspace_bytes(pr.M, pr.N) - 256);
   p.act = static_cast<int>(pr.act);
   p.scale = pr.scale;
   p.trace = pr.trace;
 
-  GF_CUDA_CHECK(cudaMemsetAsync(p.counter, 0, sizeof(unsigned), stream));
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(kClusterM * p.m_pairs * p.n_groups, 1, 1);
   cfg.blockDim = dim3(kThreads, 1, 1);

@@ -46,7 +46,7 @@ struct GemmSoftmaxProblem {
 // alignment TMA needs (K and N multiples of 8) and that all tiles fit on chip at once.
 std::string gemm_softmax_unfit(int64_t M, int64_t N, int64_t K, DType dtype);
 
-// Workspace: per-tile row partials (float2 [N/256][M]) and the grid-barrier counter.
+// Workspace: the row partials (float2 [N/256][M]).
 size_t gemm_softmax_workspace_bytes(int64_t M, int64_t N);
 
 // Enqueues the kernel on `stream` (x, w, out 16-byte aligned; workspace 16-byte aligned).

@@ -4,6 +4,7 @@
 # machine's own python3 + torch. Each part is switched by an env var; logs go to $OUT.
 #   TESTS=1 SANITIZE=1 BENCH=1 BENCH_ARGS="..." PYTEST_ARGS="..." bash scripts/device-run.sh
 #   PROBE=1 [PROBE_ARGS="M N K"]: the CUTLASS-vs-cuBLAS GEMM probe (build/bench/cutlass_gemm_probe)
+#     and the L2 residency probe (build/bench/l2_residency_probe)
 set -uo pipefail
 OUT=${OUT:-/tmp/gemmfuse-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/python GEMMFUSE_LIB=$PWD/build/lib/libgemmfuse_ops.so
@@ -41,6 +42,8 @@ if [ "${PROBE:-0}" = 1 ]; then  # bench/micro/cutlass_gemm_probe.cu (built with 
   build/bench/cutlass_gemm_probe ${PROBE_ARGS:-} > "$OUT/cutlass_gemm_probe.log" 2>&1
   note "cutlass gemm probe rc=$?"
   cat "$OUT/cutlass_gemm_probe.log"
+  build/bench/l2_residency_probe >> "$OUT/cutlass_gemm_probe.log" 2>&1
+  note "l2 residency probe rc=$?"
 fi
 
 if [ "${OVERHEAD:-0}" = 1 ]; then

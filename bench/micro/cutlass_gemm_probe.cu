@@ -124,6 +124,10 @@ using V7 = CutlassGemm<Shape<_128, _128, _64>, Shape<_1, _2, _1>, Ping, PingEpi>
 // The shared memory left beside a 3-tile stash holds 3 stages of 128x128x64 (or 6 of x32).
 using V8 = CutlassGemm<Shape<_128, _128, _64>, Shape<_2, _1, _1>, Ping, PingEpi, false, 3>;
 using V9 = CutlassGemm<Shape<_128, _128, _32>, Shape<_2, _1, _1>, Ping, PingEpi, false, 6>;
+// Two of four 128x128 tiles stashed in shared memory (the other two held in registers) leave
+// room for 4 stages; 5 would not fit.
+using V10 = CutlassGemm<Shape<_128, _128, _64>, Shape<_2, _1, _1>, Ping, PingEpi, false, 4>;
+using V11 = CutlassGemm<Shape<_128, _128, _64>, Shape<_2, _1, _1>, Ping, PingEpi, false, 5>;
 
 // The reference for V4: gelu(y + bias) from cuBLAS's bf16 y (so it carries one more bf16
 // rounding than V4's, which applies the epilogue to the fp32 accumulator).
@@ -187,8 +191,8 @@ int main(int argc, char** argv) {
   };
   std::vector<Variant> vs{
       {"cuBLAS (F.linear's TN call)", [&](int s) { cublas(s); return true; }, &href}};
-  V1 v1; V2 v2; V3 v3; V4 v4; V5 v5; V6 v6; V7 v7; V8 v8; V9 v9;
-  std::printf("CUTLASS coop 128x256x64 auto stage count: %d\n", int(V1::Mainloop::DispatchPolicy::Stages));
+  V1 v1; V2 v2; V3 v3; V4 v4; V5 v5; V6 v6; V7 v7; V8 v8; V9 v9; V10 v10; V11 v11;
+  std::printf("CUTLASS auto stage counts: coop 128x256x64 %d, pingpong 128x128x64 %d\n", int(V1::Mainloop::DispatchPolicy::Stages), int(V6::Mainloop::DispatchPolicy::Stages));
   v4.bias = reinterpret_cast<const T*>(bias);
   auto add = [&](auto& g, const char* name, const std::vector<__nv_bfloat16>* expect) {
     if (!g.init(M, N, K, (T*)xs[0], (T*)w, (T*)ds[0])) {
@@ -208,6 +212,8 @@ int main(int argc, char** argv) {
   add(v7, "CUTLASS pingpong 128x128x64, cluster 1x2", &href);
   add(v8, "CUTLASS pingpong 128x128x64, cluster 2x1, 3 stages", &href);
   add(v9, "CUTLASS pingpong 128x128x32, cluster 2x1, 6 stages", &href);
+  add(v10, "CUTLASS pingpong 128x128x64, cluster 2x1, 4 stages", &href);
+  add(v11, "CUTLASS pingpong 128x128x64, cluster 2x1, 5 stages", &href);
 
   // gemmfuse's fused kernel: softmax(gelu(x W^T + b)) (bf16 out), timed only here; the
   // GPU tests check its results.

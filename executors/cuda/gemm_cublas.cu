@@ -81,6 +81,18 @@ struct LtGemm {
   const void* bias = nullptr;  // in d_type
 };
 
+// The workspace limit given to the heuristic. It steers the kernel choice: with 32 MiB the
+// seed-shape SGEMM (M = 1024) gets a 64x256 kernel 0.3-1% slower than the 128x128 one eager
+// uses (which 4 MiB gives), while small batches need the large limit for their split-K
+// kernels (fp32 M = 16: 0.167 ms against 0.296 with 4 MiB), and at M = 4096 the 4 MiB choice
+// was 0.5% slower. So 4 MiB only for fp32 SGEMMs with M in [512, 2048], where it was measured
+// faster (bench/NOTES.md, sessions 3-4); per-shape timing at optimize would replace the rule.
+uint64_t heuristic_workspace(const LtGemm& g, size_t ws_bytes) {
+  const bool sgemm = g.compute == CUBLAS_COMPUTE_32F && g.ab_type == CUDA_R_32F;
+  const bool mid_rows = g.n >= 512 && g.n <= 2048;  // g.n is M, the rows of x
+  return sgemm && mid_rows ? std::min<uint64_t>(ws_bytes, uint64_t(4) << 20) : ws_bytes;
+}
+
 // Returns false (and launches nothing) when no algorithm exists with the bias epilogue.
 bool lt_matmul(const LtGemm& g, void* ws, size_t ws_bytes, cudaStream_t stream) {
   int dev = 0;
@@ -128,7 +140,7 @@ bool lt_matmul(const LtGemm& g, void* ws, size_t ws_bytes, cudaStream_t stream) 
   if (!cached) {
     Preference pref;
     GF_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref.d));
-    const uint64_t wsb = ws_bytes;
+    const uint64_t wsb = heuristic_workspace(g, ws_bytes);
     GF_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
         pref.d, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof(wsb)));
     GF_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(

@@ -15,11 +15,9 @@ constexpr size_t kAbsent = static_cast<size_t>(-1);
 constexpr size_t kAlign = 256;
 inline size_t align_up(size_t v, size_t a = kAlign) { return (v + a - 1) / a * a; }
 
-// cuBLASLt workspace (NVIDIA recommends 32 MiB on Hopper). The size steers cuBLASLt's
-// heuristic: at the seed shape 4 MiB gives eager's 128x128 SGEMM kernel (7-11 us faster than
-// the 64x256 one chosen with 32 MiB), but at M = 16 and 128 it lost the split-K kernels that
-// make small batches faster than eager (fp32 M = 16: 0.167 -> 0.296 ms, eager 0.238). Kept at
-// 32 MiB; bench/NOTES.md has the numbers (a per-shape choice needs timing, not a rule).
+// cuBLASLt workspace (NVIDIA recommends 32 MiB on Hopper). The limit the heuristic sees is
+// chosen per shape in gemm_cublas.cu (4 MiB for fp32 SGEMMs with M in [512, 2048]: eager's
+// kernel at the seed shape; 32 MiB elsewhere, e.g. the split-K kernels of small batches).
 constexpr size_t kLtWorkspaceBytes = size_t(32) << 20;
 
 size_t dtype_size(DType d);

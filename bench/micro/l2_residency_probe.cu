@@ -15,14 +15,7 @@
 #include <cstdlib>
 #include <vector>
 
-#define CHECK_CUDA(x)                                                                   \
-  do {                                                                                  \
-    cudaError_t e_ = (x);                                                               \
-    if (e_ != cudaSuccess) {                                                            \
-      std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_));   \
-      std::exit(1);                                                                     \
-    }                                                                                   \
-  } while (0)
+#include "probe_check.h"
 
 // Writes n 16-byte vectors; evict_last: with an L2::evict_last cache policy.
 __global__ void write_buf(uint4* p, size_t n, unsigned seed, bool evict_last) {

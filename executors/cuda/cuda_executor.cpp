@@ -24,14 +24,10 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 
 // Gemm + RowPass as one sm90 kernel when the plan and the device allow (fused_softmax.h);
 // false: run the steps.
-bool run_fused_softmax(const Plan& plan, const RunArgs& args, const char* prep, char* ws,
-                       cudaStream_t stream) {
+bool run_fused_softmax(const Plan& plan, const RunArgs& args, const PreparedLayout& P,
+                       const char* prep, const WorkspaceLayout& W, char* ws, cudaStream_t stream) {
   const FusedSoftmax f = match_fused_softmax(plan);
-  if (!f.matches || !fused_softmax_enabled() ||
-      !sm90::gemm_softmax_unfit(plan.M, plan.N, plan.K, plan.dtype).empty())
-    return false;
-  const PreparedLayout P = prepared_layout(plan);
-  const WorkspaceLayout W = workspace_layout(plan);
+  if (!fused_softmax_unused(plan, f).empty()) return false;
   sm90::GemmSoftmaxProblem p;
   p.M = plan.M;
   p.N = plan.N;
@@ -73,8 +69,9 @@ void CudaExecutor::check(const Plan& plan) {
 }
 
 std::string CudaExecutor::describe_kernels(const Plan& plan) {
-  if (!match_fused_softmax(plan).matches) return "";
-  const std::string why = fused_softmax_unused(plan);
+  const FusedSoftmax f = match_fused_softmax(plan);
+  if (!f.matches) return "";
+  const std::string why = fused_softmax_unused(plan, f);
   if (why.empty())
     return "cuda: Gemm + RowPass run as one sm90 kernel (TMA/wgmma GEMM, the softmax finished "
            "on chip; Y never goes to memory)";
@@ -107,11 +104,12 @@ void CudaExecutor::run(const Plan& plan, const RunArgs& args, const void* prepar
   if (reinterpret_cast<uintptr_t>(ws) % 16 != 0)
     throw std::invalid_argument("gemmfuse: workspace must be 16-byte aligned");
   const char* prep = static_cast<const char*>(prepared);
-  if (prepared_layout(plan).total > 0 && prep == nullptr)
+  const PreparedLayout P = prepared_layout(plan);
+  if (P.total > 0 && prep == nullptr)
     throw std::invalid_argument("gemmfuse: the plan needs prepared weights (prepare() first)");
   if (!args.x || !args.out) throw std::invalid_argument("gemmfuse: x and out are required");
 
-  if (run_fused_softmax(plan, args, prep, ws, stream)) return;
+  if (run_fused_softmax(plan, args, P, prep, W, ws, stream)) return;
   for (const Step& s : plan.steps) {
     switch (s.kind) {
       case Step::Kind::Gemm:

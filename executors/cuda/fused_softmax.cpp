@@ -54,7 +54,10 @@ FusedSoftmax match_fused_softmax(const Plan& plan) {
 }
 
 std::string fused_softmax_unused(const Plan& plan) {
-  const FusedSoftmax f = match_fused_softmax(plan);
+  return fused_softmax_unused(plan, match_fused_softmax(plan));
+}
+
+std::string fused_softmax_unused(const Plan& plan, const FusedSoftmax& f) {
   if (!f.matches) return f.why;
   if (!fused_softmax_enabled()) return "switched off";
   return sm90::gemm_softmax_unfit(plan.M, plan.N, plan.K, plan.dtype);

@@ -19,7 +19,9 @@ struct FusedSoftmax {
 };
 FusedSoftmax match_fused_softmax(const Plan& plan);
 
-// "" when run() takes the fused kernel for this plan on the current device, else why not.
+// "" when run() takes the fused kernel for this plan on the current device, else why not
+// (`f`: the plan's match_fused_softmax, when the caller has it).
+std::string fused_softmax_unused(const Plan& plan, const FusedSoftmax& f);
 std::string fused_softmax_unused(const Plan& plan);
 
 // Process-wide switch, for A/B timing and tests: on unless GEMMFUSE_FUSED_SOFTMAX=0 is set

@@ -49,7 +49,8 @@ std::string gemm_softmax_unfit(int64_t M, int64_t N, int64_t K, DType dtype);
 // Workspace: the row partials (float2 [N/256][M]).
 size_t gemm_softmax_workspace_bytes(int64_t M, int64_t N);
 
-// Enqueues the kernel on `stream` (x, w, out 16-byte aligned; workspace 16-byte aligned).
+// Enqueues the kernel on `stream` for a problem gemm_softmax_unfit accepted (x, w, out and
+// the workspace 16-byte aligned).
 // The launch is cooperative: false (nothing enqueued) when the driver finds that the GPU
 // cannot hold the whole grid now (e.g. an MPS limit on SMs); the caller then computes the
 // chain another way.

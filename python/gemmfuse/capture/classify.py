@@ -612,13 +612,7 @@ def _pool(node, ctx: _Ctx, op, kernel, stride, padding, ceil_mode, include_pad, 
     ctx.need_rank((2, 3), op.replace("_", ""))
 
     def one(v, what):
-        if isinstance(v, (list, tuple)):
-            if len(v) != 1:
-                raise Unsupported(f"{op} {what} {v!r}")
-            v = v[0]
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise Unsupported(f"{op} {what} is not a constant int")
-        return v
+        return _int_or_single(v, f"{op} {what}")
 
     k = one(kernel, "kernel_size")
     s = k if stride is None or (isinstance(stride, (list, tuple)) and len(stride) == 0) else one(stride, "stride")

@@ -22,12 +22,37 @@ namespace {
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-// Gemm + RowPass as one sm90 kernel when the plan and the device allow (fused_softmax.h);
-// false: run the steps.
-bool run_fused_softmax(const Plan& plan, const RunArgs& args, const PreparedLayout& P,
-                       const char* prep, const WorkspaceLayout& W, char* ws, cudaStream_t stream) {
-  const FusedSoftmax f = match_fused_softmax(plan);
-  if (!fused_softmax_unused(plan, f).empty()) return false;
+// The fused kernel's workspace (its row partials) when run() takes it for this plan on the
+// current device, else 0 (the steps' workspace_layout applies). Y and cuBLASLt's workspace
+// (64 MiB at the seed shape) are not allocated for a call the kernel computes.
+size_t fused_workspace_bytes(const Plan& plan, const FusedSoftmax& f) {
+  if (!fused_softmax_unused(plan, f).empty()) return 0;
+  return align_up(sm90::gemm_softmax_workspace_bytes(plan.M, plan.N));
+}
+
+// Device memory for one call, allocated and freed in stream order (cudaMallocAsync).
+class StreamScratch {
+ public:
+  StreamScratch(size_t bytes, cudaStream_t stream) : stream_(stream) {
+    if (bytes > 0) GF_CUDA_CHECK(cudaMallocAsync(&p_, bytes, stream));
+  }
+  ~StreamScratch() {
+    if (p_ != nullptr) (void)cudaFreeAsync(p_, stream_);
+  }
+  StreamScratch(const StreamScratch&) = delete;
+  StreamScratch& operator=(const StreamScratch&) = delete;
+  char* get() const { return static_cast<char*>(p_); }
+
+ private:
+  void* p_ = nullptr;
+  cudaStream_t stream_;
+};
+
+// Gemm + RowPass as one sm90 kernel, for a plan fused_workspace_bytes accepted and `ws` its
+// workspace; false (nothing enqueued): the pointers are misaligned or the driver refused the
+// cooperative grid, so the caller runs the steps.
+bool run_fused_softmax(const Plan& plan, const FusedSoftmax& f, const RunArgs& args,
+                       const PreparedLayout& P, const char* prep, char* ws, cudaStream_t stream) {
   sm90::GemmSoftmaxProblem p;
   p.M = plan.M;
   p.N = plan.N;
@@ -43,7 +68,32 @@ bool run_fused_softmax(const Plan& plan, const RunArgs& args, const PreparedLayo
   p.scale = f.scale;
   // TMA and the 16-byte stores need aligned rows (K, N multiples of 8: checked in unfit).
   if (!aligned16(p.x) || !aligned16(p.w) || !aligned16(p.out)) return false;
-  return sm90::launch_gemm_softmax(p, ws + W.gemm_softmax, stream);
+  return sm90::launch_gemm_softmax(p, ws, stream);
+}
+
+// The plan step by step, with the steps' workspace `ws` (layout W).
+void run_steps(const Plan& plan, const RunArgs& args, const char* prep, const WorkspaceLayout& W,
+               char* ws, cudaStream_t stream) {
+  for (const Step& s : plan.steps) {
+    switch (s.kind) {
+      case Step::Kind::Gemm:
+        run_gemm(plan, s, args, prep, ws, stream);
+        break;
+      case Step::Kind::Gemv:
+        launch_gemv(plan, s, args, prep, ws, stream);
+        break;
+      case Step::Kind::RowPass:
+        launch_row_pass(plan, s, args, ws,
+                        W.row_scratch != kAbsent ? reinterpret_cast<float*>(ws + W.row_scratch) : nullptr,
+                        stream);
+        break;
+      case Step::Kind::ColumnStats:
+        launch_column_stats(plan, s, args, ws,
+                            W.colstats != kAbsent ? reinterpret_cast<double*>(ws + W.colstats) : nullptr,
+                            stream);
+        break;
+    }
+  }
 }
 
 }  // namespace
@@ -85,7 +135,8 @@ size_t CudaExecutor::prepared_bytes(const Plan& plan) const {
 
 size_t CudaExecutor::workspace_bytes(const Plan& plan) const {
   check(plan);
-  return workspace_layout(plan).total;
+  const size_t fused = fused_workspace_bytes(plan, match_fused_softmax(plan));
+  return fused > 0 ? fused : workspace_layout(plan).total;
 }
 
 void CudaExecutor::prepare(const Plan& plan, const RunArgs& args, void* prepared) {
@@ -98,9 +149,12 @@ void CudaExecutor::run(const Plan& plan, const RunArgs& args, const void* prepar
   check(plan);
   if (plan.M == 0) return;
   const cudaStream_t stream = static_cast<cudaStream_t>(args.stream);
+  const FusedSoftmax f = match_fused_softmax(plan);
+  const size_t fused_ws = fused_workspace_bytes(plan, f);
   const WorkspaceLayout W = workspace_layout(plan);
   char* ws = static_cast<char*>(workspace);
-  if (W.total > 0 && ws == nullptr) throw std::invalid_argument("gemmfuse: no workspace passed");
+  if ((fused_ws > 0 || W.total > 0) && ws == nullptr)
+    throw std::invalid_argument("gemmfuse: no workspace passed");
   if (reinterpret_cast<uintptr_t>(ws) % 16 != 0)
     throw std::invalid_argument("gemmfuse: workspace must be 16-byte aligned");
   const char* prep = static_cast<const char*>(prepared);
@@ -109,27 +163,14 @@ void CudaExecutor::run(const Plan& plan, const RunArgs& args, const void* prepar
     throw std::invalid_argument("gemmfuse: the plan needs prepared weights (prepare() first)");
   if (!args.x || !args.out) throw std::invalid_argument("gemmfuse: x and out are required");
 
-  if (run_fused_softmax(plan, args, P, prep, W, ws, stream)) return;
-  for (const Step& s : plan.steps) {
-    switch (s.kind) {
-      case Step::Kind::Gemm:
-        run_gemm(plan, s, args, prep, ws, stream);
-        break;
-      case Step::Kind::Gemv:
-        launch_gemv(plan, s, args, prep, ws, stream);
-        break;
-      case Step::Kind::RowPass:
-        launch_row_pass(plan, s, args, ws,
-                        W.row_scratch != kAbsent ? reinterpret_cast<float*>(ws + W.row_scratch) : nullptr,
-                        stream);
-        break;
-      case Step::Kind::ColumnStats:
-        launch_column_stats(plan, s, args, ws,
-                            W.colstats != kAbsent ? reinterpret_cast<double*>(ws + W.colstats) : nullptr,
-                            stream);
-        break;
-    }
+  if (fused_ws > 0) {  // `workspace` holds the fused kernel's partials only
+    if (run_fused_softmax(plan, f, args, P, prep, ws, stream)) return;
+    // Declined at run time: the steps get a workspace of their own for this call.
+    const StreamScratch scratch(W.total, stream);
+    run_steps(plan, args, prep, W, scratch.get(), stream);
+    return;
   }
+  run_steps(plan, args, prep, W, ws, stream);
 }
 
 }  // namespace gemmfuse

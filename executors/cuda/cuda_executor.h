@@ -11,8 +11,11 @@
 //                (sm90/gemm_softmax.cu) when the device and shape allow (fused_softmax.h)
 //
 // Contract (executor.h): x, weight, bias and out in plan.dtype, operands and running stats
-// fp32, num_batches int64, all device pointers on the current device. run() allocates
-// nothing, never synchronises the host, and is CUDA-graph capturable; errors throw
+// fp32, num_batches int64, all device pointers on the current device. run() never
+// synchronises the host and is CUDA-graph capturable. It allocates nothing, except when the
+// fused kernel, which the plan's workspace was sized for, declines at run time (misaligned
+// pointers, or the driver refuses the cooperative grid): that call's steps then get their
+// workspace in stream order (cudaMallocAsync/cudaFreeAsync); errors throw
 // std::runtime_error (CUDA/cuBLAS failures), Unsupported (a plan this executor does not
 // take: check() says so up front) or std::invalid_argument (missing tensors).
 // Thread-safe: one instance may serve several threads and devices (cuBLASLt handles and

@@ -3,7 +3,6 @@
 #include <algorithm>
 
 #include "column_stats.h"
-#include "fused_softmax.h"
 #include "row_program.h"
 
 namespace gemmfuse::cuda {
@@ -82,8 +81,6 @@ WorkspaceLayout workspace_layout(const Plan& plan) {
   }
   if (L.colstats_bytes) L.colstats = c.take(L.colstats_bytes);
   if (L.row_scratch_bytes) L.row_scratch = c.take(L.row_scratch_bytes);
-  if (match_fused_softmax(plan).matches)
-    L.gemm_softmax = c.take(sm90::gemm_softmax_workspace_bytes(plan.M, plan.N));
   L.total = align_up(c.at);
   return L;
 }

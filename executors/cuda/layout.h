@@ -55,11 +55,10 @@ PreparedLayout prepared_layout(const Plan& plan);
 //   lt          kLtWorkspaceBytes                                          (Gemm step)
 //   colstats    fp64 [R, 2, W]  per-chunk shifted sums (max over ColumnStats steps)
 //   row_scratch fp32            rows of row passes too wide for shared memory (max over steps)
-//   gemm_softmax                the fused sm90 kernel's row partials
-//                               (plans it may take: fused_softmax.h)
+// A plan the fused sm90 kernel takes (fused_softmax.h) has a workspace of its own instead:
+// the kernel's row partials alone (CudaExecutor::workspace_bytes).
 struct WorkspaceLayout {
-  size_t x_split = kAbsent, lt = kAbsent, colstats = kAbsent, row_scratch = kAbsent,
-         gemm_softmax = kAbsent;
+  size_t x_split = kAbsent, lt = kAbsent, colstats = kAbsent, row_scratch = kAbsent;
   size_t lt_bytes = 0, colstats_bytes = 0, row_scratch_bytes = 0;
   size_t total = 0;
 };

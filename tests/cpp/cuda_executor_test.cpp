@@ -109,6 +109,7 @@ struct CudaOptions {
   cudaStream_t stream = nullptr;
   bool graph = false;  // capture run() into a CUDA graph and launch that
   int runs = 1;        // run() this many times (state accumulates)
+  bool misalign_x = false;  // x one element past a 16-byte boundary (16-bit models)
 };
 
 struct CudaResult {
@@ -130,18 +131,19 @@ CudaResult run_cuda(const Case& c, const CudaOptions& o) {
   const Plan& plan = r.plan;
   CudaExecutor ex;
 
-  auto upload = [](const void* src, size_t bytes) {
-    auto m = std::make_unique<DevMem>(bytes);
-    if (bytes) CK(cudaMemcpy(m->p, src, bytes, cudaMemcpyHostToDevice));
+  auto upload = [](const void* src, size_t bytes, size_t offset = 0) {
+    auto m = std::make_unique<DevMem>(bytes + offset);
+    if (bytes) CK(cudaMemcpy(static_cast<char*>(m->p) + offset, src, bytes, cudaMemcpyHostToDevice));
     return m;
   };
   const auto xb = encode(c.x, o.dtype), wb = encode(c.w, o.dtype), bb = encode(c.b, o.dtype);
-  auto dx = upload(xb.data(), xb.size());
+  const size_t x_offset = o.misalign_x ? elt(o.dtype) : 0;
+  auto dx = upload(xb.data(), xb.size(), x_offset);
   auto dw = upload(wb.data(), wb.size());
   auto db = upload(bb.data(), bb.size());
   std::vector<std::unique_ptr<DevMem>> dops, dstate;
   RunArgs a;
-  a.x = dx->p;
+  a.x = static_cast<char*>(dx->p) + x_offset;
   a.weight = dw->p;
   a.bias = c.chain.has_bias ? db->p : nullptr;
   for (const auto& t : c.operands) {
@@ -737,7 +739,15 @@ TEST(CudaExecutor, FusedGemmSoftmaxSm90) {
   Plan plan;
   check_problem({linear(264, 4104) + "gelu\nsoftmax", {1000}, {}, "", 0}, o, rng, poison, &plan);
   expect_fused(plan);
-  // Graph capture (the counter reset is a memset node) on a side stream, replayed twice.
+  // The plan's workspace holds the kernel's partials only (no Y, no cuBLASLt workspace).
+  // With x misaligned for TMA the kernel declines at run time and the steps run with a
+  // stream-ordered workspace of their own; also inside a graph capture.
+  EXPECT_LT(CudaExecutor().workspace_bytes(plan), plan.buffers_bytes()) << plan.describe();
+  o.misalign_x = true;
+  check_problem({linear(264, 4104) + "gelu\nsoftmax", {1000}, {}, "", 0}, o, rng, nullptr, &plan);
+  expect_fused(plan);
+  o.misalign_x = false;
+  // Graph capture on a side stream, replayed twice.
   cudaStream_t st;
   CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   o.stream = st;
@@ -745,6 +755,8 @@ TEST(CudaExecutor, FusedGemmSoftmaxSm90) {
   o.runs = 2;
   check_problem({linear(264, 4104) + "gelu\nsoftmax", {1000}, {}, "", 0}, o, rng, nullptr, &plan);
   expect_fused(plan);
+  o.misalign_x = true;
+  check_problem({linear(264, 4104) + "gelu\nsoftmax", {1000}, {}, "", 0}, o, rng, nullptr, &plan);
   CK(cudaStreamDestroy(st));
 }
 

@@ -127,29 +127,35 @@ def _plan(gm: fx.GraphModule, run_chain) -> _Direct | None:
     return _Direct(len(placeholders), attrs[rt_node], sources)
 
 
+def _direct_call(self, *args, **kwargs):
+    """The ``__call__`` install gives a class: the chain runtime straight from the module
+    dictionaries when the call allows it, else the normal path, which is nn.Module's own
+    ``__call__`` (hooks, then the generated forward) rather than fx's wrapper (that one
+    dispatches through ``super()`` and would come back here)."""
+    sd = self.__dict__  # instance attributes read from the dict: no MRO walk per lookup
+    d = sd.get("_gemmfuse_direct")
+    if (d is not None and not kwargs and len(args) == d.nargs and not _hooked(sd)
+            and not _global_hooks() and not _is_compiling() and not _tracing_state()):
+        rt = sd.get(d.rt_attr)
+        inputs = d.inputs(self, args) if rt is not None else None
+        if inputs is not None:
+            return rt(inputs)
+    return nn.Module.__call__(self, *args, **kwargs)
+
+
 def install(gm: fx.GraphModule, run_chain) -> bool:
     """Give gm's own class (fx makes one per GraphModule) the direct ``__call__`` when its graph
     allows it. A later ``recompile()`` puts fx's ``__call__`` back."""
     direct = _plan(gm, run_chain)
     if direct is None:
         return False
-    cls = type(gm)
-    # The normal path is nn.Module's own __call__ (hooks, then the generated forward), not
-    # fx's wrapper: that one dispatches through super() and would come back here from the
-    # class fx derives for a deepcopy.
-    normal = nn.Module.__call__
-
-    def __call__(self, *args, **kwargs):
-        sd = self.__dict__  # instance attributes read from the dict: no MRO walk per lookup
-        d = sd.get("_gemmfuse_direct")
-        if (d is not None and not kwargs and len(args) == d.nargs and not _hooked(sd)
-                and not _global_hooks() and not _is_compiling() and not _tracing_state()):
-            rt = sd.get(d.rt_attr)
-            inputs = d.inputs(self, args) if rt is not None else None
-            if inputs is not None:
-                return rt(inputs)
-        return normal(self, *args, **kwargs)
-
-    cls.__call__ = __call__
+    type(gm).__call__ = _direct_call
     gm.__dict__["_gemmfuse_direct"] = direct
     return True
+
+
+def active(module) -> bool:
+    """Whether calls to `module` take the direct path. A deepcopy (a class fx derives afresh)
+    or a recompile() keeps the dictionary entry but not the ``__call__``."""
+    return ("_gemmfuse_direct" in getattr(module, "__dict__", {})
+            and type(module).__call__ is _direct_call)

@@ -8,7 +8,7 @@ plain module, it is optimized first with ``example_inputs``.
 from __future__ import annotations
 
 
-from . import _lib
+from . import _lib, direct
 from .module import example_from_record, optimize
 
 
@@ -45,7 +45,7 @@ def explain_text(module) -> str:
     fused = [e for e in rep.entries if e.status == "fused"]
     out = [f"gemmfuse: {len(fused)} of {len(rep.entries)} chain(s) fused "
            f"(precision {rep.precision}, {rep.flavor} capture)"]
-    if "_gemmfuse_direct" in getattr(module, "__dict__", {}):
+    if direct.active(module):
         out.append("call path: direct (the whole forward is one fused chain; hooks, keyword "
                    "arguments, tracing and compiling take the normal module call)")
     for e in rep.entries:

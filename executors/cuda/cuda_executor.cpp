@@ -20,14 +20,12 @@ using namespace gemmfuse::cuda;
 
 namespace {
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 // The fused kernel's workspace (its row partials) when run() takes it for this plan on the
 // current device, else 0 (the steps' workspace_layout applies). Y and cuBLASLt's workspace
 // (64 MiB at the seed shape) are not allocated for a call the kernel computes.
 size_t fused_workspace_bytes(const Plan& plan, const FusedSoftmax& f) {
-  if (!fused_softmax_unused(plan, f).empty()) return 0;
-  return align_up(sm90::gemm_softmax_workspace_bytes(plan.M, plan.N));
+  if (!f.matches || !fused_softmax_unused(plan, f).empty()) return 0;  // no reason string per call
+  return sm90::gemm_softmax_workspace_bytes(plan.M, plan.N);           // a multiple of 256 bytes
 }
 
 // Device memory for one call, allocated and freed in stream order (cudaMallocAsync).
@@ -151,12 +149,10 @@ void CudaExecutor::run(const Plan& plan, const RunArgs& args, const void* prepar
   const cudaStream_t stream = static_cast<cudaStream_t>(args.stream);
   const FusedSoftmax f = match_fused_softmax(plan);
   const size_t fused_ws = fused_workspace_bytes(plan, f);
-  const WorkspaceLayout W = workspace_layout(plan);
   char* ws = static_cast<char*>(workspace);
-  if ((fused_ws > 0 || W.total > 0) && ws == nullptr)
+  if (ws == nullptr && (fused_ws > 0 || workspace_layout(plan).total > 0))
     throw std::invalid_argument("gemmfuse: no workspace passed");
-  if (reinterpret_cast<uintptr_t>(ws) % 16 != 0)
-    throw std::invalid_argument("gemmfuse: workspace must be 16-byte aligned");
+  if (!aligned16(ws)) throw std::invalid_argument("gemmfuse: workspace must be 16-byte aligned");
   const char* prep = static_cast<const char*>(prepared);
   const PreparedLayout P = prepared_layout(plan);
   if (P.total > 0 && prep == nullptr)
@@ -166,11 +162,12 @@ void CudaExecutor::run(const Plan& plan, const RunArgs& args, const void* prepar
   if (fused_ws > 0) {  // `workspace` holds the fused kernel's partials only
     if (run_fused_softmax(plan, f, args, P, prep, ws, stream)) return;
     // Declined at run time: the steps get a workspace of their own for this call.
+    const WorkspaceLayout W = workspace_layout(plan);
     const StreamScratch scratch(W.total, stream);
     run_steps(plan, args, prep, W, scratch.get(), stream);
     return;
   }
-  run_steps(plan, args, prep, W, ws, stream);
+  run_steps(plan, args, prep, workspace_layout(plan), ws, stream);
 }
 
 }  // namespace gemmfuse

@@ -58,7 +58,7 @@ std::string fused_softmax_unused(const Plan& plan) {
 }
 
 std::string fused_softmax_unused(const Plan& plan, const FusedSoftmax& f) {
-  if (!f.matches) return f.why;
+  if (!f.matches) return std::string(f.why);
   if (!fused_softmax_enabled()) return "switched off";
   return sm90::gemm_softmax_unfit(plan.M, plan.N, plan.K, plan.dtype);
 }

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 
 #include "gemmfuse/plan.h"
 #include "gemm_softmax.h"
@@ -13,7 +14,7 @@ namespace gemmfuse::cuda {
 
 struct FusedSoftmax {
   bool matches = false;  // the plan has the shape above (independent of the device)
-  std::string why;       // why not, when !matches
+  std::string_view why;  // why not, when !matches (a literal: matching allocates nothing)
   sm90::Activation act = sm90::Activation::Identity;
   float scale = 1.f;
 };
@@ -25,10 +26,11 @@ std::string fused_softmax_unused(const Plan& plan, const FusedSoftmax& f);
 std::string fused_softmax_unused(const Plan& plan);
 
 // Process-wide switch, for A/B timing and tests: on unless GEMMFUSE_FUSED_SOFTMAX=0 is set
-// in the environment. Not while other threads run plans: a plan's workspace size depends on
-// it (CudaExecutor::workspace_bytes), so workspace_bytes and run must see the same setting (the kernel meets its CTAs at a grid barrier, so it needs the whole GPU
-// for itself while it runs; the launch is cooperative and fails rather than waits when the
-// GPU cannot hold the grid).
+// in the environment. (The kernel meets its CTAs at a grid barrier, so it needs the whole
+// GPU for itself while it runs; the launch is cooperative and fails rather than waits when
+// the GPU cannot hold the grid.) Not while other threads run plans: a plan's workspace size
+// depends on it (CudaExecutor::workspace_bytes), so workspace_bytes and run must see the
+// same setting.
 void set_fused_softmax(bool on);
 bool fused_softmax_enabled();
 

@@ -14,6 +14,8 @@ namespace gemmfuse::cuda {
 constexpr size_t kAbsent = static_cast<size_t>(-1);
 constexpr size_t kAlign = 256;
 inline size_t align_up(size_t v, size_t a = kAlign) { return (v + a - 1) / a * a; }
+// 16-byte vector loads/stores and TMA need it.
+inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // cuBLASLt workspace (NVIDIA recommends 32 MiB on Hopper). The limit the heuristic sees is
 // chosen per shape in gemm_cublas.cu (4 MiB for fp32 SGEMMs with M in [512, 2048]: eager's

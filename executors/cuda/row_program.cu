@@ -891,7 +891,6 @@ int register_vpt(const Step& step) {
   const int64_t need = (nch + nt - 1) / nt;
   return need <= 1 ? 1 : need <= 2 ? 2 : need <= 4 ? 4 : need <= 8 ? 8 : 0;
 }
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 }  // namespace
 
@@ -1041,7 +1040,7 @@ void launch_row_pass(const Plan& plan, const Step& step, const RunArgs& args, ch
     P.out_type = kOutF32;
   }
   const size_t out_align = P.out_type == kOutF32 ? 16 : 8;
-  P.in_vec = (P.win % 4 == 0) && (reinterpret_cast<uintptr_t>(P.in) % 16 == 0);
+  P.in_vec = (P.win % 4 == 0) && aligned16(P.in);
   P.out_vec = (P.wout % 4 == 0) && (reinterpret_cast<uintptr_t>(P.out) % out_align == 0);
 
   int64_t w = P.win;

@@ -42,8 +42,9 @@ if [ "${PROBE:-0}" = 1 ]; then  # bench/micro/cutlass_gemm_probe.cu (built with 
   build/bench/cutlass_gemm_probe ${PROBE_ARGS:-} > "$OUT/cutlass_gemm_probe.log" 2>&1
   note "cutlass gemm probe rc=$?"
   cat "$OUT/cutlass_gemm_probe.log"
-  build/bench/l2_residency_probe >> "$OUT/cutlass_gemm_probe.log" 2>&1
+  build/bench/l2_residency_probe > "$OUT/l2_residency_probe.log" 2>&1
   note "l2 residency probe rc=$?"
+  cat "$OUT/l2_residency_probe.log"
 fi
 
 if [ "${OVERHEAD:-0}" = 1 ]; then

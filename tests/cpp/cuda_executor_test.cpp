@@ -702,6 +702,7 @@ TEST(CudaExecutor, FusedGemmSoftmaxSm90) {
   // K = 264, 136, 72: k tails.
   const Shape shapes[] = {{1000, 264, 4104}, {500, 136, 4104}, {600, 72, 4104}};
   const char* bodies[] = {"gelu\nsoftmax", "softmax", "gelu\nmul b=0.5\nsoftmax", "mul b=3\nsoftmax"};
+  const Problem gelu_softmax{linear(264, 4104) + "gelu\nsoftmax", {1000}};  // two tiles per CTA
   auto expect_fused = [](const Plan& plan) {
     EXPECT_EQ(cuda::fused_softmax_unused(plan), "") << plan.describe();
   };
@@ -724,7 +725,7 @@ TEST(CudaExecutor, FusedGemmSoftmaxSm90) {
     CudaOptions o;
     o.dtype = d;
     Plan plan;
-    check_problem({linear(264, 4104) + "gelu\nsoftmax", {1000}, {}, "", 0}, o, rng, small, &plan);
+    check_problem(gelu_softmax, o, rng, small, &plan);
     expect_fused(plan);
   }
   // Non-finite rows: a NaN in x makes its row NaN; +inf and -inf inputs give inf products.
@@ -737,14 +738,14 @@ TEST(CudaExecutor, FusedGemmSoftmaxSm90) {
   CudaOptions o;
   o.dtype = DType::BF16;
   Plan plan;
-  check_problem({linear(264, 4104) + "gelu\nsoftmax", {1000}, {}, "", 0}, o, rng, poison, &plan);
+  check_problem(gelu_softmax, o, rng, poison, &plan);
   expect_fused(plan);
   // The plan's workspace holds the kernel's partials only (no Y, no cuBLASLt workspace).
   // With x misaligned for TMA the kernel declines at run time and the steps run with a
   // stream-ordered workspace of their own; also inside a graph capture.
   EXPECT_LT(CudaExecutor().workspace_bytes(plan), plan.buffers_bytes()) << plan.describe();
   o.misalign_x = true;
-  check_problem({linear(264, 4104) + "gelu\nsoftmax", {1000}, {}, "", 0}, o, rng, nullptr, &plan);
+  check_problem(gelu_softmax, o, rng, nullptr, &plan);
   expect_fused(plan);
   o.misalign_x = false;
   // Graph capture on a side stream, replayed twice.
@@ -753,10 +754,10 @@ TEST(CudaExecutor, FusedGemmSoftmaxSm90) {
   o.stream = st;
   o.graph = true;
   o.runs = 2;
-  check_problem({linear(264, 4104) + "gelu\nsoftmax", {1000}, {}, "", 0}, o, rng, nullptr, &plan);
+  check_problem(gelu_softmax, o, rng, nullptr, &plan);
   expect_fused(plan);
   o.misalign_x = true;
-  check_problem({linear(264, 4104) + "gelu\nsoftmax", {1000}, {}, "", 0}, o, rng, nullptr, &plan);
+  check_problem(gelu_softmax, o, rng, nullptr, &plan);
   CK(cudaStreamDestroy(st));
 }
 

@@ -3,6 +3,8 @@
 # Uses the build carried from the dev machine (build/lib, build/tests/cpp) and the GPU
 # machine's own python3 + torch. Each part is switched by an env var; logs go to $OUT.
 #   TESTS=1 SANITIZE=1 BENCH=1 BENCH_ARGS="..." PYTEST_ARGS="..." bash scripts/device-run.sh
+#   AB=1 AB_OLD_LIB=build/oldlib/libgemmfuse_ops.so [AB_ROUNDS=3] [AB_ARGS="..."]: bench this
+#     build's library against another build's, alternated, in one call (ab.log)
 #   PROBE=1 [PROBE_ARGS="M N K"]: the CUTLASS-vs-cuBLAS GEMM probe (build/bench/cutlass_gemm_probe)
 #     and the L2 residency probe (build/bench/l2_residency_probe)
 set -uo pipefail
@@ -45,6 +47,18 @@ if [ "${PROBE:-0}" = 1 ]; then  # bench/micro/cutlass_gemm_probe.cu (built with 
   build/bench/l2_residency_probe > "$OUT/l2_residency_probe.log" 2>&1
   note "l2 residency probe rc=$?"
   cat "$OUT/l2_residency_probe.log"
+fi
+
+if [ "${AB:-0}" = 1 ]; then  # same-call A/B: rounds of new, old (a build of another commit)
+  for r in $(seq "${AB_ROUNDS:-3}"); do
+    for lib in new old; do
+      l=$GEMMFUSE_LIB; [ $lib = old ] && l=$AB_OLD_LIB
+      GEMMFUSE_LIB=$l python3 -m gemmfuse bench --out "/tmp/ab-$lib-$r.json" \
+        ${AB_ARGS:---models m99 --modes tf32 --no-compile} 2>&1 | grep "│ m" | sed "s/^/$lib $r /" >> "$OUT/ab.log"
+    done
+  done
+  note "A/B rounds: $(wc -l < "$OUT/ab.log") lines"
+  cat "$OUT/ab.log"
 fi
 
 if [ "${OVERHEAD:-0}" = 1 ]; then

@@ -693,6 +693,7 @@ bool is_sm90() {
 TEST(CudaExecutor, FusedGemmSoftmaxSm90) {
   SKIP_WITHOUT_GPU();
   if (!is_sm90()) GTEST_SKIP() << "the fused kernel needs an sm_90 GPU";
+  if (!cuda::sm90::gemm_softmax_built()) GTEST_SKIP() << "built without the sm90 kernels";
   std::mt19937_64 rng(gftest::test_seed());
   struct Shape {
     int64_t M, K, N;

@@ -98,7 +98,7 @@ struct Kernel {
   struct Params {
     typename Mainloop::Params mainloop;
     int M, N, K;
-    int m_tiles, n_tiles, k_tiles;
+    int n_tiles, k_tiles;
     int m_pairs;   // clusters along M (2 CTAs each)
     int tpc;       // column tiles per CTA (1 or 2): a CTA covers 128 rows x tpc * 256 columns
     int n_groups;  // column groups of tpc tiles: ceil(n_tiles / tpc)
@@ -415,20 +415,33 @@ void set_smem_attribute() {
                                      static_cast<int>(sizeof(typename K::SharedStorage))));
 }
 
+// The launch configuration of `clusters` clusters: attrs[0] is the cluster shape (numAttrs
+// 1); attrs[1] the cooperative flag, which launch() adds (numAttrs 2).
+template <class K>
+cudaLaunchConfig_t launch_config(int clusters, cudaStream_t stream, cudaLaunchAttribute (&attrs)[2]) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(kClusterM * clusters, 1, 1);
+  cfg.blockDim = dim3(kThreads, 1, 1);
+  cfg.dynamicSmemBytes = sizeof(typename K::SharedStorage);
+  cfg.stream = stream;
+  attrs[0].id = cudaLaunchAttributeClusterDimension;
+  attrs[0].val.clusterDim.x = kClusterM;
+  attrs[0].val.clusterDim.y = 1;
+  attrs[0].val.clusterDim.z = 1;
+  // Cooperative: the driver launches the grid only if every CTA can be resident at once
+  // (else an error, never a grid barrier waiting forever, e.g. under an MPS SM limit).
+  attrs[1].id = cudaLaunchAttributeCooperative;
+  attrs[1].val.cooperative = 1;
+  cfg.attrs = attrs;
+  cfg.numAttrs = 1;
+  return cfg;
+}
+
 template <class K>
 int max_active_clusters() {
   set_smem_attribute<K>();
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(kClusterM * 64, 1, 1);
-  cfg.blockDim = dim3(kThreads, 1, 1);
-  cfg.dynamicSmemBytes = sizeof(typename K::SharedStorage);
-  cudaLaunchAttribute attr;
-  attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = kClusterM;
-  attr.val.clusterDim.y = 1;
-  attr.val.clusterDim.z = 1;
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
+  cudaLaunchAttribute attrs[2];
+  const cudaLaunchConfig_t cfg = launch_config<K>(64, nullptr, attrs);
   int n = 0;
   GF_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, gemm_softmax_kernel<K>, &cfg));
   return n;
@@ -474,10 +487,9 @@ bool launch(const GemmSoftmaxProblem& pr, void* workspace, cudaStream_t stream, 
   p.M = static_cast<int>(pr.M);
   p.N = static_cast<int>(pr.N);
   p.K = static_cast<int>(pr.K);
-  p.m_tiles = ceil_div(pr.M, kTileM);
   p.n_tiles = ceil_div(pr.N, kTileN);
   p.k_tiles = ceil_div(pr.K, kTileK);
-  p.m_pairs = ceil_div(p.m_tiles, kClusterM);
+  p.m_pairs = ceil_div(ceil_div(pr.M, kTileM), kClusterM);
   p.tpc = tiles_per_cta(pr.M, pr.N, max_clusters);
   p.n_groups = ceil_div(p.n_tiles, p.tpc);
   typename Mainloop::Arguments args{
@@ -492,22 +504,9 @@ bool launch(const GemmSoftmaxProblem& pr, void* workspace, cudaStream_t stream, 
   p.scale = pr.scale;
   p.trace = pr.trace;
 
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(kClusterM * p.m_pairs * p.n_groups, 1, 1);
-  cfg.blockDim = dim3(kThreads, 1, 1);
-  cfg.dynamicSmemBytes = sizeof(typename K::SharedStorage);
-  cfg.stream = stream;
-  // Cooperative: the driver launches the grid only if every CTA can be resident at once
-  // (else an error, never a grid barrier waiting forever, e.g. under an MPS SM limit).
-  cudaLaunchAttribute attr[2];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = kClusterM;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  attr[1].id = cudaLaunchAttributeCooperative;
-  attr[1].val.cooperative = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 2;
+  cudaLaunchAttribute attrs[2];
+  cudaLaunchConfig_t cfg = launch_config<K>(p.m_pairs * p.n_groups, stream, attrs);
+  cfg.numAttrs = 2;  // and cooperative
   const cudaError_t e = cudaLaunchKernelEx(&cfg, gemm_softmax_kernel<K>, p);
   if (e == cudaErrorCooperativeLaunchTooLarge) {
     (void)cudaGetLastError();  // not sticky: the caller runs the plan step by step instead
@@ -518,6 +517,8 @@ bool launch(const GemmSoftmaxProblem& pr, void* workspace, cudaStream_t stream, 
 }
 
 }  // namespace
+
+bool gemm_softmax_built() { return true; }
 
 std::string gemm_softmax_unfit(int64_t M, int64_t N, int64_t K, DType dtype) {
   if (dtype != DType::BF16 && dtype != DType::F16) return "fp32 models use the cuBLAS GEMM";
@@ -544,6 +545,8 @@ bool launch_gemm_softmax(const GemmSoftmaxProblem& p, void* workspace, cudaStrea
 }
 
 #else  // built without the sm90 kernels (no CUTLASS headers)
+
+bool gemm_softmax_built() { return false; }
 
 std::string gemm_softmax_unfit(int64_t, int64_t, int64_t, DType) {
   return "built without the sm90 kernels (the nvidia-cutlass package was not found)";

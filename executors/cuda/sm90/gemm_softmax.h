@@ -41,6 +41,9 @@ struct GemmSoftmaxProblem {
   unsigned long long* trace = nullptr;
 };
 
+// Whether this build has the kernel (it needs CUTLASS's headers at build time).
+bool gemm_softmax_built();
+
 // "" when the kernel can run this problem on the current device, else why not (for
 // explain and the executor's fallback). Checks the device (sm_90, the kernel built), the
 // alignment TMA needs (K and N multiples of 8) and that all tiles fit on chip at once.

@@ -10,8 +10,7 @@ namespace gemmfuse::bindings {
 at::Tensor execute(Executor& executor, const CallInputs& in,
                    const std::function<CallTensors()>& convert, RunArgs args,
                    StateViews::Native16Bit native) {
-  const CachedPlan& cp = plan_for(in.spec, in.x, in.weight, in.bias, in.operands, in.state, in.precision);
-  const Plan& plan = *cp.plan;
+  const Plan& plan = plan_for(in.spec, in.x, in.weight, in.bias, in.operands, in.state, in.precision);
   c10::SmallVector<int64_t, 5> shape(in.x.sizes().begin(), in.x.sizes().end() - 1);
   if (plan.out_has_feature_dim) shape.push_back(plan.out_width);
   if (plan.M == 0) return at::empty(shape, in.x.options());

@@ -57,16 +57,16 @@ at::Tensor run_meta(c10::string_view spec, const at::Tensor& x, const at::Tensor
 std::string describe(c10::string_view spec, const at::Tensor& x, const at::Tensor& weight,
                      const c10::optional<at::Tensor>& bias, at::TensorList operands,
                      at::TensorList state, c10::string_view precision) {
-  const auto& cp = plan_for(spec, x, weight, bias, operands, state, precision);
+  const Plan& plan = plan_for(spec, x, weight, bias, operands, state, precision);
   std::ostringstream os;
   os << "executor: " << (x.is_cuda() ? "cuda" : "cpu");
-  if (!x.is_cuda() && cp.plan->precision != Precision::FP32)
+  if (!x.is_cuda() && plan.precision != Precision::FP32)
     os << " (computes every precision mode in fp32)";
-  os << '\n' << cp.plan->describe();
+  os << '\n' << plan.describe();
 #ifdef GEMMFUSE_WITH_CUDA
   if (x.is_cuda()) {
     c10::cuda::CUDAGuard guard(x.device());
-    const std::string k = CudaExecutor::describe_kernels(*cp.plan);
+    const std::string k = CudaExecutor::describe_kernels(plan);
     if (!k.empty()) os << '\n' << k;
   }
 #endif

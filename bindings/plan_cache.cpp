@@ -2,10 +2,12 @@
 
 #include <c10/util/SmallVector.h>
 
+#include <map>
 #include <mutex>
-#include <sstream>
 #include <stdexcept>
 #include <unordered_map>
+#include <utility>
+#include <vector>
 
 #ifdef GEMMFUSE_WITH_CUDA
 #include "cuda_executor.h"
@@ -16,15 +18,9 @@ namespace {
 
 std::mutex g_mutex;
 std::unordered_map<std::string, std::shared_ptr<const Chain>> g_chains;
-std::unordered_map<std::string, std::shared_ptr<const Plan>> g_plans;
-
-void append_sizes(std::ostringstream& os, at::IntArrayRef sizes) {
-  os << '[';
-  for (auto s : sizes) os << s << ',';
-  os << ']';
-}
-
-std::string device_name(const at::Tensor& t) { return t.device().str(); }
+// Plans by (spec, call signature); never freed (the prepared-weights cache keys on their
+// addresses).
+std::map<std::pair<std::string, std::vector<int64_t>>, std::unique_ptr<const Plan>> g_plans;
 
 }  // namespace
 
@@ -115,28 +111,39 @@ Signature call_signature(const at::Tensor& x, at::TensorList operands,
 
 }  // namespace
 
-const CachedPlan& plan_for(c10::string_view spec_view, const at::Tensor& x,
-                           const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
-                           at::TensorList operands, at::TensorList state,
-                           c10::string_view precision_view) {
+const Plan& plan_for(c10::string_view spec_view, const at::Tensor& x, const at::Tensor& weight,
+                     const c10::optional<at::Tensor>& bias, at::TensorList operands,
+                     at::TensorList state, c10::string_view precision_view) {
   // The last call's chain and plan, per thread: a repeated call (the common case: one model
-  // called again and again) skips the chain lookup, the request and the key.
+  // called again and again) skips the chain lookup and the plan map.
   struct LastCall {
     std::string spec;
-    std::shared_ptr<const Chain> chain;
     Signature signature;
-    CachedPlan plan;
+    const Chain* chain = nullptr;
+    const Plan* plan = nullptr;
   };
   thread_local LastCall last;
   Signature signature = call_signature(x, operands, precision_view);
-  if (last.plan.plan && last.signature == signature && c10::string_view(last.spec) == spec_view) {
+  if (last.plan != nullptr && last.signature == signature && c10::string_view(last.spec) == spec_view) {
     check_call(*last.chain, x, weight, bias, operands, state);
-    return last.plan;  // no copy: the key string stays where it is
+    return *last.plan;
   }
-  const std::string spec(spec_view), precision(precision_view);
-
-  auto chain = chain_for(spec);
+  std::string spec(spec_view);
+  const std::shared_ptr<const Chain> chain = chain_for(spec);  // cached, never freed
   check_call(*chain, x, weight, bias, operands, state);
+  auto remember = [&](const Plan& plan) -> const Plan& {
+    last = LastCall{spec, std::move(signature), chain.get(), &plan};
+    return plan;
+  };
+
+  // The plan map's key is the memo's: the spec and the call signature.
+  std::pair<std::string, std::vector<int64_t>> key{spec, {signature.begin(), signature.end()}};
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    auto it = g_plans.find(key);
+    if (it != g_plans.end()) return remember(*it->second);
+  }
+
   PlanRequest req;
   req.chain = *chain;
   req.batch_sizes.assign(x.sizes().begin(), x.sizes().end() - 1);
@@ -146,31 +153,16 @@ const CachedPlan& plan_for(c10::string_view spec_view, const at::Tensor& x,
   } catch (const Unsupported& e) {
     TORCH_CHECK(false, "gemmfuse unsupported: ", e.what());
   }
+  const std::string precision(precision_view);
   if (!precision_from_name(precision, &req.precision)) {
     TORCH_CHECK(false, "gemmfuse: unknown precision '", precision,
                 "' (expected fp32, fast or tf32)");
   }
-
-  std::ostringstream key;
-  key << spec << '|';
-  append_sizes(key, x.sizes());
-  for (const auto& t : operands) append_sizes(key, t.sizes());
-  key << '|' << dtype_name(req.dtype) << '|' << precision << '|' << device_name(x);
-
-  CachedPlan out{key.str(), nullptr};
-  {
-    std::lock_guard<std::mutex> lock(g_mutex);
-    auto it = g_plans.find(out.key);
-    if (it != g_plans.end()) {
-      out.plan = it->second;
-      last = LastCall{spec, chain, std::move(signature), std::move(out)};
-      return last.plan;
-    }
-  }
+  std::unique_ptr<const Plan> plan;
   try {
-    out.plan = std::make_shared<const Plan>(make_plan(req));
+    plan = std::make_unique<const Plan>(make_plan(req));
 #ifdef GEMMFUSE_WITH_CUDA
-    if (x.is_cuda()) CudaExecutor::check(*out.plan);  // e.g. a row program too long
+    if (x.is_cuda()) CudaExecutor::check(*plan);  // e.g. a row program too long
 #endif
   } catch (const Unsupported& e) {
     TORCH_CHECK(false, "gemmfuse unsupported: ", e.what());
@@ -180,9 +172,8 @@ const CachedPlan& plan_for(c10::string_view spec_view, const at::Tensor& x,
     TORCH_CHECK_VALUE(false, e.what());
   }
   std::lock_guard<std::mutex> lock(g_mutex);
-  g_plans.emplace(out.key, out.plan);
-  last = LastCall{spec, chain, std::move(signature), std::move(out)};
-  return last.plan;
+  // Another thread may have planned the same call meanwhile: keep the first plan.
+  return remember(*g_plans.emplace(std::move(key), std::move(plan)).first->second);
 }
 
 }  // namespace gemmfuse::bindings

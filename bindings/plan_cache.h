@@ -15,17 +15,12 @@ namespace gemmfuse::bindings {
 // The parsed spec (cached by text). Throws c10::Error on a malformed spec.
 std::shared_ptr<const Chain> chain_for(const std::string& spec);
 
-struct CachedPlan {
-  std::string key;  // identifies the plan (also the prepared-weights cache key prefix)
-  std::shared_ptr<const Plan> plan;
-};
-
 // Checks the call as PyTorch's F.linear would (same messages where PyTorch has one), then
-// returns the plan (a reference to this thread's last-call memo: valid until the thread's next
-// plan_for). Refused chains raise "gemmfuse unsupported: <reason>".
-const CachedPlan& plan_for(c10::string_view spec, const at::Tensor& x, const at::Tensor& weight,
-                           const c10::optional<at::Tensor>& bias, at::TensorList operands,
-                           at::TensorList state, c10::string_view precision);
+// returns its plan. Plans are cached per (spec, shapes, dtype, precision, device) and never
+// freed, so the reference stays valid. Refused chains raise "gemmfuse unsupported: <reason>".
+const Plan& plan_for(c10::string_view spec, const at::Tensor& x, const at::Tensor& weight,
+                     const c10::optional<at::Tensor>& bias, at::TensorList operands,
+                     at::TensorList state, c10::string_view precision);
 
 // Output shape of the chain for input x (leading dims of x, then the output width unless a
 // keepdim=false reduction dropped it). Used by the Meta kernel and by run.

@@ -40,8 +40,23 @@ def test_not_installed_when_forward_does_more():
 
     m = M()
     opt = gemmfuse.optimize(m, torch.rand(3, 8))
-    if gemmfuse.runtimes(opt):
-        assert "_gemmfuse_direct" not in opt.__dict__
+    rts = gemmfuse.runtimes(opt)
+    assert rts, "the Linear + softmax was not fused, so this test would check nothing"
+    assert "_gemmfuse_direct" not in opt.__dict__
+    x = torch.rand(3, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(opt(x), m(x))
+    assert rts[0].fused_calls == 1
+
+
+def _count_forward_calls(opt) -> list:
+    """Counts calls of opt's generated forward (its class is opt's own): the normal path calls
+    it, the direct path does not."""
+    calls = []
+    cls = type(opt)
+    forward = cls.forward
+    cls.forward = lambda self, *args, **kwargs: (calls.append(1), forward(self, *args, **kwargs))[1]
+    return calls
 
 
 def test_hooks_and_kwargs_take_the_normal_path():
@@ -67,6 +82,7 @@ def test_hooks_and_kwargs_take_the_normal_path():
 
 def test_replaced_submodule_and_parameters_are_followed():
     model, opt, x = _opt()
+    calls = _count_forward_calls(opt)
     with torch.no_grad():
         model.linear.weight = nn.Parameter(torch.randn_like(model.linear.weight) * 0.01)
         assert_close64(opt(x), double_ref(model)(x.double()), what="new weight")
@@ -74,6 +90,7 @@ def test_replaced_submodule_and_parameters_are_followed():
         opt.linear = new  # the same class: read through the dictionaries
         model.linear = new
         assert_close64(opt(x), double_ref(model)(x.double()), what="new Linear")
+        assert calls == [], "both calls should have taken the direct path"
 
         class MyLinear(nn.Linear):
             pass
@@ -82,6 +99,7 @@ def test_replaced_submodule_and_parameters_are_followed():
         opt.linear = other  # another class: the direct path steps aside
         model.linear = other
         assert_close64(opt(x), double_ref(model)(x.double()), what="Linear subclass")
+        assert calls == [1], "the call should have taken the normal path"
 
 
 def test_deepcopy_keeps_working_and_independent():

@@ -37,7 +37,7 @@ GF_HD float gf_softplus(float x, float beta, float threshold) {
 // operations instead of erff's ~28 with its range selects: h + s Q(s), h = x / 2, s = x^2,
 // Q a degree-9 fit to 0.5 erf(x / sqrt 2) / x (Chebyshev nodes, Lawson-weighted to minimax
 // the absolute error of gelu). Max abs error 6.6e-7 on the range (erff's form in fp32:
-// 2.4e-7); tests/cpp/core_pointwise_test.cpp checks it against the exact form. For kernels
+// 2.4e-7); tests/cpp/cpu_pointwise_test.cpp checks it against the exact form. For kernels
 // whose epilogue is bound by instruction issue (sm90/gemm_softmax.cu); callers check the range.
 constexpr float kGeluPolyRange = 2.8284271247461903f;  // 2 sqrt 2
 GF_HD float gelu_erf_poly(float x) {

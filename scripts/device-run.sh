@@ -4,7 +4,8 @@
 # machine's own python3 + torch. Each part is switched by an env var; logs go to $OUT.
 #   TESTS=1 SANITIZE=1 BENCH=1 BENCH_ARGS="..." PYTEST_ARGS="..." bash scripts/device-run.sh
 #   AB=1 AB_OLD_LIB=build/oldlib/libgemmfuse_ops.so [AB_ROUNDS=3] [AB_ARGS="..."]: bench this
-#     build's library against another build's, alternated, in one call (ab.log)
+#     build's library against another build's, alternated, in one call (ab.log); or
+#     AB_LIBS="name=path name=path ..." for several; AB_SMI=1 logs SM clock and power (ab_smi.csv)
 #   PROBE=1 [PROBE_ARGS="M N K"]: the CUTLASS-vs-cuBLAS GEMM probe (build/bench/cutlass_gemm_probe)
 #     and the L2 residency probe (build/bench/l2_residency_probe)
 set -uo pipefail
@@ -49,14 +50,19 @@ if [ "${PROBE:-0}" = 1 ]; then  # bench/micro/cutlass_gemm_probe.cu (built with 
   cat "$OUT/l2_residency_probe.log"
 fi
 
-if [ "${AB:-0}" = 1 ]; then  # same-call A/B: rounds of new, old (a build of another commit)
+if [ "${AB:-0}" = 1 ]; then  # same-call A/B: rounds over the libraries, alternated
+  libs=${AB_LIBS:-"new=$GEMMFUSE_LIB old=$AB_OLD_LIB"}
+  if [ "${AB_SMI:-0}" = 1 ]; then  # SM clock, power and temperature while the rounds run
+    nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu \
+      --format=csv -lms 50 > "$OUT/ab_smi.csv" 2>&1 & smi=$!
+  fi
   for r in $(seq "${AB_ROUNDS:-3}"); do
-    for lib in new old; do
-      l=$GEMMFUSE_LIB; [ $lib = old ] && l=$AB_OLD_LIB
-      GEMMFUSE_LIB=$l python3 -m gemmfuse bench --out "/tmp/ab-$lib-$r.json" \
-        ${AB_ARGS:---models m99 --modes tf32 --no-compile} 2>&1 | grep "│ m" | sed "s/^/$lib $r /" >> "$OUT/ab.log"
+    for nl in $libs; do
+      GEMMFUSE_LIB=${nl#*=} python3 -m gemmfuse bench --out "/tmp/ab-${nl%%=*}-$r.json" \
+        ${AB_ARGS:---models m99 --modes tf32 --no-compile} 2>&1 | grep "│ m" | sed "s/^/${nl%%=*} $r /" >> "$OUT/ab.log"
     done
   done
+  [ -n "${smi:-}" ] && kill $smi
   note "A/B rounds: $(wc -l < "$OUT/ab.log") lines"
   cat "$OUT/ab.log"
 fi

@@ -293,6 +293,20 @@ int main(int argc, char** argv) {
         std::sort(v.begin(), v.end());
         std::printf("  %-14s %8.1f %8.1f %8.1f\n", names[k], v.front(), v[v.size() / 2], v.back());
       }
+      // SM clock over each mainloop: clock64 cycles (slots 10-12) per %globaltimer ns.
+      for (int j = 0; j < 2; ++j) {
+        std::vector<double> ghz;
+        for (int c = 0; c < ctas; ++c) {
+          const unsigned long long* s = tr + c * 16;
+          const unsigned long long ns = j == 0 ? s[1] - s[0] : s[3] - s[1];
+          if (s[0] && s[10 + j] && s[11 + j] && ns > 0)
+            ghz.push_back(static_cast<double>(s[11 + j] - s[10 + j]) / static_cast<double>(ns));
+        }
+        if (ghz.empty()) continue;
+        std::sort(ghz.begin(), ghz.end());
+        std::printf("  SM clock over mainloop %d: %.3f / %.3f / %.3f GHz (min / median / max over CTAs)\n",
+                    j + 1, ghz.front(), ghz[ghz.size() / 2], ghz.back());
+      }
     }
     CHECK_CUDA(cudaFree(trace));
     };

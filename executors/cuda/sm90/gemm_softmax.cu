@@ -131,6 +131,12 @@ __device__ __forceinline__ void stamp(unsigned long long* trace, int ctid, int k
   }
 }
 
+// GemmSoftmaxProblem::trace: the SM's clock64 into slot k (its ratio to %globaltimer is the
+// SM clock over a phase).
+__device__ __forceinline__ void stamp_clock(unsigned long long* trace, int ctid, int k) {
+  if (trace != nullptr && ctid == 0) trace[blockIdx.x * kTraceSlots + k] = clock64();
+}
+
 template <class T>
 __device__ __forceinline__ uint32_t pack_out(float a, float b) {
   if constexpr (std::is_same_v<T, cutlass::bfloat16_t>) {
@@ -285,6 +291,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_softmax_kernel(const __grid_
   auto& tiles = *reinterpret_cast<typename Mainloop::TensorStorage*>(S.tiles);
 
   stamp(p.trace, threadIdx.x, 0);  // kernel entry
+  stamp_clock(p.trace, threadIdx.x, 10);
   const int warp = cutlass::canonical_warp_idx_sync();
   const int warpgroup = cutlass::canonical_warp_group_idx();
   const int lane = cutlass::canonical_lane_idx();
@@ -345,6 +352,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_softmax_kernel(const __grid_
     mainloop.mma_tail(pipeline, state, p.k_tiles);
     state.advance(p.k_tiles);
     stamp(p.trace, ctid, 1 + 2 * j);
+    stamp_clock(p.trace, ctid, 11 + j);
     const bool last = j == n_work - 1;
     // The last stash reuses the pipeline's tiles: both warpgroups must be done reading them
     // (their final TMA writes landed before the waits that preceded these wgmmas).

@@ -37,7 +37,8 @@ struct GemmSoftmaxProblem {
   // its first thread (entry) and first consumer thread: entry, after each tile's mainloop
   // and epilogue (2 tiles),
   // after the grid barrier, after the row merge, end; 8: the first row-merge loads landed,
-  // 9: the row merge computed. Null in normal runs.
+  // 9: the row merge computed; 10-12: the SM's clock64 at entry and after each mainloop.
+  // Null in normal runs.
   unsigned long long* trace = nullptr;
 };
 

@@ -6,6 +6,8 @@
 #   AB=1 AB_OLD_LIB=build/oldlib/libgemmfuse_ops.so [AB_ROUNDS=3] [AB_ARGS="..."]: bench this
 #     build's library against another build's, alternated, in one call (ab.log); or
 #     AB_LIBS="name=path name=path ..." for several; AB_SMI=1 logs SM clock and power (ab_smi.csv)
+#   GEMMFUSE_GIT_COMMIT=<hash>: the commit the bench JSON records (the copied tree's .git can be
+#     older than the code; pass the dev machine's `git rev-parse --short HEAD`)
 #   PROBE=1 [PROBE_ARGS="M N K"]: the CUTLASS-vs-cuBLAS GEMM probe (build/bench/cutlass_gemm_probe)
 #     and the L2 residency probe (build/bench/l2_residency_probe)
 set -uo pipefail

@@ -14,6 +14,7 @@ import gc
 import io
 import json
 import math
+import os
 import platform
 import statistics
 import subprocess
@@ -305,11 +306,15 @@ def device_info(dev):
                     sms=p.multi_processor_count)
     else:
         info["gpu"] = None
-    try:
-        info["git"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                     text=True, timeout=5, cwd=Path(__file__).parent).stdout.strip() or None
-    except Exception:
-        info["git"] = None
+    # GEMMFUSE_GIT_COMMIT: the commit as the caller knows it, for a copied tree whose .git is
+    # not the one the code came from (scripts/device-run.sh on the GPU machine).
+    info["git"] = os.environ.get("GEMMFUSE_GIT_COMMIT") or None
+    if info["git"] is None:
+        try:
+            info["git"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                         text=True, timeout=5, cwd=Path(__file__).parent).stdout.strip() or None
+        except Exception:
+            info["git"] = None
     return info
 
 

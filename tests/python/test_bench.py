@@ -82,3 +82,12 @@ def test_errors_and_timing():
     calls = []
     t = time_calls(lambda x: calls.append(x), [(1,), (2,), (3,)], 2, 4, torch.device("cpu"))
     assert calls == [1, 2, 1, 2, 3, 1] and t["ms"] >= 0
+
+
+def test_device_info_commit(monkeypatch):
+    # A copied tree (the GPU machine's) can carry an older .git: the caller's commit wins.
+    from gemmfuse.bench import device_info
+    monkeypatch.setenv("GEMMFUSE_GIT_COMMIT", "abc1234")
+    assert device_info(torch.device("cpu"))["git"] == "abc1234"
+    monkeypatch.delenv("GEMMFUSE_GIT_COMMIT")
+    assert device_info(torch.device("cpu"))["git"] != "abc1234"

@@ -306,16 +306,20 @@ def device_info(dev):
                     sms=p.multi_processor_count)
     else:
         info["gpu"] = None
-    # GEMMFUSE_GIT_COMMIT: the commit as the caller knows it, for a copied tree whose .git is
-    # not the one the code came from (scripts/device-run.sh on the GPU machine).
-    info["git"] = os.environ.get("GEMMFUSE_GIT_COMMIT") or None
-    if info["git"] is None:
-        try:
-            info["git"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                         text=True, timeout=5, cwd=Path(__file__).parent).stdout.strip() or None
-        except Exception:
-            info["git"] = None
+    info["git"] = _git_commit()
     return info
+
+
+def _git_commit():
+    """GEMMFUSE_GIT_COMMIT when set (the commit as the caller knows it, for a copied tree whose
+    .git is not the one the code came from: scripts/device-run.sh), else this tree's HEAD."""
+    if os.environ.get("GEMMFUSE_GIT_COMMIT"):
+        return os.environ["GEMMFUSE_GIT_COMMIT"]
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=5, cwd=Path(__file__).parent).stdout.strip() or None
+    except Exception:
+        return None
 
 
 # ------------------------------------------------------------------------------ measurement

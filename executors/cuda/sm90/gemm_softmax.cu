@@ -46,6 +46,7 @@ namespace {
 
 constexpr int kTileM = 128, kTileN = 256, kTileK = 64;
 constexpr int kClusterM = 2;       // CTAs per cluster (along M)
+constexpr int kMaxTilesPerCta = 2;  // the on-chip stash holds two tiles per CTA
 constexpr int kThreads = 384;      // producer warpgroup + two consumer warpgroups
 constexpr int kConsumers = 256;
 constexpr int kStashStride = kTileN + 8;  // halves per stash row
@@ -411,7 +412,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_softmax_kernel(const __grid_
 }
 
 struct Fit {
-  int max_clusters = 0;  // clusters of 2 CTAs the device holds at once (0: kernel unusable)
+  int max_clusters = 0;  // clusters of kClusterM CTAs the device holds at once (0: unusable)
   int sms = 0;
   std::string why;       // why the kernel is unusable on this device
 };
@@ -479,11 +480,11 @@ const Fit& device_fit(DType dtype) {
 }
 
 // Column tiles per CTA: 1 when a cluster per (m-block pair, column tile) fits on the GPU at
-// once, else 2 (0: the problem does not fit).
+// once, else kMaxTilesPerCta (0: the problem does not fit).
 int tiles_per_cta(int64_t M, int64_t N, int max_clusters) {
   const int64_t m_pairs = ceil_div(ceil_div(M, kTileM), kClusterM), n_tiles = ceil_div(N, kTileN);
   if (m_pairs * n_tiles <= max_clusters) return 1;
-  if (m_pairs * ceil_div(n_tiles, 2) <= max_clusters) return 2;
+  if (m_pairs * ceil_div(n_tiles, kMaxTilesPerCta) <= max_clusters) return kMaxTilesPerCta;
   return 0;
 }
 
@@ -539,7 +540,7 @@ std::string gemm_softmax_unfit(int64_t M, int64_t N, int64_t K, DType dtype) {
     return "too few 128x256 tiles (" + std::to_string(tiles) + ") to fill the GPU";
   if (tiles_per_cta(M, N, f.max_clusters) == 0)
     return "too many 128x256 tiles (" + std::to_string(tiles) + ") to keep on chip at once (at most " +
-           std::to_string(4 * f.max_clusters) + ")";
+           std::to_string(kClusterM * kMaxTilesPerCta * f.max_clusters) + ")";
   return "";
 }
 

@@ -252,66 +252,92 @@ int main(int argc, char** argv) {
                     return true;
                   }, nullptr});
     // Three traced runs back to back: where the time goes inside the fused kernel (phases
-    // per CTA) and between two launches; with gelu and without (the epilogue's share).
-    auto traced = [&](gemmfuse::cuda::sm90::Activation act, const char* label) {
-    const int ctas = 256, reps = 3;
-    unsigned long long* trace;
-    CHECK_CUDA(cudaMalloc(&trace, reps * ctas * 16 * sizeof(unsigned long long)));
-    CHECK_CUDA(cudaMemset(trace, 0, reps * ctas * 16 * sizeof(unsigned long long)));
-    for (int rep = 0; rep < reps; ++rep) {
-      gemmfuse::cuda::sm90::GemmSoftmaxProblem p;
-      p.M = M; p.N = N; p.K = K;
-      p.x = xs[rep]; p.w = w; p.bias = bias32; p.out = ds[rep];
-      p.act = act;
-      p.trace = trace + rep * ctas * 16;
-      if (!gemmfuse::cuda::sm90::launch_gemm_softmax(p, fused_ws, nullptr)) return;
-    }
-    CHECK_CUDA(cudaDeviceSynchronize());
-    std::printf("%s\n", label);
-    std::vector<unsigned long long> all(reps * ctas * 16);
-    CHECK_CUDA(cudaMemcpy(all.data(), trace, all.size() * 8, cudaMemcpyDeviceToHost));
-    const char* names[10] = {"entry", "mainloop 1", "epilogue 1", "mainloop 2", "epilogue 2",
-                             "grid barrier", "row merge", "stores issued", "  merge loads",
-                             "  merge math"};
-    unsigned long long prev_end = 0;
-    for (int rep = 0; rep < reps; ++rep) {
-      const unsigned long long* tr = all.data() + rep * ctas * 16;
-      unsigned long long t0 = ~0ull, t_end = 0;
-      int used = 0;
-      for (int c = 0; c < ctas; ++c)
-        if (tr[c * 16]) { t0 = std::min(t0, tr[c * 16]); t_end = std::max(t_end, tr[c * 16 + 7]); ++used; }
-      std::printf("fused run %d: %d CTAs, first entry to last store %.1f us, gap after the previous run's last store %.1f us\n",
-                  rep, used, (t_end - t0) * 1e-3, prev_end ? (t0 - prev_end) * 1e-3 : 0.0);
-      prev_end = t_end;
-      if (rep != reps - 1) continue;
-      std::printf("  phase end, us from the first entry: min / median / max over CTAs\n");
-      for (int k = 0; k < 10; ++k) {
-        std::vector<double> v;
+    // per CTA, the SM clock over them) and between two launches; with gelu and without (the
+    // epilogue's share), and with the first epilogue run before the second mainloop.
+    namespace sm = gemmfuse::cuda::sm90;
+    auto traced = [&](sm::Activation act, bool defer, bool evict_first, const char* label) {
+      const int ctas = 256, reps = 3, slots = sm::kGemmSoftmaxTraceSlots;
+      unsigned long long* trace;
+      CHECK_CUDA(cudaMalloc(&trace, reps * ctas * slots * sizeof(unsigned long long)));
+      CHECK_CUDA(cudaMemset(trace, 0, reps * ctas * slots * sizeof(unsigned long long)));
+      for (int rep = 0; rep < reps; ++rep) {
+        sm::GemmSoftmaxProblem p;
+        p.M = M; p.N = N; p.K = K;
+        p.x = xs[rep]; p.w = w; p.bias = bias32; p.out = ds[rep];
+        p.act = act;
+        p.defer_epilogues = defer;
+        p.w_evict_first = evict_first;
+        p.trace = trace + rep * ctas * slots;
+        if (!sm::launch_gemm_softmax(p, fused_ws, nullptr)) return;
+      }
+      CHECK_CUDA(cudaDeviceSynchronize());
+      std::printf("%s\n", label);
+      std::vector<unsigned long long> all(reps * ctas * slots);
+      CHECK_CUDA(cudaMemcpy(all.data(), trace, all.size() * 8, cudaMemcpyDeviceToHost));
+      const std::pair<int, const char*> phases[] = {
+          {sm::kTraceEntry, "entry"}, {sm::kTraceFirstStage1, "  1st stage 1"},
+          {sm::kTraceMainloop1, "mainloop 1"}, {sm::kTraceEpilogue1, "epilogue 1"},
+          {sm::kTraceFirstStage2, "  1st stage 2"}, {sm::kTraceMainloop2, "mainloop 2"},
+          {sm::kTraceLastSync, "  last sync"}, {sm::kTraceLastPrepare, "  last prepare"},
+          {sm::kTraceEpilogue2, "epilogue 2"}, {sm::kTraceBarrier, "grid barrier"},
+          {sm::kTraceMergeLoads, "  merge loads"}, {sm::kTraceMergeMath, "  merge math"},
+          {sm::kTraceMerge, "row merge"}, {sm::kTraceStores, "stores issued"}};
+      // SM clock: clock64 cycles per %globaltimer ns between two phase ends.
+      const struct { int t0, t1, c0, c1; const char* name; } clocks[] = {
+          {sm::kTraceEntry, sm::kTraceMainloop1, sm::kTraceClockEntry, sm::kTraceClockMainloop1, "mainloop 1"},
+          {sm::kTraceMainloop1, sm::kTraceMainloop2, sm::kTraceClockMainloop1, sm::kTraceClockMainloop2,
+           "epilogue 1 + mainloop 2"},
+          {sm::kTraceMainloop2, sm::kTraceEpilogue2, sm::kTraceClockMainloop2, sm::kTraceClockEpilogue2,
+           "epilogue 2"},
+          {sm::kTraceEpilogue2, sm::kTraceBarrier, sm::kTraceClockEpilogue2, sm::kTraceClockBarrier,
+           "grid barrier"},
+          {sm::kTraceBarrier, sm::kTraceStores, sm::kTraceClockBarrier, sm::kTraceClockStores,
+           "merge + stores"}};
+      unsigned long long prev_end = 0;
+      for (int rep = 0; rep < reps; ++rep) {
+        const unsigned long long* tr = all.data() + rep * ctas * slots;
+        auto at = [&](int c, int k) { return tr[c * slots + k]; };
+        unsigned long long t0 = ~0ull, t_end = 0;
+        int used = 0;
         for (int c = 0; c < ctas; ++c)
-          if (tr[c * 16] && tr[c * 16 + k]) v.push_back((tr[c * 16 + k] - t0) * 1e-3);
-        if (v.empty()) continue;
-        std::sort(v.begin(), v.end());
-        std::printf("  %-14s %8.1f %8.1f %8.1f\n", names[k], v.front(), v[v.size() / 2], v.back());
-      }
-      // SM clock over each mainloop: clock64 cycles (slots 10-12) per %globaltimer ns.
-      for (int j = 0; j < 2; ++j) {
-        std::vector<double> ghz;
-        for (int c = 0; c < ctas; ++c) {
-          const unsigned long long* s = tr + c * 16;
-          const unsigned long long ns = j == 0 ? s[1] - s[0] : s[3] - s[1];
-          if (s[0] && s[10 + j] && s[11 + j] && ns > 0)
-            ghz.push_back(static_cast<double>(s[11 + j] - s[10 + j]) / static_cast<double>(ns));
+          if (at(c, sm::kTraceEntry)) {
+            t0 = std::min(t0, at(c, sm::kTraceEntry));
+            t_end = std::max(t_end, at(c, sm::kTraceStores));
+            ++used;
+          }
+        std::printf("fused run %d: %d CTAs, first entry to last store %.1f us, gap after the previous run's last store %.1f us\n",
+                    rep, used, (t_end - t0) * 1e-3, prev_end ? (t0 - prev_end) * 1e-3 : 0.0);
+        prev_end = t_end;
+        if (rep != reps - 1) continue;
+        std::printf("  phase end, us from the first entry: min / median / max over CTAs\n");
+        for (const auto& [k, name] : phases) {
+          std::vector<double> v;
+          for (int c = 0; c < ctas; ++c)
+            if (at(c, sm::kTraceEntry) && at(c, k)) v.push_back((at(c, k) - t0) * 1e-3);
+          if (v.empty()) continue;
+          std::sort(v.begin(), v.end());
+          std::printf("  %-14s %8.1f %8.1f %8.1f\n", name, v.front(), v[v.size() / 2], v.back());
         }
-        if (ghz.empty()) continue;
-        std::sort(ghz.begin(), ghz.end());
-        std::printf("  SM clock over mainloop %d: %.3f / %.3f / %.3f GHz (min / median / max over CTAs)\n",
-                    j + 1, ghz.front(), ghz[ghz.size() / 2], ghz.back());
+        for (const auto& ck : clocks) {
+          std::vector<double> ghz;
+          for (int c = 0; c < ctas; ++c) {
+            const double ns = static_cast<double>(at(c, ck.t1)) - static_cast<double>(at(c, ck.t0));
+            if (at(c, sm::kTraceEntry) && at(c, ck.c0) && at(c, ck.c1) && ns > 0)
+              ghz.push_back(static_cast<double>(at(c, ck.c1) - at(c, ck.c0)) / ns);
+          }
+          if (ghz.empty()) continue;
+          std::sort(ghz.begin(), ghz.end());
+          std::printf("  SM clock over %-24s %.3f / %.3f / %.3f GHz (min / median / max over CTAs)\n",
+                      ck.name, ghz.front(), ghz[ghz.size() / 2], ghz.back());
+        }
       }
-    }
-    CHECK_CUDA(cudaFree(trace));
+      CHECK_CUDA(cudaFree(trace));
     };
-    traced(gemmfuse::cuda::sm90::Activation::GeluErf, "fused kernel, gelu + softmax:");
-    traced(gemmfuse::cuda::sm90::Activation::Identity, "fused kernel, softmax only:");
+    traced(sm::Activation::GeluErf, true, true, "fused kernel, gelu + softmax:");
+    traced(sm::Activation::GeluErf, true, false, "fused kernel, gelu + softmax, W loads not evict-first:");
+    traced(sm::Activation::GeluErf, false, true, "fused kernel, gelu + softmax, epilogues not deferred:");
+    traced(sm::Activation::GeluErf, false, false, "fused kernel, gelu + softmax, neither:");
+    traced(sm::Activation::Identity, true, true, "fused kernel, softmax only:");
 
   } else {
     std::printf("gemmfuse fused kernel: %s\n", unfit.c_str());

@@ -9,8 +9,10 @@
 
 #if defined(__CUDACC__)
 #define GF_HD __host__ __device__ __forceinline__
+#define GF_UNROLL _Pragma("unroll")
 #else
 #define GF_HD inline
+#define GF_UNROLL
 #endif
 
 namespace gemmfuse {
@@ -40,19 +42,35 @@ GF_HD float gf_softplus(float x, float beta, float threshold) {
 // 2.4e-7); tests/cpp/cpu_pointwise_test.cpp checks it against the exact form. For kernels
 // whose epilogue is bound by instruction issue (sm90/gemm_softmax.cu); callers check the range.
 constexpr float kGeluPolyRange = 2.8284271247461903f;  // 2 sqrt 2
+// gelu_erf_poly of n values in place, their Horner chains interleaved in the source: one
+// chain alone issues one dependent FMA per FMA latency (4 cycles), and ptxas, short of
+// registers, keeps the source order (sm90/gemm_softmax.cu's rolled epilogue rounds).
+template <int N>
+GF_HD void gelu_erf_poly_n(float (&x)[N]) {
+  // Q's coefficients, highest degree first.
+  constexpr float kQ[10] = {-1.722906019e-11f, 1.033751529e-09f, -3.045461128e-08f,
+                            6.032476563e-07f,  -9.201158718e-06f, 1.148166339e-04f,
+                            -1.186344773e-03f, 9.972650558e-03f,  -6.648996472e-02f,
+                            3.989422023e-01f};
+  float s[N], q[N];
+  GF_UNROLL
+  for (int k = 0; k < N; ++k) {
+    s[k] = x[k] * x[k];
+    q[k] = kQ[0];
+  }
+  GF_UNROLL
+  for (int j = 1; j < 10; ++j) {
+    GF_UNROLL
+    for (int k = 0; k < N; ++k) q[k] = fmaf(q[k], s[k], kQ[j]);
+  }
+  GF_UNROLL
+  for (int k = 0; k < N; ++k) x[k] = fmaf(s[k], q[k], 0.5f * x[k]);
+}
+
 GF_HD float gelu_erf_poly(float x) {
-  const float s = x * x;
-  float q = -1.722906019e-11f;
-  q = fmaf(q, s, 1.033751529e-09f);
-  q = fmaf(q, s, -3.045461128e-08f);
-  q = fmaf(q, s, 6.032476563e-07f);
-  q = fmaf(q, s, -9.201158718e-06f);
-  q = fmaf(q, s, 1.148166339e-04f);
-  q = fmaf(q, s, -1.186344773e-03f);
-  q = fmaf(q, s, 9.972650558e-03f);
-  q = fmaf(q, s, -6.648996472e-02f);
-  q = fmaf(q, s, 3.989422023e-01f);
-  return fmaf(s, q, 0.5f * x);
+  float v[1] = {x};
+  gelu_erf_poly_n(v);
+  return v[0];
 }
 
 GF_HD float apply_unary(OpCode op, float x, const PointwiseParams& p) {

@@ -702,7 +702,10 @@ TEST(CudaExecutor, FusedGemmSoftmaxSm90) {
   // so one CTA of each last cluster has no rows (its x tiles are all out of bounds).
   // K = 264, 136, 72: k tails.
   const Shape shapes[] = {{1000, 264, 4104}, {500, 136, 4104}, {600, 72, 4104}};
-  const char* bodies[] = {"gelu\nsoftmax", "softmax", "gelu\nmul b=0.5\nsoftmax", "mul b=3\nsoftmax"};
+  // The first tile's epilogue runs under the second tile's mainloop unless the scale is
+  // negative after a gelu (its row max then need not come from the row's extreme values).
+  const char* bodies[] = {"gelu\nsoftmax", "softmax", "gelu\nmul b=0.5\nsoftmax", "mul b=3\nsoftmax",
+                          "mul b=-1.5\nsoftmax", "gelu\nmul b=-2\nsoftmax"};
   const Problem gelu_softmax{linear(264, 4104) + "gelu\nsoftmax", {1000}};  // two tiles per CTA
   auto expect_fused = [](const Plan& plan) {
     EXPECT_EQ(cuda::fused_softmax_unused(plan), "") << plan.describe();

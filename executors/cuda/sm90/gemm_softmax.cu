@@ -3,9 +3,17 @@
 // Layering as in CUTLASS: the mainloop is CUTLASS's sm90 TMA + wgmma warp-specialized
 // collective (a producer warp streams 128x64 x-tiles and 256x64 W-tiles through a 3-stage
 // shared-memory pipeline, two consumer warpgroups issue wgmma into 128x256 fp32
-// accumulators); this file is the kernel around it: the tile schedule, the softmax epilogue
-// and the grid-wide merge of row statistics. The epilogue knows the accumulator only as
-// (value, row, column) triples, through CuTe's identity-tensor partition.
+// accumulators), its load and mma loops written out in mainloop.h so that W's loads carry an
+// L2 hint and a tile's epilogue can run between the next tile's k-steps; this file is the
+// kernel around it: the tile schedule, the softmax epilogues and the grid-wide merge of row
+// statistics. The epilogues know the accumulator only as (value, row, column) triples,
+// through CuTe's identity-tensor partition.
+//
+// Epilogues (DeferredTile): right after tile 1's mainloop only its bias, row extremes and
+// exp references are computed and its values parked (half in shared memory, half in
+// registers); gelu, exp and the fp16 stash run between tile 2's k-steps, hidden under the
+// tensor cores' work. The last tile's epilogue runs alone, in the same compact rounds.
+// tile_epilogue (the whole epilogue, unrolled) takes the cases DeferredTile leaves out.
 //
 // Schedule: clusters of 2 CTAs along M share each W tile (TMA multicast). A CTA covers 128
 // rows and tpc (1 or 2) adjacent 256-column tiles, computed one after the other; cluster q
@@ -18,7 +26,8 @@
 //   pipeline   3 x (128x64 + 256x64) x 2 B = 144 KiB; after the last mainloop it holds the
 //              last tile's stash
 //   stash      128 x 264 fp16 = 66 KiB: the first tile's exp(v - tile row max) while the
-//              second tile's mainloop runs (rows padded by 8 halves: conflict-free writes)
+//              second tile's mainloop runs (rows padded by 8 halves: conflict-free writes);
+//              DeferredTile parks half of the tile's fp32 values in it until then
 #include "gemm_softmax.h"
 
 #include <cooperative_groups.h>
@@ -38,6 +47,8 @@
 #include "cutlass/cutlass.h"
 #include "cutlass/gemm/collective/collective_builder.hpp"
 #include "cutlass/pipeline/pipeline.hpp"
+
+#include "mainloop.h"
 #endif
 
 namespace gemmfuse::cuda::sm90 {
@@ -50,7 +61,6 @@ constexpr int kMaxTilesPerCta = 2;  // the on-chip stash holds two tiles per CTA
 constexpr int kThreads = 384;      // producer warpgroup + two consumer warpgroups
 constexpr int kConsumers = 256;
 constexpr int kStashStride = kTileN + 8;  // halves per stash row
-constexpr int kTraceSlots = 16;           // GemmSoftmaxProblem::trace stamps per CTA
 
 int ceil_div(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
 
@@ -109,6 +119,8 @@ struct Kernel {
     int act;
     float scale;
     unsigned long long* trace;  // see GemmSoftmaxProblem::trace
+    bool defer;                 // GemmSoftmaxProblem::defer_epilogues
+    bool w_evict_first;         // GemmSoftmaxProblem::w_evict_first
   };
 };
 
@@ -128,14 +140,14 @@ __device__ __forceinline__ void stamp(unsigned long long* trace, int ctid, int k
     unsigned long long t;
     asm volatile("" ::"f"(dep));
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    trace[blockIdx.x * kTraceSlots + k] = t;
+    trace[blockIdx.x * kGemmSoftmaxTraceSlots + k] = t;
   }
 }
 
 // GemmSoftmaxProblem::trace: the SM's clock64 into slot k (its ratio to %globaltimer is the
 // SM clock over a phase).
 __device__ __forceinline__ void stamp_clock(unsigned long long* trace, int ctid, int k) {
-  if (trace != nullptr && ctid == 0) trace[blockIdx.x * kTraceSlots + k] = clock64();
+  if (trace != nullptr && ctid == 0) trace[blockIdx.x * kGemmSoftmaxTraceSlots + k] = clock64();
 }
 
 template <class T>
@@ -181,7 +193,8 @@ __device__ __forceinline__ void merge_stats(float& m, float& s, float mj, float 
 template <class K, class Acc, class Coord>
 __device__ __forceinline__ void tile_epilogue(const typename K::Params& p, Acc& acc,
                                               const Coord& coord, TileCoord t, int j,
-                                              typename K::SharedStorage& S, __half* stash) {
+                                              typename K::SharedStorage& S, __half* stash,
+                                              bool bias_added = false) {
   const int col0 = t.n_blk * kTileN;
   constexpr int kVals = decltype(size(acc))::value;
   static_assert(kVals == 128, "64 rows x 256 columns per warpgroup");
@@ -192,9 +205,11 @@ __device__ __forceinline__ void tile_epilogue(const typename K::Params& p, Acc& 
   float amax = 0.f;
 #pragma unroll
   for (int i = 0; i < kVals; i += 2) {
-    const float2 b = *reinterpret_cast<const float2*>(&S.bias[j][get<1>(coord(i))]);
-    acc(i) += b.x;
-    acc(i + 1) += b.y;
+    if (!bias_added) {
+      const float2 b = *reinterpret_cast<const float2*>(&S.bias[j][get<1>(coord(i))]);
+      acc(i) += b.x;
+      acc(i + 1) += b.y;
+    }
     amax = fmaxf(amax, fmaxf(fabsf(acc(i)), fabsf(acc(i + 1))));
   }
   if (p.act == static_cast<int>(Activation::GeluErf)) {
@@ -256,6 +271,179 @@ __device__ __forceinline__ void tile_epilogue(const typename K::Params& p, Acc& 
   }
 }
 
+// The epilogue of a CTA's first tile when it has a second, finished under the second tile's
+// mainloop (while the tensor cores work) instead of between the two mainloops.
+// - Right after the first mainloop, only the cheap part runs (prepare): the bias, each row's
+//   smallest and largest value u, and from them the row's reference for exp; then the even
+//   value of each pair (i, i + 1) is parked as fp32 in the stash word where the pair's fp16
+//   result goes, and the odd one stays in a register (keep). The 128 accumulators are then
+//   free for the second tile.
+// - Between the second mainloop's k-steps, step(u) finishes two pairs: act, exp, the row sum,
+//   the fp16 pair written over the parked value. Each thread touches only its own words.
+//   The steps run in kRounds rounds of kStepsPerRound, a loop, not unrolled: code run once
+//   per tile is fetched while the mainloop loads L2 heavily, and 32 unrolled steps (~60 KB of
+//   instructions) slowed the mainloop by 13 us on an H100. A register array can only be
+//   indexed statically, so each round takes keep[0 .. kPairsPerRound) and shifts the rest down.
+// The reference must be the row part's max of v = act(u) * scale. It comes from the extremes
+// when act is the identity (v is linear in u), or gelu with scale >= 0: gelu falls on
+// (-inf, -0.75] and rises after, so over any set of u its largest value is at the smallest
+// or the largest u. defers_epilogues() says when; otherwise tile_epilogue runs for every tile.
+// A warp whose values leave the gelu polynomial's range, and a tile with columns past N, run
+// tile_epilogue at once (pending false): the erff form and the masking stay out of the loop.
+// The last tile, with no next mainloop, takes the same prepare and then run_alone: every
+// round at once. Not tile_epilogue: its ~40 KB of unrolled code, run once per launch, is
+// fetched from memory then and took 6.5-11 us on an H100 against 4.1 us when run a second
+// time; the rounds' loop stays in the instruction cache.
+template <class K>
+struct DeferredTile {
+  static constexpr int kPairs = 64;          // value pairs per thread (128 values)
+  static constexpr int kPairsPerStep = 2;
+  static constexpr int kStepsPerRound = 4;
+  static constexpr int kPairsPerRound = kPairsPerStep * kStepsPerRound;
+  static constexpr int kRounds = kPairs / kPairsPerRound;
+  float keep[kPairs];  // the odd value u of each pair not yet finished, in order
+  float shift[2];      // reference * log2 e of the thread's two rows
+  float sum[2];        // sum of exp(v - reference) over the thread's values of each row
+  int round;           // rounds finished
+  bool pending;        // warp-uniform: this warp's values wait for the steps
+
+  // v = act(u) * scale for n values, one branch for all (so their chains interleave). Read
+  // from the kernel's parameters (constant memory), not kept in registers.
+  template <int n>
+  static __device__ __forceinline__ void act(const typename K::Params& p, float (&v)[n]) {
+    if (p.act == static_cast<int>(Activation::GeluErf)) gelu_erf_poly_n(v);
+    if (p.scale != 1.f) {
+#pragma unroll
+      for (int k = 0; k < n; ++k) v[k] *= p.scale;
+    }
+  }
+
+  // acc: the tile's accumulators, left with the bias added. A tile with columns past N
+  // leaves them all to tile_epilogue (pending false), which masks them.
+  template <class Acc, class Coord>
+  __device__ void prepare(const typename K::Params& p, Acc& acc, const Coord& coord, TileCoord t,
+                          const float* bias, __half* stash, float* tile_max) {
+    static_assert(decltype(size(acc))::value == 2 * kPairs, "64 rows x 256 columns per warpgroup");
+    const bool gelu = p.act == static_cast<int>(Activation::GeluErf);
+    round = 0;
+    // Value i sits in row r0 + 8 * ((i >> 1) & 1); pair q = (2q, 2q + 1) in row half q & 1.
+    float lo[2] = {HUGE_VALF, HUGE_VALF}, hi[2] = {-HUGE_VALF, -HUGE_VALF};
+#pragma unroll
+    for (int q = 0; q < kPairs; ++q) {
+      const float2 b = *reinterpret_cast<const float2*>(&bias[get<1>(coord(2 * q))]);
+      acc(2 * q) += b.x;
+      acc(2 * q + 1) += b.y;
+      lo[q & 1] = fminf(lo[q & 1], fminf(acc(2 * q), acc(2 * q + 1)));
+      hi[q & 1] = fmaxf(hi[q & 1], fmaxf(acc(2 * q), acc(2 * q + 1)));
+    }
+    float amax = 0.f;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {  // a row's values sit in the 4 threads of a quad
+      lo[h] = fminf(lo[h], __shfl_xor_sync(0xffffffffu, lo[h], 1));
+      lo[h] = fminf(lo[h], __shfl_xor_sync(0xffffffffu, lo[h], 2));
+      hi[h] = fmaxf(hi[h], __shfl_xor_sync(0xffffffffu, hi[h], 1));
+      hi[h] = fmaxf(hi[h], __shfl_xor_sync(0xffffffffu, hi[h], 2));
+      amax = fmaxf(amax, fmaxf(-lo[h], hi[h]));
+    }
+    // As tile_epilogue: the polynomial where the whole warp is in its range, else tile_epilogue.
+    pending = (t.n_blk + 1) * kTileN <= p.N &&
+              (!gelu || __all_sync(0xffffffffu, amax <= kGeluPolyRange));
+    if (!pending) return;
+    constexpr float kLog2e = 1.4426950408889634f;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      // An all-NaN row part has lo > hi: the reference is then NaN or inf, and so is the sum.
+      float ends[2] = {lo[h], hi[h]};
+      act(p, ends);
+      const float ref = fmaxf(ends[0], ends[1]);
+      shift[h] = ref == -HUGE_VALF ? 0.f : ref * kLog2e;
+      sum[h] = 0.f;
+      if ((threadIdx.x & 3) == 0) tile_max[get<0>(coord(2 * h))] = ref;
+    }
+#pragma unroll
+    for (int q = 0; q < kPairs; ++q) {
+      *word(coord, stash, q) = acc(2 * q);
+      keep[q] = acc(2 * q + 1);
+    }
+  }
+
+  template <class Coord>
+  static __device__ __forceinline__ float* word(const Coord& coord, __half* stash, int q) {
+    return reinterpret_cast<float*>(stash + get<0>(coord(2 * q)) * kStashStride + get<1>(coord(2 * q)));
+  }
+
+  // Pairs q0 .. q0 + n - 1 of the current round (q0 static): act, exp, the row sums, the
+  // fp16 pairs written over the parked values. Loads first, so that the n pairs' chains
+  // interleave (a store would order later loads after it).
+  template <int n, class Coord>
+  __device__ __forceinline__ void finish_pairs(const typename K::Params& p, int q0, const Coord& coord,
+                                               __half* stash) {
+    constexpr float kLog2e = 1.4426950408889634f;
+    // Pair q of round r sits r rounds' column stride after pair q of round 0 (same row).
+    const auto round_offset = round * (word(coord, stash, kPairsPerRound) - word(coord, stash, 0));
+    float* w[n];
+    float v[2 * n];
+#pragma unroll
+    for (int k = 0; k < n; ++k) {
+      w[k] = word(coord, stash, q0 + k) + round_offset;
+      v[2 * k] = *w[k];
+      v[2 * k + 1] = keep[q0 + k];
+    }
+    act(p, v);
+#pragma unroll
+    for (int k = 0; k < n; ++k) {
+      const int h = (q0 + k) & 1;  // kPairsPerRound is even
+      const float e0 = ex2(fmaf(v[2 * k], kLog2e, -shift[h]));
+      const float e1 = ex2(fmaf(v[2 * k + 1], kLog2e, -shift[h]));
+      sum[h] += e0 + e1;
+      *reinterpret_cast<__half2*>(w[k]) = __floats2half2_rn(e0, e1);
+    }
+  }
+
+  // The round is done: the next round's pairs to the front.
+  __device__ __forceinline__ void next_round() {
+#pragma unroll
+    for (int q = 0; q + kPairsPerRound < kPairs; ++q) keep[q] = keep[q + kPairsPerRound];
+    ++round;
+  }
+
+  // Step u of the current round (u static), after a k-step of the next mainloop. The shift
+  // is unconditional: taken on one branch only, it would keep both versions of keep alive
+  // (and spill).
+  template <class Coord>
+  __device__ __forceinline__ void step(const typename K::Params& p, int u, const Coord& coord,
+                                       __half* stash) {
+    if (pending) finish_pairs<kPairsPerStep>(p, kPairsPerStep * u, coord, stash);
+    if (u == kStepsPerRound - 1) next_round();
+  }
+
+  // For the last tile, which has no next mainloop: every round at once.
+  template <class Coord>
+  __device__ void run_alone(const typename K::Params& p, const Coord& coord, __half* stash) {
+    if (!pending) return;
+#pragma unroll 1
+    for (int r = 0; r < kRounds; ++r) {
+      finish_pairs<kPairsPerRound>(p, 0, coord, stash);
+      next_round();
+    }
+  }
+
+  // The tile's row sums (prepare wrote the row maxes), once every step has run.
+  template <class Coord>
+  __device__ void finish(const Coord& coord, float* tile_sum) {
+    if (!pending) return;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], 1);
+      sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], 2);
+    }
+    if ((threadIdx.x & 3) == 0) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) tile_sum[get<0>(coord(2 * h))] = sum[h];
+    }
+  }
+};
+
 // out = e * exp(m_tile - m_row) / s_row for one stashed tile, 16-byte stores along rows.
 template <class K>
 __device__ __forceinline__ void store_tile(const typename K::Params& p, const __half* stash,
@@ -283,6 +471,13 @@ __device__ __forceinline__ void store_tile(const typename K::Params& p, const __
   }
 }
 
+// Whether the epilogues go through DeferredTile (else tile_epilogue for each tile): the
+// reference for exp must come from a row's extremes (see DeferredTile).
+template <class P>
+__device__ __forceinline__ bool defers_epilogues(const P& p) {
+  return p.defer && (p.act == static_cast<int>(Activation::Identity) || p.scale >= 0.f);
+}
+
 template <class K>
 __global__ void __launch_bounds__(kThreads, 1) gemm_softmax_kernel(const __grid_constant__ typename K::Params p) {
   using Mainloop = typename K::Mainloop;
@@ -291,8 +486,8 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_softmax_kernel(const __grid_
   auto& S = *reinterpret_cast<typename K::SharedStorage*>(smem_raw);
   auto& tiles = *reinterpret_cast<typename Mainloop::TensorStorage*>(S.tiles);
 
-  stamp(p.trace, threadIdx.x, 0);  // kernel entry
-  stamp_clock(p.trace, threadIdx.x, 10);
+  stamp(p.trace, threadIdx.x, kTraceEntry);
+  stamp_clock(p.trace, threadIdx.x, kTraceClockEntry);
   const int warp = cutlass::canonical_warp_idx_sync();
   const int warpgroup = cutlass::canonical_warp_group_idx();
   const int lane = cutlass::canonical_lane_idx();
@@ -318,13 +513,15 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_softmax_kernel(const __grid_
       Mainloop mainloop;
       auto inputs = mainloop.load_init(problem, p.mainloop);
       auto state = cutlass::make_producer_start_state<Pipeline>();
+      // W is read once per column group (its CTAs run together) and streams through L2:
+      // evict-first, so that x and this kernel's code stay there (see mainloop.h).
+      const auto hint_w = p.w_evict_first ? cute::TMA::CacheHintSm90::EVICT_FIRST
+                                          : cute::TMA::CacheHintSm90::EVICT_NORMAL;
       for (int j = 0; j < n_work; ++j) {
         const TileCoord t = tile_of(p, j);
-        auto k_iter = cute::make_coord_iterator(idx2crd(0, shape<3>(get<0>(inputs))),
-                                                shape<3>(get<0>(inputs)));
-        mainloop.load(p.mainloop, pipeline, state, inputs, make_coord(t.m_blk, t.n_blk, _, 0),
-                      k_iter, p.k_tiles, lane, cute::block_rank_in_cluster(), tiles);
-        state.advance(p.k_tiles);
+        produce_tile<Mainloop>(p.mainloop, pipeline, state, inputs, t.m_blk, t.n_blk, p.k_tiles,
+                               cute::block_rank_in_cluster(), tiles,
+                               cute::TMA::CacheHintSm90::EVICT_NORMAL, hint_w);
       }
       mainloop.load_tail(pipeline, state);
     }
@@ -337,7 +534,6 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_softmax_kernel(const __grid_
   typename K::TiledMma tiled_mma;
   auto thr = tiled_mma.get_slice(ctid);
   Tensor coord = thr.partition_C(make_identity_tensor(make_shape(Int<kTileM>{}, Int<kTileN>{})));
-  Mainloop mainloop;
   typename Mainloop::PipelineState state;
   __half* last_stash = reinterpret_cast<__half*>(S.tiles);
   for (int j = 0; j < n_work; ++j) {  // the bias of every tile, read in the epilogues
@@ -346,20 +542,53 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_softmax_kernel(const __grid_
   }
   static_assert(kTileN == kConsumers, "one bias column per consumer thread");
   consumer_sync();
-  for (int j = 0; j < n_work; ++j) {
-    const TileCoord t = tile_of(p, j);
-    Tensor acc = partition_fragment_C(tiled_mma, take<0, 2>(typename K::TileShape{}));
-    mainloop.mma(pipeline, state, acc, p.k_tiles, ctid, tiles, p.mainloop);
-    mainloop.mma_tail(pipeline, state, p.k_tiles);
-    state.advance(p.k_tiles);
-    stamp(p.trace, ctid, 1 + 2 * j);
-    stamp_clock(p.trace, ctid, 11 + j);
-    const bool last = j == n_work - 1;
-    // The last stash reuses the pipeline's tiles: both warpgroups must be done reading them
-    // (their final TMA writes landed before the waits that preceded these wgmmas).
-    if (last) consumer_sync();
-    tile_epilogue<K>(p, acc, coord, t, j, S, last ? last_stash : S.stash);
-    stamp(p.trace, ctid, 2 + 2 * j);
+  Tensor acc = partition_fragment_C(tiled_mma, take<0, 2>(typename K::TileShape{}));
+  auto first_stage = [&](int slot) { return [&p, ctid, slot]() { stamp(p.trace, ctid, slot); }; };
+  consume_tile<Mainloop, 0, 0>(pipeline, state, acc, p.k_tiles, ctid, tiles, NoHook{}, first_stage(kTraceFirstStage1));
+  stamp(p.trace, ctid, kTraceMainloop1);
+  stamp_clock(p.trace, ctid, kTraceClockMainloop1);
+  if (defers_epilogues(p)) {
+    if (n_work == 2) {  // tile 0's epilogue under tile 1's mainloop (DeferredTile)
+      using D = DeferredTile<K>;
+      D d;
+      d.prepare(p, acc, coord, tile_of(p, 0), S.bias[0], S.stash, S.tile_max[0]);
+      if (!d.pending) tile_epilogue<K>(p, acc, coord, tile_of(p, 0), 0, S, S.stash, true);
+      stamp(p.trace, ctid, kTraceEpilogue1);
+      consume_tile<Mainloop, D::kRounds, D::kStepsPerRound>(
+          pipeline, state, acc, p.k_tiles, ctid, tiles, [&](int u) { d.step(p, u, coord, S.stash); },
+          first_stage(kTraceFirstStage2));
+      d.finish(coord, S.tile_sum[0]);
+      stamp(p.trace, ctid, kTraceMainloop2);
+      stamp_clock(p.trace, ctid, kTraceClockMainloop2);
+    }
+    // The last tile: its stash reuses the pipeline's tiles, so both warpgroups must be done
+    // reading them (their final TMA writes landed before the waits that preceded these
+    // wgmmas). Then DeferredTile's rounds, all at once.
+    const int j = n_work - 1;
+    consumer_sync();
+    stamp(p.trace, ctid, kTraceLastSync);
+    DeferredTile<K> d;
+    d.prepare(p, acc, coord, tile_of(p, j), S.bias[j], last_stash, S.tile_max[j]);
+    if (!d.pending) tile_epilogue<K>(p, acc, coord, tile_of(p, j), j, S, last_stash, true);
+    stamp(p.trace, ctid, kTraceLastPrepare);
+    d.run_alone(p, coord, last_stash);
+    d.finish(coord, S.tile_sum[j]);
+    stamp(p.trace, ctid, kTraceEpilogue2);
+    stamp_clock(p.trace, ctid, kTraceClockEpilogue2);
+  } else {
+    for (int j = 0;; ++j) {
+      const bool last = j == n_work - 1;
+      // The last stash reuses the pipeline's tiles (as above).
+      if (last) consumer_sync();
+      tile_epilogue<K>(p, acc, coord, tile_of(p, j), j, S, last ? last_stash : S.stash);
+      stamp(p.trace, ctid, j == 0 ? kTraceEpilogue1 : kTraceEpilogue2);
+      if (last) break;
+      consume_tile<Mainloop, 0, 0>(pipeline, state, acc, p.k_tiles, ctid, tiles, NoHook{},
+                                   first_stage(kTraceFirstStage2));
+      stamp(p.trace, ctid, kTraceMainloop2);
+      stamp_clock(p.trace, ctid, kTraceClockMainloop2);
+    }
+    stamp_clock(p.trace, ctid, kTraceClockEpilogue2);
   }
 
   // This CTA's row partials over its tpc tiles, for the other CTAs of its rows.
@@ -374,7 +603,8 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_softmax_kernel(const __grid_
   // Grid barrier: every CTA's partials are written. The launch is cooperative, so all CTAs
   // are resident, and the driver keeps the barrier word (nothing to reset per launch).
   cooperative_groups::this_grid().sync();
-  stamp(p.trace, ctid, 5);
+  stamp(p.trace, ctid, kTraceBarrier);
+  stamp_clock(p.trace, ctid, kTraceClockBarrier);
 
   // Row scales: merge the n_groups partials of each row, 16 at a time (loads issued
   // together, then the max and the rescaled sum as trees, not one dependent merge per
@@ -388,7 +618,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_softmax_kernel(const __grid_
       for (int k = 0; k < 16; ++k)
         q[k] = g0 + k < p.n_groups ? __ldcg(part + static_cast<size_t>(g0 + k) * p.M)
                                    : make_float2(-HUGE_VALF, 0.f);
-      if (g0 == 0) stamp(p.trace, ctid, 8, q[15].y);
+      if (g0 == 0) stamp(p.trace, ctid, kTraceMergeLoads, q[15].y);
       float mc = q[0].x;
 #pragma unroll
       for (int k = 1; k < 16; ++k) mc = fmaxf(mc, q[k].x);
@@ -398,17 +628,18 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_softmax_kernel(const __grid_
       for (int k = 0; k < 16; ++k) sc += q[k].y * (q[k].x == -HUGE_VALF ? 0.f : __expf(q[k].x - base));
       merge_stats(m, s, mc, sc);
     }
-    stamp(p.trace, ctid, 9, s);
+    stamp(p.trace, ctid, kTraceMergeMath, s);
     for (int j = 0; j < n_work; ++j) {
       const float mj = S.tile_max[j][ctid];
       S.row_scale[j][ctid] = (mj == -HUGE_VALF ? 0.f : __expf(mj - m)) / s;
     }
   }
   consumer_sync();
-  stamp(p.trace, ctid, 6);
+  stamp(p.trace, ctid, kTraceMerge);
   for (int j = 0; j < n_work; ++j)
     store_tile<K>(p, j == n_work - 1 ? last_stash : S.stash, S.row_scale[j], tile_of(p, j), ctid);
-  stamp(p.trace, ctid, 7);
+  stamp(p.trace, ctid, kTraceStores);
+  stamp_clock(p.trace, ctid, kTraceClockStores);
 }
 
 struct Fit {
@@ -512,6 +743,8 @@ bool launch(const GemmSoftmaxProblem& pr, void* workspace, cudaStream_t stream, 
   p.act = static_cast<int>(pr.act);
   p.scale = pr.scale;
   p.trace = pr.trace;
+  p.defer = pr.defer_epilogues;
+  p.w_evict_first = pr.w_evict_first;
 
   cudaLaunchAttribute attrs[2];
   cudaLaunchConfig_t cfg = launch_config<K>(p.m_pairs * p.n_groups, stream, attrs);

@@ -5,7 +5,8 @@
 // Why one kernel: a separate pass over Y costs >= 11 us at the seed shape (bench/NOTES.md),
 // so the softmax must finish on chip. The kernel is persistent and holds every output tile
 // on chip until its rows are complete: each CTA computes at most two 128x256 tiles (CUTLASS's
-// TMA + wgmma cooperative mainloop), keeps exp(v - tile row max) of each in shared memory as
+// TMA + wgmma cooperative mainloop; the first tile's epilogue runs between the second's
+// k-steps), keeps exp(v - tile row max) of each in shared memory as
 // fp16, publishes per-tile row (max, sum of exp) partials, meets the other CTAs at a grid
 // barrier, merges the partials of its rows and writes out = e * exp(m_tile - m_row) / s_row.
 // That needs every CTA resident at once, so a problem fits only when its tiles number at
@@ -33,14 +34,42 @@ struct GemmSoftmaxProblem {
   void* out = nullptr;        // [M, N] row-major
   Activation act = Activation::Identity;
   float scale = 1.f;          // v = act(y) * scale
-  // Optional timeline for the micro-benchmark: 16 %globaltimer slots (ns) per CTA, written by
-  // its first thread (entry) and first consumer thread: entry, after each tile's mainloop
-  // and epilogue (2 tiles),
-  // after the grid barrier, after the row merge, end; 8: the first row-merge loads landed,
-  // 9: the row merge computed; 10-12: the SM's clock64 at entry and after each mainloop.
-  // Null in normal runs.
+  // Optional timeline for the micro-benchmark: kGemmSoftmaxTraceSlots stamps per CTA (see
+  // TraceSlot), written by its first consumer thread. Null in normal runs.
   unsigned long long* trace = nullptr;
+  // Whether the tiles' epilogues may go through the kernel's deferred form (the first under
+  // the second tile's mainloop; false: each whole after its mainloop, for the
+  // micro-benchmark's A/B).
+  bool defer_epilogues = true;
+  // W's loads marked evict-first in L2 (false: the default policy, for the A/B).
+  bool w_evict_first = true;
 };
+
+// GemmSoftmaxProblem::trace: %globaltimer (ns) at the end of each phase, and the SM's
+// clock64 at some of them (cycles over ns between two such stamps: the SM clock).
+enum TraceSlot : int {
+  kTraceEntry = 0,
+  kTraceMainloop1 = 1,   // tile 1's mainloop done
+  kTraceEpilogue1 = 2,   // its epilogue done (or, deferred, its prepare)
+  kTraceMainloop2 = 3,
+  kTraceEpilogue2 = 4,
+  kTraceBarrier = 5,     // past the grid barrier
+  kTraceMerge = 6,       // row scales computed
+  kTraceStores = 7,      // output stores issued
+  kTraceMergeLoads = 8,  // the first row partials loaded
+  kTraceMergeMath = 9,   // the row merge computed
+  kTraceFirstStage1 = 10,  // each mainloop's first stage landed
+  kTraceFirstStage2 = 11,
+  kTraceLastSync = 12,     // the last epilogue: past its consumer sync, its prepare
+  kTraceLastPrepare = 13,
+  kTraceClockEntry = 16,   // clock64 at entry and at the end of the phases
+  kTraceClockMainloop1 = 17,
+  kTraceClockMainloop2 = 18,
+  kTraceClockEpilogue2 = 19,
+  kTraceClockBarrier = 20,
+  kTraceClockStores = 21,
+};
+constexpr int kGemmSoftmaxTraceSlots = 24;
 
 // Whether this build has the kernel (it needs CUTLASS's headers at build time).
 bool gemm_softmax_built();

@@ -177,6 +177,17 @@ __device__ __forceinline__ TileCoord tile_of(const P& p, int j) {
           p.tpc * (q / p.m_pairs) + j};
 }
 
+// A row of a warpgroup's accumulator tile sits in the 4 threads of a quad (CuTe's SM90 64xN
+// layout): their values of v combined by op (fmaxf, fminf or a sum).
+template <class Op>
+__device__ __forceinline__ float quad_reduce(float v, Op op) {
+  v = op(v, __shfl_xor_sync(0xffffffffu, v, 1));
+  return op(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+__device__ __forceinline__ float add(float a, float b) { return a + b; }
+__device__ __forceinline__ float max_of(float a, float b) { return fmaxf(a, b); }
+__device__ __forceinline__ float min_of(float a, float b) { return fminf(a, b); }
+
 // (m, s) <- (m, s) merged with (mj, sj), where s = sum of exp(v - m) over a part of a row.
 // An all -inf part (m = -inf) adds its sum times 0: nothing, or NaN when its sum is NaN (a
 // NaN or +inf in the part), which then spreads to the whole row as in softmax.
@@ -242,8 +253,7 @@ __device__ __forceinline__ void tile_epilogue(const typename K::Params& p, Acc& 
   float shift[2], sum[2] = {0.f, 0.f};
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
-    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+    mx[h] = quad_reduce(mx[h], max_of);
     // An all -inf row part contributes nothing (e = 0, sum = 0) instead of NaN.
     shift[h] = mx[h] == -HUGE_VALF ? 0.f : mx[h] * kLog2e;
   }
@@ -257,10 +267,7 @@ __device__ __forceinline__ void tile_epilogue(const typename K::Params& p, Acc& 
     *reinterpret_cast<__half2*>(stash + r * kStashStride + c) = __floats2half2_rn(e0, e1);
   }
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], 1);
-    sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], 2);
-  }
+  for (int h = 0; h < 2; ++h) sum[h] = quad_reduce(sum[h], add);
   if ((threadIdx.x & 3) == 0) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -338,11 +345,9 @@ struct DeferredTile {
     }
     float amax = 0.f;
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {  // a row's values sit in the 4 threads of a quad
-      lo[h] = fminf(lo[h], __shfl_xor_sync(0xffffffffu, lo[h], 1));
-      lo[h] = fminf(lo[h], __shfl_xor_sync(0xffffffffu, lo[h], 2));
-      hi[h] = fmaxf(hi[h], __shfl_xor_sync(0xffffffffu, hi[h], 1));
-      hi[h] = fmaxf(hi[h], __shfl_xor_sync(0xffffffffu, hi[h], 2));
+    for (int h = 0; h < 2; ++h) {
+      lo[h] = quad_reduce(lo[h], min_of);
+      hi[h] = quad_reduce(hi[h], max_of);
       amax = fmaxf(amax, fmaxf(-lo[h], hi[h]));
     }
     // As tile_epilogue: the polynomial where the whole warp is in its range, else tile_epilogue.
@@ -433,10 +438,7 @@ struct DeferredTile {
   __device__ void finish(const Coord& coord, float* tile_sum) {
     if (!pending) return;
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], 1);
-      sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], 2);
-    }
+    for (int h = 0; h < 2; ++h) sum[h] = quad_reduce(sum[h], add);
     if ((threadIdx.x & 3) == 0) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) tile_sum[get<0>(coord(2 * h))] = sum[h];
@@ -548,7 +550,9 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_softmax_kernel(const __grid_
   stamp(p.trace, ctid, kTraceMainloop1);
   stamp_clock(p.trace, ctid, kTraceClockMainloop1);
   if (defers_epilogues(p)) {
-    if (n_work == 2) {  // tile 0's epilogue under tile 1's mainloop (DeferredTile)
+    // Tile 0's epilogue under tile 1's mainloop (DeferredTile), then the last tile's.
+    static_assert(kMaxTilesPerCta == 2, "the deferred epilogues cover at most two tiles per CTA");
+    if (n_work == 2) {
       using D = DeferredTile<K>;
       D d;
       d.prepare(p, acc, coord, tile_of(p, 0), S.bias[0], S.stash, S.tile_max[0]);

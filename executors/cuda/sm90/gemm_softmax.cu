@@ -5,7 +5,7 @@
 // shared-memory pipeline, two consumer warpgroups issue wgmma into 128x256 fp32
 // accumulators), its load and mma loops written out in mainloop.h so that W's loads carry an
 // L2 hint and a tile's epilogue can run between the next tile's k-steps; this file is the
-// kernel around it: the tile schedule, the softmax epilogues and the grid-wide merge of row
+// kernel around it: the tile schedule, the softmax epilogues and the merge of row
 // statistics. The epilogues know the accumulator only as (value, row, column) triples,
 // through CuTe's identity-tensor partition.
 //
@@ -20,7 +20,7 @@
 // takes m-blocks 2 (q % m_pairs) + {0, 1} and column group q / m_pairs. The CTAs' first
 // tiles run together and cover every other column tile, so x rows and W columns are shared
 // through L2 as in a plain GEMM. Covering two tiles of the same rows halves the row partials
-// each CTA publishes and reads at the grid barrier (one per 512 columns).
+// each CTA publishes and reads at its row barrier (one per 512 columns).
 //
 // Shared memory per CTA (bf16/fp16 operands):
 //   pipeline   3 x (128x64 + 256x64) x 2 B = 144 KiB; after the last mainloop it holds the
@@ -30,10 +30,11 @@
 //              DeferredTile parks half of the tile's fp32 values in it until then
 #include "gemm_softmax.h"
 
-#include <cooperative_groups.h>
+#include <cuda/atomic>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <atomic>
 #include <mutex>
 #include <stdexcept>
 #include <unordered_map>
@@ -64,12 +65,22 @@ constexpr int kStashStride = kTileN + 8;  // halves per stash row
 
 int ceil_div(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
 
+// The workspace: float2 partials [n_tiles][M], then the row flags (u64 [m_blocks][n_tiles]),
+// each part 256-byte aligned (n_groups <= n_tiles groups are used, m_blocks = 2 m_pairs).
+size_t partials_bytes(int64_t M, int64_t N) {
+  const size_t b = sizeof(float) * 2 * static_cast<size_t>(ceil_div(N, kTileN)) * M;
+  return (b + 255) / 256 * 256;
+}
+size_t row_flags_bytes(int64_t M, int64_t N) {
+  const int64_t m_blocks = kClusterM * ceil_div(ceil_div(M, kTileM), kClusterM);
+  const size_t b = sizeof(unsigned long long) * static_cast<size_t>(m_blocks * ceil_div(N, kTileN));
+  return (b + 255) / 256 * 256;
+}
+
 }  // namespace
 
 size_t gemm_softmax_workspace_bytes(int64_t M, int64_t N) {
-  // float2 partials [n_tiles][M] (n_groups <= n_tiles rows of them are used).
-  const size_t partials = sizeof(float) * 2 * static_cast<size_t>(ceil_div(N, kTileN)) * M;
-  return (partials + 255) / 256 * 256;
+  return partials_bytes(M, N) + row_flags_bytes(M, N);
 }
 
 #if defined(GEMMFUSE_WITH_SM90_KERNELS)
@@ -116,6 +127,9 @@ struct Kernel {
     const float* bias;
     void* out;
     float2* partials;   // [n_groups][M]: (row max, row sum of exp) over one CTA's columns
+    // [2 m_pairs][n_groups]: `epoch` once the CTA of (m-block, group) has written its partials
+    unsigned long long* row_flags;
+    unsigned long long epoch;  // this launch's flag value (never 0, new per direct launch)
     int act;
     float scale;
     unsigned long long* trace;  // see GemmSoftmaxProblem::trace
@@ -473,6 +487,25 @@ __device__ __forceinline__ void store_tile(const typename K::Params& p, const __
   }
 }
 
+// The barrier among the CTAs of one m-block (they hold its rows' partials): each publishes
+// p.epoch in its flag once its partials are written (ctid 0, after a consumer_sync), then
+// waits until every flag of the m-block reads p.epoch. The launch is cooperative, so all
+// CTAs are resident and the wait ends. A flag left by an earlier launch holds that launch's
+// epoch (a new one per direct launch; a captured graph clears the flags before each replay),
+// so stale memory never passes for this launch's.
+template <class P>
+__device__ __forceinline__ void wait_for_row_partials(const P& p, int m_blk, int ctid) {
+  using Flag = ::cuda::atomic_ref<unsigned long long, ::cuda::thread_scope_device>;
+  unsigned long long* flags = p.row_flags + static_cast<size_t>(m_blk) * p.n_groups;
+  if (ctid == 0) Flag(flags[group_of(p)]).store(p.epoch, ::cuda::memory_order_release);
+  if (ctid < 32) {
+    for (int g = ctid; g < p.n_groups; g += 32)
+      while (Flag(flags[g]).load(::cuda::memory_order_acquire) != p.epoch) {
+      }
+  }
+  consumer_sync();  // the other consumers read the partials after the acquiring lanes
+}
+
 // Whether the epilogues go through DeferredTile (else tile_epilogue for each tile): the
 // reference for exp must come from a row's extremes (see DeferredTile).
 template <class P>
@@ -527,8 +560,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_softmax_kernel(const __grid_
       }
       mainloop.load_tail(pipeline, state);
     }
-    cooperative_groups::this_grid().sync();  // the consumers' grid barrier needs every thread
-    return;
+    return;  // (load_tail: the peer CTA's consumers are done with this CTA's barriers)
   }
 
   cutlass::arch::warpgroup_reg_alloc<232>();
@@ -597,16 +629,17 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_softmax_kernel(const __grid_
 
   // This CTA's row partials over its tpc tiles, for the other CTAs of its rows.
   consumer_sync();
-  const int row0 = tile_of(p, 0).m_blk * kTileM;
+  const TileCoord t0 = tile_of(p, 0);
+  const int row0 = t0.m_blk * kTileM;
   if (ctid < kTileM && row0 + ctid < p.M) {
     float m = -HUGE_VALF, s = 0.f;
     for (int j = 0; j < n_work; ++j) merge_stats(m, s, S.tile_max[j][ctid], S.tile_sum[j][ctid]);
     p.partials[static_cast<size_t>(group_of(p)) * p.M + row0 + ctid] = make_float2(m, s);
   }
-
-  // Grid barrier: every CTA's partials are written. The launch is cooperative, so all CTAs
-  // are resident, and the driver keeps the barrier word (nothing to reset per launch).
-  cooperative_groups::this_grid().sync();
+  consumer_sync();
+  // Row barrier: wait for the n_groups CTAs of these rows only, not the whole grid, so that
+  // rows whose CTAs are done merge and store while the slowest CTAs still compute.
+  wait_for_row_partials(p, t0.m_blk, ctid);
   stamp(p.trace, ctid, kTraceBarrier);
   stamp_clock(p.trace, ctid, kTraceClockBarrier);
 
@@ -673,7 +706,7 @@ cudaLaunchConfig_t launch_config(int clusters, cudaStream_t stream, cudaLaunchAt
   attrs[0].val.clusterDim.y = 1;
   attrs[0].val.clusterDim.z = 1;
   // Cooperative: the driver launches the grid only if every CTA can be resident at once
-  // (else an error, never a grid barrier waiting forever, e.g. under an MPS SM limit).
+  // (else an error, never a row barrier waiting forever, e.g. under an MPS SM limit).
   attrs[1].id = cudaLaunchAttributeCooperative;
   attrs[1].val.cooperative = 1;
   cfg.attrs = attrs;
@@ -723,6 +756,18 @@ int tiles_per_cta(int64_t M, int64_t N, int max_clusters) {
   return 0;
 }
 
+// A flag value for one launch (see wait_for_row_partials): a counter mixed to 64 random-
+// looking bits (splitmix64), so that neither an earlier launch's flags nor other data left in
+// the workspace match it; never 0, the cleared value.
+unsigned long long next_epoch() {
+  static std::atomic<unsigned long long> counter{0};
+  unsigned long long z = counter.fetch_add(1, std::memory_order_relaxed) + 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  return z == 0 ? 1 : z;
+}
+
 template <class K>
 bool launch(const GemmSoftmaxProblem& pr, void* workspace, cudaStream_t stream, int max_clusters) {
   using Mainloop = typename K::Mainloop;
@@ -744,6 +789,14 @@ bool launch(const GemmSoftmaxProblem& pr, void* workspace, cudaStream_t stream, 
   p.out = pr.out;
   char* ws = static_cast<char*>(workspace);
   p.partials = reinterpret_cast<float2*>(ws);
+  p.row_flags = reinterpret_cast<unsigned long long*>(ws + partials_bytes(pr.M, pr.N));
+  p.epoch = next_epoch();
+  // A captured graph replays this launch's epoch: its flags are cleared before each replay
+  // (a graph's launches run one at a time, so its workspace is its own).
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  GF_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  if (capture != cudaStreamCaptureStatusNone)
+    GF_CUDA_CHECK(cudaMemsetAsync(p.row_flags, 0, row_flags_bytes(pr.M, pr.N), stream));
   p.act = static_cast<int>(pr.act);
   p.scale = pr.scale;
   p.trace = pr.trace;

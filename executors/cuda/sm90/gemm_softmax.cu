@@ -325,8 +325,8 @@ struct DeferredTile {
   float keep[kPairs];  // the odd value u of each pair not yet finished, in order
   float shift[2];      // reference * log2 e of the thread's two rows
   float sum[2];        // sum of exp(v - reference) over the thread's values of each row
-  int round;           // rounds finished
-  bool pending;        // warp-uniform: this warp's values wait for the steps
+  int round = 0;         // rounds finished
+  bool pending = false;  // warp-uniform: this warp's values wait for the steps
 
   // v = act(u) * scale for n values, one branch for all (so their chains interleave). Read
   // from the kernel's parameters (constant memory), not kept in registers.
@@ -461,21 +461,28 @@ struct DeferredTile {
 };
 
 // out = e * exp(m_tile - m_row) / s_row for one stashed tile, 16-byte stores along rows.
+// Each thread keeps one 8-column chunk and walks down the tile's rows, 8 apart (a warp
+// writes 512 contiguous bytes of a row per store). The phase runs after the row barrier,
+// exposed, and is bound by instruction issue as much as by memory: address arithmetic is
+// kept out of the loop (pointer steps, no per-element bounds checks for whole tiles).
 template <class K>
 __device__ __forceinline__ void store_tile(const typename K::Params& p, const __half* stash,
                                            const float* row_scale, TileCoord t, int ctid) {
   using T = typename K::Element;
-  const int row0 = t.m_blk * kTileM, col0 = t.n_blk * kTileN;
-  auto* out = static_cast<uint4*>(p.out);
-  constexpr int kChunks = kTileN / 8;  // 16-byte chunks per tile row
-#pragma unroll 4
-  for (int idx = ctid; idx < kTileM * kChunks; idx += kConsumers) {
-    const int r = idx / kChunks, c8 = idx % kChunks;
-    const int row = row0 + r, col = col0 + 8 * c8;
-    if (row >= p.M || col >= p.N) continue;
-    const uint4 raw = *reinterpret_cast<const uint4*>(stash + r * kStashStride + 8 * c8);
+  constexpr int kChunks = kTileN / 8;                 // 16-byte chunks per tile row
+  constexpr int kRowStep = kConsumers / kChunks;      // rows between a thread's chunks
+  const int row0 = t.m_blk * kTileM;
+  const int c8 = ctid % kChunks, r = ctid / kChunks;
+  const int col = t.n_blk * kTileN + 8 * c8;
+  if (col >= p.N) return;  // N is a multiple of 8: a chunk is wholly inside or outside
+  auto* out = static_cast<uint4*>(p.out) + (static_cast<size_t>(row0 + r) * p.N + col) / 8;
+  const size_t out_step = static_cast<size_t>(kRowStep) * p.N / 8;
+  const __half* src = stash + r * kStashStride + 8 * c8;
+  const float* scale = row_scale + r;
+  auto one = [&](int i) {
+    const uint4 raw = *reinterpret_cast<const uint4*>(src + i * kRowStep * kStashStride);
     const __half2* e = reinterpret_cast<const __half2*>(&raw);
-    const float s = row_scale[r];
+    const float s = scale[i * kRowStep];
     uint4 o;
     uint32_t* ow = reinterpret_cast<uint32_t*>(&o);
 #pragma unroll
@@ -483,7 +490,15 @@ __device__ __forceinline__ void store_tile(const typename K::Params& p, const __
       const float2 f = __half22float2(e[k]);
       ow[k] = pack_out<T>(f.x * s, f.y * s);
     }
-    out[(static_cast<size_t>(row) * p.N + col) / 8] = o;
+    out[i * out_step] = o;
+  };
+  const int rows = min(kTileM, p.M - row0);
+  if (rows == kTileM) {
+#pragma unroll
+    for (int i = 0; i < kTileM / kRowStep; ++i) one(i);
+  } else {
+#pragma unroll 1
+    for (int i = 0; r + i * kRowStep < rows; ++i) one(i);
   }
 }
 
@@ -578,54 +593,40 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_softmax_kernel(const __grid_
   consumer_sync();
   Tensor acc = partition_fragment_C(tiled_mma, take<0, 2>(typename K::TileShape{}));
   auto first_stage = [&](int slot) { return [&p, ctid, slot]() { stamp(p.trace, ctid, slot); }; };
-  consume_tile<Mainloop, 0, 0>(pipeline, state, acc, p.k_tiles, ctid, tiles, NoHook{}, first_stage(kTraceFirstStage1));
-  stamp(p.trace, ctid, kTraceMainloop1);
-  stamp_clock(p.trace, ctid, kTraceClockMainloop1);
-  if (defers_epilogues(p)) {
-    // Tile 0's epilogue under tile 1's mainloop (DeferredTile), then the last tile's.
-    static_assert(kMaxTilesPerCta == 2, "the deferred epilogues cover at most two tiles per CTA");
-    if (n_work == 2) {
-      using D = DeferredTile<K>;
-      D d;
-      d.prepare(p, acc, coord, tile_of(p, 0), S.bias[0], S.stash, S.tile_max[0]);
-      if (!d.pending) tile_epilogue<K>(p, acc, coord, tile_of(p, 0), 0, S, S.stash, true);
-      stamp(p.trace, ctid, kTraceEpilogue1);
-      consume_tile<Mainloop, D::kRounds, D::kStepsPerRound>(
-          pipeline, state, acc, p.k_tiles, ctid, tiles, [&](int u) { d.step(p, u, coord, S.stash); },
-          first_stage(kTraceFirstStage2));
-      d.finish(coord, S.tile_sum[0]);
-      stamp(p.trace, ctid, kTraceMainloop2);
-      stamp_clock(p.trace, ctid, kTraceClockMainloop2);
-    }
-    // The last tile: its stash reuses the pipeline's tiles, so both warpgroups must be done
+  // One loop over the tiles, so that each piece of epilogue code exists once and its second
+  // run finds it in the instruction cache (code run once per launch is fetched from memory
+  // while every CTA waits on it; see DeferredTile). Tile j's mainloop finishes tile j-1's
+  // deferred epilogue between its k-steps (nothing to do for j = 0, or when not deferred).
+  const bool defer = defers_epilogues(p);
+  static_assert(kMaxTilesPerCta == 2, "the deferred epilogues cover at most two tiles per CTA");
+  using D = DeferredTile<K>;
+  D d;
+#pragma unroll 1
+  for (int j = 0; j < n_work; ++j) {
+    consume_tile<Mainloop, D::kRounds, D::kStepsPerRound>(
+        pipeline, state, acc, p.k_tiles, ctid, tiles, [&](int u) { d.step(p, u, coord, S.stash); },
+        first_stage(j == 0 ? kTraceFirstStage1 : kTraceFirstStage2));
+    if (j > 0) d.finish(coord, S.tile_sum[j - 1]);
+    stamp(p.trace, ctid, j == 0 ? kTraceMainloop1 : kTraceMainloop2);
+    stamp_clock(p.trace, ctid, j == 0 ? kTraceClockMainloop1 : kTraceClockMainloop2);
+    // The last tile's stash reuses the pipeline's tiles, so both warpgroups must be done
     // reading them (their final TMA writes landed before the waits that preceded these
-    // wgmmas). Then DeferredTile's rounds, all at once.
-    const int j = n_work - 1;
-    consumer_sync();
-    stamp(p.trace, ctid, kTraceLastSync);
-    DeferredTile<K> d;
-    d.prepare(p, acc, coord, tile_of(p, j), S.bias[j], last_stash, S.tile_max[j]);
-    if (!d.pending) tile_epilogue<K>(p, acc, coord, tile_of(p, j), j, S, last_stash, true);
-    stamp(p.trace, ctid, kTraceLastPrepare);
-    d.run_alone(p, coord, last_stash);
-    d.finish(coord, S.tile_sum[j]);
-    stamp(p.trace, ctid, kTraceEpilogue2);
-    stamp_clock(p.trace, ctid, kTraceClockEpilogue2);
-  } else {
-    for (int j = 0;; ++j) {
-      const bool last = j == n_work - 1;
-      // The last stash reuses the pipeline's tiles (as above).
-      if (last) consumer_sync();
-      tile_epilogue<K>(p, acc, coord, tile_of(p, j), j, S, last ? last_stash : S.stash);
-      stamp(p.trace, ctid, j == 0 ? kTraceEpilogue1 : kTraceEpilogue2);
-      if (last) break;
-      consume_tile<Mainloop, 0, 0>(pipeline, state, acc, p.k_tiles, ctid, tiles, NoHook{},
-                                   first_stage(kTraceFirstStage2));
-      stamp(p.trace, ctid, kTraceMainloop2);
-      stamp_clock(p.trace, ctid, kTraceClockMainloop2);
+    // wgmmas).
+    const bool last = j == n_work - 1;
+    __half* stash = last ? last_stash : S.stash;
+    if (last) {
+      consumer_sync();
+      stamp(p.trace, ctid, kTraceLastSync);
     }
-    stamp_clock(p.trace, ctid, kTraceClockEpilogue2);
+    // Deferred: only the prepare now, the rest under the next mainloop or (last) below.
+    if (defer) d.prepare(p, acc, coord, tile_of(p, j), S.bias[j], stash, S.tile_max[j]);
+    if (!d.pending) tile_epilogue<K>(p, acc, coord, tile_of(p, j), j, S, stash, defer);
+    stamp(p.trace, ctid, last ? kTraceLastPrepare : kTraceEpilogue1);
   }
+  d.run_alone(p, coord, last_stash);
+  d.finish(coord, S.tile_sum[n_work - 1]);
+  stamp(p.trace, ctid, kTraceEpilogue2);
+  stamp_clock(p.trace, ctid, kTraceClockEpilogue2);
 
   // This CTA's row partials over its tpc tiles, for the other CTAs of its rows.
   consumer_sync();

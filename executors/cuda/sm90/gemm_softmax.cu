@@ -20,7 +20,7 @@
 // takes m-blocks 2 (q % m_pairs) + {0, 1} and column group q / m_pairs. The CTAs' first
 // tiles run together and cover every other column tile, so x rows and W columns are shared
 // through L2 as in a plain GEMM. Covering two tiles of the same rows halves the row partials
-// each CTA publishes and reads at its row barrier (one per 512 columns).
+// each CTA publishes and reads (one per 512 columns).
 //
 // Shared memory per CTA (bf16/fp16 operands):
 //   pipeline   3 x (128x64 + 256x64) x 2 B = 144 KiB; after the last mainloop it holds the
@@ -30,11 +30,10 @@
 //              DeferredTile parks half of the tile's fp32 values in it until then
 #include "gemm_softmax.h"
 
-#include <cuda/atomic>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include <atomic>
+#include <map>
 #include <mutex>
 #include <stdexcept>
 #include <unordered_map>
@@ -65,23 +64,15 @@ constexpr int kStashStride = kTileN + 8;  // halves per stash row
 
 int ceil_div(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
 
-// The workspace: float2 partials [n_tiles][M], then the row flags (u64 [m_blocks][n_tiles]),
-// each part 256-byte aligned (n_groups <= n_tiles groups are used, m_blocks = 2 m_pairs).
-size_t partials_bytes(int64_t M, int64_t N) {
-  const size_t b = sizeof(float) * 2 * static_cast<size_t>(ceil_div(N, kTileN)) * M;
-  return (b + 255) / 256 * 256;
-}
-size_t row_flags_bytes(int64_t M, int64_t N) {
-  const int64_t m_blocks = kClusterM * ceil_div(ceil_div(M, kTileM), kClusterM);
-  const size_t b = sizeof(unsigned long long) * static_cast<size_t>(m_blocks * ceil_div(N, kTileN));
+// The row statistics: two 64-bit words per (column group, row), n_groups <= n_tiles.
+size_t row_stats_bytes(int64_t M, int64_t N) {
+  const size_t b = 2 * sizeof(unsigned long long) * static_cast<size_t>(ceil_div(N, kTileN)) * M;
   return (b + 255) / 256 * 256;
 }
 
 }  // namespace
 
-size_t gemm_softmax_workspace_bytes(int64_t M, int64_t N) {
-  return partials_bytes(M, N) + row_flags_bytes(M, N);
-}
+size_t gemm_softmax_workspace_bytes(int64_t M, int64_t N) { return row_stats_bytes(M, N); }
 
 #if defined(GEMMFUSE_WITH_SM90_KERNELS)
 
@@ -126,10 +117,10 @@ struct Kernel {
     int n_groups;  // column groups of tpc tiles: ceil(n_tiles / tpc)
     const float* bias;
     void* out;
-    float2* partials;   // [n_groups][M]: (row max, row sum of exp) over one CTA's columns
-    // [2 m_pairs][n_groups]: `epoch` once the CTA of (m-block, group) has written its partials
-    unsigned long long* row_flags;
-    unsigned long long epoch;  // this launch's flag value (never 0, new per direct launch)
+    // [n_groups][M][2]: (row max, row sum of exp) over one CTA's columns, each a 64-bit
+    // word with `epoch` in its high half (see publish_row_stats)
+    unsigned long long* row_stats;
+    unsigned int epoch;
     int act;
     float scale;
     unsigned long long* trace;  // see GemmSoftmaxProblem::trace
@@ -462,7 +453,7 @@ struct DeferredTile {
 
 // out = e * exp(m_tile - m_row) / s_row for one stashed tile, 16-byte stores along rows.
 // Each thread keeps one 8-column chunk and walks down the tile's rows, 8 apart (a warp
-// writes 512 contiguous bytes of a row per store). The phase runs after the row barrier,
+// writes 512 contiguous bytes of a row per store). The phase runs after the row merge,
 // exposed, and is bound by instruction issue as much as by memory: address arithmetic is
 // kept out of the loop (pointer steps, no per-element bounds checks for whole tiles).
 template <class K>
@@ -502,23 +493,47 @@ __device__ __forceinline__ void store_tile(const typename K::Params& p, const __
   }
 }
 
-// The barrier among the CTAs of one m-block (they hold its rows' partials): each publishes
-// p.epoch in its flag once its partials are written (ctid 0, after a consumer_sync), then
-// waits until every flag of the m-block reads p.epoch. The launch is cooperative, so all
-// CTAs are resident and the wait ends. A flag left by an earlier launch holds that launch's
-// epoch (a new one per direct launch; a captured graph clears the flags before each replay),
-// so stale memory never passes for this launch's.
+// The CTAs of one m-block exchange their row statistics without a barrier: each word holds
+// one value in its low half and the launch's epoch in its high half, written and read as
+// single 64-bit accesses, so a reader that sees the epoch sees the value (no fence, no flag:
+// one trip to L2 each way). Every epoch is used once per buffer: a direct launch takes the
+// next one of its stream's buffer, a captured graph clears its buffer before each replay.
+// The launch is cooperative, so every CTA is resident and each wait ends.
 template <class P>
-__device__ __forceinline__ void wait_for_row_partials(const P& p, int m_blk, int ctid) {
-  using Flag = ::cuda::atomic_ref<unsigned long long, ::cuda::thread_scope_device>;
-  unsigned long long* flags = p.row_flags + static_cast<size_t>(m_blk) * p.n_groups;
-  if (ctid == 0) Flag(flags[group_of(p)]).store(p.epoch, ::cuda::memory_order_release);
-  if (ctid < 32) {
-    for (int g = ctid; g < p.n_groups; g += 32)
-      while (Flag(flags[g]).load(::cuda::memory_order_acquire) != p.epoch) {
+__device__ __forceinline__ void publish_row_stats(const P& p, size_t slot, float m, float s) {
+  const unsigned long long tag = static_cast<unsigned long long>(p.epoch) << 32;
+  asm volatile("st.relaxed.gpu.global.v2.u64 [%0], {%1, %2};" ::"l"(p.row_stats + 2 * slot),
+               "l"(tag | __float_as_uint(m)), "l"(tag | __float_as_uint(s))
+               : "memory");
+}
+
+// (max, sum) of row `row` over column groups g0 .. g0 + 15 (past n_groups: (-inf, 0)),
+// waiting until each has this launch's epoch. The pending ones are re-read together.
+template <class P>
+__device__ __forceinline__ void read_row_stats(const P& p, int row, int g0, float2 (&q)[16]) {
+  uint32_t pending = 0;
+#pragma unroll
+  for (int k = 0; k < 16; ++k) {
+    q[k] = make_float2(-HUGE_VALF, 0.f);
+    if (g0 + k < p.n_groups) pending |= 1u << k;
+  }
+  while (pending != 0) {
+    unsigned long long w[16][2];
+#pragma unroll
+    for (int k = 0; k < 16; ++k)
+      if (pending & (1u << k))
+        asm volatile("ld.relaxed.gpu.global.v2.u64 {%0, %1}, [%2];"
+                     : "=l"(w[k][0]), "=l"(w[k][1])
+                     : "l"(p.row_stats + 2 * (static_cast<size_t>(g0 + k) * p.M + row))
+                     : "memory");
+#pragma unroll
+    for (int k = 0; k < 16; ++k)
+      if ((pending & (1u << k)) && (w[k][0] >> 32) == p.epoch && (w[k][1] >> 32) == p.epoch) {
+        q[k] = make_float2(__uint_as_float(static_cast<uint32_t>(w[k][0])),
+                           __uint_as_float(static_cast<uint32_t>(w[k][1])));
+        pending &= ~(1u << k);
       }
   }
-  consumer_sync();  // the other consumers read the partials after the acquiring lanes
 }
 
 // Whether the epilogues go through DeferredTile (else tile_epilogue for each tile): the
@@ -628,35 +643,26 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_softmax_kernel(const __grid_
   stamp(p.trace, ctid, kTraceEpilogue2);
   stamp_clock(p.trace, ctid, kTraceClockEpilogue2);
 
-  // This CTA's row partials over its tpc tiles, for the other CTAs of its rows.
+  // This CTA's row statistics over its tpc tiles, for the other CTAs of its rows; then
+  // theirs, merged 16 at a time (the max and the rescaled sum as trees, not one dependent
+  // merge per part); then exp(tile max - row max) / row sum for each of this CTA's tiles.
   consumer_sync();
-  const TileCoord t0 = tile_of(p, 0);
-  const int row0 = t0.m_blk * kTileM;
+  const int row0 = tile_of(p, 0).m_blk * kTileM;
   if (ctid < kTileM && row0 + ctid < p.M) {
+    const int row = row0 + ctid;
     float m = -HUGE_VALF, s = 0.f;
     for (int j = 0; j < n_work; ++j) merge_stats(m, s, S.tile_max[j][ctid], S.tile_sum[j][ctid]);
-    p.partials[static_cast<size_t>(group_of(p)) * p.M + row0 + ctid] = make_float2(m, s);
-  }
-  consumer_sync();
-  // Row barrier: wait for the n_groups CTAs of these rows only, not the whole grid, so that
-  // rows whose CTAs are done merge and store while the slowest CTAs still compute.
-  wait_for_row_partials(p, t0.m_blk, ctid);
-  stamp(p.trace, ctid, kTraceBarrier);
-  stamp_clock(p.trace, ctid, kTraceClockBarrier);
-
-  // Row scales: merge the n_groups partials of each row, 16 at a time (loads issued
-  // together, then the max and the rescaled sum as trees, not one dependent merge per
-  // partial), then exp(tile max - row max) / row sum for each of this CTA's tiles.
-  if (ctid < kTileM && row0 + ctid < p.M) {
-    const float2* part = p.partials + row0 + ctid;
-    float m = -HUGE_VALF, s = 0.f;
+    publish_row_stats(p, static_cast<size_t>(group_of(p)) * p.M + row, m, s);
+    m = -HUGE_VALF;
+    s = 0.f;
     for (int g0 = 0; g0 < p.n_groups; g0 += 16) {
       float2 q[16];
-#pragma unroll
-      for (int k = 0; k < 16; ++k)
-        q[k] = g0 + k < p.n_groups ? __ldcg(part + static_cast<size_t>(g0 + k) * p.M)
-                                   : make_float2(-HUGE_VALF, 0.f);
-      if (g0 == 0) stamp(p.trace, ctid, kTraceMergeLoads, q[15].y);
+      read_row_stats(p, row, g0, q);
+      if (g0 == 0) {
+        stamp(p.trace, ctid, kTraceBarrier, q[15].y);
+        stamp(p.trace, ctid, kTraceMergeLoads, q[15].y);
+        stamp_clock(p.trace, ctid, kTraceClockBarrier);
+      }
       float mc = q[0].x;
 #pragma unroll
       for (int k = 1; k < 16; ++k) mc = fmaxf(mc, q[k].x);
@@ -707,7 +713,7 @@ cudaLaunchConfig_t launch_config(int clusters, cudaStream_t stream, cudaLaunchAt
   attrs[0].val.clusterDim.y = 1;
   attrs[0].val.clusterDim.z = 1;
   // Cooperative: the driver launches the grid only if every CTA can be resident at once
-  // (else an error, never a row barrier waiting forever, e.g. under an MPS SM limit).
+  // (else an error, never a wait for row statistics that never come, e.g. under an MPS SM limit).
   attrs[1].id = cudaLaunchAttributeCooperative;
   attrs[1].val.cooperative = 1;
   cfg.attrs = attrs;
@@ -757,16 +763,47 @@ int tiles_per_cta(int64_t M, int64_t N, int max_clusters) {
   return 0;
 }
 
-// A flag value for one launch (see wait_for_row_partials): a counter mixed to 64 random-
-// looking bits (splitmix64), so that neither an earlier launch's flags nor other data left in
-// the workspace match it; never 0, the cleared value.
-unsigned long long next_epoch() {
-  static std::atomic<unsigned long long> counter{0};
-  unsigned long long z = counter.fetch_add(1, std::memory_order_relaxed) + 0x9E3779B97F4A7C15ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  z ^= z >> 31;
-  return z == 0 ? 1 : z;
+// Where a launch's CTAs exchange row statistics, and the epoch that marks this launch's
+// words (see publish_row_stats). A direct launch uses its stream's own buffer, kept from
+// launch to launch (allocated, grown and cleared in stream order), with the next epoch: the
+// stream orders its launches, so no word of an earlier one can carry it. A launch captured
+// into a graph is replayed with the epoch it was captured with, so it uses the graph's
+// workspace, cleared before it in the graph (a graph's replays run one at a time).
+// Buffers are kept per stream id (ids are never reused), ~16 bytes per row and column tile.
+struct RowStats {
+  unsigned long long* words;
+  unsigned int epoch;
+};
+RowStats row_stats_for(cudaStream_t stream, size_t bytes, void* workspace) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  GF_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  if (capture != cudaStreamCaptureStatusNone) {
+    GF_CUDA_CHECK(cudaMemsetAsync(workspace, 0, bytes, stream));
+    return {static_cast<unsigned long long*>(workspace), 1};
+  }
+  struct Buffer {
+    void* words = nullptr;
+    size_t bytes = 0;
+    unsigned int epoch = 0;  // the last one used
+  };
+  static std::mutex mu;
+  static std::map<std::pair<int, unsigned long long>, Buffer> buffers;  // (device, stream id)
+  int dev = 0;
+  unsigned long long id = 0;
+  GF_CUDA_CHECK(cudaGetDevice(&dev));
+  GF_CUDA_CHECK(cudaStreamGetId(stream, &id));
+  std::lock_guard<std::mutex> lock(mu);
+  Buffer& b = buffers[{dev, id}];
+  if (b.bytes < bytes || b.epoch == ~0u) {  // (re)start from zeroed words and epoch 1
+    if (b.bytes < bytes) {
+      if (b.words != nullptr) GF_CUDA_CHECK(cudaFreeAsync(b.words, stream));
+      GF_CUDA_CHECK(cudaMallocAsync(&b.words, bytes, stream));
+      b.bytes = bytes;
+    }
+    GF_CUDA_CHECK(cudaMemsetAsync(b.words, 0, b.bytes, stream));
+    b.epoch = 0;
+  }
+  return {static_cast<unsigned long long*>(b.words), ++b.epoch};
 }
 
 template <class K>
@@ -788,16 +825,9 @@ bool launch(const GemmSoftmaxProblem& pr, void* workspace, cudaStream_t stream, 
   p.mainloop = Mainloop::to_underlying_arguments(make_shape(p.M, p.N, p.K, 1), args, nullptr);
   p.bias = pr.bias;
   p.out = pr.out;
-  char* ws = static_cast<char*>(workspace);
-  p.partials = reinterpret_cast<float2*>(ws);
-  p.row_flags = reinterpret_cast<unsigned long long*>(ws + partials_bytes(pr.M, pr.N));
-  p.epoch = next_epoch();
-  // A captured graph replays this launch's epoch: its flags are cleared before each replay
-  // (a graph's launches run one at a time, so its workspace is its own).
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  GF_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
-  if (capture != cudaStreamCaptureStatusNone)
-    GF_CUDA_CHECK(cudaMemsetAsync(p.row_flags, 0, row_flags_bytes(pr.M, pr.N), stream));
+  const RowStats rs = row_stats_for(stream, row_stats_bytes(pr.M, pr.N), workspace);
+  p.row_stats = rs.words;
+  p.epoch = rs.epoch;
   p.act = static_cast<int>(pr.act);
   p.scale = pr.scale;
   p.trace = pr.trace;

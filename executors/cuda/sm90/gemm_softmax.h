@@ -7,8 +7,8 @@
 // on chip until its rows are complete: each CTA computes at most two 128x256 tiles (CUTLASS's
 // TMA + wgmma cooperative mainloop; the first tile's epilogue runs between the second's
 // k-steps), keeps exp(v - tile row max) of each in shared memory as
-// fp16, publishes per-tile row (max, sum of exp) partials, waits for the other CTAs of its
-// rows (not the whole grid), merges the partials of its rows and writes
+// fp16, publishes its row (max, sum of exp) partials, reads those of the other CTAs of its
+// rows as they arrive (no grid barrier), merges them and writes
 // out = e * exp(m_tile - m_row) / s_row.
 // That needs every CTA resident at once, so a problem fits only when its tiles number at
 // most twice the CTAs the GPU can hold (1024 x 8192 is 256 tiles for 128 CTAs on an H100).
@@ -54,7 +54,7 @@ enum TraceSlot : int {
   kTraceEpilogue1 = 2,   // its epilogue done (or, deferred, its prepare)
   kTraceMainloop2 = 3,
   kTraceEpilogue2 = 4,
-  kTraceBarrier = 5,     // past the row barrier (every CTA of its rows published)
+  kTraceBarrier = 5,     // every CTA of its rows has published (thread 0's row)
   kTraceMerge = 6,       // row scales computed
   kTraceStores = 7,      // output stores issued
   kTraceMergeLoads = 8,  // the first row partials loaded
@@ -80,8 +80,9 @@ bool gemm_softmax_built();
 // alignment TMA needs (K and N multiples of 8) and that all tiles fit on chip at once.
 std::string gemm_softmax_unfit(int64_t M, int64_t N, int64_t K, DType dtype);
 
-// Workspace: the row partials (float2 [N/256][M]) and the row barrier's flags. Nothing to
-// clear before a launch.
+// Workspace: where the CTAs exchange row statistics when the launch is captured into a CUDA
+// graph (16 bytes per row and 256 columns); direct launches use a buffer kept per stream.
+// Nothing to clear before a launch.
 size_t gemm_softmax_workspace_bytes(int64_t M, int64_t N);
 
 // Enqueues the kernel on `stream` for a problem gemm_softmax_unfit accepted (x, w, out and

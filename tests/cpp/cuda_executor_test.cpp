@@ -765,6 +765,110 @@ TEST(CudaExecutor, FusedGemmSoftmaxSm90) {
   CK(cudaStreamDestroy(st));
 }
 
+// The fused kernel's CTAs exchange row statistics through words tagged with a per-launch
+// epoch: in a buffer kept per stream for direct launches (grown for a larger problem), in
+// the graph's workspace, cleared before each replay, for captured launches. Stale words of
+// an earlier launch must never pass for this one's: new inputs between launches on each
+// stream and between replays of one graph would then give rows normalized with old sums.
+TEST(CudaExecutor, FusedSoftmaxRowStatisticsAreNeverStale) {
+  SKIP_WITHOUT_GPU();
+  if (!is_sm90()) GTEST_SKIP() << "the fused kernel needs an sm_90 GPU";
+  if (!cuda::sm90::gemm_softmax_built()) GTEST_SKIP() << "built without the sm90 kernels";
+  std::mt19937_64 rng(gftest::test_seed());
+  const DType d = DType::BF16;
+  const std::string spec = linear(264, 4104) + "gelu\nsoftmax";
+  // One plan and its device memory; set_x puts new inputs in place, expect checks the output
+  // against the CPU executor on the inputs last set.
+  struct Fused {
+    Case c;
+    Plan plan;
+    CudaExecutor ex;
+    std::unique_ptr<DevMem> x, w, b, out, prepared, ws;
+    RunArgs a;
+  };
+  auto make = [&](int64_t M) {
+    auto f = std::make_unique<Fused>();
+    f->c = gftest::make_case(spec, {M}, {}, "", rng);
+    round_inputs(f->c, d);
+    PlanRequest req;
+    req.chain = f->c.chain;
+    req.batch_sizes = {M};
+    req.dtype = d;
+    f->plan = make_plan(req);
+    EXPECT_EQ(cuda::fused_softmax_unused(f->plan), "") << f->plan.describe();
+    const auto wb = encode(f->c.w, d), bb = encode(f->c.b, d);
+    f->x = std::make_unique<DevMem>(f->c.x.size() * elt(d));
+    f->w = std::make_unique<DevMem>(wb.size());
+    f->b = std::make_unique<DevMem>(bb.size());
+    CK(cudaMemcpy(f->w->p, wb.data(), wb.size(), cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(f->b->p, bb.data(), bb.size(), cudaMemcpyHostToDevice));
+    f->out = std::make_unique<DevMem>(static_cast<size_t>(M * f->plan.out_width) * elt(d));
+    f->prepared = std::make_unique<DevMem>(f->ex.prepared_bytes(f->plan));
+    f->ws = std::make_unique<DevMem>(f->ex.workspace_bytes(f->plan));
+    f->a.x = f->x->p;
+    f->a.weight = f->w->p;
+    f->a.bias = f->b->p;
+    f->a.out = f->out->p;
+    f->ex.prepare(f->plan, f->a, f->prepared->p);
+    return f;
+  };
+  auto set_x = [&](Fused& f) {
+    const Case fresh = gftest::make_case(spec, f.c.batch, {}, "", rng);
+    f.c.x = decode(encode(fresh.x, d), d);
+    const auto xb = encode(f.c.x, d);
+    CK(cudaDeviceSynchronize());
+    CK(cudaMemcpy(f.x->p, xb.data(), xb.size(), cudaMemcpyHostToDevice));
+    CK(cudaMemset(f.out->p, 0xFF, f.out->bytes));  // poisoned: an unwritten element shows
+  };
+  auto run = [&](Fused& f, cudaStream_t s) {
+    f.a.stream = s;
+    f.ex.run(f.plan, f.a, f.prepared->p, f.ws->p);
+  };
+  auto expect = [&](Fused& f, const char* what) {
+    SCOPED_TRACE(what);
+    CK(cudaDeviceSynchronize());
+    std::vector<uint8_t> ob(f.out->bytes);
+    CK(cudaMemcpy(ob.data(), f.out->p, ob.size(), cudaMemcpyDeviceToHost));
+    EXPECT_TRUE(close_to(decode(ob, d), gftest::run_cpu(f.c).out, tolerance(CudaOptions{d})));
+  };
+  cudaStream_t s1, s2;
+  CK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
+  CK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+  auto small = make(500), large = make(1000);  // one and two tiles per CTA
+  // Direct launches: a stream's buffer reused with new inputs, grown for the larger problem,
+  // and two streams taking turns.
+  for (cudaStream_t s : {s1, s2, s1}) {
+    set_x(*small);
+    run(*small, s);
+    expect(*small, "small, direct");
+    set_x(*large);
+    run(*large, s);
+    expect(*large, "large, direct");
+  }
+  // One captured graph replayed with new inputs each time, direct launches on its capture
+  // stream in between.
+  set_x(*large);
+  large->a.stream = s2;
+  cudaGraph_t g = nullptr;
+  CK(cudaStreamBeginCapture(s2, cudaStreamCaptureModeGlobal));
+  large->ex.run(large->plan, large->a, large->prepared->p, large->ws->p);
+  CK(cudaStreamEndCapture(s2, &g));
+  cudaGraphExec_t ge = nullptr;
+  CK(cudaGraphInstantiate(&ge, g, 0));
+  for (int replay = 0; replay < 3; ++replay) {
+    set_x(*large);
+    CK(cudaGraphLaunch(ge, s2));
+    expect(*large, "large, graph replay");
+    set_x(*small);
+    run(*small, s2);
+    expect(*small, "small, direct between replays");
+  }
+  CK(cudaGraphExecDestroy(ge));
+  CK(cudaGraphDestroy(g));
+  CK(cudaStreamDestroy(s1));
+  CK(cudaStreamDestroy(s2));
+}
+
 // Plans outside the fused kernel's shape say why, and still run (step by step).
 TEST(CudaExecutorPlan, FusedSoftmaxMatchesOnlyItsChains) {
   PlanRequest req;

@@ -318,12 +318,16 @@ struct DeferredTile {
   float sum[2];        // sum of exp(v - reference) over the thread's values of each row
   int round = 0;         // rounds finished
   bool pending = false;  // warp-uniform: this warp's values wait for the steps
+  bool narrow = false;   // warp-uniform: all of them within kGeluNarrowRange
 
   // v = act(u) * scale for n values, one branch for all (so their chains interleave). Read
   // from the kernel's parameters (constant memory), not kept in registers.
   template <int n>
-  static __device__ __forceinline__ void act(const typename K::Params& p, float (&v)[n]) {
-    if (p.act == static_cast<int>(Activation::GeluErf)) gelu_erf_poly_n(v);
+  __device__ __forceinline__ void act(const typename K::Params& p, float (&v)[n]) const {
+    if (p.act == static_cast<int>(Activation::GeluErf)) {
+      if (narrow) gelu_erf_poly_narrow_n(v);
+      else gelu_erf_poly_n(v);
+    }
     if (p.scale != 1.f) {
 #pragma unroll
       for (int k = 0; k < n; ++k) v[k] *= p.scale;
@@ -359,6 +363,7 @@ struct DeferredTile {
     pending = (t.n_blk + 1) * kTileN <= p.N &&
               (!gelu || __all_sync(0xffffffffu, amax <= kGeluPolyRange));
     if (!pending) return;
+    narrow = __all_sync(0xffffffffu, amax <= kGeluNarrowRange);  // the cheaper polynomial
     constexpr float kLog2e = 1.4426950408889634f;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {

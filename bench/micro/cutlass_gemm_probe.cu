@@ -255,7 +255,7 @@ int main(int argc, char** argv) {
     // per CTA, the SM clock over them) and between two launches; with gelu and without (the
     // epilogue's share), and with the first epilogue run before the second mainloop.
     namespace sm = gemmfuse::cuda::sm90;
-    auto traced = [&](sm::Activation act, bool defer, bool evict_first, const char* label) {
+    auto traced = [&](sm::Activation act, bool defer, bool evict_first, const char* label, bool per_cta = false) {
       const int ctas = 256, reps = 3, slots = sm::kGemmSoftmaxTraceSlots;
       unsigned long long* trace;
       CHECK_CUDA(cudaMalloc(&trace, reps * ctas * slots * sizeof(unsigned long long)));
@@ -331,13 +331,33 @@ int main(int argc, char** argv) {
                       ck.name, ghz.front(), ghz[ghz.size() / 2], ghz.back());
         }
       }
+      if (per_cta) {  // the last run's CTAs by SM: is the clock a property of the SM?
+        const unsigned long long* tr = all.data() + (reps - 1) * ctas * slots;
+        auto at = [&](int c, int k) { return tr[c * slots + k]; };
+        unsigned long long t0 = ~0ull;
+        std::vector<int> cs;
+        for (int c = 0; c < ctas; ++c)
+          if (at(c, sm::kTraceEntry)) {
+            t0 = std::min(t0, at(c, sm::kTraceEntry));
+            cs.push_back(c);
+          }
+        std::sort(cs.begin(), cs.end(), [&](int a, int b) { return at(a, sm::kTraceSmId) < at(b, sm::kTraceSmId); });
+        std::printf("  per CTA, by SM: sm cta mainloop-1-GHz mainloop-2-end-us epilogue-2-end-us\n");
+        for (int c : cs) {
+          const double ns = static_cast<double>(at(c, sm::kTraceMainloop1) - at(c, sm::kTraceEntry));
+          std::printf("  sm %3llu cta %3d %.3f %.1f %.1f\n", at(c, sm::kTraceSmId), c,
+                      (at(c, sm::kTraceClockMainloop1) - at(c, sm::kTraceClockEntry)) / ns,
+                      (at(c, sm::kTraceMainloop2) - t0) * 1e-3, (at(c, sm::kTraceEpilogue2) - t0) * 1e-3);
+        }
+      }
       CHECK_CUDA(cudaFree(trace));
     };
-    traced(sm::Activation::GeluErf, true, true, "fused kernel, gelu + softmax:");
+    traced(sm::Activation::GeluErf, true, true, "fused kernel, gelu + softmax:", true);
     traced(sm::Activation::GeluErf, true, false, "fused kernel, gelu + softmax, W loads not evict-first:");
     traced(sm::Activation::GeluErf, false, true, "fused kernel, gelu + softmax, epilogues not deferred:");
     traced(sm::Activation::GeluErf, false, false, "fused kernel, gelu + softmax, neither:");
     traced(sm::Activation::Identity, true, true, "fused kernel, softmax only:");
+    traced(sm::Activation::GeluErf, true, true, "fused kernel, gelu + softmax (again, per SM):", true);
 
   } else {
     std::printf("gemmfuse fused kernel: %s\n", unfit.c_str());

@@ -69,6 +69,7 @@ enum TraceSlot : int {
   kTraceClockEpilogue2 = 19,
   kTraceClockBarrier = 20,
   kTraceClockStores = 21,
+  kTraceSmId = 22,         // the SM the CTA ran on (%smid)
 };
 constexpr int kGemmSoftmaxTraceSlots = 24;
 

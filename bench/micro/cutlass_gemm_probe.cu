@@ -279,8 +279,8 @@ int main(int argc, char** argv) {
           {sm::kTraceMainloop1, "mainloop 1"}, {sm::kTraceEpilogue1, "epilogue 1"},
           {sm::kTraceFirstStage2, "  1st stage 2"}, {sm::kTraceMainloop2, "mainloop 2"},
           {sm::kTraceLastSync, "  last sync"}, {sm::kTraceLastPrepare, "  last prepare"},
-          {sm::kTraceEpilogue2, "epilogue 2"}, {sm::kTraceBarrier, "grid barrier"},
-          {sm::kTraceMergeLoads, "  merge loads"}, {sm::kTraceMergeMath, "  merge math"},
+          {sm::kTraceEpilogue2, "epilogue 2"}, {sm::kTraceBarrier, "row stats in"},
+          {sm::kTraceMergeMath, "  merge math"},
           {sm::kTraceMerge, "row merge"}, {sm::kTraceStores, "stores issued"}};
       // SM clock: clock64 cycles per %globaltimer ns between two phase ends.
       const struct { int t0, t1, c0, c1; const char* name; } clocks[] = {
@@ -290,7 +290,7 @@ int main(int argc, char** argv) {
           {sm::kTraceMainloop2, sm::kTraceEpilogue2, sm::kTraceClockMainloop2, sm::kTraceClockEpilogue2,
            "epilogue 2"},
           {sm::kTraceEpilogue2, sm::kTraceBarrier, sm::kTraceClockEpilogue2, sm::kTraceClockBarrier,
-           "grid barrier"},
+           "row stats wait"},
           {sm::kTraceBarrier, sm::kTraceStores, sm::kTraceClockBarrier, sm::kTraceClockStores,
            "merge + stores"}};
       unsigned long long prev_end = 0;
@@ -330,17 +330,10 @@ int main(int argc, char** argv) {
           std::printf("  SM clock over %-24s %.3f / %.3f / %.3f GHz (min / median / max over CTAs)\n",
                       ck.name, ghz.front(), ghz[ghz.size() / 2], ghz.back());
         }
-      }
-      if (per_cta) {  // the last run's CTAs by SM: is the clock a property of the SM?
-        const unsigned long long* tr = all.data() + (reps - 1) * ctas * slots;
-        auto at = [&](int c, int k) { return tr[c * slots + k]; };
-        unsigned long long t0 = ~0ull;
+        if (!per_cta) continue;  // is the clock a property of the SM?
         std::vector<int> cs;
         for (int c = 0; c < ctas; ++c)
-          if (at(c, sm::kTraceEntry)) {
-            t0 = std::min(t0, at(c, sm::kTraceEntry));
-            cs.push_back(c);
-          }
+          if (at(c, sm::kTraceEntry)) cs.push_back(c);
         std::sort(cs.begin(), cs.end(), [&](int a, int b) { return at(a, sm::kTraceSmId) < at(b, sm::kTraceSmId); });
         std::printf("  per CTA, by SM: sm cta mainloop-1-GHz mainloop-2-end-us epilogue-2-end-us\n");
         for (int c : cs) {

@@ -57,7 +57,6 @@ enum TraceSlot : int {
   kTraceBarrier = 5,     // every CTA of its rows has published (thread 0's row)
   kTraceMerge = 6,       // row scales computed
   kTraceStores = 7,      // output stores issued
-  kTraceMergeLoads = 8,  // the first row partials loaded
   kTraceMergeMath = 9,   // the row merge computed
   kTraceFirstStage1 = 10,  // each mainloop's first stage landed
   kTraceFirstStage2 = 11,

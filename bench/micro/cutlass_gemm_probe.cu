@@ -306,7 +306,8 @@ int main(int argc, char** argv) {
             ++used;
           }
         std::printf("fused run %d: %d CTAs, first entry to last store %.1f us, gap after the previous run's last store %.1f us\n",
-                    rep, used, (t_end - t0) * 1e-3, prev_end ? (t0 - prev_end) * 1e-3 : 0.0);
+                    rep, used, (t_end - t0) * 1e-3,
+                    prev_end ? (static_cast<double>(t0) - static_cast<double>(prev_end)) * 1e-3 : 0.0);
         prev_end = t_end;
         if (rep != reps - 1) continue;
         std::printf("  phase end, us from the first entry: min / median / max over CTAs\n");

@@ -33,6 +33,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cstdlib>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <stdexcept>
@@ -43,6 +45,7 @@
 
 #if defined(GEMMFUSE_WITH_SM90_KERNELS)
 #include "cute/tensor.hpp"
+#include "cutlass/arch/grid_dependency_control.h"
 #include "cutlass/arch/reg_reconfig.h"
 #include "cutlass/cutlass.h"
 #include "cutlass/gemm/collective/collective_builder.hpp"
@@ -504,7 +507,7 @@ __device__ __forceinline__ void store_tile(const typename K::Params& p, const __
 // the v2 accesses is single-copy atomic, so a reader that sees the epoch sees the value (no fence, no flag:
 // one trip to L2 each way). Every epoch is used once per buffer: a direct launch takes the
 // next one of its stream's buffer, a captured graph clears its buffer before each replay.
-// The launch is cooperative, so every CTA is resident and each wait ends.
+// Every CTA is resident at once (see launch()), so each wait ends.
 template <class P>
 __device__ __forceinline__ void publish_row_stats(const P& p, size_t slot, float m, float s) {
   const unsigned long long tag = static_cast<unsigned long long>(p.epoch) << 32;
@@ -579,6 +582,11 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_softmax_kernel(const __grid_
   // The pipeline's barriers must be initialised in both CTAs before either uses them.
   cute::cluster_arrive_relaxed();
   cute::cluster_wait();
+  // Launched with programmatic stream serialization, this CTA may run while the previous
+  // kernel of the stream finishes: everything above touched only this CTA's shared memory;
+  // from here on global memory is read and written, so that kernel must be complete (and
+  // its writes visible). A no-op for other launches.
+  cutlass::arch::wait_on_dependent_grids();
 
   const int n_work = min(p.tpc, p.n_tiles - p.tpc * group_of(p));
   auto problem = make_shape(p.M, p.N, p.K, 1);
@@ -633,6 +641,9 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_softmax_kernel(const __grid_
         pipeline, state, acc, p.k_tiles, ctid, tiles, [&](int u) { d.step(p, u, coord, S.stash); },
         first_stage(j == 0 ? kTraceFirstStage1 : kTraceFirstStage2));
     if (j > 0) d.finish(coord, S.tile_sum[j - 1]);
+    // The next kernel of the stream may be launched now (its CTAs take SMs as this grid's
+    // exit and wait for its completion before touching memory).
+    if (j == n_work - 1) cutlass::arch::launch_dependent_grids();
     stamp(p.trace, ctid, j == 0 ? kTraceMainloop1 : kTraceMainloop2);
     stamp_clock(p.trace, ctid, j == 0 ? kTraceClockMainloop1 : kTraceClockMainloop2);
     // The last tile's stash reuses the pipeline's tiles, so both warpgroups must be done
@@ -699,6 +710,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_softmax_kernel(const __grid_
 struct Fit {
   int max_clusters = 0;  // clusters of kClusterM CTAs the device holds at once (0: unusable)
   int sms = 0;
+  bool mps = false;      // contexts on the device are shared through MPS
   std::string why;       // why the kernel is unusable on this device
 };
 
@@ -710,7 +722,7 @@ void set_smem_attribute() {
 }
 
 // The launch configuration of `clusters` clusters: attrs[0] is the cluster shape (numAttrs
-// 1); attrs[1] the cooperative flag, which launch() adds (numAttrs 2).
+// 1); launch() adds the cooperative or the programmatic flag as attrs[1].
 template <class K>
 cudaLaunchConfig_t launch_config(int clusters, cudaStream_t stream, cudaLaunchAttribute (&attrs)[2]) {
   cudaLaunchConfig_t cfg = {};
@@ -722,10 +734,6 @@ cudaLaunchConfig_t launch_config(int clusters, cudaStream_t stream, cudaLaunchAt
   attrs[0].val.clusterDim.x = kClusterM;
   attrs[0].val.clusterDim.y = 1;
   attrs[0].val.clusterDim.z = 1;
-  // Cooperative: the driver launches the grid only if every CTA can be resident at once
-  // (else an error, never a wait for row statistics that never come, e.g. under an MPS SM limit).
-  attrs[1].id = cudaLaunchAttributeCooperative;
-  attrs[1].val.cooperative = 1;
   cfg.attrs = attrs;
   cfg.numAttrs = 1;
   return cfg;
@@ -754,6 +762,9 @@ const Fit& device_fit(DType dtype) {
   cudaDeviceProp prop;
   GF_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
   f.sms = prop.multiProcessorCount;
+  int mps = 0;
+  GF_CUDA_CHECK(cudaDeviceGetAttribute(&mps, cudaDevAttrMpsEnabled, dev));
+  f.mps = mps != 0;
   if (prop.major != 9 || prop.minor != 0) {
     f.why = "needs an sm_90 GPU (this is sm_" + std::to_string(prop.major * 10 + prop.minor) + ")";
   } else {
@@ -783,13 +794,14 @@ int tiles_per_cta(int64_t M, int64_t N, int max_clusters) {
 struct RowStats {
   unsigned long long* words;
   unsigned int epoch;
+  bool captured;  // the launch is being captured into a graph
 };
 RowStats row_stats_for(cudaStream_t stream, size_t bytes, void* workspace) {
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   GF_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
   if (capture != cudaStreamCaptureStatusNone) {
     GF_CUDA_CHECK(cudaMemsetAsync(workspace, 0, bytes, stream));
-    return {static_cast<unsigned long long*>(workspace), 1};
+    return {static_cast<unsigned long long*>(workspace), 1, true};
   }
   struct Buffer {
     void* words = nullptr;
@@ -813,7 +825,51 @@ RowStats row_stats_for(cudaStream_t stream, size_t bytes, void* workspace) {
     GF_CUDA_CHECK(cudaMemsetAsync(b.words, 0, b.bytes, stream));
     b.epoch = 0;
   }
-  return {static_cast<unsigned long long*>(b.words), ++b.epoch};
+  return {static_cast<unsigned long long*>(b.words), ++b.epoch, false};
+}
+
+// Programmatic launches (below) are not cooperative, so nothing in the driver keeps two of
+// them from sharing the GPU, each with part of its CTAs resident and waiting for the rest.
+// Within a stream they are ordered; across streams a launch waits for the device's last
+// programmatic launch when that was on another stream (one event per device, recorded
+// after each). Only a stream switch costs a wait.
+class LaunchOrder {
+ public:
+  static LaunchOrder& of_device(int dev) {
+    static std::mutex mu;
+    static std::map<int, LaunchOrder> orders;
+    std::lock_guard<std::mutex> lock(mu);
+    return orders[dev];
+  }
+  // Makes `stream` wait for the last launch if that was on another stream; call `launched`
+  // after the launch (the lock is held in between).
+  std::unique_lock<std::mutex> before(cudaStream_t stream) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (event_ == nullptr) GF_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
+    GF_CUDA_CHECK(cudaStreamGetId(stream, &id_now_));
+    if (any_ && id_now_ != last_id_) GF_CUDA_CHECK(cudaStreamWaitEvent(stream, event_, 0));
+    return lock;
+  }
+  void launched(cudaStream_t stream) {
+    GF_CUDA_CHECK(cudaEventRecord(event_, stream));
+    last_id_ = id_now_;
+    any_ = true;
+  }
+
+ private:
+  std::mutex mu_;
+  cudaEvent_t event_ = nullptr;
+  unsigned long long last_id_ = 0, id_now_ = 0;
+  bool any_ = false;
+};
+
+// GemmSoftmaxProblem::programmatic_launch, unless GEMMFUSE_SM90_PDL=0 (for A/B timing).
+bool programmatic_allowed(const GemmSoftmaxProblem& pr) {
+  static const bool env_off = [] {
+    const char* v = std::getenv("GEMMFUSE_SM90_PDL");
+    return v != nullptr && std::strcmp(v, "0") == 0;
+  }();
+  return pr.programmatic_launch && !env_off;
 }
 
 template <class K>
@@ -844,9 +900,31 @@ bool launch(const GemmSoftmaxProblem& pr, void* workspace, cudaStream_t stream, 
   p.defer = pr.defer_epilogues;
   p.w_evict_first = pr.w_evict_first;
 
+  // How every CTA is made resident at once (each waits for the statistics of the others
+  // of its rows). A direct launch: programmatic (PDL), so that it starts as the stream's
+  // previous kernel ends (~1-1.5 us per call on an H100, bench/NOTES.md session 10); the grid
+  // fits on the idle GPU (tiles_per_cta), and other kernels on the GPU finish in time. Under
+  // MPS, other processes' kernels may hold SMs for good, and a launch captured into a graph
+  // replays at times this code does not see: there, cooperative (the driver refuses a grid
+  // the GPU cannot hold, and serializes the launch; no programmatic overlap).
+  const Fit& fit = device_fit(pr.dtype);
+  const bool programmatic = programmatic_allowed(pr) && !rs.captured && !fit.mps;
   cudaLaunchAttribute attrs[2];
   cudaLaunchConfig_t cfg = launch_config<K>(p.m_pairs * p.n_groups, stream, attrs);
-  cfg.numAttrs = 2;  // and cooperative
+  cfg.numAttrs = 2;
+  if (programmatic) {
+    attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attrs[1].val.programmaticStreamSerializationAllowed = 1;
+    int dev = 0;
+    GF_CUDA_CHECK(cudaGetDevice(&dev));
+    LaunchOrder& order = LaunchOrder::of_device(dev);
+    auto lock = order.before(stream);
+    GF_CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemm_softmax_kernel<K>, p));
+    order.launched(stream);
+    return true;
+  }
+  attrs[1].id = cudaLaunchAttributeCooperative;
+  attrs[1].val.cooperative = 1;
   const cudaError_t e = cudaLaunchKernelEx(&cfg, gemm_softmax_kernel<K>, p);
   if (e == cudaErrorCooperativeLaunchTooLarge) {
     (void)cudaGetLastError();  // not sticky: the caller runs the plan step by step instead

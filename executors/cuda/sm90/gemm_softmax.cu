@@ -419,10 +419,12 @@ struct DeferredTile {
   }
 
   // The round is done: the next round's pairs to the front.
+  template <int kRoundsDone = 1>
   __device__ __forceinline__ void next_round() {
+    constexpr int kShift = kRoundsDone * kPairsPerRound;
 #pragma unroll
-    for (int q = 0; q + kPairsPerRound < kPairs; ++q) keep[q] = keep[q + kPairsPerRound];
-    ++round;
+    for (int q = 0; q + kShift < kPairs; ++q) keep[q] = keep[q + kShift];
+    round += kRoundsDone;
   }
 
   // Step u of the current round (u static), after a k-step of the next mainloop. The shift
@@ -435,14 +437,17 @@ struct DeferredTile {
     if (u == kStepsPerRound - 1) next_round();
   }
 
-  // For the last tile, which has no next mainloop: every round at once.
+  // For the last tile, which has no next mainloop: every round at once, two rounds' pairs
+  // per pass (16 chains to interleave, half the shifts of keep; 0.4 us less per call on an
+  // H100 than one round per pass, bench/NOTES.md session 10).
   template <class Coord>
   __device__ void run_alone(const typename K::Params& p, const Coord& coord, __half* stash) {
     if (!pending) return;
+    constexpr int kMerged = 2;  // rounds per pass: 16 pairs interleaved, half the shifts
 #pragma unroll 1
-    for (int r = 0; r < kRounds; ++r) {
-      finish_pairs<kPairsPerRound>(p, 0, coord, stash);
-      next_round();
+    for (int r = 0; r < kRounds; r += kMerged) {
+      finish_pairs<kMerged * kPairsPerRound>(p, 0, coord, stash);
+      next_round<kMerged>();
     }
   }
 

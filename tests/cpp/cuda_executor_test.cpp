@@ -765,6 +765,69 @@ TEST(CudaExecutor, FusedGemmSoftmaxSm90) {
   CK(cudaStreamDestroy(st));
 }
 
+// One bf16 plan that the fused kernel runs, with its device memory: set_x puts new inputs
+// in place (and poisons the output, so an unwritten element shows), run enqueues it on a
+// stream, expect checks the output against the CPU executor on the inputs last set.
+struct FusedRun {
+  Case c;
+  Plan plan;
+  CudaExecutor ex;
+  std::unique_ptr<DevMem> x, w, b, out, prepared, ws;
+  RunArgs a;
+  static constexpr DType d = DType::BF16;
+
+  FusedRun(const std::string& spec, int64_t M, std::mt19937_64& rng) {
+    c = gftest::make_case(spec, {M}, {}, "", rng);
+    round_inputs(c, d);
+    PlanRequest req;
+    req.chain = c.chain;
+    req.batch_sizes = {M};
+    req.dtype = d;
+    plan = make_plan(req);
+    EXPECT_EQ(cuda::fused_softmax_unused(plan), "") << plan.describe();
+    const auto wb = encode(c.w, d), bb = encode(c.b, d);
+    x = std::make_unique<DevMem>(c.x.size() * elt(d));
+    w = std::make_unique<DevMem>(wb.size());
+    b = std::make_unique<DevMem>(bb.size());
+    CK(cudaMemcpy(w->p, wb.data(), wb.size(), cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(b->p, bb.data(), bb.size(), cudaMemcpyHostToDevice));
+    out = std::make_unique<DevMem>(static_cast<size_t>(M * plan.out_width) * elt(d));
+    prepared = std::make_unique<DevMem>(ex.prepared_bytes(plan));
+    ws = std::make_unique<DevMem>(ex.workspace_bytes(plan));
+    a.x = x->p;
+    a.weight = w->p;
+    a.bias = b->p;
+    a.out = out->p;
+    ex.prepare(plan, a, prepared->p);
+  }
+  void set_x(std::mt19937_64& rng) {
+    const Case fresh = gftest::make_case(c.spec, c.batch, {}, "", rng);
+    c.x = decode(encode(fresh.x, d), d);
+    const auto xb = encode(c.x, d);
+    CK(cudaDeviceSynchronize());
+    CK(cudaMemcpy(x->p, xb.data(), xb.size(), cudaMemcpyHostToDevice));
+    CK(cudaMemset(out->p, 0xFF, out->bytes));
+  }
+  void run(cudaStream_t s) {
+    a.stream = s;
+    ex.run(plan, a, prepared->p, ws->p);
+  }
+  std::vector<float> output() const {
+    CK(cudaDeviceSynchronize());
+    std::vector<uint8_t> ob(out->bytes);
+    CK(cudaMemcpy(ob.data(), out->p, ob.size(), cudaMemcpyDeviceToHost));
+    return decode(ob, d);
+  }
+  void expect(const char* what) const {
+    SCOPED_TRACE(what);
+    EXPECT_TRUE(close_to(output(), gftest::run_cpu(c).out, tolerance(CudaOptions{d})));
+  }
+};
+
+bool fused_kernel_runs_here() {
+  return gpu_present() && is_sm90() && cuda::sm90::gemm_softmax_built();
+}
+
 // The fused kernel's CTAs exchange row statistics through words tagged with a per-launch
 // epoch: in a buffer kept per stream for direct launches (grown for a larger problem), in
 // the graph's workspace, cleared before each replay, for captured launches. Stale words of
@@ -772,65 +835,13 @@ TEST(CudaExecutor, FusedGemmSoftmaxSm90) {
 // stream and between replays of one graph would then give rows normalized with old sums.
 TEST(CudaExecutor, FusedSoftmaxRowStatisticsAreNeverStale) {
   SKIP_WITHOUT_GPU();
-  if (!is_sm90()) GTEST_SKIP() << "the fused kernel needs an sm_90 GPU";
-  if (!cuda::sm90::gemm_softmax_built()) GTEST_SKIP() << "built without the sm90 kernels";
+  if (!fused_kernel_runs_here()) GTEST_SKIP() << "the fused kernel needs an sm_90 GPU and the sm90 build";
   std::mt19937_64 rng(gftest::test_seed());
-  const DType d = DType::BF16;
   const std::string spec = linear(264, 4104) + "gelu\nsoftmax";
-  // One plan and its device memory; set_x puts new inputs in place, expect checks the output
-  // against the CPU executor on the inputs last set.
-  struct Fused {
-    Case c;
-    Plan plan;
-    CudaExecutor ex;
-    std::unique_ptr<DevMem> x, w, b, out, prepared, ws;
-    RunArgs a;
-  };
-  auto make = [&](int64_t M) {
-    auto f = std::make_unique<Fused>();
-    f->c = gftest::make_case(spec, {M}, {}, "", rng);
-    round_inputs(f->c, d);
-    PlanRequest req;
-    req.chain = f->c.chain;
-    req.batch_sizes = {M};
-    req.dtype = d;
-    f->plan = make_plan(req);
-    EXPECT_EQ(cuda::fused_softmax_unused(f->plan), "") << f->plan.describe();
-    const auto wb = encode(f->c.w, d), bb = encode(f->c.b, d);
-    f->x = std::make_unique<DevMem>(f->c.x.size() * elt(d));
-    f->w = std::make_unique<DevMem>(wb.size());
-    f->b = std::make_unique<DevMem>(bb.size());
-    CK(cudaMemcpy(f->w->p, wb.data(), wb.size(), cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(f->b->p, bb.data(), bb.size(), cudaMemcpyHostToDevice));
-    f->out = std::make_unique<DevMem>(static_cast<size_t>(M * f->plan.out_width) * elt(d));
-    f->prepared = std::make_unique<DevMem>(f->ex.prepared_bytes(f->plan));
-    f->ws = std::make_unique<DevMem>(f->ex.workspace_bytes(f->plan));
-    f->a.x = f->x->p;
-    f->a.weight = f->w->p;
-    f->a.bias = f->b->p;
-    f->a.out = f->out->p;
-    f->ex.prepare(f->plan, f->a, f->prepared->p);
-    return f;
-  };
-  auto set_x = [&](Fused& f) {
-    const Case fresh = gftest::make_case(spec, f.c.batch, {}, "", rng);
-    f.c.x = decode(encode(fresh.x, d), d);
-    const auto xb = encode(f.c.x, d);
-    CK(cudaDeviceSynchronize());
-    CK(cudaMemcpy(f.x->p, xb.data(), xb.size(), cudaMemcpyHostToDevice));
-    CK(cudaMemset(f.out->p, 0xFF, f.out->bytes));  // poisoned: an unwritten element shows
-  };
-  auto run = [&](Fused& f, cudaStream_t s) {
-    f.a.stream = s;
-    f.ex.run(f.plan, f.a, f.prepared->p, f.ws->p);
-  };
-  auto expect = [&](Fused& f, const char* what) {
-    SCOPED_TRACE(what);
-    CK(cudaDeviceSynchronize());
-    std::vector<uint8_t> ob(f.out->bytes);
-    CK(cudaMemcpy(ob.data(), f.out->p, ob.size(), cudaMemcpyDeviceToHost));
-    EXPECT_TRUE(close_to(decode(ob, d), gftest::run_cpu(f.c).out, tolerance(CudaOptions{d})));
-  };
+  auto make = [&](int64_t M) { return std::make_unique<FusedRun>(spec, M, rng); };
+  auto set_x = [&](FusedRun& f) { f.set_x(rng); };
+  auto run = [&](FusedRun& f, cudaStream_t s) { f.run(s); };
+  auto expect = [&](FusedRun& f, const char* what) { f.expect(what); };
   cudaStream_t s1, s2;
   CK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
   CK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
@@ -865,6 +876,49 @@ TEST(CudaExecutor, FusedSoftmaxRowStatisticsAreNeverStale) {
   }
   CK(cudaGraphExecDestroy(ge));
   CK(cudaGraphDestroy(g));
+  CK(cudaStreamDestroy(s1));
+  CK(cudaStreamDestroy(s2));
+}
+
+// Direct launches of the fused kernel are programmatic (PDL): a launch may start while the
+// stream's previous kernel finishes, and must wait for it (griddepcontrol.wait) before it
+// reads anything. Here the second launch reads the first's output as its x with no host
+// sync in between (the first's output poisoned beforehand: reading too early gives NaN).
+// Launches are not cooperative, so two streams must not run the kernel at once (each grid
+// waiting for CTAs the other holds): launches alternating between two streams without a
+// sync must all finish, each right.
+TEST(CudaExecutor, FusedSoftmaxLaunchesWaitForTheirPredecessors) {
+  SKIP_WITHOUT_GPU();
+  if (!fused_kernel_runs_here()) GTEST_SKIP() << "the fused kernel needs an sm_90 GPU and the sm90 build";
+  std::mt19937_64 rng(gftest::test_seed());
+  const int64_t M = 1000, K = 264, N1 = 4104, N2 = 2056;  // two and one tiles per CTA
+  FusedRun first(linear(K, N1) + "gelu\nsoftmax", M, rng);
+  FusedRun second(linear(N1, N2) + "softmax", M, rng);
+  cudaStream_t s1, s2;
+  CK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
+  CK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+  for (cudaStream_t s : {s1, s2}) {
+    first.set_x(rng);
+    second.set_x(rng);
+    second.a.x = first.out->p;  // the first launch's output, poisoned until it runs
+    first.run(s);
+    second.run(s);
+    const std::vector<float> y1 = first.output();
+    first.expect("first");
+    second.c.x = y1;  // the reference for the second: the first's output as computed
+    second.expect("second, reading the first's output");
+  }
+  second.a.x = second.x->p;
+  // Two streams taking turns, no host sync until the end: each plan's output must be its
+  // own inputs' (both launches of a plan compute the same, so the last one is checked).
+  first.set_x(rng);
+  second.set_x(rng);
+  for (int i = 0; i < 6; ++i) {
+    first.run(i % 2 == 0 ? s1 : s2);
+    second.run(i % 2 == 0 ? s2 : s1);
+  }
+  first.expect("first, streams alternating");
+  second.expect("second, streams alternating");
   CK(cudaStreamDestroy(s1));
   CK(cudaStreamDestroy(s2));
 }

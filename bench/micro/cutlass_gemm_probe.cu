@@ -36,8 +36,27 @@ using namespace cute;
 
 // D[M,N] (row-major) = epilogue(x[M,K] (row-major) . W[N,K]^T) (W row-major = K x N
 // column-major); the epilogue is D = acc, or gelu(acc + bias[n]) with kGeluBias.
+// The builder's mainloop with its two consumer warpgroups split along N instead of M (each
+// 128 x N/2: each reads all of A and half of B from shared memory per k-step, 64 KB instead
+// of 80 KB for a 128x256x64 tile).
+template <class Built>
+using SplitAlongN = cutlass::gemm::collective::CollectiveMma<
+    typename Built::DispatchPolicy, typename Built::TileShape, typename Built::ElementA,
+    typename Built::StrideA, typename Built::ElementB, typename Built::StrideB,
+    decltype(cute::make_tiled_mma(
+        cute::GMMA::ss_op_selector<typename Built::ElementA, typename Built::ElementB, float,
+                                   Shape<decltype(get<0>(typename Built::TileShape{})),
+                                         decltype(get<1>(typename Built::TileShape{}) / _2{}),
+                                         decltype(get<2>(typename Built::TileShape{}))>,
+                                   cute::GMMA::Major::K, cute::GMMA::Major::K>(),
+        Layout<Shape<_1, _2, _1>>{})),
+    typename Built::GmemTiledCopyA, typename Built::SmemLayoutAtomA, typename Built::SmemCopyAtomA,
+    typename Built::TransformA, typename Built::GmemTiledCopyB, typename Built::SmemLayoutAtomB,
+    typename Built::SmemCopyAtomB, typename Built::TransformB>;
+
 template <class TileShape, class ClusterShape, class KernelSchedule, class EpilogueSchedule,
-          bool kGeluBias = false, int kStages = 0>  // 0: as many stages as fit
+          bool kGeluBias = false, int kStages = 0,  // 0: as many stages as fit
+          bool kSplitN = false>                     // consumer warpgroups along N (SplitAlongN)
 struct CutlassGemm {
   using T = cutlass::bfloat16_t;
   using LayoutA = cutlass::layout::RowMajor;
@@ -52,7 +71,7 @@ struct CutlassGemm {
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
       cutlass::epilogue::collective::EpilogueTileAuto, float, float, T, LayoutD, kAlign, T,
       LayoutD, kAlign, EpilogueSchedule, Fusion>::CollectiveOp;
-  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+  using BuiltMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, T, LayoutA, kAlign, T, LayoutB,
       kAlign, float, TileShape, ClusterShape,
       std::conditional_t<kStages == 0,
@@ -60,6 +79,7 @@ struct CutlassGemm {
                              sizeof(typename Epilogue::SharedStorage))>,
                          cutlass::gemm::collective::StageCount<kStages>>,
       KernelSchedule>::CollectiveOp;
+  using Mainloop = std::conditional_t<kSplitN, SplitAlongN<BuiltMainloop>, BuiltMainloop>;
   using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 
@@ -120,6 +140,12 @@ using V9 = CutlassGemm<Shape<_128, _128, _32>, Shape<_2, _1, _1>, Ping, PingEpi,
 // room for 4 stages; 5 would not fit.
 using V10 = CutlassGemm<Shape<_128, _128, _64>, Shape<_2, _1, _1>, Ping, PingEpi, false, 4>;
 using V11 = CutlassGemm<Shape<_128, _128, _64>, Shape<_2, _1, _1>, Ping, PingEpi, false, 5>;
+// The consumer warpgroups split along N against along M (bench/NOTES.md, session 10's
+// leads), 3 stages as in the fused kernel; both with the register-direct epilogue (the TMA
+// epilogue's partition assumes warpgroups along M).
+using NoSmemEpi = cutlass::epilogue::NoSmemWarpSpecialized;
+using V12 = CutlassGemm<Shape<_128, _256, _64>, Shape<_2, _1, _1>, Coop, NoSmemEpi, false, 3, true>;
+using V13 = CutlassGemm<Shape<_128, _256, _64>, Shape<_2, _1, _1>, Coop, NoSmemEpi, false, 3, false>;
 
 // The reference for V4: gelu(y + bias) from cuBLAS's bf16 y (so it carries one more bf16
 // rounding than V4's, which applies the epilogue to the fp32 accumulator).
@@ -183,7 +209,7 @@ int main(int argc, char** argv) {
   };
   std::vector<Variant> vs{
       {"cuBLAS (F.linear's TN call)", [&](int s) { cublas(s); return true; }, &href}};
-  V1 v1; V2 v2; V3 v3; V4 v4; V5 v5; V6 v6; V7 v7; V8 v8; V9 v9; V10 v10; V11 v11;
+  V1 v1; V2 v2; V3 v3; V4 v4; V5 v5; V6 v6; V7 v7; V8 v8; V9 v9; V10 v10; V11 v11; V12 v12; V13 v13;
   std::printf("CUTLASS auto stage counts: coop 128x256x64 %d, pingpong 128x128x64 %d\n", int(V1::Mainloop::DispatchPolicy::Stages), int(V6::Mainloop::DispatchPolicy::Stages));
   v4.bias = reinterpret_cast<const T*>(bias);
   auto add = [&](auto& g, const char* name, const std::vector<__nv_bfloat16>* expect) {
@@ -206,6 +232,8 @@ int main(int argc, char** argv) {
   add(v9, "CUTLASS pingpong 128x128x32, cluster 2x1, 6 stages", &href);
   add(v10, "CUTLASS pingpong 128x128x64, cluster 2x1, 4 stages", &href);
   add(v11, "CUTLASS pingpong 128x128x64, cluster 2x1, 5 stages", &href);
+  add(v12, "CUTLASS coop 128x256x64, 2x1, 3 st., no-smem epi., warpgroups along N", &href);
+  add(v13, "CUTLASS coop 128x256x64, 2x1, 3 st., no-smem epi., warpgroups along M", &href);
 
   // gemmfuse's fused kernel: softmax(gelu(x W^T + b)) (bf16 out), timed only here; the
   // GPU tests check its results.

@@ -29,9 +29,9 @@ std::string fused_softmax_unused(const Plan& plan);
 // in the environment. (The kernel's CTAs wait for each other's row statistics, so it needs
 // the whole GPU for itself while it runs: launched only for grids the idle GPU holds, ordered
 // after its own launches on other streams, and cooperative under MPS or graph capture, where
-// it fails rather than waits when the GPU cannot hold the grid.) Not while other threads run plans: a plan's workspace size
-// depends on it (CudaExecutor::workspace_bytes), so workspace_bytes and run must see the
-// same setting.
+// it fails rather than waits when the GPU cannot hold the grid.) Not while other threads run
+// plans: a plan's workspace size depends on it (CudaExecutor::workspace_bytes), so
+// workspace_bytes and run must see the same setting.
 void set_fused_softmax(bool on);
 bool fused_softmax_enabled();
 

@@ -588,9 +588,10 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_softmax_kernel(const __grid_
   cute::cluster_arrive_relaxed();
   cute::cluster_wait();
   // Launched with programmatic stream serialization, this CTA may run while the previous
-  // kernel of the stream finishes: everything above touched only this CTA's shared memory;
-  // from here on global memory is read and written, so that kernel must be complete (and
-  // its writes visible). A no-op for other launches.
+  // kernel of the stream finishes: everything above touched only this CTA's shared memory
+  // (and, in traced runs, its own trace slots); from here on global memory is read and
+  // written, so that kernel must be complete (and its writes visible). A no-op for other
+  // launches.
   cutlass::arch::wait_on_dependent_grids();
 
   const int n_work = min(p.tpc, p.n_tiles - p.tpc * group_of(p));
@@ -837,7 +838,8 @@ RowStats row_stats_for(cudaStream_t stream, size_t bytes, void* workspace) {
 // them from sharing the GPU, each with part of its CTAs resident and waiting for the rest.
 // Within a stream they are ordered; across streams a launch waits for the device's last
 // programmatic launch when that was on another stream (one event per device, recorded
-// after each). Only a stream switch costs a wait.
+// after each). Only a stream switch costs a wait. (Replays of captured launches, which are
+// cooperative, are outside this order, as two cooperative launches were before.)
 class LaunchOrder {
  public:
   static LaunchOrder& of_device(int dev) {

@@ -838,41 +838,36 @@ TEST(CudaExecutor, FusedSoftmaxRowStatisticsAreNeverStale) {
   if (!fused_kernel_runs_here()) GTEST_SKIP() << "the fused kernel needs an sm_90 GPU and the sm90 build";
   std::mt19937_64 rng(gftest::test_seed());
   const std::string spec = linear(264, 4104) + "gelu\nsoftmax";
-  auto make = [&](int64_t M) { return std::make_unique<FusedRun>(spec, M, rng); };
-  auto set_x = [&](FusedRun& f) { f.set_x(rng); };
-  auto run = [&](FusedRun& f, cudaStream_t s) { f.run(s); };
-  auto expect = [&](FusedRun& f, const char* what) { f.expect(what); };
   cudaStream_t s1, s2;
   CK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
   CK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
-  auto small = make(500), large = make(1000);  // one and two tiles per CTA
+  FusedRun small(spec, 500, rng), large(spec, 1000, rng);  // one and two tiles per CTA
   // Direct launches: a stream's buffer reused with new inputs, grown for the larger problem,
   // and two streams taking turns.
   for (cudaStream_t s : {s1, s2, s1}) {
-    set_x(*small);
-    run(*small, s);
-    expect(*small, "small, direct");
-    set_x(*large);
-    run(*large, s);
-    expect(*large, "large, direct");
+    small.set_x(rng);
+    small.run(s);
+    small.expect("small, direct");
+    large.set_x(rng);
+    large.run(s);
+    large.expect("large, direct");
   }
   // One captured graph replayed with new inputs each time, direct launches on its capture
   // stream in between.
-  set_x(*large);
-  large->a.stream = s2;
+  large.set_x(rng);
   cudaGraph_t g = nullptr;
   CK(cudaStreamBeginCapture(s2, cudaStreamCaptureModeGlobal));
-  large->ex.run(large->plan, large->a, large->prepared->p, large->ws->p);
+  large.run(s2);
   CK(cudaStreamEndCapture(s2, &g));
   cudaGraphExec_t ge = nullptr;
   CK(cudaGraphInstantiate(&ge, g, 0));
   for (int replay = 0; replay < 3; ++replay) {
-    set_x(*large);
+    large.set_x(rng);
     CK(cudaGraphLaunch(ge, s2));
-    expect(*large, "large, graph replay");
-    set_x(*small);
-    run(*small, s2);
-    expect(*small, "small, direct between replays");
+    large.expect("large, graph replay");
+    small.set_x(rng);
+    small.run(s2);
+    small.expect("small, direct between replays");
   }
   CK(cudaGraphExecDestroy(ge));
   CK(cudaGraphDestroy(g));

@@ -132,6 +132,8 @@ struct Kernel {
   };
 };
 
+constexpr float kLog2e = 1.4426950408889634f;
+
 __device__ __forceinline__ float ex2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
@@ -196,14 +198,31 @@ __device__ __forceinline__ float add(float a, float b) { return a + b; }
 __device__ __forceinline__ float max_of(float a, float b) { return fmaxf(a, b); }
 __device__ __forceinline__ float min_of(float a, float b) { return fminf(a, b); }
 
+// exp(mj - m): the factor of a part's sum of exp(v - mj) in a sum of exp(v - m), 0 for an
+// all -inf part (mj = -inf; m = -inf too stands for 0).
+__device__ __forceinline__ float exp_from(float mj, float m) {
+  return mj == -HUGE_VALF ? 0.f : __expf(mj - (m == -HUGE_VALF ? 0.f : m));
+}
+
 // (m, s) <- (m, s) merged with (mj, sj), where s = sum of exp(v - m) over a part of a row.
 // An all -inf part (m = -inf) adds its sum times 0: nothing, or NaN when its sum is NaN (a
 // NaN or +inf in the part), which then spreads to the whole row as in softmax.
 __device__ __forceinline__ void merge_stats(float& m, float& s, float mj, float sj) {
   const float mn = fmaxf(m, mj);
-  const float base = mn == -HUGE_VALF ? 0.f : mn;
-  s = s * (m == -HUGE_VALF ? 0.f : __expf(m - base)) + sj * (mj == -HUGE_VALF ? 0.f : __expf(mj - base));
+  s = s * exp_from(m, mn) + sj * exp_from(mj, mn);
   m = mn;
+}
+
+// The exp2 shift for a reference (row max) ref: exp(v - ref) = 2^(v log2 e - shift). An
+// all -inf row part gets 0, so its values give e = 0 and its sum 0 instead of NaN.
+__device__ __forceinline__ float exp2_shift(float ref) { return ref == -HUGE_VALF ? 0.f : ref * kLog2e; }
+
+// e = exp(v - ref) of a value pair (a, b) of one row: added to that row's sum and written as
+// an fp16 pair to dst (the pair's stash word).
+__device__ __forceinline__ void stash_exp_pair(float a, float b, float shift, float& sum, void* dst) {
+  const float e0 = ex2(fmaf(a, kLog2e, -shift)), e1 = ex2(fmaf(b, kLog2e, -shift));
+  sum += e0 + e1;
+  *reinterpret_cast<__half2*>(dst) = __floats2half2_rn(e0, e1);
 }
 
 // Epilogue of one tile, by the 256 consumer threads: v = act(acc + bias) * scale (columns
@@ -257,22 +276,17 @@ __device__ __forceinline__ void tile_epilogue(const typename K::Params& p, Acc& 
   float mx[2] = {-HUGE_VALF, -HUGE_VALF};
 #pragma unroll
   for (int i = 0; i < kVals; ++i) mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], acc(i));
-  constexpr float kLog2e = 1.4426950408889634f;
   float shift[2], sum[2] = {0.f, 0.f};
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     mx[h] = quad_reduce(mx[h], max_of);
-    // An all -inf row part contributes nothing (e = 0, sum = 0) instead of NaN.
-    shift[h] = mx[h] == -HUGE_VALF ? 0.f : mx[h] * kLog2e;
+    shift[h] = exp2_shift(mx[h]);
   }
 #pragma unroll
   for (int i = 0; i < kVals; i += 2) {
     const int h = (i >> 1) & 1;
-    const float e0 = ex2(fmaf(acc(i), kLog2e, -shift[h]));
-    const float e1 = ex2(fmaf(acc(i + 1), kLog2e, -shift[h]));
-    sum[h] += e0 + e1;
-    const int r = get<0>(coord(i)), c = get<1>(coord(i));
-    *reinterpret_cast<__half2*>(stash + r * kStashStride + c) = __floats2half2_rn(e0, e1);
+    stash_exp_pair(acc(i), acc(i + 1), shift[h], sum[h],
+                   stash + get<0>(coord(i)) * kStashStride + get<1>(coord(i)));
   }
 #pragma unroll
   for (int h = 0; h < 2; ++h) sum[h] = quad_reduce(sum[h], add);
@@ -367,14 +381,13 @@ struct DeferredTile {
               (!gelu || __all_sync(0xffffffffu, amax <= kGeluPolyRange));
     if (!pending) return;
     narrow = __all_sync(0xffffffffu, amax <= kGeluNarrowRange);  // the cheaper polynomial
-    constexpr float kLog2e = 1.4426950408889634f;
-#pragma unroll
+  #pragma unroll
     for (int h = 0; h < 2; ++h) {
       // An all-NaN row part has lo > hi: the reference is then NaN or inf, and so is the sum.
       float ends[2] = {lo[h], hi[h]};
       act(p, ends);
       const float ref = fmaxf(ends[0], ends[1]);
-      shift[h] = ref == -HUGE_VALF ? 0.f : ref * kLog2e;
+      shift[h] = exp2_shift(ref);
       sum[h] = 0.f;
       if ((threadIdx.x & 3) == 0) tile_max[get<0>(coord(2 * h))] = ref;
     }
@@ -396,8 +409,7 @@ struct DeferredTile {
   template <int n, class Coord>
   __device__ __forceinline__ void finish_pairs(const typename K::Params& p, int q0, const Coord& coord,
                                                __half* stash) {
-    constexpr float kLog2e = 1.4426950408889634f;
-    // Pair q of round r sits r rounds' column stride after pair q of round 0 (same row).
+      // Pair q of round r sits r rounds' column stride after pair q of round 0 (same row).
     const auto round_offset = round * (word(coord, stash, kPairsPerRound) - word(coord, stash, 0));
     float* w[n];
     float v[2 * n];
@@ -411,10 +423,7 @@ struct DeferredTile {
 #pragma unroll
     for (int k = 0; k < n; ++k) {
       const int h = (q0 + k) & 1;  // kPairsPerRound is even
-      const float e0 = ex2(fmaf(v[2 * k], kLog2e, -shift[h]));
-      const float e1 = ex2(fmaf(v[2 * k + 1], kLog2e, -shift[h]));
-      sum[h] += e0 + e1;
-      *reinterpret_cast<__half2*>(w[k]) = __floats2half2_rn(e0, e1);
+      stash_exp_pair(v[2 * k], v[2 * k + 1], shift[h], sum[h], w[k]);
     }
   }
 
@@ -694,15 +703,13 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_softmax_kernel(const __grid_
 #pragma unroll
       for (int k = 1; k < 16; ++k) mc = fmaxf(mc, q[k].x);
       float sc = 0.f;
-      const float base = mc == -HUGE_VALF ? 0.f : mc;
 #pragma unroll
-      for (int k = 0; k < 16; ++k) sc += q[k].y * (q[k].x == -HUGE_VALF ? 0.f : __expf(q[k].x - base));
+      for (int k = 0; k < 16; ++k) sc += q[k].y * exp_from(q[k].x, mc);
       merge_stats(m, s, mc, sc);
     }
     stamp(p.trace, ctid, kTraceMergeMath, s);
     for (int j = 0; j < n_work; ++j) {
-      const float mj = S.tile_max[j][ctid];
-      S.row_scale[j][ctid] = (mj == -HUGE_VALF ? 0.f : __expf(mj - m)) / s;
+      S.row_scale[j][ctid] = exp_from(S.tile_max[j][ctid], m) / s;
     }
   }
   consumer_sync();
@@ -800,14 +807,17 @@ int tiles_per_cta(int64_t M, int64_t N, int max_clusters) {
 struct RowStats {
   unsigned long long* words;
   unsigned int epoch;
-  bool captured;  // the launch is being captured into a graph
 };
-RowStats row_stats_for(cudaStream_t stream, size_t bytes, void* workspace) {
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  GF_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
-  if (capture != cudaStreamCaptureStatusNone) {
+// The stream of a direct launch: its device and id (ids are never reused).
+struct StreamKey {
+  int dev = 0;
+  unsigned long long id = 0;
+};
+RowStats row_stats_for(cudaStream_t stream, bool captured, const StreamKey& key, size_t bytes,
+                       void* workspace) {
+  if (captured) {
     GF_CUDA_CHECK(cudaMemsetAsync(workspace, 0, bytes, stream));
-    return {static_cast<unsigned long long*>(workspace), 1, true};
+    return {static_cast<unsigned long long*>(workspace), 1};
   }
   struct Buffer {
     void* words = nullptr;
@@ -816,12 +826,8 @@ RowStats row_stats_for(cudaStream_t stream, size_t bytes, void* workspace) {
   };
   static std::mutex mu;
   static std::map<std::pair<int, unsigned long long>, Buffer> buffers;  // (device, stream id)
-  int dev = 0;
-  unsigned long long id = 0;
-  GF_CUDA_CHECK(cudaGetDevice(&dev));
-  GF_CUDA_CHECK(cudaStreamGetId(stream, &id));
   std::lock_guard<std::mutex> lock(mu);
-  Buffer& b = buffers[{dev, id}];
+  Buffer& b = buffers[{key.dev, key.id}];
   if (b.bytes < bytes || b.epoch == ~0u) {  // (re)start from zeroed words and epoch 1
     if (b.bytes < bytes) {
       if (b.words != nullptr) GF_CUDA_CHECK(cudaFreeAsync(b.words, stream));
@@ -831,7 +837,7 @@ RowStats row_stats_for(cudaStream_t stream, size_t bytes, void* workspace) {
     GF_CUDA_CHECK(cudaMemsetAsync(b.words, 0, b.bytes, stream));
     b.epoch = 0;
   }
-  return {static_cast<unsigned long long*>(b.words), ++b.epoch, false};
+  return {static_cast<unsigned long long*>(b.words), ++b.epoch};
 }
 
 // Programmatic launches (below) are not cooperative, so nothing in the driver keeps two of
@@ -848,39 +854,37 @@ class LaunchOrder {
     std::lock_guard<std::mutex> lock(mu);
     return orders[dev];
   }
-  // Makes `stream` wait for the last launch if that was on another stream; call `launched`
-  // after the launch (the lock is held in between).
-  std::unique_lock<std::mutex> before(cudaStream_t stream) {
-    std::unique_lock<std::mutex> lock(mu_);
+  // Enqueues launch() on the stream `id` after the last launch when that was on another
+  // stream, and marks it as the last.
+  template <class Launch>
+  void run(cudaStream_t stream, unsigned long long id, Launch&& launch) {
+    std::lock_guard<std::mutex> lock(mu_);
     if (event_ == nullptr) GF_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
-    GF_CUDA_CHECK(cudaStreamGetId(stream, &id_now_));
-    if (any_ && id_now_ != last_id_) GF_CUDA_CHECK(cudaStreamWaitEvent(stream, event_, 0));
-    return lock;
-  }
-  void launched(cudaStream_t stream) {
+    if (any_ && id != last_id_) GF_CUDA_CHECK(cudaStreamWaitEvent(stream, event_, 0));
+    launch();
     GF_CUDA_CHECK(cudaEventRecord(event_, stream));
-    last_id_ = id_now_;
+    last_id_ = id;
     any_ = true;
   }
 
  private:
   std::mutex mu_;
   cudaEvent_t event_ = nullptr;
-  unsigned long long last_id_ = 0, id_now_ = 0;
+  unsigned long long last_id_ = 0;
   bool any_ = false;
 };
 
-// GemmSoftmaxProblem::programmatic_launch, unless GEMMFUSE_SM90_PDL=0 (for A/B timing).
-bool programmatic_allowed(const GemmSoftmaxProblem& pr) {
+// Programmatic launches, unless GEMMFUSE_SM90_PDL=0 (cooperative ones, for A/B timing).
+bool programmatic_allowed() {
   static const bool env_off = [] {
     const char* v = std::getenv("GEMMFUSE_SM90_PDL");
     return v != nullptr && std::strcmp(v, "0") == 0;
   }();
-  return pr.programmatic_launch && !env_off;
+  return !env_off;
 }
 
 template <class K>
-bool launch(const GemmSoftmaxProblem& pr, void* workspace, cudaStream_t stream, int max_clusters) {
+bool launch(const GemmSoftmaxProblem& pr, void* workspace, cudaStream_t stream, const Fit& fit) {
   using Mainloop = typename K::Mainloop;
   using T = typename K::Element;
   typename K::Params p;
@@ -890,7 +894,7 @@ bool launch(const GemmSoftmaxProblem& pr, void* workspace, cudaStream_t stream, 
   p.n_tiles = ceil_div(pr.N, kTileN);
   p.k_tiles = ceil_div(pr.K, kTileK);
   p.m_pairs = ceil_div(ceil_div(pr.M, kTileM), kClusterM);
-  p.tpc = tiles_per_cta(pr.M, pr.N, max_clusters);
+  p.tpc = tiles_per_cta(pr.M, pr.N, fit.max_clusters);
   p.n_groups = ceil_div(p.n_tiles, p.tpc);
   typename Mainloop::Arguments args{
       static_cast<const T*>(pr.x), cute::make_stride(int64_t(pr.K), Int<1>{}, int64_t(pr.M * pr.K)),
@@ -898,7 +902,15 @@ bool launch(const GemmSoftmaxProblem& pr, void* workspace, cudaStream_t stream, 
   p.mainloop = Mainloop::to_underlying_arguments(make_shape(p.M, p.N, p.K, 1), args, nullptr);
   p.bias = pr.bias;
   p.out = pr.out;
-  const RowStats rs = row_stats_for(stream, row_stats_bytes(pr.M, pr.N), workspace);
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  GF_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  const bool captured = capture != cudaStreamCaptureStatusNone;
+  StreamKey key;
+  if (!captured) {
+    GF_CUDA_CHECK(cudaGetDevice(&key.dev));
+    GF_CUDA_CHECK(cudaStreamGetId(stream, &key.id));
+  }
+  const RowStats rs = row_stats_for(stream, captured, key, row_stats_bytes(pr.M, pr.N), workspace);
   p.row_stats = rs.words;
   p.epoch = rs.epoch;
   p.act = static_cast<int>(pr.act);
@@ -914,20 +926,16 @@ bool launch(const GemmSoftmaxProblem& pr, void* workspace, cudaStream_t stream, 
   // MPS, other processes' kernels may hold SMs for good, and a launch captured into a graph
   // replays at times this code does not see: there, cooperative (the driver refuses a grid
   // the GPU cannot hold, and serializes the launch; no programmatic overlap).
-  const Fit& fit = device_fit(pr.dtype);
-  const bool programmatic = programmatic_allowed(pr) && !rs.captured && !fit.mps;
+  const bool programmatic = programmatic_allowed() && !captured && !fit.mps;
   cudaLaunchAttribute attrs[2];
   cudaLaunchConfig_t cfg = launch_config<K>(p.m_pairs * p.n_groups, stream, attrs);
   cfg.numAttrs = 2;
   if (programmatic) {
     attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attrs[1].val.programmaticStreamSerializationAllowed = 1;
-    int dev = 0;
-    GF_CUDA_CHECK(cudaGetDevice(&dev));
-    LaunchOrder& order = LaunchOrder::of_device(dev);
-    auto lock = order.before(stream);
-    GF_CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemm_softmax_kernel<K>, p));
-    order.launched(stream);
+    LaunchOrder::of_device(key.dev).run(stream, key.id, [&] {
+      GF_CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemm_softmax_kernel<K>, p));
+    });
     return true;
   }
   attrs[1].id = cudaLaunchAttributeCooperative;
@@ -962,11 +970,11 @@ std::string gemm_softmax_unfit(int64_t M, int64_t N, int64_t K, DType dtype) {
 
 bool launch_gemm_softmax(const GemmSoftmaxProblem& p, void* workspace, cudaStream_t stream) {
   // The caller checked gemm_softmax_unfit; only what the launch itself relies on is re-checked.
-  const int clusters = device_fit(p.dtype).max_clusters;
-  if (clusters == 0 || tiles_per_cta(p.M, p.N, clusters) == 0)
+  const Fit& fit = device_fit(p.dtype);
+  if (fit.max_clusters == 0 || tiles_per_cta(p.M, p.N, fit.max_clusters) == 0)
     throw std::logic_error("gemm_softmax: launched for a problem that does not fit (gemm_softmax_unfit)");
-  if (p.dtype == DType::F16) return launch<Kernel<cutlass::half_t>>(p, workspace, stream, clusters);
-  return launch<Kernel<cutlass::bfloat16_t>>(p, workspace, stream, clusters);
+  if (p.dtype == DType::F16) return launch<Kernel<cutlass::half_t>>(p, workspace, stream, fit);
+  return launch<Kernel<cutlass::bfloat16_t>>(p, workspace, stream, fit);
 }
 
 #else  // built without the sm90 kernels (no CUTLASS headers)

@@ -44,9 +44,6 @@ struct GemmSoftmaxProblem {
   bool defer_epilogues = true;
   // W's loads marked evict-first in L2 (false: the default policy, for the A/B).
   bool w_evict_first = true;
-  // A direct launch (not captured, no MPS) may be programmatic: it starts while the stream's
-  // previous kernel finishes (false, or GEMMFUSE_SM90_PDL=0: cooperative, for the A/B).
-  bool programmatic_launch = true;
 };
 
 // GemmSoftmaxProblem::trace: %globaltimer (ns) at the end of each phase, and the SM's
@@ -90,8 +87,10 @@ size_t gemm_softmax_workspace_bytes(int64_t M, int64_t N);
 
 // Enqueues the kernel on `stream` for a problem gemm_softmax_unfit accepted (x, w, out and
 // the workspace 16-byte aligned).
-// Every CTA must be resident at once. Direct launches rely on the grid fitting on the GPU
-// (checked in gemm_softmax_unfit) and are ordered after the last one on another stream;
+// Every CTA must be resident at once. Direct launches are programmatic (they start while the
+// stream's previous kernel finishes; GEMMFUSE_SM90_PDL=0 makes them cooperative, for A/B
+// timing), rely on the grid fitting on the GPU (checked in gemm_softmax_unfit) and are
+// ordered after the last one on another stream;
 // under MPS or graph capture the launch is cooperative: false (nothing enqueued) when the
 // driver finds that the GPU cannot hold the whole grid now (e.g. an MPS limit on SMs); the
 // caller then computes the chain another way.

@@ -46,8 +46,13 @@ constexpr float kGeluPolyRange = 2.8284271247461903f;  // 2 sqrt 2
 // chains interleaved in the source: one chain alone issues one dependent FMA per FMA
 // latency (4 cycles), and ptxas, short of registers, keeps the source order
 // (sm90/gemm_softmax.cu's rolled epilogue rounds).
-template <int N, int D>
-GF_HD void gelu_erf_horner_n(float (&x)[N], const float (&kQ)[D]) {
+// hook(j, D - 1) runs after Horner step j (0 .. D - 2): independent work placed between the
+// steps in the source, for a caller that wants it interleaved with the chains.
+struct NoHornerHook {
+  GF_HD void operator()(int, int) const {}
+};
+template <int N, int D, class Hook = NoHornerHook>
+GF_HD void gelu_erf_horner_n(float (&x)[N], const float (&kQ)[D], Hook hook = Hook{}) {
   float s[N], q[N];
   GF_UNROLL
   for (int k = 0; k < N; ++k) {
@@ -58,30 +63,31 @@ GF_HD void gelu_erf_horner_n(float (&x)[N], const float (&kQ)[D]) {
   for (int j = 1; j < D; ++j) {
     GF_UNROLL
     for (int k = 0; k < N; ++k) q[k] = fmaf(q[k], s[k], kQ[j]);
+    hook(j - 1, D - 1);
   }
   GF_UNROLL
   for (int k = 0; k < N; ++k) x[k] = fmaf(s[k], q[k], 0.5f * x[k]);
 }
 
 // gelu_erf_poly of n values in place (|x| <= kGeluPolyRange).
-template <int N>
-GF_HD void gelu_erf_poly_n(float (&x)[N]) {
+template <int N, class Hook = NoHornerHook>
+GF_HD void gelu_erf_poly_n(float (&x)[N], Hook hook = Hook{}) {
   constexpr float kQ[10] = {-1.722906019e-11f, 1.033751529e-09f, -3.045461128e-08f,
                             6.032476563e-07f,  -9.201158718e-06f, 1.148166339e-04f,
                             -1.186344773e-03f, 9.972650558e-03f,  -6.648996472e-02f,
                             3.989422023e-01f};
-  gelu_erf_horner_n(x, kQ);
+  gelu_erf_horner_n(x, kQ, hook);
 }
 
 // The same for |x| <= kGeluNarrowRange with a degree-6 Q (fitted the same way on that
 // range): 3 FMAs fewer per value, max abs error 2.6e-7 (the degree-9 form: 2.3e-7 there).
 constexpr float kGeluNarrowRange = 2.0f;
-template <int N>
-GF_HD void gelu_erf_poly_narrow_n(float (&x)[N]) {
+template <int N, class Hook = NoHornerHook>
+GF_HD void gelu_erf_poly_narrow_n(float (&x)[N], Hook hook = Hook{}) {
   constexpr float kQ[7] = {2.587409824e-07f,  -7.274622476e-06f, 1.088911158e-04f,
                            -1.176081016e-03f, 9.963031858e-03f,  -6.648566574e-02f,
                            3.989415765e-01f};
-  gelu_erf_horner_n(x, kQ);
+  gelu_erf_horner_n(x, kQ, hook);
 }
 
 GF_HD float gelu_erf_poly(float x) {

@@ -217,10 +217,12 @@ __device__ __forceinline__ void merge_stats(float& m, float& s, float mj, float 
 // all -inf row part gets 0, so its values give e = 0 and its sum 0 instead of NaN.
 __device__ __forceinline__ float exp2_shift(float ref) { return ref == -HUGE_VALF ? 0.f : ref * kLog2e; }
 
-// e = exp(v - ref) of a value pair (a, b) of one row: added to that row's sum and written as
-// an fp16 pair to dst (the pair's stash word).
-__device__ __forceinline__ void stash_exp_pair(float a, float b, float shift, float& sum, void* dst) {
-  const float e0 = ex2(fmaf(a, kLog2e, -shift)), e1 = ex2(fmaf(b, kLog2e, -shift));
+// e = exp(c v - ref) of a value pair (a, b) of one row, mul = c log2 e (c: a scale the
+// values have not taken yet, or 1): added to that row's sum and written as an fp16 pair to
+// dst (the pair's stash word).
+__device__ __forceinline__ void stash_exp_pair(float a, float b, float mul, float shift, float& sum,
+                                               void* dst) {
+  const float e0 = ex2(fmaf(a, mul, -shift)), e1 = ex2(fmaf(b, mul, -shift));
   sum += e0 + e1;
   *reinterpret_cast<__half2*>(dst) = __floats2half2_rn(e0, e1);
 }
@@ -285,7 +287,7 @@ __device__ __forceinline__ void tile_epilogue(const typename K::Params& p, Acc& 
 #pragma unroll
   for (int i = 0; i < kVals; i += 2) {
     const int h = (i >> 1) & 1;
-    stash_exp_pair(acc(i), acc(i + 1), shift[h], sum[h],
+    stash_exp_pair(acc(i), acc(i + 1), kLog2e, shift[h], sum[h],
                    stash + get<0>(coord(i)) * kStashStride + get<1>(coord(i)));
   }
 #pragma unroll
@@ -332,19 +334,30 @@ struct DeferredTile {
   static constexpr int kRounds = kPairs / kPairsPerRound;
   float keep[kPairs];  // the odd value u of each pair not yet finished, in order
   float shift[2];      // reference * log2 e of the thread's two rows
+  float mul;           // scale * log2 e: the scale is applied in the exp (stash_exp_pair)
   float sum[2];        // sum of exp(v - reference) over the thread's values of each row
   int round = 0;         // rounds finished
   bool pending = false;  // warp-uniform: this warp's values wait for the steps
   bool narrow = false;   // warp-uniform: all of them within kGeluNarrowRange
 
-  // v = act(u) * scale for n values, one branch for all (so their chains interleave). Read
-  // from the kernel's parameters (constant memory), not kept in registers.
-  template <int n>
-  __device__ __forceinline__ void act(const typename K::Params& p, float (&v)[n]) const {
+  // v = act(u) for n values, one branch for all (so their chains interleave); hook(j, steps)
+  // runs between the polynomial's steps (all of it at once for the identity), inside each
+  // branch, so that independent work can interleave with the chains. Read from the kernel's
+  // parameters (constant memory), not kept in registers.
+  template <int n, class Hook = NoHornerHook>
+  __device__ __forceinline__ void act(const typename K::Params& p, float (&v)[n], Hook hook = Hook{}) const {
     if (p.act == static_cast<int>(Activation::GeluErf)) {
-      if (narrow) gelu_erf_poly_narrow_n(v);
-      else gelu_erf_poly_n(v);
+      if (narrow) gelu_erf_poly_narrow_n(v, hook);
+      else gelu_erf_poly_n(v, hook);
+    } else {
+      hook(0, 1);
     }
+  }
+
+  // v = act(u) * scale, for the row extremes (the reference must be a value's own max).
+  template <int n>
+  __device__ __forceinline__ void act_scaled(const typename K::Params& p, float (&v)[n]) const {
+    act(p, v);
     if (p.scale != 1.f) {
 #pragma unroll
       for (int k = 0; k < n; ++k) v[k] *= p.scale;
@@ -381,11 +394,12 @@ struct DeferredTile {
               (!gelu || __all_sync(0xffffffffu, amax <= kGeluPolyRange));
     if (!pending) return;
     narrow = __all_sync(0xffffffffu, amax <= kGeluNarrowRange);  // the cheaper polynomial
+    mul = p.scale * kLog2e;
   #pragma unroll
     for (int h = 0; h < 2; ++h) {
       // An all-NaN row part has lo > hi: the reference is then NaN or inf, and so is the sum.
       float ends[2] = {lo[h], hi[h]};
-      act(p, ends);
+      act_scaled(p, ends);
       const float ref = fmaxf(ends[0], ends[1]);
       shift[h] = exp2_shift(ref);
       sum[h] = 0.f;
@@ -403,28 +417,48 @@ struct DeferredTile {
     return reinterpret_cast<float*>(stash + get<0>(coord(2 * q)) * kStashStride + get<1>(coord(2 * q)));
   }
 
+  // Pairs q0 .. q0 + n - 1 of round `rnd` (q0 static): their stash words w and values
+  // (u, from the word and keep[q0 + k]; call before that round's shift). Pair q of round r
+  // sits r rounds' column stride after pair q of round 0 (same row).
+  template <int n, class Coord>
+  __device__ __forceinline__ void words(const Coord& coord, __half* stash, int q0, int rnd,
+                                        float* (&w)[n]) const {
+    const auto round_offset = rnd * (word(coord, stash, kPairsPerRound) - word(coord, stash, 0));
+#pragma unroll
+    for (int k = 0; k < n; ++k) w[k] = word(coord, stash, q0 + k) + round_offset;
+  }
+  template <int n>
+  __device__ __forceinline__ void load_pairs(float* const (&w)[n], int q0, float (&v)[2 * n]) const {
+#pragma unroll
+    for (int k = 0; k < n; ++k) {
+      v[2 * k] = *w[k];
+      v[2 * k + 1] = keep[q0 + k];
+    }
+  }
+  // Pairs k0 .. k1 - 1 of n finished ones (v = act(u)), pair k in row half (q0 + k) & 1: exp,
+  // the row sums, the fp16 pairs written over the parked values.
+  template <int n>
+  __device__ __forceinline__ void exp_pairs(float* const (&w)[n], int q0, const float (&v)[2 * n],
+                                            int k0, int k1) {
+#pragma unroll
+    for (int k = k0; k < k1; ++k) {
+      const int h = (q0 + k) & 1;  // kPairsPerRound is even
+      stash_exp_pair(v[2 * k], v[2 * k + 1], mul, shift[h], sum[h], w[k]);
+    }
+  }
+
   // Pairs q0 .. q0 + n - 1 of the current round (q0 static): act, exp, the row sums, the
   // fp16 pairs written over the parked values. Loads first, so that the n pairs' chains
   // interleave (a store would order later loads after it).
   template <int n, class Coord>
   __device__ __forceinline__ void finish_pairs(const typename K::Params& p, int q0, const Coord& coord,
                                                __half* stash) {
-      // Pair q of round r sits r rounds' column stride after pair q of round 0 (same row).
-    const auto round_offset = round * (word(coord, stash, kPairsPerRound) - word(coord, stash, 0));
     float* w[n];
     float v[2 * n];
-#pragma unroll
-    for (int k = 0; k < n; ++k) {
-      w[k] = word(coord, stash, q0 + k) + round_offset;
-      v[2 * k] = *w[k];
-      v[2 * k + 1] = keep[q0 + k];
-    }
+    words(coord, stash, q0, round, w);
+    load_pairs(w, q0, v);
     act(p, v);
-#pragma unroll
-    for (int k = 0; k < n; ++k) {
-      const int h = (q0 + k) & 1;  // kPairsPerRound is even
-      stash_exp_pair(v[2 * k], v[2 * k + 1], shift[h], sum[h], w[k]);
-    }
+    exp_pairs(w, q0, v, 0, n);
   }
 
   // The round is done: the next round's pairs to the front.
@@ -448,16 +482,37 @@ struct DeferredTile {
 
   // For the last tile, which has no next mainloop: every round at once, two rounds' pairs
   // per pass (16 chains to interleave, half the shifts of keep; 0.4 us less per call on an
-  // H100 than one round per pass, bench/NOTES.md session 10).
+  // H100 than one round per pass, bench/NOTES.md session 10), software-pipelined: a pass
+  // evaluates its pairs' polynomials with the previous pass's exps placed between the
+  // steps, so that the MUFU works while the FMA pipe does (one pass alone issues its 32
+  // ex2 after all of its polynomials, with little else to issue beside them).
   template <class Coord>
   __device__ void run_alone(const typename K::Params& p, const Coord& coord, __half* stash) {
     if (!pending) return;
-    constexpr int kMerged = 2;  // rounds per pass: 16 pairs interleaved, half the shifts
+    constexpr int kMerged = 2;  // rounds per pass
+    constexpr int n = kMerged * kPairsPerRound;
+    float* w[n];
+    float v[2 * n];
+    words(coord, stash, 0, round, w);
+    load_pairs(w, 0, v);
+    act(p, v);
+    next_round<kMerged>();
 #pragma unroll 1
-    for (int r = 0; r < kRounds; r += kMerged) {
-      finish_pairs<kMerged * kPairsPerRound>(p, 0, coord, stash);
+    for (int r = kMerged; r < kRounds; r += kMerged) {
+      float* wn[n];
+      float vn[2 * n];
+      words(coord, stash, 0, round, wn);
+      load_pairs(wn, 0, vn);
+      act(p, vn, [&](int j, int steps) { exp_pairs(w, 0, v, j * n / steps, (j + 1) * n / steps); });
+#pragma unroll
+      for (int k = 0; k < n; ++k) {
+        w[k] = wn[k];
+        v[2 * k] = vn[2 * k];
+        v[2 * k + 1] = vn[2 * k + 1];
+      }
       next_round<kMerged>();
     }
+    exp_pairs(w, 0, v, 0, n);
   }
 
   // The tile's row sums (prepare wrote the row maxes), once every step has run.

@@ -32,25 +32,21 @@ TEST(Pointwise, GeluPolynomialMatchesTheErfFormOnItsRange) {
   EXPECT_FLOAT_EQ(gelu_erf_poly(kGeluPolyRange), static_cast<float>(gelu_exact(kGeluPolyRange)));
 }
 
-// The degree-6 form for |x| <= 2 (the fused kernel's warps whose values all lie there):
-// within 5e-7 of the exact form, and no worse than 4x the erff form's error.
+// The degree-4 form for |x| <= 2 (the fused 16-bit kernel's warps whose values all lie
+// there): within 1e-5 of the exact form (its fit's bound is 8.4e-6), 24x below the fp16
+// rounding of the values it feeds (exp(v - max) <= 1, stashed as fp16: up to 2.4e-4).
 TEST(Pointwise, NarrowGeluPolynomialMatchesTheErfFormOnItsRange) {
   using gemmfuse::kGeluNarrowRange;
-  const gemmfuse::PointwiseParams pp{};
-  double worst_poly = 0, worst_erff = 0;
+  double worst_poly = 0;
   const int n = 200000;
   for (int i = 0; i <= n; ++i) {
     float v[1] = {-kGeluNarrowRange + 2.0f * kGeluNarrowRange * static_cast<float>(i) / n};
-    const float x = v[0];
-    const long double ref = gelu_exact(x);
+    const long double ref = gelu_exact(v[0]);
     gemmfuse::gelu_erf_poly_narrow_n(v);
     worst_poly = std::max(worst_poly, static_cast<double>(std::fabs(v[0] - ref)));
-    worst_erff = std::max(
-        worst_erff,
-        static_cast<double>(std::fabs(gemmfuse::apply_unary(gemmfuse::OpCode::GeluErf, x, pp) - ref)));
   }
-  EXPECT_LT(worst_poly, 5e-7);
-  EXPECT_LT(worst_poly, 4 * worst_erff + 1e-7) << "erff form: " << worst_erff;
+  EXPECT_LT(worst_poly, 1e-5);
+  EXPECT_LT(worst_poly, std::ldexp(1.0, -12) / 24);
   float zero[1] = {0.f};
   gemmfuse::gelu_erf_poly_narrow_n(zero);
   EXPECT_EQ(zero[0], 0.f);

@@ -703,7 +703,8 @@ TEST(CudaExecutor, FusedGemmSoftmaxSm90) {
   // K = 264, 136, 72: k tails.
   const Shape shapes[] = {{1000, 264, 4104}, {500, 136, 4104}, {600, 72, 4104}};
   // The first tile's epilogue runs under the second tile's mainloop unless the scale is
-  // negative after a gelu (its row max then need not come from the row's extreme values).
+  // negative (a row's max of v then comes from its smallest u, which the deferred prepare
+  // does not track).
   const char* bodies[] = {"gelu\nsoftmax", "softmax", "gelu\nmul b=0.5\nsoftmax", "mul b=3\nsoftmax",
                           "mul b=-1.5\nsoftmax", "gelu\nmul b=-2\nsoftmax"};
   const Problem gelu_softmax{linear(264, 4104) + "gelu\nsoftmax", {1000}};  // two tiles per CTA
@@ -725,11 +726,25 @@ TEST(CudaExecutor, FusedGemmSoftmaxSm90) {
   auto small = [](Case& c) {
     for (float& v : c.x) v *= 0.02f;
   };
+  // Bias bands over the first four column tiles: values in (-1.97, -0.78), inside the narrow
+  // polynomial's range, where gelu's largest value is at a row part's smallest u (the
+  // prepare looks for it only there: with a scale of 100, a reference from the largest u
+  // alone would overflow the fp16 stash), and in (2.38, 2.42), the wider polynomial's range.
+  auto banded = [&small](Case& c) {
+    small(c);
+    for (size_t n = 0; n < 1024 && n < c.b.size(); ++n)
+      c.b[n] = n < 512 ? -0.8f - 1.15f * static_cast<float>((n * 37) % 512) / 512 : 2.4f;
+  };
+  const Problem gelu_scaled_softmax{linear(264, 4104) + "gelu\nmul b=100\nsoftmax", {1000}};
   for (DType d : {DType::BF16, DType::F16}) {
     CudaOptions o;
     o.dtype = d;
     Plan plan;
     check_problem(gelu_softmax, o, rng, small, &plan);
+    expect_fused(plan);
+    check_problem(gelu_softmax, o, rng, banded, &plan);
+    expect_fused(plan);
+    check_problem(gelu_scaled_softmax, o, rng, banded, &plan);
     expect_fused(plan);
   }
   // Non-finite rows: a NaN in x makes its row NaN; +inf and -inf inputs give inf products.

@@ -305,7 +305,7 @@ __device__ __forceinline__ void tile_epilogue(const typename K::Params& p, Acc& 
 // The epilogue of a CTA's first tile when it has a second, finished under the second tile's
 // mainloop (while the tensor cores work) instead of between the two mainloops.
 // - Right after the first mainloop, only the cheap part runs (prepare): the bias, each row's
-//   smallest and largest value u, and from them the row's reference for exp; then the even
+//   largest value u (and, rarely, its smallest), and from them the row's reference for exp; then the even
 //   value of each pair (i, i + 1) is parked as fp32 in the stash word where the pair's fp16
 //   result goes, and the odd one stays in a register (keep). The 128 accumulators are then
 //   free for the second tile.
@@ -315,10 +315,11 @@ __device__ __forceinline__ void tile_epilogue(const typename K::Params& p, Acc& 
 //   per tile is fetched while the mainloop loads L2 heavily, and 32 unrolled steps (~60 KB of
 //   instructions) slowed the mainloop by 13 us on an H100. A register array can only be
 //   indexed statically, so each round takes keep[0 .. kPairsPerRound) and shifts the rest down.
-// The reference must be the row part's max of v = act(u) * scale. It comes from the extremes
-// when act is the identity (v is linear in u), or gelu with scale >= 0: gelu falls on
-// (-inf, -0.75] and rises after, so over any set of u its largest value is at the smallest
-// or the largest u. defers_epilogues() says when; otherwise tile_epilogue runs for every tile.
+// The reference must be the row part's max of v = act(u) * scale, scale >= 0. It comes from
+// the extremes: the identity's is at the largest u; gelu falls on (-inf, -0.75] and rises
+// after, so over any set of u its largest value is at the smallest or the largest u (at the
+// largest when that is >= 0). defers_epilogues() says when; otherwise tile_epilogue runs for
+// every tile.
 // A warp whose values leave the gelu polynomial's range, and a tile with columns past N, run
 // tile_epilogue at once (pending false): the erff form and the masking stay out of the loop.
 // The last tile, with no next mainloop, takes the same prepare and then run_alone: every
@@ -373,31 +374,44 @@ struct DeferredTile {
     const bool gelu = p.act == static_cast<int>(Activation::GeluErf);
     round = 0;
     // Value i sits in row r0 + 8 * ((i >> 1) & 1); pair q = (2q, 2q + 1) in row half q & 1.
-    float lo[2] = {HUGE_VALF, HUGE_VALF}, hi[2] = {-HUGE_VALF, -HUGE_VALF};
+    // One pass: the bias, each row's largest u, and the OR of every value's bits (bit 30
+    // clear in all of them: |u| < 2, the narrow polynomial's range) - a max and a 3-input OR
+    // per pair where a min and a max cost twice the ALU issue (the prepares are exposed).
+    float hi[2] = {-HUGE_VALF, -HUGE_VALF};
+    uint32_t bits[4] = {0, 0, 0, 0};  // four OR chains, not one 64 deep
 #pragma unroll
     for (int q = 0; q < kPairs; ++q) {
       const float2 b = *reinterpret_cast<const float2*>(&bias[get<1>(coord(2 * q))]);
       acc(2 * q) += b.x;
       acc(2 * q + 1) += b.y;
-      lo[q & 1] = fminf(lo[q & 1], fminf(acc(2 * q), acc(2 * q + 1)));
       hi[q & 1] = fmaxf(hi[q & 1], fmaxf(acc(2 * q), acc(2 * q + 1)));
+      bits[q & 3] |= __float_as_uint(acc(2 * q)) | __float_as_uint(acc(2 * q + 1));
     }
-    float amax = 0.f;
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      lo[h] = quad_reduce(lo[h], min_of);
-      hi[h] = quad_reduce(hi[h], max_of);
-      amax = fmaxf(amax, fmaxf(-lo[h], hi[h]));
+    for (int h = 0; h < 2; ++h) hi[h] = quad_reduce(hi[h], max_of);
+    const uint32_t all_bits = bits[0] | bits[1] | bits[2] | bits[3];
+    // gelu's largest value over a row part is at its largest u when that is >= 0 (gelu(u) < 0
+    // for every u < 0), else at its smallest or largest u; a warp out of the narrow range needs
+    // max |u| too. Both are rare: the smallest u only then, in a second pass.
+    float lo[2] = {hi[0], hi[1]};
+    narrow = gelu && __all_sync(0xffffffffu, (all_bits & 0x40000000u) == 0);
+    if (gelu && (!narrow || __any_sync(0xffffffffu, hi[0] < 0.f || hi[1] < 0.f))) {
+      lo[0] = lo[1] = HUGE_VALF;
+#pragma unroll
+      for (int q = 0; q < kPairs; ++q) lo[q & 1] = fminf(lo[q & 1], fminf(acc(2 * q), acc(2 * q + 1)));
+#pragma unroll
+      for (int h = 0; h < 2; ++h) lo[h] = quad_reduce(lo[h], min_of);
     }
     // As tile_epilogue: the polynomial where the whole warp is in its range, else tile_epilogue.
+    const float amax = fmaxf(fmaxf(-lo[0], hi[0]), fmaxf(-lo[1], hi[1]));
     pending = (t.n_blk + 1) * kTileN <= p.N &&
-              (!gelu || __all_sync(0xffffffffu, amax <= kGeluPolyRange));
+              (!gelu || narrow || __all_sync(0xffffffffu, amax <= kGeluPolyRange));
     if (!pending) return;
-    narrow = __all_sync(0xffffffffu, amax <= kGeluNarrowRange);  // the cheaper polynomial
     mul = p.scale * kLog2e;
   #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      // An all-NaN row part has lo > hi: the reference is then NaN or inf, and so is the sum.
+      // An all-NaN row part has hi = -inf (fmaxf drops NaN): its sum is NaN whatever the
+      // reference.
       float ends[2] = {lo[h], hi[h]};
       act_scaled(p, ends);
       const float ref = fmaxf(ends[0], ends[1]);
@@ -618,7 +632,7 @@ __device__ __forceinline__ void read_row_stats(const P& p, int row, int g0, floa
 // reference for exp must come from a row's extremes (see DeferredTile).
 template <class P>
 __device__ __forceinline__ bool defers_epilogues(const P& p) {
-  return p.defer && (p.act == static_cast<int>(Activation::Identity) || p.scale >= 0.f);
+  return p.defer && p.scale >= 0.f;
 }
 
 template <class K>

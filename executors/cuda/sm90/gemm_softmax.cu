@@ -305,10 +305,10 @@ __device__ __forceinline__ void tile_epilogue(const typename K::Params& p, Acc& 
 // The epilogue of a CTA's first tile when it has a second, finished under the second tile's
 // mainloop (while the tensor cores work) instead of between the two mainloops.
 // - Right after the first mainloop, only the cheap part runs (prepare): the bias, each row's
-//   largest value u (and, rarely, its smallest), and from them the row's reference for exp; then the even
-//   value of each pair (i, i + 1) is parked as fp32 in the stash word where the pair's fp16
-//   result goes, and the odd one stays in a register (keep). The 128 accumulators are then
-//   free for the second tile.
+//   largest value u (and, rarely, its smallest), and from them the row's reference for exp;
+//   then the even value of each pair (i, i + 1) is parked as fp32 in the stash word where the
+//   pair's fp16 result goes, and the odd one stays in a register (keep). The 128
+//   accumulators are then free for the second tile.
 // - Between the second mainloop's k-steps, step(u) finishes two pairs: act, exp, the row sum,
 //   the fp16 pair written over the parked value. Each thread touches only its own words.
 //   The steps run in kRounds rounds of kStepsPerRound, a loop, not unrolled: code run once
@@ -408,7 +408,7 @@ struct DeferredTile {
               (!gelu || narrow || __all_sync(0xffffffffu, amax <= kGeluPolyRange));
     if (!pending) return;
     mul = p.scale * kLog2e;
-  #pragma unroll
+#pragma unroll
     for (int h = 0; h < 2; ++h) {
       // An all-NaN row part has hi = -inf (fmaxf drops NaN): its sum is NaN whatever the
       // reference.

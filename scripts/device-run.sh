@@ -5,7 +5,7 @@
 #   TESTS=1 SANITIZE=1 BENCH=1 BENCH_ARGS="..." PYTEST_ARGS="..." bash scripts/device-run.sh
 #   AB=1 AB_OLD_LIB=build/oldlib/libgemmfuse_ops.so [AB_ROUNDS=3] [AB_ARGS="..."]: bench this
 #     build's library against another build's, alternated, in one call (ab.log); or
-#     AB_LIBS="name=path[@VAR=value] ..." for several (VAR set for that entry's runs); AB_SMI=1 logs SM clock and power (ab_smi.csv)
+#     AB_LIBS="name=path[@VAR=value[,VAR2=value2]] ..." for several (the VARs set for that entry's runs); AB_SMI=1 logs SM clock and power (ab_smi.csv)
 #   GEMMFUSE_GIT_COMMIT=<hash>: the commit the bench JSON records (the copied tree's .git can be
 #     older than the code; pass the dev machine's `git rev-parse --short HEAD`)
 #   PROBE=1 [PROBE_ARGS="M N K"]: the CUTLASS-vs-cuBLAS GEMM probe (build/bench/cutlass_gemm_probe)
@@ -60,7 +60,7 @@ if [ "${AB:-0}" = 1 ]; then  # same-call A/B: rounds over the libraries, alterna
   fi
   for r in $(seq "${AB_ROUNDS:-3}"); do
     for nl in $libs; do  # name=path[@VAR=value]: that library, with VAR set for its runs
-      spec=${nl#*=}; lib=${spec%%@*}; envs=""; [ "$spec" != "$lib" ] && envs=${spec#*@}
+      spec=${nl#*=}; lib=${spec%%@*}; envs=""; [ "$spec" != "$lib" ] && envs=${spec#*@}; envs=${envs//,/ }
       env $envs GEMMFUSE_LIB=$lib python3 -m gemmfuse bench --out "/tmp/ab-${nl%%=*}-$r.json" \
         ${AB_ARGS:---models m99 --modes tf32 --no-compile} 2>&1 | grep "│ m" | sed "s/^/${nl%%=*} $r /" >> "$OUT/ab.log"
       # the medians to the microsecond (the table rounds to 1 us)

@@ -16,8 +16,8 @@
 // tile_epilogue (the whole epilogue, unrolled) takes the cases DeferredTile leaves out.
 //
 // Schedule: clusters of 2 CTAs along M share each W tile (TMA multicast). A CTA covers 128
-// rows and tpc (1 or 2) adjacent 256-column tiles, computed one after the other; cluster q
-// takes m-blocks 2 (q % m_pairs) + {0, 1} and column group q / m_pairs. The CTAs' first
+// rows and tpc (1 or 2) adjacent 256-column tiles, computed one after the other; the grid is
+// (2 m_pairs) x n_groups CTAs, CTA (x, y) taking m-block x and column group y. The CTAs' first
 // tiles run together and cover every other column tile, so x rows and W columns are shared
 // through L2 as in a plain GEMM. Covering two tiles of the same rows halves the row partials
 // each CTA publishes and reads (one per 512 columns).
@@ -144,20 +144,23 @@ __device__ __forceinline__ void consumer_sync() {
   asm volatile("bar.sync 1, %0;" ::"n"(kConsumers) : "memory");
 }
 
+// This CTA's place in the launch (see tile_of): its trace slots.
+__device__ __forceinline__ int cta_index() { return static_cast<int>(blockIdx.y * gridDim.x + blockIdx.x); }
+
 // GemmSoftmaxProblem::trace: %globaltimer into slot k of this CTA, after `dep` is computed.
 __device__ __forceinline__ void stamp(unsigned long long* trace, int ctid, int k, float dep = 0.f) {
   if (trace != nullptr && ctid == 0) {
     unsigned long long t;
     asm volatile("" ::"f"(dep));
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    trace[blockIdx.x * kGemmSoftmaxTraceSlots + k] = t;
+    trace[cta_index() * kGemmSoftmaxTraceSlots + k] = t;
   }
 }
 
 // GemmSoftmaxProblem::trace: the SM's clock64 into slot k (its ratio to %globaltimer is the
 // SM clock over a phase).
 __device__ __forceinline__ void stamp_clock(unsigned long long* trace, int ctid, int k) {
-  if (trace != nullptr && ctid == 0) trace[blockIdx.x * kGemmSoftmaxTraceSlots + k] = clock64();
+  if (trace != nullptr && ctid == 0) trace[cta_index() * kGemmSoftmaxTraceSlots + k] = clock64();
 }
 
 template <class T>
@@ -171,20 +174,20 @@ __device__ __forceinline__ uint32_t pack_out(float a, float b) {
   }
 }
 
-// The tile (m_blk, n_blk) of this CTA's j-th work item: cluster q covers m-blocks
-// 2 (q % m_pairs) + {0, 1} and column group q / m_pairs (tiles tpc * group + j).
+// The tile (m_blk, n_blk) of this CTA's j-th work item. The grid is (2 m_pairs) x n_groups
+// CTAs, clusters of 2 along x: CTA (x, y) covers m-block x and column group y (tiles
+// tpc * y + j); its linear index, y * 2 m_pairs + x, is the order the CTAs start in. (A 1-d
+// grid needs a division by m_pairs at every use, some in the tail: see exp_from.)
 struct TileCoord {
   int m_blk, n_blk;
 };
 template <class P>
-__device__ __forceinline__ int group_of(const P& p) {
-  return static_cast<int>(blockIdx.x / kClusterM) / p.m_pairs;
+__device__ __forceinline__ int group_of(const P&) {
+  return static_cast<int>(blockIdx.y);
 }
 template <class P>
 __device__ __forceinline__ TileCoord tile_of(const P& p, int j) {
-  const int q = blockIdx.x / kClusterM;
-  return {kClusterM * (q % p.m_pairs) + static_cast<int>(blockIdx.x % kClusterM),
-          p.tpc * (q / p.m_pairs) + j};
+  return {static_cast<int>(blockIdx.x), p.tpc * static_cast<int>(blockIdx.y) + j};
 }
 
 // A row of a warpgroup's accumulator tile sits in the 4 threads of a quad (CuTe's SM90 64xN
@@ -200,8 +203,12 @@ __device__ __forceinline__ float min_of(float a, float b) { return fminf(a, b); 
 
 // exp(mj - m): the factor of a part's sum of exp(v - mj) in a sum of exp(v - m), 0 for an
 // all -inf part (mj = -inf; m = -inf too stands for 0).
+// Branch-free (ex2 flushes results below 2^-126 to 0): the tail's code runs once per launch
+// and its warps wait on instruction fetch for half of their time there (bench/NOTES.md,
+// session 12), so every instruction and branch of it counts.
 __device__ __forceinline__ float exp_from(float mj, float m) {
-  return mj == -HUGE_VALF ? 0.f : __expf(mj - (m == -HUGE_VALF ? 0.f : m));
+  const float e = ex2((mj - (m == -HUGE_VALF ? 0.f : m)) * kLog2e);
+  return mj == -HUGE_VALF ? 0.f : e;
 }
 
 // (m, s) <- (m, s) merged with (mj, sj), where s = sum of exp(v - m) over a part of a row.
@@ -603,29 +610,30 @@ __device__ __forceinline__ void publish_row_stats(const P& p, size_t slot, float
 // waiting until each has this launch's epoch. The pending ones are re-read together.
 template <class P>
 __device__ __forceinline__ void read_row_stats(const P& p, int row, int g0, float2 (&q)[16]) {
-  uint32_t pending = 0;
+  // Group g0 + k's word of this row: src + k * stride (one 64-bit add each, not a product).
+  const unsigned long long* src = p.row_stats + 2 * (static_cast<size_t>(g0) * p.M + row);
+  const size_t stride = 2 * static_cast<size_t>(p.M);
+  uint32_t pending = (1u << min(16, p.n_groups - g0)) - 1u;
 #pragma unroll
-  for (int k = 0; k < 16; ++k) {
-    q[k] = make_float2(-HUGE_VALF, 0.f);
-    if (g0 + k < p.n_groups) pending |= 1u << k;
-  }
-  while (pending != 0) {
-    unsigned long long w[16][2];
+  for (int k = 0; k < 16; ++k) q[k] = make_float2(-HUGE_VALF, 0.f);
+  unsigned long long w[16][2] = {};  // (read by the selects below even where not loaded)
+  do {  // (g0 < n_groups: at least one is pending)
 #pragma unroll
     for (int k = 0; k < 16; ++k)
       if (pending & (1u << k))
         asm volatile("ld.relaxed.gpu.global.v2.u64 {%0, %1}, [%2];"
-                     : "=l"(w[k][0]), "=l"(w[k][1])
-                     : "l"(p.row_stats + 2 * (static_cast<size_t>(g0 + k) * p.M + row))
+                     : "+l"(w[k][0]), "+l"(w[k][1])
+                     : "l"(src + k * stride)
                      : "memory");
+    // Selects, not branches (the tail's code: see exp_from).
 #pragma unroll
-    for (int k = 0; k < 16; ++k)
-      if ((pending & (1u << k)) && (w[k][0] >> 32) == p.epoch && (w[k][1] >> 32) == p.epoch) {
-        q[k] = make_float2(__uint_as_float(static_cast<uint32_t>(w[k][0])),
-                           __uint_as_float(static_cast<uint32_t>(w[k][1])));
-        pending &= ~(1u << k);
-      }
-  }
+    for (int k = 0; k < 16; ++k) {
+      const bool in = ((pending >> k) & 1u) & ((w[k][0] >> 32) == p.epoch) & ((w[k][1] >> 32) == p.epoch);
+      q[k].x = in ? __uint_as_float(static_cast<uint32_t>(w[k][0])) : q[k].x;
+      q[k].y = in ? __uint_as_float(static_cast<uint32_t>(w[k][1])) : q[k].y;
+      pending &= in ? ~(1u << k) : ~0u;
+    }
+  } while (pending != 0);
 }
 
 // Whether the epilogues go through DeferredTile (else tile_epilogue for each tile): the
@@ -648,7 +656,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_softmax_kernel(const __grid_
   if (p.trace != nullptr && threadIdx.x == 0) {
     unsigned sm;
     asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-    p.trace[blockIdx.x * kGemmSoftmaxTraceSlots + kTraceSmId] = sm;
+    p.trace[cta_index() * kGemmSoftmaxTraceSlots + kTraceSmId] = sm;
   }
   const int warp = cutlass::canonical_warp_idx_sync();
   const int warpgroup = cutlass::canonical_warp_group_idx();
@@ -757,7 +765,9 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_softmax_kernel(const __grid_
   if (ctid < kTileM && row0 + ctid < p.M) {
     const int row = row0 + ctid;
     float m = -HUGE_VALF, s = 0.f;
-    for (int j = 0; j < n_work; ++j) merge_stats(m, s, S.tile_max[j][ctid], S.tile_sum[j][ctid]);
+#pragma unroll
+    for (int j = 0; j < kMaxTilesPerCta; ++j)  // a static bound: no unrolled copies of a runtime loop
+      if (j < n_work) merge_stats(m, s, S.tile_max[j][ctid], S.tile_sum[j][ctid]);
     publish_row_stats(p, static_cast<size_t>(group_of(p)) * p.M + row, m, s);
     m = -HUGE_VALF;
     s = 0.f;
@@ -777,9 +787,10 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_softmax_kernel(const __grid_
       merge_stats(m, s, mc, sc);
     }
     stamp(p.trace, ctid, kTraceMergeMath, s);
-    for (int j = 0; j < n_work; ++j) {
-      S.row_scale[j][ctid] = exp_from(S.tile_max[j][ctid], m) / s;
-    }
+    const float inv_s = __frcp_rn(s);
+#pragma unroll
+    for (int j = 0; j < kMaxTilesPerCta; ++j)
+      if (j < n_work) S.row_scale[j][ctid] = exp_from(S.tile_max[j][ctid], m) * inv_s;
   }
   consumer_sync();
   stamp(p.trace, ctid, kTraceMerge);
@@ -803,12 +814,13 @@ void set_smem_attribute() {
                                      static_cast<int>(sizeof(typename K::SharedStorage))));
 }
 
-// The launch configuration of `clusters` clusters: attrs[0] is the cluster shape (numAttrs
-// 1); launch() adds the cooperative or the programmatic flag as attrs[1].
+// The launch configuration of m_pairs x n_groups clusters (see tile_of): attrs[0] is the
+// cluster shape (numAttrs 1); launch() adds the cooperative or the programmatic flag as attrs[1].
 template <class K>
-cudaLaunchConfig_t launch_config(int clusters, cudaStream_t stream, cudaLaunchAttribute (&attrs)[2]) {
+cudaLaunchConfig_t launch_config(int m_pairs, int n_groups, cudaStream_t stream,
+                                 cudaLaunchAttribute (&attrs)[2]) {
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(kClusterM * clusters, 1, 1);
+  cfg.gridDim = dim3(kClusterM * m_pairs, n_groups, 1);
   cfg.blockDim = dim3(kThreads, 1, 1);
   cfg.dynamicSmemBytes = sizeof(typename K::SharedStorage);
   cfg.stream = stream;
@@ -825,7 +837,7 @@ template <class K>
 int max_active_clusters() {
   set_smem_attribute<K>();
   cudaLaunchAttribute attrs[2];
-  const cudaLaunchConfig_t cfg = launch_config<K>(64, nullptr, attrs);
+  const cudaLaunchConfig_t cfg = launch_config<K>(64, 1, nullptr, attrs);
   int n = 0;
   GF_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, gemm_softmax_kernel<K>, &cfg));
   return n;
@@ -997,7 +1009,7 @@ bool launch(const GemmSoftmaxProblem& pr, void* workspace, cudaStream_t stream, 
   // the GPU cannot hold, and serializes the launch; no programmatic overlap).
   const bool programmatic = programmatic_allowed() && !captured && !fit.mps;
   cudaLaunchAttribute attrs[2];
-  cudaLaunchConfig_t cfg = launch_config<K>(p.m_pairs * p.n_groups, stream, attrs);
+  cudaLaunchConfig_t cfg = launch_config<K>(p.m_pairs, p.n_groups, stream, attrs);
   cfg.numAttrs = 2;
   if (programmatic) {
     attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;

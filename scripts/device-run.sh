@@ -59,7 +59,7 @@ if [ "${AB:-0}" = 1 ]; then  # same-call A/B: rounds over the libraries, alterna
       --format=csv -lms 50 > "$OUT/ab_smi.csv" 2>&1 & smi=$!
   fi
   for r in $(seq "${AB_ROUNDS:-3}"); do
-    for nl in $libs; do  # name=path[@VAR=value]: that library, with VAR set for its runs
+    for nl in $libs; do  # name=path[@VAR=value[,VAR2=value2]]: that library, with the VARs set for its runs
       spec=${nl#*=}; lib=${spec%%@*}; envs=""; [ "$spec" != "$lib" ] && envs=${spec#*@}; envs=${envs//,/ }
       env $envs GEMMFUSE_LIB=$lib python3 -m gemmfuse bench --out "/tmp/ab-${nl%%=*}-$r.json" \
         ${AB_ARGS:---models m99 --modes tf32 --no-compile} 2>&1 | grep "│ m" | sed "s/^/${nl%%=*} $r /" >> "$OUT/ab.log"

@@ -37,8 +37,8 @@ using namespace cute;
 // D[M,N] (row-major) = epilogue(x[M,K] (row-major) . W[N,K]^T) (W row-major = K x N
 // column-major); the epilogue is D = acc, or gelu(acc + bias[n]) with kGeluBias.
 // The builder's mainloop with its two consumer warpgroups split along N instead of M (each
-// 128 x N/2: each reads all of A and half of B from shared memory per k-step, 64 KB instead
-// of 80 KB for a 128x256x64 tile).
+// 128 x N/2, as two m64n128 wgmmas that each read their own copy of B: 96 KB of shared
+// memory per 128x256x64 k-step against 80 KB along M; bench/NOTES.md, session 11).
 template <class Built>
 using SplitAlongN = cutlass::gemm::collective::CollectiveMma<
     typename Built::DispatchPolicy, typename Built::TileShape, typename Built::ElementA,

@@ -27,6 +27,7 @@
 #include <string>
 
 #include "cuda_check.h"
+#include "device_info.h"
 #include "running_stats.h"
 #include "layout.h"
 #include "prepare.h"
@@ -262,16 +263,6 @@ __global__ void colstats_running_kernel(RunningStat running_mean, RunningStat ru
 
 std::atomic<bool> g_vector_colstats{true};
 std::atomic<int> g_fused_colstats{1};
-
-int sm_count() {
-  int dev = 0, n = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return 132;
-  }
-  return n;
-}
 
 }  // namespace
 

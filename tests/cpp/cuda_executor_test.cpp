@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "cpu_test_util.h"
+#include "cuda_test_util.h"
 #include "cuda_executor.h"
 #include "column_stats.h"
 #include "fused_softmax.h"
@@ -26,39 +27,8 @@ namespace {
 using namespace gemmfuse;
 using gftest::Case;
 using gftest::StateTensor;
-
-bool gpu_present() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  return n > 0;
-}
-
-#define SKIP_WITHOUT_GPU()                                          \
-  do {                                                              \
-    if (!gpu_present()) GTEST_SKIP() << "no CUDA device available"; \
-  } while (0)
-
-void ck(cudaError_t e, const char* what) {
-  if (e != cudaSuccess)
-    throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
-}
-#define CK(call) ck((call), #call)
-
-// Device memory for one test; poisoned with 0xFF bytes (NaN in fp32, bf16 and fp16).
-struct DevMem {
-  void* p = nullptr;
-  size_t bytes = 0;
-  explicit DevMem(size_t n) : bytes(n) {
-    CK(cudaMalloc(&p, std::max<size_t>(n, 256)));
-    CK(cudaMemset(p, 0xFF, std::max<size_t>(n, 256)));
-  }
-  ~DevMem() { cudaFree(p); }
-  DevMem(const DevMem&) = delete;
-  DevMem& operator=(const DevMem&) = delete;
-};
+using gftest::DevMem;
+using gftest::gpu_present;
 
 size_t elt(DType d) { return d == DType::F32 ? 4 : 2; }
 
@@ -347,6 +317,8 @@ TEST(CudaExecutor, SeedModelsFp32) {
   std::mt19937_64 rng(gftest::test_seed());
   for (int64_t M : {1, 7, 128})
     for (const Problem& p : seed_problems(M)) check_problem(p, {}, rng);
+  for (int64_t M : {1, 7, 16})  // K a multiple of 4: the small-M kernel (gemm_small_m.cu)
+    for (const Problem& p : seed_problems(M, 64, 72)) check_problem(p, {}, rng);
 }
 
 TEST(CudaExecutor, SeedModelsFastAndTf32) {

@@ -1,0 +1,219 @@
+// The fp32 Gemm step for M <= 16 rows of x: Y[M,N] = x[M,K] W[N,K]^T (+ bias).
+//
+// Why a kernel of our own: with so few rows the GEMM is bound by reading W once (N·K·4 bytes;
+// 268 MB, 90 µs at the seed's K = N = 8192), and cuBLASLt's choice there (a split-K SGEMM,
+// 0.166 ms at M = 16) sums each output in a longer fp32 chain than eager's cuBLAS kernel:
+// 1.5x eager's error against float64 (bench/NOTES.md), outside the fp32 promise.
+//
+// How: each warp owns 4 rows of W (4 columns of Y) and all M rows of x. Lane l reads the
+// 16-byte k-vectors l, l+32, l+64, ... of its 4 W rows (512 contiguous bytes per row per warp
+// load, two loads per row in flight, not kept in L1) and of the M rows of x (L1 hits: the
+// CTA's 16 warps read the same x). A CTA takes 64 rows of W and holds a whole SM, so x
+// crosses from L2 half as often as with 8-warp CTAs (3 µs less at M = 16).
+// Summation: each output's sum in a lane is a chain of 4-product sums, one per k-vector
+// (K/128 adds at M <= 8; K/64 at M > 8, where half the lanes take the other 8 rows of x):
+// 64-128 at K = 8192, against 512 when each product is added to the sum (that error was
+// 1.4x eager's at M = 16; now 0.8x). The warp then adds its lanes' sums in a tree
+// (reduce-scatter by shuffles: no shared memory). When N / 64 CTAs cannot fill the GPU, K is
+// split across CTAs too; their partial sums are added in split order by a second kernel.
+// Every order is fixed: results are reproducible.
+#include "gemm_small_m.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+#include "cuda_check.h"
+#include "device_info.h"
+
+namespace gemmfuse::cuda {
+namespace {
+
+constexpr int kWarps = 16;
+constexpr int kThreads = kWarps * 32;
+constexpr int kRowsPerWarp = 4;  // rows of W (columns of Y) per warp
+constexpr int kRowsPerCta = kWarps * kRowsPerWarp;
+constexpr int64_t kMinVectorsPerLane = 8;  // a split of K gives each lane at least this many
+
+// W is read once: a 16-byte load that bypasses L1, which keeps x.
+__device__ __forceinline__ float4 load_once(const float4* p) {
+  float4 v;
+  asm("ld.global.nc.L1::no_allocate.v4.f32 {%0, %1, %2, %3}, [%4];"
+      : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+      : "l"(p));
+  return v;
+}
+
+// acc[i][r] += x[m0 + i, 4q .. 4q+3] . w[r]  for the lane's MTL rows of x.
+template <int MTL>
+__device__ __forceinline__ void accumulate(float (&acc)[MTL][kRowsPerWarp],
+                                           const float4* __restrict__ x4, int m0, int M, int K4,
+                                           int q, const float4 (&w)[kRowsPerWarp]) {
+#pragma unroll
+  for (int i = 0; i < MTL; ++i) {
+    // Rows past M read row M - 1 (valid memory); their sums are never stored.
+    const int m = min(m0 + i, M - 1);
+    const float4 xv = __ldg(x4 + m * K4 + q);
+#pragma unroll
+    for (int r = 0; r < kRowsPerWarp; ++r) {  // the vector's 4 products, then one add
+      float t = xv.x * w[r].x;
+      t = fmaf(xv.y, w[r].y, t);
+      t = fmaf(xv.z, w[r].z, t);
+      t = fmaf(xv.w, w[r].w, t);
+      acc[i][r] += t;
+    }
+  }
+}
+
+// Sums the first `Held` of v over the lanes that differ in bits O, O/2, .., 1 of the lane id.
+// A level with two or more values halves them: the lane with bit O set keeps the upper half
+// and receives its partner's upper half; with one value left the level is a plain butterfly.
+// From V values, lane l ends with sums j = l·V/32 + i (V >= 32) or, with fewer values than
+// lanes, sum l >> log2(32/V) (in every lane of its group).
+template <int Held, int O, int V>
+__device__ __forceinline__ void warp_reduce_scatter(float (&v)[V], int lane) {
+  if constexpr (O > 0) {
+    if constexpr (Held >= 2) {
+      constexpr int h = Held / 2;
+      const bool upper = (lane & O) != 0;
+#pragma unroll
+      for (int i = 0; i < h; ++i) {
+        const float send = upper ? v[i] : v[i + h];
+        const float keep = upper ? v[i + h] : v[i];
+        v[i] = keep + __shfl_xor_sync(0xffffffffu, send, O);
+      }
+      warp_reduce_scatter<h, O / 2>(v, lane);
+    } else {
+      v[0] += __shfl_xor_sync(0xffffffffu, v[0], O);
+      warp_reduce_scatter<1, O / 2>(v, lane);
+    }
+  }
+}
+
+constexpr int log2_int(int v) { return v <= 1 ? 0 : 1 + log2_int(v / 2); }
+
+// Grid: (ceil(N / 64), splits). CTA (bx, s) computes Y[:, 64 bx .. 64 bx + 64) over the
+// k-vectors [s·q_per_split, (s+1)·q_per_split) into out + s·M·N (bias only when unsplit).
+// A warp's lanes form G groups along M, each with MTL rows of x and 32/G lanes along K: the
+// W loads of a group are the same addresses (one transaction), and a lane's M·4/G sums fit
+// in registers (128 at 512 threads per SM).
+template <int MTL, int G>
+__global__ void __launch_bounds__(kThreads, 1)
+    small_m_gemm_kernel(const float* __restrict__ x, const float* __restrict__ w,
+                        const float* __restrict__ bias, float* __restrict__ out, int M,
+                        int64_t N, int K4, int q_per_split) {
+  constexpr int kLanesK = 32 / G;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int kl = lane % kLanesK, m0 = (lane / kLanesK) * MTL;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kRowsPerCta + warp * kRowsPerWarp;
+  const int q_begin = static_cast<int>(blockIdx.y) * q_per_split;
+  const int q_end = min(K4, q_begin + q_per_split);
+  const float4* x4 = reinterpret_cast<const float4*>(x);
+  const float4* wr[kRowsPerWarp];
+#pragma unroll
+  for (int r = 0; r < kRowsPerWarp; ++r)  // rows past N read row N - 1; never stored
+    wr[r] = reinterpret_cast<const float4*>(w) + min(n0 + r, N - 1) * static_cast<int64_t>(K4);
+
+  float acc[MTL][kRowsPerWarp] = {};
+  int q = q_begin + kl;
+  for (; q + kLanesK < q_end; q += 2 * kLanesK) {  // two k-vectors per row in flight
+    float4 a[kRowsPerWarp], b[kRowsPerWarp];
+#pragma unroll
+    for (int r = 0; r < kRowsPerWarp; ++r) {
+      a[r] = load_once(wr[r] + q);
+      b[r] = load_once(wr[r] + q + kLanesK);
+    }
+    accumulate<MTL>(acc, x4, m0, M, K4, q, a);
+    accumulate<MTL>(acc, x4, m0, M, K4, q + kLanesK, b);
+  }
+  if (q < q_end) {
+    float4 a[kRowsPerWarp];
+#pragma unroll
+    for (int r = 0; r < kRowsPerWarp; ++r) a[r] = load_once(wr[r] + q);
+    accumulate<MTL>(acc, x4, m0, M, K4, q, a);
+  }
+
+  constexpr int V = MTL * kRowsPerWarp;
+  float v[V];
+#pragma unroll
+  for (int i = 0; i < MTL; ++i)
+#pragma unroll
+    for (int r = 0; r < kRowsPerWarp; ++r) v[i * kRowsPerWarp + r] = acc[i][r];
+  warp_reduce_scatter<V, kLanesK / 2>(v, lane);  // over the group's lanes
+
+  constexpr int kPer = V >= kLanesK ? V / kLanesK : 1;                  // sums a lane stores
+  constexpr int kShift = V >= kLanesK ? 0 : log2_int(kLanesK / V);      // lanes per sum
+  if ((kl & ((1 << kShift) - 1)) != 0) return;
+  float* o = out + static_cast<int64_t>(blockIdx.y) * M * N;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int j = (kl >> kShift) * kPer + i;
+    const int m = m0 + j / kRowsPerWarp;
+    const int64_t n = n0 + j % kRowsPerWarp;
+    if (m < M && n < N) o[m * N + n] = bias ? v[i] + __ldg(bias + n) : v[i];
+  }
+}
+
+// y = sum over s of part[s] (in split order) + bias.
+__global__ void sum_splits_kernel(const float* __restrict__ part, const float* __restrict__ bias,
+                                  float* __restrict__ y, int64_t MN, int64_t N, int splits) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < MN;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float s = part[i];
+    for (int p = 1; p < splits; ++p) s += part[p * MN + i];
+    y[i] = bias ? s + __ldg(bias + i % N) : s;
+  }
+}
+
+template <int MTL, int G>
+void launch_rows(dim3 grid, const float* x, const float* w, const float* bias, float* out, int M,
+                 int64_t N, int K4, int q_per_split, cudaStream_t stream) {
+  small_m_gemm_kernel<MTL, G>
+      <<<grid, kThreads, 0, stream>>>(x, w, bias, out, M, N, K4, q_per_split);
+  GF_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+bool small_m_gemm_fits(int64_t M, int64_t N, int64_t K, const void* x, const void* w) {
+  // x offsets are 32-bit: M·K < 2^31.
+  return M >= 1 && M <= kSmallMMaxRows && N >= 1 && K >= 4 && K % 4 == 0 && K < (1 << 26) &&
+         reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0;
+}
+
+void launch_small_m_gemm(const float* x, const float* w, const float* bias, float* y, int64_t M,
+                         int64_t N, int64_t K, void* scratch, size_t scratch_bytes,
+                         cudaStream_t stream) {
+  if (!small_m_gemm_fits(M, N, K, x, w))
+    throw std::logic_error("CUDA small-M gemm: problem outside the kernel's domain");
+  const int K4 = static_cast<int>(K / 4);
+  const int64_t ctas_n = (N + kRowsPerCta - 1) / kRowsPerCta;
+  if (ctas_n > 0x7fffffffLL) throw std::logic_error("CUDA small-M gemm: N too large");
+  // Split K only as far as needed for one CTA per SM, each lane keeping enough loads in
+  // flight, and as far as the scratch holds the partial sums.
+  int64_t splits = 1;
+  if (const int sms = sm_count(); ctas_n < sms) {
+    splits = std::min<int64_t>((sms + ctas_n - 1) / ctas_n,
+                               std::max<int64_t>(1, K4 / (32 * kMinVectorsPerLane)));
+    splits = std::min<int64_t>(splits, static_cast<int64_t>(scratch_bytes / (4 * M * N)));
+    splits = std::clamp<int64_t>(splits, 1, 65535);
+  }
+  const int q_per_split = static_cast<int>((K4 + splits - 1) / splits);
+  splits = (K4 + q_per_split - 1) / q_per_split;  // no empty split
+  float* out = splits > 1 ? static_cast<float*>(scratch) : y;
+  const float* b = splits > 1 ? nullptr : bias;
+  const dim3 grid(static_cast<unsigned>(ctas_n), static_cast<unsigned>(splits));
+  const int m = static_cast<int>(M);
+  if (M == 1) launch_rows<1, 1>(grid, x, w, b, out, m, N, K4, q_per_split, stream);
+  else if (M == 2) launch_rows<2, 1>(grid, x, w, b, out, m, N, K4, q_per_split, stream);
+  else if (M <= 4) launch_rows<4, 1>(grid, x, w, b, out, m, N, K4, q_per_split, stream);
+  else if (M <= 8) launch_rows<8, 1>(grid, x, w, b, out, m, N, K4, q_per_split, stream);
+  else launch_rows<8, 2>(grid, x, w, b, out, m, N, K4, q_per_split, stream);
+  if (splits > 1) {
+    const int64_t MN = M * N;
+    const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((MN + 255) / 256, 4096));
+    sum_splits_kernel<<<blocks, 256, 0, stream>>>(out, bias, y, MN, N, static_cast<int>(splits));
+    GF_LAUNCH_CHECK();
+  }
+}
+
+}  // namespace gemmfuse::cuda

@@ -1,0 +1,25 @@
+// The fp32 Gemm step for a few rows of x (M <= 16): Y[M,N] = x[M,K] W[N,K]^T (+ bias), bound
+// by reading W once, with a shorter summation chain than cuBLASLt's SGEMM (gemm_small_m.cu).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace gemmfuse::cuda {
+
+constexpr int64_t kSmallMMaxRows = 16;
+
+// Whether the kernel takes this problem: 1 <= M <= 16, K a positive multiple of 4 and x, W
+// 16-byte aligned (its loads are 16 bytes wide).
+bool small_m_gemm_fits(int64_t M, int64_t N, int64_t K, const void* x, const void* w);
+
+// Row-major fp32 x[M,K], W[N,K], bias[N] (or nullptr), y[M,N]. `scratch` (stream-ordered,
+// scratch_bytes long) holds per-split partial sums when N is too small to fill the GPU
+// with whole-K CTAs; with no room there the kernel runs with fewer splits.
+void launch_small_m_gemm(const float* x, const float* w, const float* bias, float* y, int64_t M,
+                         int64_t N, int64_t K, void* scratch, size_t scratch_bytes,
+                         cudaStream_t stream);
+
+}  // namespace gemmfuse::cuda

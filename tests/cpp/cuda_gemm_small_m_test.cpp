@@ -1,0 +1,106 @@
+// The fp32 GEMM for a few rows (executors/cuda/gemm_small_m.cu) against a float64 reference:
+// fresh random inputs per test (seed printed; GEMMFUSE_SEED=<n> repeats one), output and
+// scratch poisoned with NaN, every element within the worst-case error bound of its
+// summation chain. Shapes cover each row template (M = 1 .. 16), N and K tails, and the
+// K-split path with and without room for all its splits.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <sstream>
+#include <vector>
+
+#include "cpu_test_util.h"
+#include "cuda_test_util.h"
+#include "gemm_small_m.h"
+
+namespace {
+
+using gemmfuse::cuda::launch_small_m_gemm;
+using gemmfuse::cuda::small_m_gemm_fits;
+using gftest::DevMem;
+
+std::vector<float> uniform(size_t n, std::mt19937_64& rng) {
+  std::uniform_real_distribution<float> d(-1.f, 1.f);
+  std::vector<float> v(n);
+  for (float& e : v) e = d(rng);
+  return v;
+}
+
+void upload(DevMem& m, const std::vector<float>& v) {
+  CK(cudaMemcpy(m.p, v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice));
+}
+
+// Y = x W^T + b on the GPU, checked against float64: |y - ref| <= n u sum_k |x w| (+ |b|),
+// n bounding the roundings on one output's path (its lane's chain of at most K/64 sums of
+// 4 products, the warp's 5-level tree, at most 8 split sums, the bias).
+void check(int64_t M, int64_t N, int64_t K, bool with_bias, size_t scratch_bytes,
+           std::mt19937_64& rng) {
+  std::ostringstream what;
+  what << "M=" << M << " N=" << N << " K=" << K << " bias=" << with_bias
+       << " scratch=" << scratch_bytes;
+  SCOPED_TRACE(what.str());
+  const auto x = uniform(M * K, rng), w = uniform(N * K, rng), b = uniform(N, rng);
+  DevMem dx(x.size() * 4), dw(w.size() * 4), db(b.size() * 4), dy(M * N * 4),
+      scratch(scratch_bytes);
+  upload(dx, x);
+  upload(dw, w);
+  upload(db, b);
+  ASSERT_TRUE(small_m_gemm_fits(M, N, K, dx.p, dw.p));
+  launch_small_m_gemm(static_cast<const float*>(dx.p), static_cast<const float*>(dw.p),
+                      with_bias ? static_cast<const float*>(db.p) : nullptr,
+                      static_cast<float*>(dy.p), M, N, K, scratch.p, scratch_bytes, nullptr);
+  CK(cudaDeviceSynchronize());
+  std::vector<float> y(M * N);
+  CK(cudaMemcpy(y.data(), dy.p, y.size() * 4, cudaMemcpyDeviceToHost));
+
+  const double u = std::ldexp(1.0, -24), n_round = static_cast<double>(K) / 64 + 24;
+  int bad = 0;
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n) {
+      double ref = with_bias ? b[n] : 0.0, mag = with_bias ? std::fabs(b[n]) : 0.0;
+      for (int64_t k = 0; k < K; ++k) {
+        const double p = static_cast<double>(x[m * K + k]) * w[n * K + k];
+        ref += p;
+        mag += std::fabs(p);
+      }
+      const double got = y[m * N + n];
+      if (!(std::fabs(got - ref) <= n_round * u * mag) && bad++ < 5)
+        ADD_FAILURE() << "Y[" << m << ", " << n << "] = " << got << ", float64 " << ref
+                      << " (bound " << n_round * u * mag << ")";
+    }
+  EXPECT_EQ(bad, 0);
+}
+
+TEST(CudaSmallMGemm, Domain) {
+  alignas(16) static float buf[8];
+  EXPECT_TRUE(small_m_gemm_fits(16, 3, 4, buf, buf));
+  EXPECT_FALSE(small_m_gemm_fits(17, 3, 4, buf, buf));       // too many rows
+  EXPECT_FALSE(small_m_gemm_fits(0, 3, 4, buf, buf));        // empty batch: no launch
+  EXPECT_FALSE(small_m_gemm_fits(4, 3, 6, buf, buf));        // K % 4 != 0: rows not 16-byte
+  EXPECT_FALSE(small_m_gemm_fits(4, 3, 8, buf + 1, buf));    // x not 16-byte aligned
+  EXPECT_FALSE(small_m_gemm_fits(4, 3, 8, buf, buf + 2));    // W not 16-byte aligned
+}
+
+TEST(CudaSmallMGemm, EveryRowCountAgainstFloat64) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(gftest::test_seed());
+  const size_t room = size_t(32) << 20;
+  for (int64_t M : {1, 2, 3, 4, 5, 8, 9, 16}) {
+    check(M, 37, 1000, true, room, rng);   // N tail inside one CTA, K tail inside a warp
+    check(M, 300, 12, false, room, rng);   // K shorter than a warp's first load
+  }
+}
+
+TEST(CudaSmallMGemm, SplitKAgainstFloat64) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(gftest::test_seed());
+  check(16, 37, 8192, true, size_t(32) << 20, rng);  // 1 CTA along N: K split 8 ways
+  check(7, 37, 8192, true, 3 * 4 * 7 * 37, rng);     // room for 3 splits only
+  check(16, 4100, 2048, false, size_t(32) << 20, rng);  // 65 CTAs along N: 2 splits
+  check(1, 5, 4, true, 0, rng);                       // no scratch at all
+}
+
+}  // namespace

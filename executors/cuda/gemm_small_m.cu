@@ -3,19 +3,22 @@
 // Why a kernel of our own: with so few rows the GEMM is bound by reading W once (N·K·4 bytes;
 // 268 MB, 90 µs at the seed's K = N = 8192), and cuBLASLt's choice there (a split-K SGEMM,
 // 0.166 ms at M = 16) sums each output in a longer fp32 chain than eager's cuBLAS kernel:
-// 1.5x eager's error against float64 (bench/NOTES.md), outside the fp32 promise.
+// 1.5x eager's error against float64, and 1.7-2.6x with K % 4 != 0 or x off a 16-byte
+// boundary (bench/NOTES.md): outside the fp32 promise.
 //
-// How: each warp owns 4 rows of W (4 columns of Y) and all M rows of x. Lane l reads the
-// 16-byte k-vectors l, l+32, l+64, ... of its 4 W rows (512 contiguous bytes per row per warp
-// load, two loads per row in flight, not kept in L1) and of the M rows of x (L1 hits: the
-// CTA's 16 warps read the same x). A CTA takes 64 rows of W and holds a whole SM, so x
-// crosses from L2 half as often as with 8-warp CTAs (3 µs less at M = 16).
-// Summation: each output's sum in a lane is a chain of 4-product sums, one per k-vector
+// How: each warp owns 4 rows of W (4 columns of Y) and all M rows of x, and walks K in
+// chunks of 4 elements per lane: one 16-byte vector per row (512 contiguous bytes per row per
+// warp load) where K % 4 == 0 and x, W are 16-byte aligned, else 4 elements a warp-width
+// apart (4-byte loads, 128 contiguous bytes each). Two chunks of each W row are in flight,
+// not kept in L1; x hits L1 (the CTA's 16 warps read the same x). A CTA takes 64 rows of W
+// and holds a whole SM, so x crosses from L2 half as often as with 8-warp CTAs (3 µs less at
+// M = 16).
+// Summation: each output's sum in a lane is a chain of 4-product sums, one per chunk
 // (K/128 adds at M <= 8; K/64 at M > 8, where half the lanes take the other 8 rows of x):
 // 64-128 at K = 8192, against 512 when each product is added to the sum (that error was
-// 1.4x eager's at M = 16; now 0.8x). The warp then adds its lanes' sums in a tree
-// (reduce-scatter by shuffles: no shared memory). When N / 64 CTAs cannot fill the GPU, K is
-// split across CTAs too; their partial sums are added in split order by a second kernel.
+// 1.4x eager's at M = 16; now 0.7-0.8x). The warp then adds its lanes' sums in a tree
+// (reduce-scatter by shuffles: no shared memory). When N / 64 CTAs leave half the SMs idle,
+// K is split across CTAs too; their partial sums are added in split order by a second kernel.
 // Every order is fixed: results are reproducible.
 #include "gemm_small_m.h"
 
@@ -32,9 +35,9 @@ constexpr int kWarps = 16;
 constexpr int kThreads = kWarps * 32;
 constexpr int kRowsPerWarp = 4;  // rows of W (columns of Y) per warp
 constexpr int kRowsPerCta = kWarps * kRowsPerWarp;
-constexpr int64_t kMinVectorsPerLane = 8;  // a split of K gives each lane at least this many
+constexpr int64_t kMinChunksPerSplit = 8;  // a split of K gives each lane at least this many
 
-// W is read once: a 16-byte load that bypasses L1, which keeps x.
+// W is read once: loads that bypass L1, which keeps x.
 __device__ __forceinline__ float4 load_once(const float4* p) {
   float4 v;
   asm("ld.global.nc.L1::no_allocate.v4.f32 {%0, %1, %2, %3}, [%4];"
@@ -42,19 +45,47 @@ __device__ __forceinline__ float4 load_once(const float4* p) {
       : "l"(p));
   return v;
 }
+__device__ __forceinline__ float load_once(const float* p) {
+  float v;
+  asm("ld.global.nc.L1::no_allocate.f32 %0, [%1];" : "=f"(v) : "l"(p));
+  return v;
+}
 
-// acc[i][r] += x[m0 + i, 4q .. 4q+3] . w[r]  for the lane's MTL rows of x.
-template <int MTL>
+// The 4 elements of K that lane `kl` takes from chunk c of a row, a chunk being 4·L elements
+// (L lanes along K):
+//   Vec = 4: one 16-byte vector, elements 4(cL + kl) .. 4(cL + kl) + 3 (rows 16-byte aligned);
+//   Vec = 1: elements 4cL + kl + {0, L, 2L, 3L}, one 4-byte load each (any row alignment).
+// Elements past K read as 0 when Masked (the last chunk only).
+template <int Vec, int L, bool Once, bool Masked>
+__device__ __forceinline__ float4 load_chunk(const float* __restrict__ row, int c, int kl, int K) {
+  const int e = c * 4 * L + (Vec == 4 ? 4 * kl : kl);
+  if constexpr (Vec == 4) {
+    if (Masked && e >= K) return make_float4(0.f, 0.f, 0.f, 0.f);  // K % 4 == 0 here
+    const float4* p = reinterpret_cast<const float4*>(row + e);
+    return Once ? load_once(p) : __ldg(p);
+  } else {
+    float v[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float* p = row + e + j * L;
+      v[j] = (Masked && e + j * L >= K) ? 0.f : Once ? load_once(p) : __ldg(p);
+    }
+    return make_float4(v[0], v[1], v[2], v[3]);
+  }
+}
+
+// acc[i][r] += (lane's 4 elements of chunk c of x row m0 + i) . w[r], for its MTL rows of x.
+template <int MTL, int Vec, int L, bool Masked>
 __device__ __forceinline__ void accumulate(float (&acc)[MTL][kRowsPerWarp],
-                                           const float4* __restrict__ x4, int m0, int M, int K4,
-                                           int q, const float4 (&w)[kRowsPerWarp]) {
+                                           const float* __restrict__ x, int m0, int M, int K,
+                                           int c, int kl, const float4 (&w)[kRowsPerWarp]) {
 #pragma unroll
   for (int i = 0; i < MTL; ++i) {
     // Rows past M read row M - 1 (valid memory); their sums are never stored.
     const int m = min(m0 + i, M - 1);
-    const float4 xv = __ldg(x4 + m * K4 + q);
+    const float4 xv = load_chunk<Vec, L, false, Masked>(x + m * K, c, kl, K);
 #pragma unroll
-    for (int r = 0; r < kRowsPerWarp; ++r) {  // the vector's 4 products, then one add
+    for (int r = 0; r < kRowsPerWarp; ++r) {  // the chunk's 4 products, then one add
       float t = xv.x * w[r].x;
       t = fmaf(xv.y, w[r].y, t);
       t = fmaf(xv.z, w[r].z, t);
@@ -62,6 +93,18 @@ __device__ __forceinline__ void accumulate(float (&acc)[MTL][kRowsPerWarp],
       acc[i][r] += t;
     }
   }
+}
+
+// One chunk of the lane's W rows and x rows into acc.
+template <int MTL, int Vec, int L, bool Masked>
+__device__ __forceinline__ void chunk_step(float (&acc)[MTL][kRowsPerWarp],
+                                           const float* (&wr)[kRowsPerWarp],
+                                           const float* __restrict__ x, int m0, int M, int K,
+                                           int c, int kl) {
+  float4 a[kRowsPerWarp];
+#pragma unroll
+  for (int r = 0; r < kRowsPerWarp; ++r) a[r] = load_chunk<Vec, L, true, Masked>(wr[r], c, kl, K);
+  accumulate<MTL, Vec, L, Masked>(acc, x, m0, M, K, c, kl, a);
 }
 
 // Sums the first `Held` of v over the lanes that differ in bits O, O/2, .., 1 of the lane id.
@@ -92,45 +135,41 @@ __device__ __forceinline__ void warp_reduce_scatter(float (&v)[V], int lane) {
 constexpr int log2_int(int v) { return v <= 1 ? 0 : 1 + log2_int(v / 2); }
 
 // Grid: (ceil(N / 64), splits). CTA (bx, s) computes Y[:, 64 bx .. 64 bx + 64) over the
-// k-vectors [s·q_per_split, (s+1)·q_per_split) into out + s·M·N (bias only when unsplit).
-// A warp's lanes form G groups along M, each with MTL rows of x and 32/G lanes along K: the
-// W loads of a group are the same addresses (one transaction), and a lane's M·4/G sums fit
-// in registers (128 at 512 threads per SM).
-template <int MTL, int G>
+// chunks [s·chunks_per_split, (s+1)·chunks_per_split) into out + s·M·N (bias only when
+// unsplit). A warp's lanes form G groups along M, each with MTL rows of x and 32/G lanes
+// along K: the W loads of a group are the same addresses (one transaction), and a lane's
+// M·4/G sums fit in registers (128 at 512 threads per SM).
+template <int MTL, int G, int Vec>
 __global__ void __launch_bounds__(kThreads, 1)
     small_m_gemm_kernel(const float* __restrict__ x, const float* __restrict__ w,
                         const float* __restrict__ bias, float* __restrict__ out, int M,
-                        int64_t N, int K4, int q_per_split) {
-  constexpr int kLanesK = 32 / G;
+                        int64_t N, int K, int chunks_per_split) {
+  constexpr int L = 32 / G;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int kl = lane % kLanesK, m0 = (lane / kLanesK) * MTL;
+  const int kl = lane % L, m0 = (lane / L) * MTL;
   const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kRowsPerCta + warp * kRowsPerWarp;
-  const int q_begin = static_cast<int>(blockIdx.y) * q_per_split;
-  const int q_end = min(K4, q_begin + q_per_split);
-  const float4* x4 = reinterpret_cast<const float4*>(x);
-  const float4* wr[kRowsPerWarp];
+  const int c_begin = static_cast<int>(blockIdx.y) * chunks_per_split;
+  const int c_end = min((K + 4 * L - 1) / (4 * L), c_begin + chunks_per_split);
+  const int c_full = min(c_end, K / (4 * L));  // chunks wholly inside K
+  const float* wr[kRowsPerWarp];
 #pragma unroll
   for (int r = 0; r < kRowsPerWarp; ++r)  // rows past N read row N - 1; never stored
-    wr[r] = reinterpret_cast<const float4*>(w) + min(n0 + r, N - 1) * static_cast<int64_t>(K4);
+    wr[r] = w + min(n0 + r, N - 1) * static_cast<int64_t>(K);
 
   float acc[MTL][kRowsPerWarp] = {};
-  int q = q_begin + kl;
-  for (; q + kLanesK < q_end; q += 2 * kLanesK) {  // two k-vectors per row in flight
+  int c = c_begin;
+  for (; c + 1 < c_full; c += 2) {  // two chunks of each W row in flight
     float4 a[kRowsPerWarp], b[kRowsPerWarp];
 #pragma unroll
     for (int r = 0; r < kRowsPerWarp; ++r) {
-      a[r] = load_once(wr[r] + q);
-      b[r] = load_once(wr[r] + q + kLanesK);
+      a[r] = load_chunk<Vec, L, true, false>(wr[r], c, kl, K);
+      b[r] = load_chunk<Vec, L, true, false>(wr[r], c + 1, kl, K);
     }
-    accumulate<MTL>(acc, x4, m0, M, K4, q, a);
-    accumulate<MTL>(acc, x4, m0, M, K4, q + kLanesK, b);
+    accumulate<MTL, Vec, L, false>(acc, x, m0, M, K, c, kl, a);
+    accumulate<MTL, Vec, L, false>(acc, x, m0, M, K, c + 1, kl, b);
   }
-  if (q < q_end) {
-    float4 a[kRowsPerWarp];
-#pragma unroll
-    for (int r = 0; r < kRowsPerWarp; ++r) a[r] = load_once(wr[r] + q);
-    accumulate<MTL>(acc, x4, m0, M, K4, q, a);
-  }
+  if (c < c_full) chunk_step<MTL, Vec, L, false>(acc, wr, x, m0, M, K, c++, kl);
+  if (c < c_end) chunk_step<MTL, Vec, L, true>(acc, wr, x, m0, M, K, c, kl);  // K's tail
 
   constexpr int V = MTL * kRowsPerWarp;
   float v[V];
@@ -138,10 +177,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int i = 0; i < MTL; ++i)
 #pragma unroll
     for (int r = 0; r < kRowsPerWarp; ++r) v[i * kRowsPerWarp + r] = acc[i][r];
-  warp_reduce_scatter<V, kLanesK / 2>(v, lane);  // over the group's lanes
+  warp_reduce_scatter<V, L / 2>(v, lane);  // over the group's lanes
 
-  constexpr int kPer = V >= kLanesK ? V / kLanesK : 1;                  // sums a lane stores
-  constexpr int kShift = V >= kLanesK ? 0 : log2_int(kLanesK / V);      // lanes per sum
+  constexpr int kPer = V >= L ? V / L : 1;                  // sums a lane stores
+  constexpr int kShift = V >= L ? 0 : log2_int(L / V);      // lanes per sum, as a shift
   if ((kl & ((1 << kShift) - 1)) != 0) return;
   float* o = out + static_cast<int64_t>(blockIdx.y) * M * N;
 #pragma unroll
@@ -165,49 +204,59 @@ __global__ void sum_splits_kernel(const float* __restrict__ part, const float* _
 }
 
 template <int MTL, int G>
-void launch_rows(dim3 grid, const float* x, const float* w, const float* bias, float* out, int M,
-                 int64_t N, int K4, int q_per_split, cudaStream_t stream) {
-  small_m_gemm_kernel<MTL, G>
-      <<<grid, kThreads, 0, stream>>>(x, w, bias, out, M, N, K4, q_per_split);
+void launch_rows(dim3 grid, bool vec4, const float* x, const float* w, const float* bias,
+                 float* out, int M, int64_t N, int K, int chunks_per_split,
+                 cudaStream_t stream) {
+  if (vec4)
+    small_m_gemm_kernel<MTL, G, 4>
+        <<<grid, kThreads, 0, stream>>>(x, w, bias, out, M, N, K, chunks_per_split);
+  else
+    small_m_gemm_kernel<MTL, G, 1>
+        <<<grid, kThreads, 0, stream>>>(x, w, bias, out, M, N, K, chunks_per_split);
   GF_LAUNCH_CHECK();
 }
 
 }  // namespace
 
-bool small_m_gemm_fits(int64_t M, int64_t N, int64_t K, const void* x, const void* w) {
+bool small_m_gemm_fits(int64_t M, int64_t N, int64_t K) {
   // x offsets are 32-bit: M·K < 2^31.
-  return M >= 1 && M <= kSmallMMaxRows && N >= 1 && K >= 4 && K % 4 == 0 && K < (1 << 26) &&
-         reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0;
+  return M >= 1 && M <= kSmallMMaxRows && N >= 1 && K >= 1 && K < (int64_t(1) << 26);
 }
 
 void launch_small_m_gemm(const float* x, const float* w, const float* bias, float* y, int64_t M,
                          int64_t N, int64_t K, void* scratch, size_t scratch_bytes,
                          cudaStream_t stream) {
-  if (!small_m_gemm_fits(M, N, K, x, w))
+  if (!small_m_gemm_fits(M, N, K))
     throw std::logic_error("CUDA small-M gemm: problem outside the kernel's domain");
-  const int K4 = static_cast<int>(K / 4);
+  // 16-byte loads when every row of x and W starts on a 16-byte boundary.
+  const bool vec4 = K % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+                    reinterpret_cast<uintptr_t>(w) % 16 == 0;
+  const int lanes_k = M > 8 ? 16 : 32;
+  const int64_t chunks = (K + 4 * lanes_k - 1) / (4 * lanes_k);
   const int64_t ctas_n = (N + kRowsPerCta - 1) / kRowsPerCta;
   if (ctas_n > 0x7fffffffLL) throw std::logic_error("CUDA small-M gemm: N too large");
-  // Split K only as far as needed for one CTA per SM, each lane keeping enough loads in
-  // flight, and as far as the scratch holds the partial sums.
+  // Split K while the CTAs still fit one wave (one per SM: a second, partial wave costs more
+  // than a few idle SMs, 3 µs at N = 8192), each lane keeping enough loads in flight, and as
+  // far as the scratch holds the partial sums.
   int64_t splits = 1;
   if (const int sms = sm_count(); ctas_n < sms) {
-    splits = std::min<int64_t>((sms + ctas_n - 1) / ctas_n,
-                               std::max<int64_t>(1, K4 / (32 * kMinVectorsPerLane)));
+    splits = std::min<int64_t>(sms / ctas_n,
+                               std::max<int64_t>(1, chunks / kMinChunksPerSplit));
     splits = std::min<int64_t>(splits, static_cast<int64_t>(scratch_bytes / (4 * M * N)));
     splits = std::clamp<int64_t>(splits, 1, 65535);
   }
-  const int q_per_split = static_cast<int>((K4 + splits - 1) / splits);
-  splits = (K4 + q_per_split - 1) / q_per_split;  // no empty split
+  const int64_t chunks_per_split = (chunks + splits - 1) / splits;
+  splits = (chunks + chunks_per_split - 1) / chunks_per_split;  // no empty split
   float* out = splits > 1 ? static_cast<float*>(scratch) : y;
   const float* b = splits > 1 ? nullptr : bias;
   const dim3 grid(static_cast<unsigned>(ctas_n), static_cast<unsigned>(splits));
-  const int m = static_cast<int>(M);
-  if (M == 1) launch_rows<1, 1>(grid, x, w, b, out, m, N, K4, q_per_split, stream);
-  else if (M == 2) launch_rows<2, 1>(grid, x, w, b, out, m, N, K4, q_per_split, stream);
-  else if (M <= 4) launch_rows<4, 1>(grid, x, w, b, out, m, N, K4, q_per_split, stream);
-  else if (M <= 8) launch_rows<8, 1>(grid, x, w, b, out, m, N, K4, q_per_split, stream);
-  else launch_rows<8, 2>(grid, x, w, b, out, m, N, K4, q_per_split, stream);
+  const int m = static_cast<int>(M), k = static_cast<int>(K);
+  const int cps = static_cast<int>(chunks_per_split);
+  if (M == 1) launch_rows<1, 1>(grid, vec4, x, w, b, out, m, N, k, cps, stream);
+  else if (M == 2) launch_rows<2, 1>(grid, vec4, x, w, b, out, m, N, k, cps, stream);
+  else if (M <= 4) launch_rows<4, 1>(grid, vec4, x, w, b, out, m, N, k, cps, stream);
+  else if (M <= 8) launch_rows<8, 1>(grid, vec4, x, w, b, out, m, N, k, cps, stream);
+  else launch_rows<8, 2>(grid, vec4, x, w, b, out, m, N, k, cps, stream);
   if (splits > 1) {
     const int64_t MN = M * N;
     const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((MN + 255) / 256, 4096));

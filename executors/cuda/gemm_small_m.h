@@ -11,9 +11,9 @@ namespace gemmfuse::cuda {
 
 constexpr int64_t kSmallMMaxRows = 16;
 
-// Whether the kernel takes this problem: 1 <= M <= 16, K a positive multiple of 4 and x, W
-// 16-byte aligned (its loads are 16 bytes wide).
-bool small_m_gemm_fits(int64_t M, int64_t N, int64_t K, const void* x, const void* w);
+// Whether the kernel takes this problem: 1 <= M <= 16, N >= 1, 1 <= K < 2^26. Any alignment
+// of x and W (4-byte elements); 16-byte loads where K % 4 == 0 and both are 16-byte aligned.
+bool small_m_gemm_fits(int64_t M, int64_t N, int64_t K);
 
 // Row-major fp32 x[M,K], W[N,K], bias[N] (or nullptr), y[M,N]. `scratch` (stream-ordered,
 // scratch_bytes long) holds per-split partial sums when N is too small to fill the GPU

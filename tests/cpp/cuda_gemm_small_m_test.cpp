@@ -1,8 +1,9 @@
 // The fp32 GEMM for a few rows (executors/cuda/gemm_small_m.cu) against a float64 reference:
 // fresh random inputs per test (seed printed; GEMMFUSE_SEED=<n> repeats one), output and
 // scratch poisoned with NaN, every element within the worst-case error bound of its
-// summation chain. Shapes cover each row template (M = 1 .. 16), N and K tails, and the
-// K-split path with and without room for all its splits.
+// summation chain. Shapes cover each row template (M = 1 .. 16), N and K tails, 16-byte and
+// 4-byte loads (K % 4 != 0, x or W off a 16-byte boundary), and the K-split path with and
+// without room for all its splits.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -35,22 +36,24 @@ void upload(DevMem& m, const std::vector<float>& v) {
 
 // Y = x W^T + b on the GPU, checked against float64: |y - ref| <= n u sum_k |x w| (+ |b|),
 // n bounding the roundings on one output's path (its lane's chain of at most K/64 sums of
-// 4 products, the warp's 5-level tree, at most 8 split sums, the bias).
+// 4 products, the warp's 5-level tree, the split sums, the bias). x_offset, w_offset:
+// x and W start that many elements past a 16-byte boundary (4-byte loads).
 void check(int64_t M, int64_t N, int64_t K, bool with_bias, size_t scratch_bytes,
-           std::mt19937_64& rng) {
+           std::mt19937_64& rng, int x_offset = 0, int w_offset = 0) {
   std::ostringstream what;
   what << "M=" << M << " N=" << N << " K=" << K << " bias=" << with_bias
-       << " scratch=" << scratch_bytes;
+       << " scratch=" << scratch_bytes << " offsets=" << x_offset << "," << w_offset;
   SCOPED_TRACE(what.str());
   const auto x = uniform(M * K, rng), w = uniform(N * K, rng), b = uniform(N, rng);
-  DevMem dx(x.size() * 4), dw(w.size() * 4), db(b.size() * 4), dy(M * N * 4),
-      scratch(scratch_bytes);
-  upload(dx, x);
-  upload(dw, w);
+  DevMem dx((x.size() + x_offset) * 4), dw((w.size() + w_offset) * 4), db(b.size() * 4),
+      dy(M * N * 4), scratch(scratch_bytes);
+  float* xp = static_cast<float*>(dx.p) + x_offset;
+  float* wp = static_cast<float*>(dw.p) + w_offset;
+  CK(cudaMemcpy(xp, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(wp, w.data(), w.size() * 4, cudaMemcpyHostToDevice));
   upload(db, b);
-  ASSERT_TRUE(small_m_gemm_fits(M, N, K, dx.p, dw.p));
-  launch_small_m_gemm(static_cast<const float*>(dx.p), static_cast<const float*>(dw.p),
-                      with_bias ? static_cast<const float*>(db.p) : nullptr,
+  ASSERT_TRUE(small_m_gemm_fits(M, N, K));
+  launch_small_m_gemm(xp, wp, with_bias ? static_cast<const float*>(db.p) : nullptr,
                       static_cast<float*>(dy.p), M, N, K, scratch.p, scratch_bytes, nullptr);
   CK(cudaDeviceSynchronize());
   std::vector<float> y(M * N);
@@ -75,13 +78,13 @@ void check(int64_t M, int64_t N, int64_t K, bool with_bias, size_t scratch_bytes
 }
 
 TEST(CudaSmallMGemm, Domain) {
-  alignas(16) static float buf[8];
-  EXPECT_TRUE(small_m_gemm_fits(16, 3, 4, buf, buf));
-  EXPECT_FALSE(small_m_gemm_fits(17, 3, 4, buf, buf));       // too many rows
-  EXPECT_FALSE(small_m_gemm_fits(0, 3, 4, buf, buf));        // empty batch: no launch
-  EXPECT_FALSE(small_m_gemm_fits(4, 3, 6, buf, buf));        // K % 4 != 0: rows not 16-byte
-  EXPECT_FALSE(small_m_gemm_fits(4, 3, 8, buf + 1, buf));    // x not 16-byte aligned
-  EXPECT_FALSE(small_m_gemm_fits(4, 3, 8, buf, buf + 2));    // W not 16-byte aligned
+  EXPECT_TRUE(small_m_gemm_fits(16, 3, 4));
+  EXPECT_TRUE(small_m_gemm_fits(1, 1, 1));
+  EXPECT_FALSE(small_m_gemm_fits(17, 3, 4));  // too many rows: cuBLASLt
+  EXPECT_FALSE(small_m_gemm_fits(0, 3, 4));   // empty batch: nothing to launch
+  EXPECT_FALSE(small_m_gemm_fits(4, 0, 4));
+  EXPECT_FALSE(small_m_gemm_fits(4, 3, 0));   // K = 0: Y = bias, done by the caller
+  EXPECT_FALSE(small_m_gemm_fits(4, 3, int64_t(1) << 26));  // x offsets are 32-bit
 }
 
 TEST(CudaSmallMGemm, EveryRowCountAgainstFloat64) {
@@ -91,16 +94,20 @@ TEST(CudaSmallMGemm, EveryRowCountAgainstFloat64) {
   for (int64_t M : {1, 2, 3, 4, 5, 8, 9, 16}) {
     check(M, 37, 1000, true, room, rng);   // N tail inside one CTA, K tail inside a warp
     check(M, 300, 12, false, room, rng);   // K shorter than a warp's first load
+    check(M, 70, 1001, true, room, rng);   // K % 4 != 0: 4-byte loads, masked tail
+    check(M, 70, 1000, true, room, rng, 1, 0);  // x off a 16-byte boundary: 4-byte loads
+    check(M, 70, 1000, false, room, rng, 0, 3);  // W off a 16-byte boundary
   }
 }
 
 TEST(CudaSmallMGemm, SplitKAgainstFloat64) {
   SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(gftest::test_seed());
-  check(16, 37, 8192, true, size_t(32) << 20, rng);  // 1 CTA along N: K split 8 ways
+  check(16, 37, 8192, true, size_t(32) << 20, rng);  // 1 CTA along N: K split 16 ways
   check(7, 37, 8192, true, 3 * 4 * 7 * 37, rng);     // room for 3 splits only
   check(16, 4100, 2048, false, size_t(32) << 20, rng);  // 65 CTAs along N: 2 splits
   check(1, 5, 4, true, 0, rng);                       // no scratch at all
+  check(9, 37, 5000, true, size_t(32) << 20, rng, 2, 1);  // 4-byte loads, split, masked tail
 }
 
 }  // namespace

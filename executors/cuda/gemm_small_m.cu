@@ -1,4 +1,4 @@
-// The fp32 Gemm step for M <= 16 rows of x: Y[M,N] = x[M,K] W[N,K]^T (+ bias).
+// The fp32 Gemm step for M <= 32 rows of x: Y[M,N] = x[M,K] W[N,K]^T (+ bias).
 //
 // Why a kernel of our own: with so few rows the GEMM is bound by reading W once (N·K·4 bytes;
 // 268 MB, 90 µs at the seed's K = N = 8192), and cuBLASLt's choice there (a split-K SGEMM,
@@ -14,8 +14,8 @@
 // and holds a whole SM, so x crosses from L2 half as often as with 8-warp CTAs (3 µs less at
 // M = 16).
 // Summation: each output's sum in a lane is a chain of 4-product sums, one per chunk
-// (K/128 adds at M <= 8; K/64 at M > 8, where half the lanes take the other 8 rows of x):
-// 64-128 at K = 8192, against 512 when each product is added to the sum (that error was
+// (K/128 adds at M <= 8; K/64 at M <= 16 and K/32 at M <= 32, where 2 or 4 groups of lanes
+// take 8 rows of x each): 64-256 at K = 8192, against 512 when each product is added to the sum (that error was
 // 1.4x eager's at M = 16; now 0.7-0.8x). The warp then adds its lanes' sums in a tree
 // (reduce-scatter by shuffles: no shared memory). When N / 64 CTAs leave half the SMs idle,
 // K is split across CTAs too; their partial sums are added in split order by a second kernel.
@@ -218,20 +218,28 @@ void launch_rows(dim3 grid, bool vec4, const float* x, const float* w, const flo
 
 }  // namespace
 
-bool small_m_gemm_fits(int64_t M, int64_t N, int64_t K) {
-  // x offsets are 32-bit: M·K < 2^31.
-  return M >= 1 && M <= kSmallMMaxRows && N >= 1 && K >= 1 && K < (int64_t(1) << 26);
+namespace {
+// 16-byte loads when every row of x and W starts on a 16-byte boundary.
+bool rows_16b_aligned(int64_t K, const void* x, const void* w) {
+  return K % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(w) % 16 == 0;
+}
+}  // namespace
+
+bool small_m_gemm_fits(int64_t M, int64_t N, int64_t K, const void* x, const void* w) {
+  // x offsets are 32-bit: M·K < 2^31. With 4 lane groups (M > 16) 4-byte loads bring 32
+  // bytes per row per warp load: 0.82-0.99x eager at M = 17-32, so those need 16-byte loads.
+  return M >= 1 && M <= kSmallMMaxRows && N >= 1 && K >= 1 && K < (int64_t(1) << 26) &&
+         (M <= 16 || rows_16b_aligned(K, x, w));
 }
 
 void launch_small_m_gemm(const float* x, const float* w, const float* bias, float* y, int64_t M,
                          int64_t N, int64_t K, void* scratch, size_t scratch_bytes,
                          cudaStream_t stream) {
-  if (!small_m_gemm_fits(M, N, K))
+  if (!small_m_gemm_fits(M, N, K, x, w))
     throw std::logic_error("CUDA small-M gemm: problem outside the kernel's domain");
-  // 16-byte loads when every row of x and W starts on a 16-byte boundary.
-  const bool vec4 = K % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
-                    reinterpret_cast<uintptr_t>(w) % 16 == 0;
-  const int lanes_k = M > 8 ? 16 : 32;
+  const bool vec4 = rows_16b_aligned(K, x, w);
+  const int lanes_k = M > 16 ? 8 : M > 8 ? 16 : 32;
   const int64_t chunks = (K + 4 * lanes_k - 1) / (4 * lanes_k);
   const int64_t ctas_n = (N + kRowsPerCta - 1) / kRowsPerCta;
   if (ctas_n > 0x7fffffffLL) throw std::logic_error("CUDA small-M gemm: N too large");
@@ -256,7 +264,8 @@ void launch_small_m_gemm(const float* x, const float* w, const float* bias, floa
   else if (M == 2) launch_rows<2, 1>(grid, vec4, x, w, b, out, m, N, k, cps, stream);
   else if (M <= 4) launch_rows<4, 1>(grid, vec4, x, w, b, out, m, N, k, cps, stream);
   else if (M <= 8) launch_rows<8, 1>(grid, vec4, x, w, b, out, m, N, k, cps, stream);
-  else launch_rows<8, 2>(grid, vec4, x, w, b, out, m, N, k, cps, stream);
+  else if (M <= 16) launch_rows<8, 2>(grid, vec4, x, w, b, out, m, N, k, cps, stream);
+  else launch_rows<8, 4>(grid, vec4, x, w, b, out, m, N, k, cps, stream);
   if (splits > 1) {
     const int64_t MN = M * N;
     const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((MN + 255) / 256, 4096));

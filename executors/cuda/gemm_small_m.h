@@ -1,4 +1,4 @@
-// The fp32 Gemm step for a few rows of x (M <= 16): Y[M,N] = x[M,K] W[N,K]^T (+ bias), bound
+// The fp32 Gemm step for a few rows of x (M <= 32): Y[M,N] = x[M,K] W[N,K]^T (+ bias), bound
 // by reading W once, with a shorter summation chain than cuBLASLt's SGEMM (gemm_small_m.cu).
 #pragma once
 
@@ -9,11 +9,12 @@
 
 namespace gemmfuse::cuda {
 
-constexpr int64_t kSmallMMaxRows = 16;
+constexpr int64_t kSmallMMaxRows = 32;
 
-// Whether the kernel takes this problem: 1 <= M <= 16, N >= 1, 1 <= K < 2^26. Any alignment
-// of x and W (4-byte elements); 16-byte loads where K % 4 == 0 and both are 16-byte aligned.
-bool small_m_gemm_fits(int64_t M, int64_t N, int64_t K);
+// Whether the kernel takes this problem: 1 <= M <= 32, N >= 1, 1 <= K < 2^26, and for
+// M > 16 rows of x and W that start on 16-byte boundaries (K % 4 == 0, x and W 16-byte
+// aligned). 16-byte loads wherever rows are so aligned, 4-byte loads otherwise.
+bool small_m_gemm_fits(int64_t M, int64_t N, int64_t K, const void* x, const void* w);
 
 // Row-major fp32 x[M,K], W[N,K], bias[N] (or nullptr), y[M,N]. `scratch` (stream-ordered,
 // scratch_bytes long) holds per-split partial sums when N is too small to fill the GPU

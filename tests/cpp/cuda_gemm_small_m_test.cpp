@@ -1,9 +1,9 @@
 // The fp32 GEMM for a few rows (executors/cuda/gemm_small_m.cu) against a float64 reference:
 // fresh random inputs per test (seed printed; GEMMFUSE_SEED=<n> repeats one), output and
 // scratch poisoned with NaN, every element within the worst-case error bound of its
-// summation chain. Shapes cover each row template (M = 1 .. 16), N and K tails, 16-byte and
-// 4-byte loads (K % 4 != 0, x or W off a 16-byte boundary), and the K-split path with and
-// without room for all its splits.
+// summation chain. Shapes cover each row template (M = 1 .. 32), N and K tails, 16-byte and
+// 4-byte loads (K % 4 != 0, x or W off a 16-byte boundary; M <= 16), and the K-split path
+// with and without room for all its splits.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -35,7 +35,7 @@ void upload(DevMem& m, const std::vector<float>& v) {
 }
 
 // Y = x W^T + b on the GPU, checked against float64: |y - ref| <= n u sum_k |x w| (+ |b|),
-// n bounding the roundings on one output's path (its lane's chain of at most K/64 sums of
+// n bounding the roundings on one output's path (its lane's chain of at most K/32 sums of
 // 4 products, the warp's 5-level tree, the split sums, the bias). x_offset, w_offset:
 // x and W start that many elements past a 16-byte boundary (4-byte loads).
 void check(int64_t M, int64_t N, int64_t K, bool with_bias, size_t scratch_bytes,
@@ -52,14 +52,14 @@ void check(int64_t M, int64_t N, int64_t K, bool with_bias, size_t scratch_bytes
   CK(cudaMemcpy(xp, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
   CK(cudaMemcpy(wp, w.data(), w.size() * 4, cudaMemcpyHostToDevice));
   upload(db, b);
-  ASSERT_TRUE(small_m_gemm_fits(M, N, K));
+  ASSERT_TRUE(small_m_gemm_fits(M, N, K, xp, wp));
   launch_small_m_gemm(xp, wp, with_bias ? static_cast<const float*>(db.p) : nullptr,
                       static_cast<float*>(dy.p), M, N, K, scratch.p, scratch_bytes, nullptr);
   CK(cudaDeviceSynchronize());
   std::vector<float> y(M * N);
   CK(cudaMemcpy(y.data(), dy.p, y.size() * 4, cudaMemcpyDeviceToHost));
 
-  const double u = std::ldexp(1.0, -24), n_round = static_cast<double>(K) / 64 + 24;
+  const double u = std::ldexp(1.0, -24), n_round = static_cast<double>(K) / 32 + 24;
   int bad = 0;
   for (int64_t m = 0; m < M; ++m)
     for (int64_t n = 0; n < N; ++n) {
@@ -78,22 +78,28 @@ void check(int64_t M, int64_t N, int64_t K, bool with_bias, size_t scratch_bytes
 }
 
 TEST(CudaSmallMGemm, Domain) {
-  EXPECT_TRUE(small_m_gemm_fits(16, 3, 4));
-  EXPECT_TRUE(small_m_gemm_fits(1, 1, 1));
-  EXPECT_FALSE(small_m_gemm_fits(17, 3, 4));  // too many rows: cuBLASLt
-  EXPECT_FALSE(small_m_gemm_fits(0, 3, 4));   // empty batch: nothing to launch
-  EXPECT_FALSE(small_m_gemm_fits(4, 0, 4));
-  EXPECT_FALSE(small_m_gemm_fits(4, 3, 0));   // K = 0: Y = bias, done by the caller
-  EXPECT_FALSE(small_m_gemm_fits(4, 3, int64_t(1) << 26));  // x offsets are 32-bit
+  alignas(16) static float buf[8];
+  EXPECT_TRUE(small_m_gemm_fits(32, 3, 4, buf, buf));
+  EXPECT_TRUE(small_m_gemm_fits(1, 1, 1, buf, buf));
+  EXPECT_TRUE(small_m_gemm_fits(16, 3, 6, buf + 1, buf + 2));  // 4-byte loads up to 16 rows
+  EXPECT_FALSE(small_m_gemm_fits(17, 3, 6, buf, buf));     // ... not beyond: K % 4 != 0
+  EXPECT_FALSE(small_m_gemm_fits(17, 3, 8, buf + 1, buf));  // x off a 16-byte boundary
+  EXPECT_FALSE(small_m_gemm_fits(32, 3, 8, buf, buf + 2));  // W off a 16-byte boundary
+  EXPECT_FALSE(small_m_gemm_fits(33, 3, 4, buf, buf));  // too many rows: cuBLASLt
+  EXPECT_FALSE(small_m_gemm_fits(0, 3, 4, buf, buf));   // empty batch: nothing to launch
+  EXPECT_FALSE(small_m_gemm_fits(4, 0, 4, buf, buf));
+  EXPECT_FALSE(small_m_gemm_fits(4, 3, 0, buf, buf));   // K = 0: Y = bias, done by the caller
+  EXPECT_FALSE(small_m_gemm_fits(4, 3, int64_t(1) << 26, buf, buf));  // x offsets are 32-bit
 }
 
 TEST(CudaSmallMGemm, EveryRowCountAgainstFloat64) {
   SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(gftest::test_seed());
   const size_t room = size_t(32) << 20;
-  for (int64_t M : {1, 2, 3, 4, 5, 8, 9, 16}) {
+  for (int64_t M : {1, 2, 3, 4, 5, 8, 9, 16, 17, 32}) {
     check(M, 37, 1000, true, room, rng);   // N tail inside one CTA, K tail inside a warp
     check(M, 300, 12, false, room, rng);   // K shorter than a warp's first load
+    if (M > 16) continue;                  // 4-byte loads: up to 16 rows
     check(M, 70, 1001, true, room, rng);   // K % 4 != 0: 4-byte loads, masked tail
     check(M, 70, 1000, true, room, rng, 1, 0);  // x off a 16-byte boundary: 4-byte loads
     check(M, 70, 1000, false, room, rng, 0, 3);  // W off a 16-byte boundary
@@ -108,6 +114,7 @@ TEST(CudaSmallMGemm, SplitKAgainstFloat64) {
   check(16, 4100, 2048, false, size_t(32) << 20, rng);  // 65 CTAs along N: 2 splits
   check(1, 5, 4, true, 0, rng);                       // no scratch at all
   check(9, 37, 5000, true, size_t(32) << 20, rng, 2, 1);  // 4-byte loads, split, masked tail
+  check(30, 37, 4100, true, size_t(32) << 20, rng);  // 4 lane groups, split, masked tail
 }
 
 }  // namespace

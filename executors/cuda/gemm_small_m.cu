@@ -95,16 +95,12 @@ __device__ __forceinline__ void accumulate(float (&acc)[MTL][kRowsPerWarp],
   }
 }
 
-// One chunk of the lane's W rows and x rows into acc.
-template <int MTL, int Vec, int L, bool Masked>
-__device__ __forceinline__ void chunk_step(float (&acc)[MTL][kRowsPerWarp],
-                                           const float* (&wr)[kRowsPerWarp],
-                                           const float* __restrict__ x, int m0, int M, int K,
-                                           int c, int kl) {
-  float4 a[kRowsPerWarp];
+// The lane's 4 elements of chunk c of each of its W rows.
+template <int Vec, int L, bool Masked>
+__device__ __forceinline__ void load_w(float4 (&a)[kRowsPerWarp],
+                                       const float* (&wr)[kRowsPerWarp], int c, int kl, int K) {
 #pragma unroll
   for (int r = 0; r < kRowsPerWarp; ++r) a[r] = load_chunk<Vec, L, true, Masked>(wr[r], c, kl, K);
-  accumulate<MTL, Vec, L, Masked>(acc, x, m0, M, K, c, kl, a);
 }
 
 // Sums the first `Held` of v over the lanes that differ in bits O, O/2, .., 1 of the lane id.
@@ -158,18 +154,21 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   float acc[MTL][kRowsPerWarp] = {};
   int c = c_begin;
+  float4 a[kRowsPerWarp], b[kRowsPerWarp];
   for (; c + 1 < c_full; c += 2) {  // two chunks of each W row in flight
-    float4 a[kRowsPerWarp], b[kRowsPerWarp];
-#pragma unroll
-    for (int r = 0; r < kRowsPerWarp; ++r) {
-      a[r] = load_chunk<Vec, L, true, false>(wr[r], c, kl, K);
-      b[r] = load_chunk<Vec, L, true, false>(wr[r], c + 1, kl, K);
-    }
+    load_w<Vec, L, false>(a, wr, c, kl, K);
+    load_w<Vec, L, false>(b, wr, c + 1, kl, K);
     accumulate<MTL, Vec, L, false>(acc, x, m0, M, K, c, kl, a);
     accumulate<MTL, Vec, L, false>(acc, x, m0, M, K, c + 1, kl, b);
   }
-  if (c < c_full) chunk_step<MTL, Vec, L, false>(acc, wr, x, m0, M, K, c++, kl);
-  if (c < c_end) chunk_step<MTL, Vec, L, true>(acc, wr, x, m0, M, K, c, kl);  // K's tail
+  if (c < c_full) {
+    load_w<Vec, L, false>(a, wr, c, kl, K);
+    accumulate<MTL, Vec, L, false>(acc, x, m0, M, K, c++, kl, a);
+  }
+  if (c < c_end) {  // K's tail
+    load_w<Vec, L, true>(a, wr, c, kl, K);
+    accumulate<MTL, Vec, L, true>(acc, x, m0, M, K, c, kl, a);
+  }
 
   constexpr int V = MTL * kRowsPerWarp;
   float v[V];
@@ -216,14 +215,15 @@ void launch_rows(dim3 grid, bool vec4, const float* x, const float* w, const flo
   GF_LAUNCH_CHECK();
 }
 
-}  // namespace
-
-namespace {
 // 16-byte loads when every row of x and W starts on a 16-byte boundary.
 bool rows_16b_aligned(int64_t K, const void* x, const void* w) {
   return K % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
          reinterpret_cast<uintptr_t>(w) % 16 == 0;
 }
+
+// Lane groups along M (the kernel's G): up to 8 rows of x per group.
+int lane_groups(int64_t M) { return M > 16 ? 4 : M > 8 ? 2 : 1; }
+
 }  // namespace
 
 bool small_m_gemm_fits(int64_t M, int64_t N, int64_t K, const void* x, const void* w) {
@@ -239,7 +239,7 @@ void launch_small_m_gemm(const float* x, const float* w, const float* bias, floa
   if (!small_m_gemm_fits(M, N, K, x, w))
     throw std::logic_error("CUDA small-M gemm: problem outside the kernel's domain");
   const bool vec4 = rows_16b_aligned(K, x, w);
-  const int lanes_k = M > 16 ? 8 : M > 8 ? 16 : 32;
+  const int groups = lane_groups(M), lanes_k = 32 / groups;
   const int64_t chunks = (K + 4 * lanes_k - 1) / (4 * lanes_k);
   const int64_t ctas_n = (N + kRowsPerCta - 1) / kRowsPerCta;
   if (ctas_n > 0x7fffffffLL) throw std::logic_error("CUDA small-M gemm: N too large");
@@ -260,12 +260,12 @@ void launch_small_m_gemm(const float* x, const float* w, const float* bias, floa
   const dim3 grid(static_cast<unsigned>(ctas_n), static_cast<unsigned>(splits));
   const int m = static_cast<int>(M), k = static_cast<int>(K);
   const int cps = static_cast<int>(chunks_per_split);
-  if (M == 1) launch_rows<1, 1>(grid, vec4, x, w, b, out, m, N, k, cps, stream);
+  if (groups == 4) launch_rows<8, 4>(grid, vec4, x, w, b, out, m, N, k, cps, stream);
+  else if (groups == 2) launch_rows<8, 2>(grid, vec4, x, w, b, out, m, N, k, cps, stream);
+  else if (M > 4) launch_rows<8, 1>(grid, vec4, x, w, b, out, m, N, k, cps, stream);
+  else if (M > 2) launch_rows<4, 1>(grid, vec4, x, w, b, out, m, N, k, cps, stream);
   else if (M == 2) launch_rows<2, 1>(grid, vec4, x, w, b, out, m, N, k, cps, stream);
-  else if (M <= 4) launch_rows<4, 1>(grid, vec4, x, w, b, out, m, N, k, cps, stream);
-  else if (M <= 8) launch_rows<8, 1>(grid, vec4, x, w, b, out, m, N, k, cps, stream);
-  else if (M <= 16) launch_rows<8, 2>(grid, vec4, x, w, b, out, m, N, k, cps, stream);
-  else launch_rows<8, 4>(grid, vec4, x, w, b, out, m, N, k, cps, stream);
+  else launch_rows<1, 1>(grid, vec4, x, w, b, out, m, N, k, cps, stream);
   if (splits > 1) {
     const int64_t MN = M * N;
     const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((MN + 255) / 256, 4096));

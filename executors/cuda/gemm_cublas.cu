@@ -296,7 +296,7 @@ void run_gemm(const Plan& plan, const Step& step, const RunArgs& args, const cha
   g.bias = bias;
   g.ab_type = cuda_type(plan.dtype);
   const bool exact_f32 = plan.dtype == DType::F32 && plan.precision != Precision::TF32;
-  if (exact_f32 && small_m_gemm_fits(M, N, K, args.x, w)) {  // a few rows: bound by reading W
+  if (exact_f32 && small_m_gemm_fits(M, N, K, args.x, w, W.lt_bytes)) {  // a few rows: bound by reading W
     launch_small_m_gemm(static_cast<const float*>(args.x), static_cast<const float*>(w),
                         static_cast<const float*>(bias), static_cast<float*>(y), M, N, K, lt_ws,
                         W.lt_bytes, stream);

@@ -8,11 +8,13 @@
 //
 // How: each warp owns 4 rows of W (4 columns of Y) and all M rows of x, and walks K in
 // chunks of 4 elements per lane: one 16-byte vector per row (512 contiguous bytes per row per
-// warp load) where K % 4 == 0 and x, W are 16-byte aligned, else 4 elements a warp-width
-// apart (4-byte loads, 128 contiguous bytes each). Two chunks of each W row are in flight,
-// not kept in L1; x hits L1 (the CTA's 16 warps read the same x). A CTA takes 64 rows of W
-// and holds a whole SM, so x crosses from L2 half as often as with 8-warp CTAs (3 µs less at
-// M = 16).
+// warp load). W is read from the 16-byte boundary at or before each row's start, whatever K
+// and W's alignment, and x from a copy shifted to match (at most 4 copies, M·K each, in the
+// scratch; a copy with x's own rows where only x is off a 16-byte boundary). This kernel's
+// first version read such rows with 4-byte loads: 0.82-0.99x eager at M = 17-32, where
+// cuBLASLt, faster, had 2.5x eager's error. Two chunks of each W row are in flight, not kept in L1; x hits L1
+// (the CTA's 16 warps read the same x). A CTA takes 64 rows of W and holds a whole SM, so x
+// crosses from L2 half as often as with 8-warp CTAs (3 µs less at M = 16).
 // Summation: each output's sum in a lane is a chain of 4-product sums, one per chunk
 // (K/128 adds at M <= 8; K/64 at M <= 16 and K/32 at M <= 32, where 2 or 4 groups of lanes
 // take 8 rows of x each): 64-256 at K = 8192, against 512 when each product is added to the sum (that error was
@@ -51,39 +53,69 @@ __device__ __forceinline__ float load_once(const float* p) {
   return v;
 }
 
-// The 4 elements of K that lane `kl` takes from chunk c of a row, a chunk being 4·L elements
-// (L lanes along K):
-//   Vec = 4: one 16-byte vector, elements 4(cL + kl) .. 4(cL + kl) + 3 (rows 16-byte aligned);
-//   Vec = 1: elements 4cL + kl + {0, L, 2L, 3L}, one 4-byte load each (any row alignment).
-// Elements past K read as 0 when Masked (the last chunk only).
-template <int Vec, int L, bool Once, bool Masked>
-__device__ __forceinline__ float4 load_chunk(const float* __restrict__ row, int c, int kl, int K) {
-  const int e = c * 4 * L + (Vec == 4 ? 4 * kl : kl);
-  if constexpr (Vec == 4) {
-    if (Masked && e >= K) return make_float4(0.f, 0.f, 0.f, 0.f);  // K % 4 == 0 here
-    const float4* p = reinterpret_cast<const float4*>(row + e);
-    return Once ? load_once(p) : __ldg(p);
-  } else {
-    float v[4];
+// Where a CTA's operands start. Its rows of W lie `shift` elements past a 16-byte boundary
+// (the same for all: see the kernel), so it reads them as 16-byte vectors from that boundary
+// on, element e of a chunk being row element e - shift; x is read as rows of `pitch`
+// elements (16-byte aligned) holding x shifted the same way, zeros before `shift` and from
+// K + shift on: x itself where shift == 0 and x's rows are aligned, else a copy.
+struct ShiftedX {
+  const float* x;
+  int shift;
+};
+struct SmallMOperands {
+  ShiftedX by_class[4];  // by the shift class of the CTA's rows (see the kernel)
+  int pitch;
+  int row_step;  // 1: consecutive rows share a shift (K % 4 == 0); 4: rows 4 apart do
+};
+
+// a[i] for i < 4 by selects: a runtime index into a kernel parameter's array would copy the
+// array to the stack.
+template <class T>
+__device__ __forceinline__ T pick4(const T (&a)[4], int i) {
+  return i == 0 ? a[0] : i == 1 ? a[1] : i == 2 ? a[2] : a[3];
+}
+
+// Lane kl's 4 elements of chunk c (4·L elements, L lanes along K) of each of its W rows and
+// its x rows: elements e .. e + 3, e = 4(cL + kl), in the shifted coordinates above (ws[r]:
+// row r's first element less the shift, a 16-byte boundary).
+// A full chunk lies wholly inside every row: 16-byte loads. A partial one (the first where
+// shift > 0, the last ones where K + shift is not a multiple of 4L) reads W element by element
+// and only inside the row, so no load leaves W and nothing past K enters a sum (x's padding is
+// zero, W's masked elements too: Inf or NaN beyond the row never meet a zero).
+template <int L, bool Full>
+__device__ __forceinline__ void load_w(float4 (&a)[kRowsPerWarp],
+                                       const float* (&ws)[kRowsPerWarp], int c, int kl, int K,
+                                       int shift) {
+  const int e = 4 * (c * L + kl);
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const float* p = row + e + j * L;
-      v[j] = (Masked && e + j * L >= K) ? 0.f : Once ? load_once(p) : __ldg(p);
+  for (int r = 0; r < kRowsPerWarp; ++r) {
+    if constexpr (Full) {
+      a[r] = load_once(reinterpret_cast<const float4*>(ws[r] + e));
+    } else {
+      float v[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int k = e + j - shift;  // the row's element
+        v[j] = k >= 0 && k < K ? load_once(ws[r] + e + j) : 0.f;
+      }
+      a[r] = make_float4(v[0], v[1], v[2], v[3]);
     }
-    return make_float4(v[0], v[1], v[2], v[3]);
   }
 }
 
 // acc[i][r] += (lane's 4 elements of chunk c of x row m0 + i) . w[r], for its MTL rows of x.
-template <int MTL, int Vec, int L, bool Masked>
+template <int MTL, int L, bool Full>
 __device__ __forceinline__ void accumulate(float (&acc)[MTL][kRowsPerWarp],
-                                           const float* __restrict__ x, int m0, int M, int K,
-                                           int c, int kl, const float4 (&w)[kRowsPerWarp]) {
+                                           const float* __restrict__ x, int pitch, int m0,
+                                           int M, int x_end, int c, int kl,
+                                           const float4 (&w)[kRowsPerWarp]) {
+  const int e = 4 * (c * L + kl);
 #pragma unroll
   for (int i = 0; i < MTL; ++i) {
     // Rows past M read row M - 1 (valid memory); their sums are never stored.
     const int m = min(m0 + i, M - 1);
-    const float4 xv = load_chunk<Vec, L, false, Masked>(x + m * K, c, kl, K);
+    const float4 xv = !Full && e >= x_end ? make_float4(0.f, 0.f, 0.f, 0.f)
+                                          : __ldg(reinterpret_cast<const float4*>(x + m * pitch + e));
 #pragma unroll
     for (int r = 0; r < kRowsPerWarp; ++r) {  // the chunk's 4 products, then one add
       float t = xv.x * w[r].x;
@@ -93,14 +125,6 @@ __device__ __forceinline__ void accumulate(float (&acc)[MTL][kRowsPerWarp],
       acc[i][r] += t;
     }
   }
-}
-
-// The lane's 4 elements of chunk c of each of its W rows.
-template <int Vec, int L, bool Masked>
-__device__ __forceinline__ void load_w(float4 (&a)[kRowsPerWarp],
-                                       const float* (&wr)[kRowsPerWarp], int c, int kl, int K) {
-#pragma unroll
-  for (int r = 0; r < kRowsPerWarp; ++r) a[r] = load_chunk<Vec, L, true, Masked>(wr[r], c, kl, K);
 }
 
 // Sums the first `Held` of v over the lanes that differ in bits O, O/2, .., 1 of the lane id.
@@ -130,44 +154,63 @@ __device__ __forceinline__ void warp_reduce_scatter(float (&v)[V], int lane) {
 
 constexpr int log2_int(int v) { return v <= 1 ? 0 : 1 + log2_int(v / 2); }
 
-// Grid: (ceil(N / 64), splits). CTA (bx, s) computes Y[:, 64 bx .. 64 bx + 64) over the
-// chunks [s·chunks_per_split, (s+1)·chunks_per_split) into out + s·M·N (bias only when
-// unsplit). A warp's lanes form G groups along M, each with MTL rows of x and 32/G lanes
-// along K: the W loads of a group are the same addresses (one transaction), and a lane's
-// M·4/G sums fit in registers (128 at 512 threads per SM).
-template <int MTL, int G, int Vec>
+// Grid: (ctas_n, splits). CTA (bx, s) computes 64 columns of Y over the chunks
+// [s·chunks_per_split, (s+1)·chunks_per_split) into out + s·M·N (bias only when unsplit).
+// Its W rows all start at one shift from a 16-byte boundary, so the CTA reads x (in place or
+// one copy) at one shift, a value uniform over the CTA (chosen per warp, the extra registers
+// cost the main loop 4-10% at M = 16-32). Shifted = false: every shift is 0 (and row_step 1).
+//   row_step 1 (K % 4 == 0: every row at W's own shift): rows 64 bx .. 64 bx + 63;
+//   row_step 4 (rows 4 apart share a shift): rows 256 (bx / 4) + bx % 4 + 4j, j < 64.
+// Warp w takes rows j = 4w .. 4w + 3 of its CTA. A warp's lanes form G groups along M, each
+// with MTL rows of x and 32/G lanes along K: the W loads of a group are the same addresses
+// (one transaction), and a lane's M·4/G sums fit in registers (128 at 512 threads per SM).
+template <int MTL, int G, bool Shifted>
 __global__ void __launch_bounds__(kThreads, 1)
-    small_m_gemm_kernel(const float* __restrict__ x, const float* __restrict__ w,
+    small_m_gemm_kernel(const SmallMOperands ops, const float* __restrict__ w,
                         const float* __restrict__ bias, float* __restrict__ out, int M,
-                        int64_t N, int K, int chunks_per_split) {
+                        int64_t N, int K, int chunks, int chunks_per_split) {
   constexpr int L = 32 / G;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int kl = lane % L, m0 = (lane / L) * MTL;
-  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kRowsPerCta + warp * kRowsPerWarp;
+  const int bx = static_cast<int>(blockIdx.x), step = Shifted ? ops.row_step : 1;
+  const int cls = step == 1 ? 0 : bx % 4;
+  const int64_t n0 = (step == 1 ? static_cast<int64_t>(bx) * kRowsPerCta
+                                : static_cast<int64_t>(bx / 4) * 4 * kRowsPerCta + cls) +
+                     static_cast<int64_t>(step) * warp * kRowsPerWarp;
+  if (n0 >= N) return;  // no rows here (no CTA-wide barrier follows)
+  const ShiftedX op = pick4(ops.by_class, cls);
+  const float* __restrict__ x = op.x;
+  const int shift = Shifted ? op.shift : 0, pitch = Shifted ? ops.pitch : K, x_end = K + shift;
   const int c_begin = static_cast<int>(blockIdx.y) * chunks_per_split;
-  const int c_end = min((K + 4 * L - 1) / (4 * L), c_begin + chunks_per_split);
-  const int c_full = min(c_end, K / (4 * L));  // chunks wholly inside K
-  const float* wr[kRowsPerWarp];
+  const int c_end = min(chunks, c_begin + chunks_per_split);
+  const int c_full = min(c_end, x_end / (4 * L));  // chunks [1 or 0, c_full) are full
+  // Rows past N read the warp's last row before N (the same shift); their sums are never stored.
+  const int64_t n_last = n0 + (N - 1 - n0) / step * step;
+  const float* ws[kRowsPerWarp];  // the rows' 16-byte boundaries (never read before the row)
 #pragma unroll
-  for (int r = 0; r < kRowsPerWarp; ++r)  // rows past N read row N - 1; never stored
-    wr[r] = w + min(n0 + r, N - 1) * static_cast<int64_t>(K);
+  for (int r = 0; r < kRowsPerWarp; ++r)
+    ws[r] = w + (min(n0 + static_cast<int64_t>(step) * r, n_last) * K - shift);
 
   float acc[MTL][kRowsPerWarp] = {};
   int c = c_begin;
   float4 a[kRowsPerWarp], b[kRowsPerWarp];
+  if (c == 0 && shift > 0 && c < c_end) {  // the rows' first elements: a partial chunk
+    load_w<L, false>(a, ws, c, kl, K, shift);
+    accumulate<MTL, L, false>(acc, x, pitch, m0, M, x_end, c++, kl, a);
+  }
   for (; c + 1 < c_full; c += 2) {  // two chunks of each W row in flight
-    load_w<Vec, L, false>(a, wr, c, kl, K);
-    load_w<Vec, L, false>(b, wr, c + 1, kl, K);
-    accumulate<MTL, Vec, L, false>(acc, x, m0, M, K, c, kl, a);
-    accumulate<MTL, Vec, L, false>(acc, x, m0, M, K, c + 1, kl, b);
+    load_w<L, true>(a, ws, c, kl, K, shift);
+    load_w<L, true>(b, ws, c + 1, kl, K, shift);
+    accumulate<MTL, L, true>(acc, x, pitch, m0, M, x_end, c, kl, a);
+    accumulate<MTL, L, true>(acc, x, pitch, m0, M, x_end, c + 1, kl, b);
   }
   if (c < c_full) {
-    load_w<Vec, L, false>(a, wr, c, kl, K);
-    accumulate<MTL, Vec, L, false>(acc, x, m0, M, K, c++, kl, a);
+    load_w<L, true>(a, ws, c, kl, K, shift);
+    accumulate<MTL, L, true>(acc, x, pitch, m0, M, x_end, c++, kl, a);
   }
-  if (c < c_end) {  // K's tail
-    load_w<Vec, L, true>(a, wr, c, kl, K);
-    accumulate<MTL, Vec, L, true>(acc, x, m0, M, K, c, kl, a);
+  for (; c < c_end; ++c) {  // K's tail (two chunks where this warp's shift is below others')
+    load_w<L, false>(a, ws, c, kl, K, shift);
+    accumulate<MTL, L, false>(acc, x, pitch, m0, M, x_end, c, kl, a);
   }
 
   constexpr int V = MTL * kRowsPerWarp;
@@ -186,7 +229,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int i = 0; i < kPer; ++i) {
     const int j = (kl >> kShift) * kPer + i;
     const int m = m0 + j / kRowsPerWarp;
-    const int64_t n = n0 + j % kRowsPerWarp;
+    const int64_t n = n0 + static_cast<int64_t>(step) * (j % kRowsPerWarp);
     if (m < M && n < N) o[m * N + n] = bias ? v[i] + __ldg(bias + n) : v[i];
   }
 }
@@ -202,46 +245,127 @@ __global__ void sum_splits_kernel(const float* __restrict__ part, const float* _
   }
 }
 
-template <int MTL, int G>
-void launch_rows(dim3 grid, bool vec4, const float* x, const float* w, const float* bias,
-                 float* out, int M, int64_t N, int K, int chunks_per_split,
-                 cudaStream_t stream) {
-  if (vec4)
-    small_m_gemm_kernel<MTL, G, 4>
-        <<<grid, kThreads, 0, stream>>>(x, w, bias, out, M, N, K, chunks_per_split);
-  else
-    small_m_gemm_kernel<MTL, G, 1>
-        <<<grid, kThreads, 0, stream>>>(x, w, bias, out, M, N, K, chunks_per_split);
-  GF_LAUNCH_CHECK();
+// dst[i][m][s] = x[m][s - shift[i]] for 0 <= s - shift[i] < K, else 0 (rows `pitch` apart).
+struct ShiftedCopies {
+  float* dst[4];
+  int shift[4];
+  int count;
+};
+__global__ void shifted_copies_kernel(const float* __restrict__ x, const ShiftedCopies copies,
+                                      int M, int K, int pitch) {
+  const int64_t per_copy = static_cast<int64_t>(M) * pitch;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+       i < copies.count * per_copy; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int copy = static_cast<int>(i / per_copy);
+    const int64_t at = i - copy * per_copy;
+    const int m = static_cast<int>(at / pitch), k = static_cast<int>(at % pitch) - pick4(copies.shift, copy);
+    pick4(copies.dst, copy)[at] = k >= 0 && k < K ? x[static_cast<int64_t>(m) * K + k] : 0.f;
+  }
 }
 
-// 16-byte loads when every row of x and W starts on a 16-byte boundary.
-bool rows_16b_aligned(int64_t K, const void* x, const void* w) {
-  return K % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
-         reinterpret_cast<uintptr_t>(w) % 16 == 0;
+template <int MTL, int G>
+void launch_rows(dim3 grid, bool shifted, const SmallMOperands& ops, const float* w, const float* bias,
+                 float* out, int M, int64_t N, int K, int chunks, int chunks_per_split,
+                 cudaStream_t stream) {
+  // Rows at no shift (the common case) compile to a kernel without the shift's code and
+  // registers: 20-25% faster at M = 17-32 than the general form (bench/NOTES.md, session 14).
+  if (shifted)
+    small_m_gemm_kernel<MTL, G, true>
+        <<<grid, kThreads, 0, stream>>>(ops, w, bias, out, M, N, K, chunks, chunks_per_split);
+  else
+    small_m_gemm_kernel<MTL, G, false>
+        <<<grid, kThreads, 0, stream>>>(ops, w, bias, out, M, N, K, chunks, chunks_per_split);
+  GF_LAUNCH_CHECK();
 }
 
 // Lane groups along M (the kernel's G): up to 8 rows of x per group.
 int lane_groups(int64_t M) { return M > 16 ? 4 : M > 8 ? 2 : 1; }
 
+constexpr size_t kCopyAlign = 256;
+
+// How the CTAs read x: shift[t] is how far past a 16-byte boundary the W rows n with
+// n % 4 == t start. Where every shift is 0 (K % 4 == 0, W 16-byte aligned) x is read in
+// place, or from one copy with the same rows where x is not 16-byte aligned; otherwise from
+// one shifted copy per distinct shift. `copies` of them, each `copy_bytes` long, in the scratch.
+struct XPlan {
+  int shift[4];
+  int copy_of[4];  // which copy rows n % 4 == t read
+  bool shifted = false;  // some shift is not 0: the kernel's general form
+  int copies = 0;
+  int64_t pitch = 0;
+  size_t copy_bytes = 0;
+};
+XPlan plan_x(int64_t M, int64_t K, const void* x, const void* w) {
+  XPlan p;
+  const int64_t w_at = static_cast<int64_t>(reinterpret_cast<uintptr_t>(w) % 16 / 4);
+  for (int t = 0; t < 4; ++t) {
+    p.shift[t] = static_cast<int>((w_at + t * K) % 4);
+    p.shifted = p.shifted || p.shift[t] != 0;
+  }
+  for (int t = 0; t < 4; ++t) p.copy_of[t] = -1;
+  if (!p.shifted && reinterpret_cast<uintptr_t>(x) % 16 == 0) {
+    p.pitch = K;
+    return p;
+  }
+  p.pitch = p.shifted ? (K + 3 + 3) / 4 * 4 : K;  // room for a shift of 3, whole 16-byte vectors
+  p.copy_bytes = (static_cast<size_t>(M * p.pitch) * sizeof(float) + kCopyAlign - 1) / kCopyAlign * kCopyAlign;
+  for (int t = 0; t < 4; ++t) {
+    for (int u = 0; u < t && p.copy_of[t] < 0; ++u)
+      if (p.shift[u] == p.shift[t]) p.copy_of[t] = p.copy_of[u];
+    if (p.copy_of[t] < 0) p.copy_of[t] = p.copies++;
+  }
+  return p;
+}
+
 }  // namespace
 
-bool small_m_gemm_fits(int64_t M, int64_t N, int64_t K, const void* x, const void* w) {
-  // x offsets are 32-bit: M·K < 2^31. With 4 lane groups (M > 16) 4-byte loads bring 32
-  // bytes per row per warp load: 0.82-0.99x eager at M = 17-32, so those need 16-byte loads.
-  return M >= 1 && M <= kSmallMMaxRows && N >= 1 && K >= 1 && K < (int64_t(1) << 26) &&
-         (M <= 16 || rows_16b_aligned(K, x, w));
+bool small_m_gemm_fits(int64_t M, int64_t N, int64_t K, const void* x, const void* w,
+                       size_t scratch_bytes) {
+  // Offsets into x (and its copies) are 32-bit: M · (K + 6) < 2^31. fp32 tensors start on
+  // 4-byte boundaries; any other start is not an fp32 array.
+  if (!(M >= 1 && M <= kSmallMMaxRows && N >= 1 && K >= 1 && K <= kSmallMMaxK &&
+        reinterpret_cast<uintptr_t>(x) % 4 == 0 && reinterpret_cast<uintptr_t>(w) % 4 == 0))
+    return false;
+  const XPlan p = plan_x(M, K, x, w);
+  return p.copies * p.copy_bytes <= scratch_bytes;
 }
 
 void launch_small_m_gemm(const float* x, const float* w, const float* bias, float* y, int64_t M,
                          int64_t N, int64_t K, void* scratch, size_t scratch_bytes,
                          cudaStream_t stream) {
-  if (!small_m_gemm_fits(M, N, K, x, w))
+  if (!small_m_gemm_fits(M, N, K, x, w, scratch_bytes))
     throw std::logic_error("CUDA small-M gemm: problem outside the kernel's domain");
-  const bool vec4 = rows_16b_aligned(K, x, w);
+  const XPlan xp = plan_x(M, K, x, w);
+  const int m = static_cast<int>(M), k = static_cast<int>(K);
+  // x shifted to each W shift, in the scratch's first bytes (copy_of[t] < 0: x in place).
+  auto x_of = [&](int t) -> float* {
+    return reinterpret_cast<float*>(static_cast<char*>(scratch) + xp.copy_of[t] * xp.copy_bytes);
+  };
+  SmallMOperands ops;
+  ops.pitch = static_cast<int>(xp.pitch);
+  ops.row_step = K % 4 == 0 ? 1 : 4;
+  for (int t = 0; t < 4; ++t) ops.by_class[t] = {xp.copies > 0 ? x_of(t) : x, xp.shift[t]};
+  if (xp.copies > 0) {
+    ShiftedCopies copies;
+    copies.count = xp.copies;
+    for (int t = 0; t < 4; ++t) {
+      copies.dst[xp.copy_of[t]] = x_of(t);
+      copies.shift[xp.copy_of[t]] = xp.shift[t];
+    }
+    const int64_t n = xp.copies * M * xp.pitch;
+    const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, 1024));
+    shifted_copies_kernel<<<blocks, 256, 0, stream>>>(x, copies, m, k, ops.pitch);
+    GF_LAUNCH_CHECK();
+  }
+  const size_t used = xp.copies * xp.copy_bytes;
+  scratch = static_cast<char*>(scratch) + used;
+  scratch_bytes -= used;
+
   const int groups = lane_groups(M), lanes_k = 32 / groups;
-  const int64_t chunks = (K + 4 * lanes_k - 1) / (4 * lanes_k);
-  const int64_t ctas_n = (N + kRowsPerCta - 1) / kRowsPerCta;
+  const int max_shift = *std::max_element(xp.shift, xp.shift + 4);
+  const int64_t chunks = (K + max_shift + 4 * lanes_k - 1) / (4 * lanes_k);
+  const int64_t ctas_n = ops.row_step == 1 ? (N + kRowsPerCta - 1) / kRowsPerCta
+                                           : 4 * ((N + 4 * kRowsPerCta - 1) / (4 * kRowsPerCta));
   if (ctas_n > 0x7fffffffLL) throw std::logic_error("CUDA small-M gemm: N too large");
   // Split K while the CTAs still fit one wave (one per SM: a second, partial wave costs more
   // than a few idle SMs, 3 µs at N = 8192), each lane keeping enough loads in flight, and as
@@ -258,14 +382,14 @@ void launch_small_m_gemm(const float* x, const float* w, const float* bias, floa
   float* out = splits > 1 ? static_cast<float*>(scratch) : y;
   const float* b = splits > 1 ? nullptr : bias;
   const dim3 grid(static_cast<unsigned>(ctas_n), static_cast<unsigned>(splits));
-  const int m = static_cast<int>(M), k = static_cast<int>(K);
-  const int cps = static_cast<int>(chunks_per_split);
-  if (groups == 4) launch_rows<8, 4>(grid, vec4, x, w, b, out, m, N, k, cps, stream);
-  else if (groups == 2) launch_rows<8, 2>(grid, vec4, x, w, b, out, m, N, k, cps, stream);
-  else if (M > 4) launch_rows<8, 1>(grid, vec4, x, w, b, out, m, N, k, cps, stream);
-  else if (M > 2) launch_rows<4, 1>(grid, vec4, x, w, b, out, m, N, k, cps, stream);
-  else if (M == 2) launch_rows<2, 1>(grid, vec4, x, w, b, out, m, N, k, cps, stream);
-  else launch_rows<1, 1>(grid, vec4, x, w, b, out, m, N, k, cps, stream);
+  const int ch = static_cast<int>(chunks), cps = static_cast<int>(chunks_per_split);
+  const bool shifted = xp.shifted;
+  if (groups == 4) launch_rows<8, 4>(grid, shifted, ops, w, b, out, m, N, k, ch, cps, stream);
+  else if (groups == 2) launch_rows<8, 2>(grid, shifted, ops, w, b, out, m, N, k, ch, cps, stream);
+  else if (M > 4) launch_rows<8, 1>(grid, shifted, ops, w, b, out, m, N, k, ch, cps, stream);
+  else if (M > 2) launch_rows<4, 1>(grid, shifted, ops, w, b, out, m, N, k, ch, cps, stream);
+  else if (M == 2) launch_rows<2, 1>(grid, shifted, ops, w, b, out, m, N, k, ch, cps, stream);
+  else launch_rows<1, 1>(grid, shifted, ops, w, b, out, m, N, k, ch, cps, stream);
   if (splits > 1) {
     const int64_t MN = M * N;
     const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((MN + 255) / 256, 4096));

@@ -10,15 +10,18 @@
 namespace gemmfuse::cuda {
 
 constexpr int64_t kSmallMMaxRows = 32;
+constexpr int64_t kSmallMMaxK = (int64_t(1) << 26) - 8;  // x offsets are 32-bit
 
-// Whether the kernel takes this problem: 1 <= M <= 32, N >= 1, 1 <= K < 2^26, and for
-// M > 16 rows of x and W that start on 16-byte boundaries (K % 4 == 0, x and W 16-byte
-// aligned). 16-byte loads wherever rows are so aligned, 4-byte loads otherwise.
-bool small_m_gemm_fits(int64_t M, int64_t N, int64_t K, const void* x, const void* w);
+// Whether the kernel takes this problem: 1 <= M <= 32, N >= 1, 1 <= K <= kSmallMMaxK, fp32
+// arrays (4-byte aligned), and, unless the rows of x and W all start on 16-byte boundaries,
+// room in the scratch for x shifted to W's alignment (at most 4 copies of M·(K + 6) floats).
+bool small_m_gemm_fits(int64_t M, int64_t N, int64_t K, const void* x, const void* w,
+                       size_t scratch_bytes);
 
 // Row-major fp32 x[M,K], W[N,K], bias[N] (or nullptr), y[M,N]. `scratch` (stream-ordered,
-// scratch_bytes long) holds per-split partial sums when N is too small to fill the GPU
-// with whole-K CTAs; with no room there the kernel runs with fewer splits.
+// scratch_bytes long) holds x's shifted copies where needed and per-split partial sums when
+// N is too small to fill the GPU with whole-K CTAs; with no room for the latter the kernel
+// runs with fewer splits.
 void launch_small_m_gemm(const float* x, const float* w, const float* bias, float* y, int64_t M,
                          int64_t N, int64_t K, void* scratch, size_t scratch_bytes,
                          cudaStream_t stream);

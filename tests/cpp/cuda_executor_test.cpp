@@ -21,6 +21,7 @@
 #include "column_stats.h"
 #include "fused_softmax.h"
 #include "row_program.h"
+#include "row_stats_buffers.h"
 
 namespace {
 
@@ -860,6 +861,48 @@ TEST(CudaExecutor, FusedSoftmaxRowStatisticsAreNeverStale) {
   CK(cudaGraphDestroy(g));
   CK(cudaStreamDestroy(s1));
   CK(cudaStreamDestroy(s2));
+}
+
+// A direct launch keeps a row statistics buffer for its stream (row_stats_buffers.h); a
+// program that makes streams by the thousand must not keep one for each: at most
+// kMaxRowStatsBuffers per device, the least recently used freed in stream order after its
+// last launch. Results stay right across evictions: streams destroyed right after their
+// launch, a stream kept throughout, and launches on fresh streams with no host sync between
+// them (a buffer freed too early would be reused and cleared under a running launch).
+TEST(CudaExecutor, FusedSoftmaxKeepsFewRowStatisticsBuffers) {
+  SKIP_WITHOUT_GPU();
+  if (!fused_kernel_runs_here()) GTEST_SKIP() << "the fused kernel needs an sm_90 GPU and the sm90 build";
+  using cuda::sm90::kMaxRowStatsBuffers;
+  using cuda::sm90::row_stats_buffers_kept;
+  std::mt19937_64 rng(gftest::test_seed());
+  FusedRun run(linear(264, 4104) + "gelu\nsoftmax", 500, rng);
+  cudaStream_t kept;
+  CK(cudaStreamCreateWithFlags(&kept, cudaStreamNonBlocking));
+  for (size_t i = 0; i < 3 * kMaxRowStatsBuffers; ++i) {
+    cudaStream_t s;
+    CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    run.set_x(rng);
+    run.run(s);
+    CK(cudaStreamDestroy(s));  // its work still runs
+    run.expect("a fresh stream, destroyed after its launch");
+    EXPECT_LE(row_stats_buffers_kept(), kMaxRowStatsBuffers);
+    if (i % 4 == 0) {
+      run.set_x(rng);
+      run.run(kept);
+      run.expect("the kept stream");
+    }
+  }
+  run.set_x(rng);
+  std::vector<cudaStream_t> fresh(kMaxRowStatsBuffers + 4);
+  for (cudaStream_t& s : fresh) {
+    CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    run.run(s);
+  }
+  run.run(kept);
+  run.expect("fresh streams without a sync between them");
+  EXPECT_LE(row_stats_buffers_kept(), kMaxRowStatsBuffers);
+  for (cudaStream_t s : fresh) CK(cudaStreamDestroy(s));
+  CK(cudaStreamDestroy(kept));
 }
 
 // Direct launches of the fused kernel are programmatic (PDL): a launch may start while the

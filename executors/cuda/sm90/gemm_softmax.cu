@@ -37,11 +37,13 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <unordered_map>
 
 #include "cuda_check.h"
 #include "pointwise.h"
+#include "row_stats_buffers.h"
 
 #if defined(GEMMFUSE_WITH_SM90_KERNELS)
 #include "cute/tensor.hpp"
@@ -878,48 +880,11 @@ int tiles_per_cta(int64_t M, int64_t N, int max_clusters) {
   return 0;
 }
 
-// Where a launch's CTAs exchange row statistics, and the epoch that marks this launch's
-// words (see publish_row_stats). A direct launch uses its stream's own buffer, kept from
-// launch to launch (allocated, grown and cleared in stream order), with the next epoch: the
-// stream orders its launches, so no word of an earlier one can carry it. A launch captured
-// into a graph is replayed with the epoch it was captured with, so it uses the graph's
-// workspace, cleared before it in the graph (a graph's replays run one at a time).
-// Buffers are kept per stream id (ids are never reused), ~16 bytes per row and column tile.
-struct RowStats {
-  unsigned long long* words;
-  unsigned int epoch;
-};
 // The stream of a direct launch: its device and id (ids are never reused).
 struct StreamKey {
   int dev = 0;
   unsigned long long id = 0;
 };
-RowStats row_stats_for(cudaStream_t stream, bool captured, const StreamKey& key, size_t bytes,
-                       void* workspace) {
-  if (captured) {
-    GF_CUDA_CHECK(cudaMemsetAsync(workspace, 0, bytes, stream));
-    return {static_cast<unsigned long long*>(workspace), 1};
-  }
-  struct Buffer {
-    void* words = nullptr;
-    size_t bytes = 0;
-    unsigned int epoch = 0;  // the last one used
-  };
-  static std::mutex mu;
-  static std::map<std::pair<int, unsigned long long>, Buffer> buffers;  // (device, stream id)
-  std::lock_guard<std::mutex> lock(mu);
-  Buffer& b = buffers[{key.dev, key.id}];
-  if (b.bytes < bytes || b.epoch == ~0u) {  // (re)start from zeroed words and epoch 1
-    if (b.bytes < bytes) {
-      if (b.words != nullptr) GF_CUDA_CHECK(cudaFreeAsync(b.words, stream));
-      GF_CUDA_CHECK(cudaMallocAsync(&b.words, bytes, stream));
-      b.bytes = bytes;
-    }
-    GF_CUDA_CHECK(cudaMemsetAsync(b.words, 0, b.bytes, stream));
-    b.epoch = 0;
-  }
-  return {static_cast<unsigned long long*>(b.words), ++b.epoch};
-}
 
 // Programmatic launches (below) are not cooperative, so nothing in the driver keeps two of
 // them from sharing the GPU, each with part of its CTAs resident and waiting for the rest.
@@ -991,9 +956,20 @@ bool launch(const GemmSoftmaxProblem& pr, void* workspace, cudaStream_t stream, 
     GF_CUDA_CHECK(cudaGetDevice(&key.dev));
     GF_CUDA_CHECK(cudaStreamGetId(stream, &key.id));
   }
-  const RowStats rs = row_stats_for(stream, captured, key, row_stats_bytes(pr.M, pr.N), workspace);
-  p.row_stats = rs.words;
-  p.epoch = rs.epoch;
+  // Where the CTAs exchange row statistics, and the epoch that marks this launch's words
+  // (see publish_row_stats): a direct launch uses its stream's buffer (row_stats_buffers.h);
+  // a launch captured into a graph is replayed with the epoch it was captured with, so it
+  // uses the graph's workspace, cleared before it in the graph (replays run one at a time).
+  std::optional<RowStatsLease> lease;
+  if (captured) {
+    GF_CUDA_CHECK(cudaMemsetAsync(workspace, 0, row_stats_bytes(pr.M, pr.N), stream));
+    p.row_stats = static_cast<unsigned long long*>(workspace);
+    p.epoch = 1;
+  } else {
+    lease.emplace(stream, key.id, row_stats_bytes(pr.M, pr.N));
+    p.row_stats = lease->stats().words;
+    p.epoch = lease->stats().epoch;
+  }
   p.act = static_cast<int>(pr.act);
   p.scale = pr.scale;
   p.trace = pr.trace;

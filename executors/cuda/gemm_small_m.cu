@@ -12,13 +12,13 @@
 // and W's alignment, and x from a copy shifted to match (at most 4 copies, M·K each, in the
 // scratch; a copy with x's own rows where only x is off a 16-byte boundary). This kernel's
 // first version read such rows with 4-byte loads: 0.82-0.99x eager at M = 17-32, where
-// cuBLASLt, faster, had 2.5x eager's error. Two chunks of each W row are in flight, not kept in L1; x hits L1
-// (the CTA's 16 warps read the same x). A CTA takes 64 rows of W and holds a whole SM, so x
-// crosses from L2 half as often as with 8-warp CTAs (3 µs less at M = 16).
+// cuBLASLt, faster, had 2.5x eager's error. Two chunks of each W row are in flight, not kept
+// in L1; x hits L1 (the CTA's 16 warps read the same x). A CTA takes 64 rows of W and holds a
+// whole SM, so x crosses from L2 half as often as with 8-warp CTAs (3 µs less at M = 16).
 // Summation: each output's sum in a lane is a chain of 4-product sums, one per chunk
 // (K/128 adds at M <= 8; K/64 at M <= 16 and K/32 at M <= 32, where 2 or 4 groups of lanes
-// take 8 rows of x each): 64-256 at K = 8192, against 512 when each product is added to the sum (that error was
-// 1.4x eager's at M = 16; now 0.7-0.8x). The warp then adds its lanes' sums in a tree
+// take 8 rows of x each): 64-256 at K = 8192, against 512 when each product is added to the
+// sum (that error was 1.4x eager's at M = 16; now 0.7-0.8x). The warp then adds its lanes' sums in a tree
 // (reduce-scatter by shuffles: no shared memory). When N / 64 CTAs leave half the SMs idle,
 // K is split across CTAs too; their partial sums are added in split order by a second kernel.
 // Every order is fixed: results are reproducible.
@@ -157,8 +157,8 @@ constexpr int log2_int(int v) { return v <= 1 ? 0 : 1 + log2_int(v / 2); }
 // Grid: (ctas_n, splits). CTA (bx, s) computes 64 columns of Y over the chunks
 // [s·chunks_per_split, (s+1)·chunks_per_split) into out + s·M·N (bias only when unsplit).
 // Its W rows all start at one shift from a 16-byte boundary, so the CTA reads x (in place or
-// one copy) at one shift, a value uniform over the CTA (chosen per warp, the extra registers
-// cost the main loop 4-10% at M = 16-32). Shifted = false: every shift is 0 (and row_step 1).
+// one copy) at one shift, a value uniform over the CTA (chosen per warp instead, it took
+// registers that cost the main loop 4-10% at M = 16-32). Shifted = false: every shift is 0.
 //   row_step 1 (K % 4 == 0: every row at W's own shift): rows 64 bx .. 64 bx + 63;
 //   row_step 4 (rows 4 apart share a shift): rows 256 (bx / 4) + bx % 4 + 4j, j < 64.
 // Warp w takes rows j = 4w .. 4w + 3 of its CTA. A warp's lanes form G groups along M, each
@@ -192,12 +192,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     ws[r] = w + (min(n0 + static_cast<int64_t>(step) * r, n_last) * K - shift);
 
   float acc[MTL][kRowsPerWarp] = {};
-  int c = c_begin;
+  const int head = c_begin == 0 && shift > 0 ? 1 : 0;  // chunk 0 holds the rows' first elements
+  int c = c_begin + head;
   float4 a[kRowsPerWarp], b[kRowsPerWarp];
-  if (c == 0 && shift > 0 && c < c_end) {  // the rows' first elements: a partial chunk
-    load_w<L, false>(a, ws, c, kl, K, shift);
-    accumulate<MTL, L, false>(acc, x, pitch, m0, M, x_end, c++, kl, a);
-  }
   for (; c + 1 < c_full; c += 2) {  // two chunks of each W row in flight
     load_w<L, true>(a, ws, c, kl, K, shift);
     load_w<L, true>(b, ws, c + 1, kl, K, shift);
@@ -208,9 +205,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     load_w<L, true>(a, ws, c, kl, K, shift);
     accumulate<MTL, L, true>(acc, x, pitch, m0, M, x_end, c++, kl, a);
   }
-  for (; c < c_end; ++c) {  // K's tail (two chunks where this warp's shift is below others')
-    load_w<L, false>(a, ws, c, kl, K, shift);
-    accumulate<MTL, L, false>(acc, x, pitch, m0, M, x_end, c, kl, a);
+  // The partial chunks: K's tail (two where this CTA's shift is below others'), then chunk 0
+  // where it is partial (one piece of code for both; the order is fixed all the same).
+  for (; c < c_end + head; ++c) {
+    const int cp = c < c_end ? c : 0;
+    load_w<L, false>(a, ws, cp, kl, K, shift);
+    accumulate<MTL, L, false>(acc, x, pitch, m0, M, x_end, cp, kl, a);
   }
 
   constexpr int V = MTL * kRowsPerWarp;
@@ -222,12 +222,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   warp_reduce_scatter<V, L / 2>(v, lane);  // over the group's lanes
 
   constexpr int kPer = V >= L ? V / L : 1;                  // sums a lane stores
-  constexpr int kShift = V >= L ? 0 : log2_int(L / V);      // lanes per sum, as a shift
-  if ((kl & ((1 << kShift) - 1)) != 0) return;
+  constexpr int kLanesLog2 = V >= L ? 0 : log2_int(L / V);  // log2 of the lanes per sum
+  if ((kl & ((1 << kLanesLog2) - 1)) != 0) return;
   float* o = out + static_cast<int64_t>(blockIdx.y) * M * N;
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
-    const int j = (kl >> kShift) * kPer + i;
+    const int j = (kl >> kLanesLog2) * kPer + i;
     const int m = m0 + j / kRowsPerWarp;
     const int64_t n = n0 + static_cast<int64_t>(step) * (j % kRowsPerWarp);
     if (m < M && n < N) o[m * N + n] = bias ? v[i] + __ldg(bias + n) : v[i];
@@ -246,21 +246,19 @@ __global__ void sum_splits_kernel(const float* __restrict__ part, const float* _
 }
 
 // dst[i][m][s] = x[m][s - shift[i]] for 0 <= s - shift[i] < K, else 0 (rows `pitch` apart).
+// Grid: (pitch / 256 rounded up, count · M), a block per stretch of one copy's row.
 struct ShiftedCopies {
   float* dst[4];
   int shift[4];
-  int count;
 };
 __global__ void shifted_copies_kernel(const float* __restrict__ x, const ShiftedCopies copies,
                                       int M, int K, int pitch) {
-  const int64_t per_copy = static_cast<int64_t>(M) * pitch;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-       i < copies.count * per_copy; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int copy = static_cast<int>(i / per_copy);
-    const int64_t at = i - copy * per_copy;
-    const int m = static_cast<int>(at / pitch), k = static_cast<int>(at % pitch) - pick4(copies.shift, copy);
-    pick4(copies.dst, copy)[at] = k >= 0 && k < K ? x[static_cast<int64_t>(m) * K + k] : 0.f;
-  }
+  const int copy = static_cast<int>(blockIdx.y) / M, m = static_cast<int>(blockIdx.y) % M;
+  const int s = static_cast<int>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (s >= pitch) return;
+  const int k = s - pick4(copies.shift, copy);
+  pick4(copies.dst, copy)[static_cast<int64_t>(m) * pitch + s] =
+      k >= 0 && k < K ? x[static_cast<int64_t>(m) * K + k] : 0.f;
 }
 
 template <int MTL, int G>
@@ -268,7 +266,7 @@ void launch_rows(dim3 grid, bool shifted, const SmallMOperands& ops, const float
                  float* out, int M, int64_t N, int K, int chunks, int chunks_per_split,
                  cudaStream_t stream) {
   // Rows at no shift (the common case) compile to a kernel without the shift's code and
-  // registers: 20-25% faster at M = 17-32 than the general form (bench/NOTES.md, session 14).
+  // registers: 11-14% faster at M = 17-32 than the general form (bench/NOTES.md, session 14).
   if (shifted)
     small_m_gemm_kernel<MTL, G, true>
         <<<grid, kThreads, 0, stream>>>(ops, w, bias, out, M, N, K, chunks, chunks_per_split);
@@ -346,15 +344,13 @@ void launch_small_m_gemm(const float* x, const float* w, const float* bias, floa
   ops.row_step = K % 4 == 0 ? 1 : 4;
   for (int t = 0; t < 4; ++t) ops.by_class[t] = {xp.copies > 0 ? x_of(t) : x, xp.shift[t]};
   if (xp.copies > 0) {
-    ShiftedCopies copies;
-    copies.count = xp.copies;
+    ShiftedCopies copies{};
     for (int t = 0; t < 4; ++t) {
       copies.dst[xp.copy_of[t]] = x_of(t);
       copies.shift[xp.copy_of[t]] = xp.shift[t];
     }
-    const int64_t n = xp.copies * M * xp.pitch;
-    const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, 1024));
-    shifted_copies_kernel<<<blocks, 256, 0, stream>>>(x, copies, m, k, ops.pitch);
+    const dim3 grid(static_cast<unsigned>((xp.pitch + 255) / 256), static_cast<unsigned>(xp.copies * M));
+    shifted_copies_kernel<<<grid, 256, 0, stream>>>(x, copies, m, k, ops.pitch);
     GF_LAUNCH_CHECK();
   }
   const size_t used = xp.copies * xp.copy_bytes;

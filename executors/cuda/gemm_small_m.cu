@@ -127,6 +127,38 @@ __device__ __forceinline__ void accumulate(float (&acc)[MTL][kRowsPerWarp],
   }
 }
 
+// acc[i][r] += (lane's 8 elements of chunks c and c + 1 of x row m0 + i) . (wa[r], wb[r]):
+// two chunks in one sum of 8 products (9 instructions for 8 products, against 10 for two
+// sums of 4: the loop is bound by instruction issue at M > 8, bench/NOTES.md session 14).
+// Taken with 2 lane groups (M = 9-16: 121 -> 112 µs); with 4 the loop was 3-5% slower, with
+// 1 its general form 5-8% slower, so those keep sums of 4.
+template <int MTL, int L>
+__device__ __forceinline__ void accumulate_pair(float (&acc)[MTL][kRowsPerWarp],
+                                                const float* __restrict__ x, int pitch, int m0,
+                                                int M, int c, int kl,
+                                                const float4 (&wa)[kRowsPerWarp],
+                                                const float4 (&wb)[kRowsPerWarp]) {
+  const int e = 4 * (c * L + kl);
+#pragma unroll
+  for (int i = 0; i < MTL; ++i) {
+    const int m = min(m0 + i, M - 1);
+    const float4 xa = __ldg(reinterpret_cast<const float4*>(x + m * pitch + e));
+    const float4 xb = __ldg(reinterpret_cast<const float4*>(x + m * pitch + e + 4 * L));
+#pragma unroll
+    for (int r = 0; r < kRowsPerWarp; ++r) {
+      float t = xa.x * wa[r].x;
+      t = fmaf(xa.y, wa[r].y, t);
+      t = fmaf(xa.z, wa[r].z, t);
+      t = fmaf(xa.w, wa[r].w, t);
+      t = fmaf(xb.x, wb[r].x, t);
+      t = fmaf(xb.y, wb[r].y, t);
+      t = fmaf(xb.z, wb[r].z, t);
+      t = fmaf(xb.w, wb[r].w, t);
+      acc[i][r] += t;
+    }
+  }
+}
+
 // Sums the first `Held` of v over the lanes that differ in bits O, O/2, .., 1 of the lane id.
 // A level with two or more values halves them: the lane with bit O set keeps the upper half
 // and receives its partner's upper half; with one value left the level is a plain butterfly.
@@ -198,8 +230,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (; c + 1 < c_full; c += 2) {  // two chunks of each W row in flight
     load_w<L, true>(a, ws, c, kl, K, shift);
     load_w<L, true>(b, ws, c + 1, kl, K, shift);
-    accumulate<MTL, L, true>(acc, x, pitch, m0, M, x_end, c, kl, a);
-    accumulate<MTL, L, true>(acc, x, pitch, m0, M, x_end, c + 1, kl, b);
+    if constexpr (G == 2) {
+      accumulate_pair<MTL, L>(acc, x, pitch, m0, M, c, kl, a, b);
+    } else {  // 1 or 4 lane groups: the pair's registers cost the loop more than it saves
+      accumulate<MTL, L, true>(acc, x, pitch, m0, M, x_end, c, kl, a);
+      accumulate<MTL, L, true>(acc, x, pitch, m0, M, x_end, c + 1, kl, b);
+    }
   }
   if (c < c_full) {
     load_w<L, true>(a, ws, c, kl, K, shift);

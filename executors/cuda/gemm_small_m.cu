@@ -17,8 +17,9 @@
 // whole SM, so x crosses from L2 half as often as with 8-warp CTAs (3 µs less at M = 16).
 // Summation: each output's sum in a lane is a chain of 4-product sums, one per chunk
 // (K/128 adds at M <= 8; K/64 at M <= 16 and K/32 at M <= 32, where 2 or 4 groups of lanes
-// take 8 rows of x each): 64-256 at K = 8192, against 512 when each product is added to the
-// sum (that error was 1.4x eager's at M = 16; now 0.7-0.8x). The warp then adds its lanes' sums in a tree
+// take 8 rows of x each; at M = 9-16 the main loop sums two chunks at a time, 8 products):
+// 32-256 at K = 8192, against 512 when each product is added to the sum (that error was
+// 1.4x eager's at M = 16; now 0.64x). The warp then adds its lanes' sums in a tree
 // (reduce-scatter by shuffles: no shared memory). When N / 64 CTAs leave half the SMs idle,
 // K is split across CTAs too; their partial sums are added in split order by a second kernel.
 // Every order is fixed: results are reproducible.

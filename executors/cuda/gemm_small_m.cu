@@ -18,7 +18,7 @@
 // Summation: each output's sum in a lane is a chain of 4-product sums, one per chunk
 // (K/128 adds at M <= 8; K/64 at M <= 16 and K/32 at M <= 32, where 2 or 4 groups of lanes
 // take 8 rows of x each; at M = 9-16 the main loop sums two chunks at a time, 8 products):
-// 32-256 at K = 8192, against 512 when each product is added to the sum (that error was
+// 64-256 at K = 8192, against 512 when each product is added to the sum (that error was
 // 1.4x eager's at M = 16; now 0.64x). The warp then adds its lanes' sums in a tree
 // (reduce-scatter by shuffles: no shared memory). When N / 64 CTAs leave half the SMs idle,
 // K is split across CTAs too; their partial sums are added in split order by a second kernel.

@@ -104,6 +104,21 @@ __device__ __forceinline__ void load_w(float4 (&a)[kRowsPerWarp],
   }
 }
 
+// x . w over 4 elements: one product, then 3 fused adds (sums of 4 products: see above).
+__device__ __forceinline__ float dot4(const float4& x, const float4& w) {
+  float t = x.x * w.x;
+  t = fmaf(x.y, w.y, t);
+  t = fmaf(x.z, w.z, t);
+  return fmaf(x.w, w.w, t);
+}
+// t + x . w over 4 elements, as 4 fused adds.
+__device__ __forceinline__ float add_dot4(float t, const float4& x, const float4& w) {
+  t = fmaf(x.x, w.x, t);
+  t = fmaf(x.y, w.y, t);
+  t = fmaf(x.z, w.z, t);
+  return fmaf(x.w, w.w, t);
+}
+
 // acc[i][r] += (lane's 4 elements of chunk c of x row m0 + i) . w[r], for its MTL rows of x.
 template <int MTL, int L, bool Full>
 __device__ __forceinline__ void accumulate(float (&acc)[MTL][kRowsPerWarp],
@@ -118,13 +133,7 @@ __device__ __forceinline__ void accumulate(float (&acc)[MTL][kRowsPerWarp],
     const float4 xv = !Full && e >= x_end ? make_float4(0.f, 0.f, 0.f, 0.f)
                                           : __ldg(reinterpret_cast<const float4*>(x + m * pitch + e));
 #pragma unroll
-    for (int r = 0; r < kRowsPerWarp; ++r) {  // the chunk's 4 products, then one add
-      float t = xv.x * w[r].x;
-      t = fmaf(xv.y, w[r].y, t);
-      t = fmaf(xv.z, w[r].z, t);
-      t = fmaf(xv.w, w[r].w, t);
-      acc[i][r] += t;
-    }
+    for (int r = 0; r < kRowsPerWarp; ++r) acc[i][r] += dot4(xv, w[r]);  // 4 products, one add
   }
 }
 
@@ -146,17 +155,7 @@ __device__ __forceinline__ void accumulate_pair(float (&acc)[MTL][kRowsPerWarp],
     const float4 xa = __ldg(reinterpret_cast<const float4*>(x + m * pitch + e));
     const float4 xb = __ldg(reinterpret_cast<const float4*>(x + m * pitch + e + 4 * L));
 #pragma unroll
-    for (int r = 0; r < kRowsPerWarp; ++r) {
-      float t = xa.x * wa[r].x;
-      t = fmaf(xa.y, wa[r].y, t);
-      t = fmaf(xa.z, wa[r].z, t);
-      t = fmaf(xa.w, wa[r].w, t);
-      t = fmaf(xb.x, wb[r].x, t);
-      t = fmaf(xb.y, wb[r].y, t);
-      t = fmaf(xb.z, wb[r].z, t);
-      t = fmaf(xb.w, wb[r].w, t);
-      acc[i][r] += t;
-    }
+    for (int r = 0; r < kRowsPerWarp; ++r) acc[i][r] += add_dot4(dot4(xa, wa[r]), xb, wb[r]);
   }
 }
 
@@ -352,25 +351,30 @@ XPlan plan_x(int64_t M, int64_t K, const void* x, const void* w) {
   return p;
 }
 
+// The shapes and pointers the kernel takes, before the scratch: offsets into x (and its
+// copies) are 32-bit, M · (K + 6) < 2^31; fp32 tensors start on 4-byte boundaries (any other
+// start is not an fp32 array).
+bool in_domain(int64_t M, int64_t N, int64_t K, const void* x, const void* w) {
+  return M >= 1 && M <= kSmallMMaxRows && N >= 1 && K >= 1 && K <= kSmallMMaxK &&
+         reinterpret_cast<uintptr_t>(x) % 4 == 0 && reinterpret_cast<uintptr_t>(w) % 4 == 0;
+}
+bool copies_fit(const XPlan& p, size_t scratch_bytes) { return p.copies * p.copy_bytes <= scratch_bytes; }
+
 }  // namespace
 
 bool small_m_gemm_fits(int64_t M, int64_t N, int64_t K, const void* x, const void* w,
                        size_t scratch_bytes) {
-  // Offsets into x (and its copies) are 32-bit: M · (K + 6) < 2^31. fp32 tensors start on
-  // 4-byte boundaries; any other start is not an fp32 array.
-  if (!(M >= 1 && M <= kSmallMMaxRows && N >= 1 && K >= 1 && K <= kSmallMMaxK &&
-        reinterpret_cast<uintptr_t>(x) % 4 == 0 && reinterpret_cast<uintptr_t>(w) % 4 == 0))
-    return false;
-  const XPlan p = plan_x(M, K, x, w);
-  return p.copies * p.copy_bytes <= scratch_bytes;
+  return in_domain(M, N, K, x, w) && copies_fit(plan_x(M, K, x, w), scratch_bytes);
 }
 
 void launch_small_m_gemm(const float* x, const float* w, const float* bias, float* y, int64_t M,
                          int64_t N, int64_t K, void* scratch, size_t scratch_bytes,
                          cudaStream_t stream) {
-  if (!small_m_gemm_fits(M, N, K, x, w, scratch_bytes))
+  if (!in_domain(M, N, K, x, w))
     throw std::logic_error("CUDA small-M gemm: problem outside the kernel's domain");
   const XPlan xp = plan_x(M, K, x, w);
+  if (!copies_fit(xp, scratch_bytes))
+    throw std::logic_error("CUDA small-M gemm: no room in the scratch for x's copies");
   const int m = static_cast<int>(M), k = static_cast<int>(K);
   // x shifted to each W shift, in the scratch's first bytes (copy_of[t] < 0: x in place).
   auto x_of = [&](int t) -> float* {

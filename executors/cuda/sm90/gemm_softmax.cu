@@ -966,7 +966,7 @@ bool launch(const GemmSoftmaxProblem& pr, void* workspace, cudaStream_t stream, 
     p.row_stats = static_cast<unsigned long long*>(workspace);
     p.epoch = 1;
   } else {
-    lease.emplace(stream, key.id, row_stats_bytes(pr.M, pr.N));
+    lease.emplace(stream, key.dev, key.id, row_stats_bytes(pr.M, pr.N));
     p.row_stats = lease->stats().words;
     p.epoch = lease->stats().epoch;
   }

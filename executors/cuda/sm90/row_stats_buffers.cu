@@ -52,9 +52,8 @@ void evict(Device& d, cudaStream_t stream) {
 
 }  // namespace
 
-RowStatsLease::RowStatsLease(cudaStream_t stream, unsigned long long stream_id, size_t bytes)
-    : stream_(stream), id_(stream_id) {
-  GF_CUDA_CHECK(cudaGetDevice(&dev_));
+RowStatsLease::RowStatsLease(cudaStream_t stream, int dev, unsigned long long stream_id, size_t bytes)
+    : stream_(stream), dev_(dev), id_(stream_id) {
   std::lock_guard<std::mutex> lock(mu);
   Device& d = devices[dev_];
   const bool fresh = d.by_stream.count(id_) == 0;

@@ -26,8 +26,8 @@ struct RowStats {
 // enqueued), and until then the buffer is not freed for another stream.
 class RowStatsLease {
  public:
-  // `bytes` or more for the stream `stream_id` (cudaStreamGetId) of the current device.
-  RowStatsLease(cudaStream_t stream, unsigned long long stream_id, size_t bytes);
+  // `bytes` or more for the stream `stream_id` (cudaStreamGetId) of device `dev` (current).
+  RowStatsLease(cudaStream_t stream, int dev, unsigned long long stream_id, size_t bytes);
   ~RowStatsLease();
   RowStatsLease(const RowStatsLease&) = delete;
   RowStatsLease& operator=(const RowStatsLease&) = delete;
@@ -35,7 +35,7 @@ class RowStatsLease {
 
  private:
   cudaStream_t stream_;
-  int dev_ = 0;
+  int dev_;
   unsigned long long id_;
   RowStats stats_{};
 };

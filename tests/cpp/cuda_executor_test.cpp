@@ -695,7 +695,7 @@ TEST(CudaExecutor, FusedGemmSoftmaxSm90) {
       }
   }
   // Small inputs (|x W^T + b| < 2 sqrt 2 everywhere): the epilogue's polynomial gelu; the
-  // unscaled cases above mostly take its erff fallback.
+  // unscaled cases above mostly take its full-range form (gelu_erf_wide_n).
   auto small = [](Case& c) {
     for (float& v : c.x) v *= 0.02f;
   };
@@ -708,6 +708,13 @@ TEST(CudaExecutor, FusedGemmSoftmaxSm90) {
     for (size_t n = 0; n < 1024 && n < c.b.size(); ++n)
       c.b[n] = n < 512 ? -0.8f - 1.15f * static_cast<float>((n * 37) % 512) / 512 : 2.4f;
   };
+  // Bias bands over the first four column tiles in (-12, 6): the full-range form, its clamp
+  // (past |u| = 4.75) included, in every warp of those tiles.
+  auto wide_banded = [&small](Case& c) {
+    small(c);
+    for (size_t n = 0; n < 1024 && n < c.b.size(); ++n)
+      c.b[n] = -12.0f + 18.0f * static_cast<float>((n * 37) % 1024) / 1024;
+  };
   const Problem gelu_scaled_softmax{linear(264, 4104) + "gelu\nmul b=100\nsoftmax", {1000}};
   for (DType d : {DType::BF16, DType::F16}) {
     CudaOptions o;
@@ -718,6 +725,10 @@ TEST(CudaExecutor, FusedGemmSoftmaxSm90) {
     check_problem(gelu_softmax, o, rng, banded, &plan);
     expect_fused(plan);
     check_problem(gelu_scaled_softmax, o, rng, banded, &plan);
+    expect_fused(plan);
+    check_problem(gelu_softmax, o, rng, wide_banded, &plan);
+    expect_fused(plan);
+    check_problem(gelu_scaled_softmax, o, rng, wide_banded, &plan);
     expect_fused(plan);
   }
   // Non-finite rows: a NaN in x makes its row NaN; +inf and -inf inputs give inf products.

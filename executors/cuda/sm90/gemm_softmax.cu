@@ -33,6 +33,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cfloat>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -348,7 +349,9 @@ struct DeferredTile {
   float sum[2];        // sum of exp(v - reference) over the thread's values of each row
   int round = 0;         // rounds finished
   bool pending = false;  // warp-uniform: this warp's values wait for the steps
-  bool narrow = false;   // warp-uniform: all of them within kGeluNarrowRange
+  // Warp-uniform: the gelu form, the cheapest whose range holds all of the warp's values:
+  // |u| < kGeluNarrowRange, |u| <= kGeluPolyRange, or any finite u (and NaN).
+  enum class Gelu : uint8_t { Narrow, Poly, Wide } form = Gelu::Narrow;
 
   // v = act(u) for n values, one branch for all (so their chains interleave); hook(j, steps)
   // runs between the polynomial's steps (all of it at once for the identity), inside each
@@ -357,8 +360,9 @@ struct DeferredTile {
   template <int n, class Hook = NoHornerHook>
   __device__ __forceinline__ void act(const typename K::Params& p, float (&v)[n], Hook hook = Hook{}) const {
     if (p.act == static_cast<int>(Activation::GeluErf)) {
-      if (narrow) gelu_erf_poly_narrow_n(v, hook);
-      else gelu_erf_poly_n(v, hook);
+      if (form == Gelu::Narrow) gelu_erf_poly_narrow_n(v, hook);
+      else if (form == Gelu::Poly) gelu_erf_poly_n(v, hook);
+      else gelu_erf_wide_n(v, hook);
     } else {
       hook(0, 1);
     }
@@ -403,7 +407,7 @@ struct DeferredTile {
     // for every u < 0), else at its smallest or largest u; a warp out of the narrow range needs
     // max |u| too. Both are rare: the smallest u only then, in a second pass.
     float lo[2] = {hi[0], hi[1]};
-    narrow = gelu && __all_sync(0xffffffffu, (all_bits & 0x40000000u) == 0);
+    const bool narrow = gelu && __all_sync(0xffffffffu, (all_bits & 0x40000000u) == 0);
     if (gelu && (!narrow || __any_sync(0xffffffffu, hi[0] < 0.f || hi[1] < 0.f))) {
       lo[0] = lo[1] = HUGE_VALF;
 #pragma unroll
@@ -411,10 +415,14 @@ struct DeferredTile {
 #pragma unroll
       for (int h = 0; h < 2; ++h) lo[h] = quad_reduce(lo[h], min_of);
     }
-    // As tile_epilogue: the polynomial where the whole warp is in its range, else tile_epilogue.
+    // The cheapest form whose range holds the whole warp's values; a warp with an infinity
+    // goes to tile_epilogue (the erff form: gelu(-inf) is NaN there, as in PyTorch). fminf
+    // and fmaxf drop NaN from the extremes; every form gives NaN for it.
     const float amax = fmaxf(fmaxf(-lo[0], hi[0]), fmaxf(-lo[1], hi[1]));
+    form = narrow ? Gelu::Narrow
+                  : __all_sync(0xffffffffu, amax <= kGeluPolyRange) ? Gelu::Poly : Gelu::Wide;
     pending = (t.n_blk + 1) * kTileN <= p.N &&
-              (!gelu || narrow || __all_sync(0xffffffffu, amax <= kGeluPolyRange));
+              (!gelu || form != Gelu::Wide || __all_sync(0xffffffffu, amax <= FLT_MAX));
     if (!pending) return;
     mul = p.scale * kLog2e;
 #pragma unroll

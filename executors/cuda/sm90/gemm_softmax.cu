@@ -330,8 +330,11 @@ __device__ __forceinline__ void tile_epilogue(const typename K::Params& p, Acc& 
 // after, so over any set of u its largest value is at the smallest or the largest u (at the
 // largest when that is >= 0). defers_epilogues() says when; otherwise tile_epilogue runs for
 // every tile.
-// A warp whose values leave the gelu polynomial's range, and a tile with columns past N, run
-// tile_epilogue at once (pending false): the erff form and the masking stay out of the loop.
+// The gelu form is chosen per warp, the cheapest whose range holds all of its values (Gelu:
+// 7, 12 or 15 operations per value); with the full-range form any finite data stays on
+// this path (it ran 10-20 us slower per call on tile_epilogue's erff form, bench/NOTES.md
+// session 15). A warp with an infinity, and a tile with columns past N, run tile_epilogue
+// at once (pending false): the erff form and the masking stay out of the loop.
 // The last tile, with no next mainloop, takes the same prepare and then run_alone: every
 // round at once. Not tile_epilogue: its ~40 KB of unrolled code, run once per launch, is
 // fetched from memory then and took 6.5-11 us on an H100 against 4.1 us when run a second

@@ -731,6 +731,26 @@ TEST(CudaExecutor, FusedGemmSoftmaxSm90) {
     check_problem(gelu_scaled_softmax, o, rng, wide_banded, &plan);
     expect_fused(plan);
   }
+  // Finite values whose shift (max * log2 e) would overflow, 3e38: two columns in different
+  // tiles share the row maximum (0.5 each); with a negative scale every value is -3e38
+  // (uniform rows).
+  auto huge_pair = [&small](Case& c) {
+    small(c);
+    c.b[7] = c.b[300] = 3e38f;
+  };
+  auto huge_all = [&small](Case& c) {
+    small(c);
+    for (float& b : c.b) b = 3e38f;
+  };
+  {  // bf16 only: fp16 cannot hold 3e38
+    CudaOptions o;
+    o.dtype = DType::BF16;
+    Plan plan;
+    check_problem(gelu_softmax, o, rng, huge_pair, &plan);
+    expect_fused(plan);
+    check_problem({linear(264, 4104) + "mul b=-1\nsoftmax", {1000}}, o, rng, huge_all, &plan);
+    expect_fused(plan);
+  }
   // Non-finite rows: a NaN in x makes its row NaN; +inf and -inf inputs give inf products.
   auto poison = [](Case& c) {
     const int64_t K = c.chain.in_features;

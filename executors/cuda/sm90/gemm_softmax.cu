@@ -227,6 +227,13 @@ __device__ __forceinline__ void merge_stats(float& m, float& s, float mj, float 
 // all -inf row part gets 0, so its values give e = 0 and its sum 0 instead of NaN.
 __device__ __forceinline__ float exp2_shift(float ref) { return ref == -HUGE_VALF ? 0.f : ref * kLog2e; }
 
+// Whether ref * log2 e overflows although ref is finite (|ref| > 2^126): exp(v - ref) then
+// needs v - ref first (tile_epilogue), not one FMA against the shift.
+__device__ __forceinline__ bool shift_overflows(float ref) {
+  const float a = fabsf(ref);
+  return a > 0x1p126f && a <= FLT_MAX;
+}
+
 // e = exp(c v - ref) of a value pair (a, b) of one row, mul = c log2 e (c: a scale the
 // values have not taken yet, or 1): added to that row's sum and written as an fp16 pair to
 // dst (the pair's stash word).
@@ -294,6 +301,18 @@ __device__ __forceinline__ void tile_epilogue(const typename K::Params& p, Acc& 
     mx[h] = quad_reduce(mx[h], max_of);
     shift[h] = exp2_shift(mx[h]);
   }
+  // A finite row maximum past 2^126 (its shift would overflow): v - max first, as PyTorch's
+  // softmax computes it. Rare (the deferred path sends such warps here), so a branch.
+  if (__any_sync(0xffffffffu, shift_overflows(mx[0]) || shift_overflows(mx[1]))) {
+    float off[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      off[h] = shift_overflows(mx[h]) ? mx[h] : 0.f;
+      shift[h] = exp2_shift(mx[h] - off[h]);
+    }
+#pragma unroll
+    for (int i = 0; i < kVals; ++i) acc(i) -= off[(i >> 1) & 1];
+  }
 #pragma unroll
   for (int i = 0; i < kVals; i += 2) {
     const int h = (i >> 1) & 1;
@@ -333,8 +352,9 @@ __device__ __forceinline__ void tile_epilogue(const typename K::Params& p, Acc& 
 // The gelu form is chosen per warp, the cheapest whose range holds all of its values (Gelu:
 // 7, 12 or 15 operations per value); with the full-range form any finite data stays on
 // this path (it ran 10-20 us slower per call on tile_epilogue's erff form, bench/NOTES.md
-// session 15). A warp with an infinity, and a tile with columns past N, run tile_epilogue
-// at once (pending false): the erff form and the masking stay out of the loop.
+// session 15). A warp with an infinity or a row reference past 2^126 (see shift_overflows),
+// and a tile with columns past N, run tile_epilogue at once (pending false): the erff form,
+// the subtraction and the masking stay out of the loop.
 // The last tile, with no next mainloop, takes the same prepare and then run_alone: every
 // round at once. Not tile_epilogue: its ~40 KB of unrolled code, run once per launch, is
 // fetched from memory then and took 6.5-11 us on an H100 against 4.1 us when run a second
@@ -428,6 +448,7 @@ struct DeferredTile {
               (!gelu || form != Gelu::Wide || __all_sync(0xffffffffu, amax <= FLT_MAX));
     if (!pending) return;
     mul = p.scale * kLog2e;
+    bool overflows = false;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       // An all-NaN row part has hi = -inf (fmaxf drops NaN): its sum is NaN whatever the
@@ -436,9 +457,13 @@ struct DeferredTile {
       act_scaled(p, ends);
       const float ref = fmaxf(ends[0], ends[1]);
       shift[h] = exp2_shift(ref);
+      overflows |= shift_overflows(ref);
       sum[h] = 0.f;
       if ((threadIdx.x & 3) == 0) tile_max[get<0>(coord(2 * h))] = ref;
     }
+    // A reference past 2^126: tile_epilogue, which subtracts it first (it rewrites tile_max).
+    pending = !__any_sync(0xffffffffu, overflows);
+    if (!pending) return;
 #pragma unroll
     for (int q = 0; q < kPairs; ++q) {
       *word(coord, stash, q) = acc(2 * q);

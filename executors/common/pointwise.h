@@ -42,7 +42,7 @@ GF_HD float gf_softplus(float x, float beta, float threshold) {
 // 2.4e-7); tests/cpp/cpu_pointwise_test.cpp checks it against the exact form. For kernels
 // whose epilogue is bound by instruction issue (sm90/gemm_softmax.cu); callers check the range.
 constexpr float kGeluPolyRange = 2.8284271247461903f;  // 2 sqrt 2
-// h + s Q(s) for n values in place, Q's D coefficients (highest degree first), the n Horner
+// q = C(t) for n values side by side, C's D coefficients highest degree first, the n Horner
 // chains interleaved in the source: one chain alone issues one dependent FMA per FMA
 // latency (4 cycles), and ptxas, short of registers, keeps the source order
 // (sm90/gemm_softmax.cu's rolled epilogue rounds).
@@ -51,20 +51,26 @@ constexpr float kGeluPolyRange = 2.8284271247461903f;  // 2 sqrt 2
 struct NoHornerHook {
   GF_HD void operator()(int, int) const {}
 };
+template <int N, int D, class Hook>
+GF_HD void horner_interleaved_n(const float (&t)[N], const float (&kC)[D], float (&q)[N], Hook& hook) {
+  GF_UNROLL
+  for (int k = 0; k < N; ++k) q[k] = kC[0];
+  GF_UNROLL
+  for (int j = 1; j < D; ++j) {
+    GF_UNROLL
+    for (int k = 0; k < N; ++k) q[k] = fmaf(q[k], t[k], kC[j]);
+    hook(j - 1, D - 1);
+  }
+}
+
+// h + s Q(s) for n values in place (h = x / 2, s = x^2), Q's D coefficients highest degree
+// first.
 template <int N, int D, class Hook = NoHornerHook>
 GF_HD void gelu_erf_horner_n(float (&x)[N], const float (&kQ)[D], Hook hook = Hook{}) {
   float s[N], q[N];
   GF_UNROLL
-  for (int k = 0; k < N; ++k) {
-    s[k] = x[k] * x[k];
-    q[k] = kQ[0];
-  }
-  GF_UNROLL
-  for (int j = 1; j < D; ++j) {
-    GF_UNROLL
-    for (int k = 0; k < N; ++k) q[k] = fmaf(q[k], s[k], kQ[j]);
-    hook(j - 1, D - 1);
-  }
+  for (int k = 0; k < N; ++k) s[k] = x[k] * x[k];
+  horner_interleaved_n(s, kQ, q, hook);
   GF_UNROLL
   for (int k = 0; k < N; ++k) x[k] = fmaf(s[k], q[k], 0.5f * x[k]);
 }
@@ -123,16 +129,8 @@ GF_HD void gelu_erf_wide_n(float (&x)[N], Hook hook = Hook{}) {
                            2.443935126e-01f,  -1.131613329e-01f, 2.083532698e-02f};
   float z[N], q[N];
   GF_UNROLL
-  for (int k = 0; k < N; ++k) {
-    z[k] = gf_min_nan(fmaf(fabsf(x[k]), 2.0f / kGeluWideClamp, -1.0f), 1.0f);
-    q[k] = fmaf(kP[0], z[k], kP[1]);
-  }
-  GF_UNROLL
-  for (int j = 2; j < D; ++j) {
-    GF_UNROLL
-    for (int k = 0; k < N; ++k) q[k] = fmaf(q[k], z[k], kP[j]);
-    hook(j - 2, D - 2);
-  }
+  for (int k = 0; k < N; ++k) z[k] = gf_min_nan(fmaf(fabsf(x[k]), 2.0f / kGeluWideClamp, -1.0f), 1.0f);
+  horner_interleaved_n(z, kP, q, hook);
   GF_UNROLL
   for (int k = 0; k < N; ++k) x[k] = fmaxf(x[k], 0.0f) - q[k];
 }

@@ -2,6 +2,7 @@
 activity), for seed models in one precision mode, next to eager's kernels. The times are the
 kernels' own durations; launch gaps are not in them.
     PYTHONPATH=python python3 scripts/kernel_profile.py --models m84 m99 --modes bf16 fast
+With --compile, torch.compile's kernels too (fp32 and bf16 modes).
 """
 import argparse
 from collections import defaultdict
@@ -23,15 +24,23 @@ def kernel_times(fn, sets, calls):
             fn(*sets[i % len(sets)])
         torch.cuda.synchronize()
     total, count = defaultdict(float), defaultdict(int)
+    first, last = float("inf"), 0.0
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CUDA and e.device_time > 0:
             total[e.name] += e.device_time
             count[e.name] += 1
-    return {k: (total[k] / calls, count[k] / calls) for k in total}
+            first = min(first, e.time_range.start)
+            last = max(last, e.time_range.end)
+    times = {k: (total[k] / calls, count[k] / calls) for k in total}
+    # From the first kernel's start to the last one's end, per call: the kernels' time plus
+    # the GPU's idle time between them (launch gaps, host stalls).
+    return times, (last - first) / calls
 
 
-def show(title, times):
-    print(f"--- {title}: {sum(t for t, _ in times.values()):8.1f} us of kernels per call")
+def show(title, timed):
+    times, span = timed
+    print(f"--- {title}: {sum(t for t, _ in times.values()):8.1f} us of kernels per call, "
+          f"{span:8.1f} us from the first kernel's start to the last one's end")
     for name, (us, n) in sorted(times.items(), key=lambda kv: -kv[1][0]):
         print(f"  {us:8.1f} us  x{n:.0f}  {name[:110]}")
 
@@ -41,6 +50,7 @@ def main():
     ap.add_argument("--models", nargs="+", default=["m84", "m99"])
     ap.add_argument("--modes", nargs="+", default=["bf16"])
     ap.add_argument("--calls", type=int, default=20)
+    ap.add_argument("--compile", action="store_true", help="also torch.compile's kernels")
     args = ap.parse_args()
     torch.manual_seed(0)
     with torch.no_grad():
@@ -52,6 +62,10 @@ def main():
                 sets = [spec.cls.get_inputs(device="cuda", dtype=dtype) for _ in range(3)]
                 if mode in ("bf16", "fp32"):
                     show(f"{mid} eager {mode}", kernel_times(model, sets, args.calls))
+                    if args.compile:
+                        compiled = torch.compile(model)
+                        show(f"{mid} torch.compile {mode}", kernel_times(compiled, sets, args.calls))
+                        del compiled
                 opt = gemmfuse.optimize(model, tuple(sets[0]),
                                         precision="fp32" if mode == "bf16" else mode)
                 show(f"{mid} gemmfuse {mode}", kernel_times(opt, sets, args.calls))

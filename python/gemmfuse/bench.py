@@ -3,8 +3,9 @@
 Per model every variant gets its own deepcopy of one freshly built model (so BatchNorm's running
 statistics start from the same state), the same input sets (``torch.rand``, rotated while timing),
 and is checked against one float64 reference (deepcopy of the model in float64, same inputs).
-Times: CUDA events around each call, warm-up first (the first call, which compiles, included),
-median of ``repeats`` calls. Without a GPU it runs on the CPU at a small shape and says so.
+Times: CUDA events around each call; a model's variants are built first, then timed in
+``rounds`` alternating rounds of ``warmup`` untimed and ``repeats`` timed calls each; the median
+over every round's calls. Without a GPU it runs on the CPU at a small shape and says so.
 """
 from __future__ import annotations
 
@@ -49,8 +50,9 @@ class Config:
     batch: int | None = None
     in_features: int | None = None
     out_features: int | None = None
-    repeats: int = 20
-    warmup: int = 3
+    repeats: int = 20   # timed calls per round
+    warmup: int = 3     # untimed calls per round (after the first, checked, call)
+    rounds: int = 4     # alternating rounds over a model's variants (see _measure_all)
     input_sets: int = 3
     out: str | None = None
     compile: bool | None = None  # None: on GPU yes, on CPU no
@@ -82,29 +84,25 @@ def _tick(progress, task):
     progress.refresh()
 
 
-def time_calls(fn, sets, warmup, repeats, dev, tick=lambda: None):
-    """Median/min/p90 ms per call of `fn(*sets[i % len(sets)])`, after `warmup` calls.
+class CallTimer:
+    """Times one callable `fn(*sets[i % len(sets)])` over one or more rounds; the bench
+    alternates the rounds of every variant of a model (see run_models), so that slow drifts of
+    the GPU's clock and temperature fall on all of them alike.
 
-    On a GPU each call is first timed alone between two CUDA events (`ms_latency`). A call
-    shorter than its own host path (m18's GEMV: ~10 us of GPU work behind ~17 us of Python and
-    dispatch) then measures the idle GPU waiting for the launch, not the work; such calls are
-    also timed in `repeats` batches of back-to-back calls between two events, and `ms` is the
-    median batch time per call (sustained throughput, inputs still rotated). For longer calls
-    the two agree and `ms` is the per-call median."""
-    for i in range(warmup):
-        fn(*sets[i % len(sets)])
-        tick()
-    _sync(dev)
-    if dev.type != "cuda":
-        ms = []
-        for i in range(repeats):
-            t0 = time.perf_counter()
-            fn(*sets[i % len(sets)])
-            ms.append((time.perf_counter() - t0) * 1e3)
-            tick()
-        return _summary(ms, "per call, host clock")
+    Each round: `warmup` untimed calls, then `repeats` calls. On a GPU each call is timed alone
+    between two CUDA events (`ms_latency`). A call shorter than its own host path (m18's GEMV:
+    ~10 us of GPU work behind ~17 us of Python and dispatch) then measures the idle GPU waiting
+    for the launch, not the work; such calls (decided in the first round) are also timed in
+    `repeats` batches of back-to-back calls between two events, and `ms` is the median batch
+    time per call (sustained throughput, inputs still rotated). For longer calls the two agree
+    and `ms` is the per-call median over every round."""
 
-    def timed(per):
+    def __init__(self, fn, sets, dev, tick=lambda: None):
+        self.fn, self.sets, self.dev, self.tick = fn, sets, dev, tick
+        self.latency, self.batched, self.per, self.round_ms = [], [], None, []
+
+    def _timed(self, per, repeats):
+        fn, sets = self.fn, self.sets
         evs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                for _ in range(repeats)]
         # No progress ticks inside the timed loop: host work between calls would idle the GPU.
@@ -113,31 +111,67 @@ def time_calls(fn, sets, warmup, repeats, dev, tick=lambda: None):
             for j in range(per):
                 fn(*sets[(r * per + j) % len(sets)])
             b.record()
-        _sync(dev)
+        _sync(self.dev)
         return [a.elapsed_time(b) / per for a, b in evs]
 
-    # Like timeit: no garbage collection inside timed regions (a collection there is a host
-    # stall that a short call would show as its own time).
-    gc_on = gc.isenabled()
-    gc.disable()
-    try:
-        latency = timed(1)
-        batched = None
-        if statistics.median(latency) < BATCH_BELOW_MS:
-            per = max(2, int(2 * BATCH_BELOW_MS / max(statistics.median(latency), 1e-3)))
-            batched = (per, timed(per))
-    finally:
-        if gc_on:
-            gc.enable()
-    for _ in range(repeats):
-        tick()
-    out = _summary(latency, "per call (CUDA events around each call)")
-    out["ms_latency"] = out["ms"]
-    if batched is not None:
-        per, ms = batched
-        out.update(_summary(ms, f"batches of {per} back-to-back calls (CUDA events around each "
-                                f"batch)"))
-    return out
+    def round(self, warmup, repeats):
+        fn, sets = self.fn, self.sets
+        for i in range(warmup):
+            fn(*sets[i % len(sets)])
+            self.tick()
+        _sync(self.dev)
+        if self.dev.type != "cuda":
+            ms = []
+            for i in range(repeats):
+                t0 = time.perf_counter()
+                fn(*sets[i % len(sets)])
+                ms.append((time.perf_counter() - t0) * 1e3)
+                self.tick()
+            self.latency += ms
+            self.round_ms.append(statistics.median(ms))
+            return
+        # Like timeit: no garbage collection inside timed regions (a collection there is a
+        # host stall that a short call would show as its own time).
+        gc_on = gc.isenabled()
+        gc.disable()
+        try:
+            latency = self._timed(1, repeats)
+            if self.per is None:
+                med = statistics.median(latency)
+                self.per = max(2, int(2 * BATCH_BELOW_MS / max(med, 1e-3))) if med < BATCH_BELOW_MS else 1
+            batched = self._timed(self.per, repeats) if self.per > 1 else None
+        finally:
+            if gc_on:
+                gc.enable()
+        for _ in range(repeats):
+            self.tick()
+        self.latency += latency
+        if batched is not None:
+            self.batched += batched
+        self.round_ms.append(statistics.median(batched if batched is not None else latency))
+
+    def summary(self):
+        rounds = len(self.round_ms)
+        where = f", {rounds} rounds" if rounds > 1 else ""
+        if self.dev.type != "cuda":
+            out = _summary(self.latency, "per call, host clock" + where)
+        else:
+            out = _summary(self.latency, "per call (CUDA events around each call)" + where)
+            out["ms_latency"] = out["ms"]
+            if self.batched:
+                out.update(_summary(self.batched, f"batches of {self.per} back-to-back calls "
+                                                  f"(CUDA events around each batch)" + where))
+        if rounds > 1:
+            out["ms_rounds"] = self.round_ms
+        return out
+
+
+def time_calls(fn, sets, warmup, repeats, dev, tick=lambda: None):
+    """Median/min/p90 ms per call of `fn(*sets[i % len(sets)])`, after `warmup` calls: one
+    round of a CallTimer."""
+    t = CallTimer(fn, sets, dev, tick)
+    t.round(warmup, repeats)
+    return t.summary()
 
 
 def _summary(ms, how):
@@ -323,10 +357,10 @@ def _git_commit():
 
 
 # ------------------------------------------------------------------------------ measurement
-def _measure(variant, model, sets, dtype, ref, ref_state, cfg, dev, tick):
-    """One variant on a fresh copy of `model`: check the first call, then time."""
+def _build(variant, model, sets, dtype, ref, ref_state, dev, tick):
+    """One variant on a fresh copy of `model`: its record, with the first call (which
+    compiles) checked, and a CallTimer for it (None after an error)."""
     rec = {"mode": variant, "dtype": str(dtype).replace("torch.", "")}
-    m = fn = holder = None
     try:
         m = copy.deepcopy(model).to(dtype)
         xs = [[x.to(dtype) for x in s] for s in sets]
@@ -339,16 +373,45 @@ def _measure(variant, model, sets, dtype, ref, ref_state, cfg, dev, tick):
         rec.update(errors(out, ref))
         rec.update(state_errors([holder, m], ref_state, dtype))
         del out
-        rec.update(time_calls(fn, xs, cfg.warmup, cfg.repeats, dev, tick))
+        return rec, CallTimer(fn, xs, dev, tick)
     except Exception as e:
-        rec.update(error=f"{type(e).__name__}: {e}"[:1000], ms=None,
-                   traceback=traceback.format_exc()[-2000:])
-    finally:
-        del m, fn, holder
-        if variant == "compile":
-            torch._dynamo.reset()
+        _failed(rec, e)
         _free(dev)
-    return rec
+        return rec, None
+
+
+def _failed(rec, e):
+    rec.update(error=f"{type(e).__name__}: {e}"[:1000], ms=None,
+               traceback=traceback.format_exc()[-2000:])
+
+
+def _measure_all(variants, model, sets, ref, ref_state, cfg, dev, tasks):
+    """Every variant built (and checked) first, then timed in cfg.rounds alternating rounds:
+    in each, every variant in turn gets cfg.warmup untimed calls and cfg.repeats timed ones.
+    The GPU's clock and temperature drift over a run (one model's variants take seconds, the
+    compile variant's compilation idles it); alternating puts every variant at every stage of
+    that drift instead of each at its own. Returns the records, in `variants` order."""
+    built = []
+    for v in variants:
+        dtype = torch.bfloat16 if v.endswith("bf16") else torch.float32
+        built.append(_build(v, model, sets, dtype, ref, ref_state, dev, tasks[v]))
+    for _ in range(cfg.rounds):
+        for rec, timer in built:
+            if timer is not None and not rec.get("error"):
+                try:
+                    timer.round(cfg.warmup, cfg.repeats)
+                except Exception as e:
+                    _failed(rec, e)
+    records = []
+    for rec, timer in built:
+        if timer is not None and not rec.get("error"):
+            rec.update(timer.summary())
+        records.append(rec)
+    del built
+    if "compile" in variants:
+        torch._dynamo.reset()
+    _free(dev)
+    return records
 
 
 def reference(model, sets):
@@ -366,7 +429,7 @@ def _input_sets(cls, n, b, k, dev):
 def run_models(cfg, dev, shape, progress, base):
     b, k, n = shape
     variants = variants_for(cfg, dev)
-    per_call = 1 + cfg.warmup + cfg.repeats
+    per_call = _calls_per_variant(cfg)
     tasks = {(mid, v): progress.add_task(f"{mid} {v}", total=per_call)
              for mid in cfg.models for v in variants}
     records = []
@@ -377,28 +440,28 @@ def run_models(cfg, dev, shape, progress, base):
         sets = _input_sets(spec.cls, cfg.input_sets, b, k, dev)
         ref, ref_state = reference(model, sets)
         fl = floors(spec, b, k, n)
-        rows = []
-        for v in variants:
-            t = tasks[(mid, v)]
-            dtype = torch.bfloat16 if v.endswith("bf16") else torch.float32
-            rec = _measure(v, model, sets, dtype, ref, ref_state, cfg, dev,
-                           lambda t=t: _tick(progress, t))
-            progress.update(t, completed=per_call)
+        ticks = {v: (lambda t=tasks[(mid, v)]: _tick(progress, t)) for v in variants}
+        rows = _measure_all(variants, model, sets, ref, ref_state, cfg, dev, ticks)
+        for v, rec in zip(variants, rows):
+            progress.update(tasks[(mid, v)], completed=per_call)
             rec.update(base, model=mid, batch=b, in_features=k, out_features=n,
-                       floor_ms=fl["bf16" if dtype == torch.bfloat16 else "fp32"]["floor_ms"],
+                       floor_ms=fl["bf16" if rec["dtype"] == "bfloat16" else "fp32"]["floor_ms"],
                        timestamp=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
-            rows.append(rec)
         records += finish(rows)
         del model, sets, ref
         _free(dev)
     return records
 
 
+def _calls_per_variant(cfg):
+    return 1 + cfg.rounds * (cfg.warmup + cfg.repeats)
+
+
 def run_sweep(cfg, dev, k, n, progress, base):
     """m99's chain at several M: eager, gemmfuse fast and fp32; TFLOP/s and GB/s vs the ceilings."""
     ms_list = cfg.sweep_m or (SWEEP_M_GPU if dev.type == "cuda" else SWEEP_M_CPU)
     variants = ["eager", "gemmfuse-fast", "gemmfuse-fp32"]
-    per_call = 1 + cfg.warmup + cfg.repeats
+    per_call = _calls_per_variant(cfg)
     tasks = {(m, v): progress.add_task(f"sweep M={m} {v}", total=per_call)
              for m in ms_list for v in variants}
     torch.manual_seed(cfg.seed + 100)
@@ -409,12 +472,10 @@ def run_sweep(cfg, dev, k, n, progress, base):
         ref, _ = reference(model, sets)
         flops, bytes_ = 2 * m * n * k, 4 * (m * k + n * k + n + m * n)
         floor = max(flops / (CEILINGS["bf16_tflops"] * 1e12), bytes_ / (CEILINGS["copy_tbs"] * 1e12))
-        rows = []
-        for v in variants:
-            t = tasks[(m, v)]
-            rec = _measure(v, model, sets, torch.float32, ref, {}, cfg, dev,
-                           lambda t=t: _tick(progress, t))
-            progress.update(t, completed=per_call)
+        ticks = {v: (lambda t=tasks[(m, v)]: _tick(progress, t)) for v in variants}
+        rows = _measure_all(variants, model, sets, ref, {}, cfg, dev, ticks)
+        for v, rec in zip(variants, rows):
+            progress.update(tasks[(m, v)], completed=per_call)
             rec.update(base, chain="m99", M=m, K=k, N=n, flops=flops, bytes=bytes_,
                        floor_ms=floor * 1e3)
             if rec.get("ms"):
@@ -422,7 +483,6 @@ def run_sweep(cfg, dev, k, n, progress, base):
                 rec.update(tflops=flops / s / 1e12, gbs=bytes_ / s / 1e9,
                            pct_bf16_peak=100 * flops / s / (CEILINGS["bf16_tflops"] * 1e12),
                            pct_copy_bw=100 * bytes_ / s / (CEILINGS["copy_tbs"] * 1e12))
-            rows.append(rec)
         out += finish(rows)
         del sets, ref
         _free(dev)
@@ -453,7 +513,8 @@ def main_table(records, header):
     from rich.table import Table
     t = Table(title=f"gemmfuse bench — {header.get('gpu') or 'CPU'}, "
                     f"M={header['batch']} K={header['in_features']} N={header['out_features']}",
-              caption="ms: median per call; calls under 0.5 ms are timed in batches of "
+              caption=f"ms: median per call over {header.get('rounds', 1)} rounds alternating "
+                      "over each model's variants; calls under 0.5 ms are timed in batches of "
                       "back-to-back calls, '1-call ms' times each alone (launch latency "
                       "included). speedup vs eager of the same dtype; pass: gemmfuse rows their "
                       "promise (design.md), other rows allclose(1e-4)")
@@ -504,8 +565,9 @@ def run(cfg: Config, console=None):
                      f"8192x8192 on a GPU); CPU times say nothing about GPU performance")
         if not cfg.compile:
             notes.append("torch.compile skipped on the CPU (pass --compile to include it)")
-    if cfg.repeats < 20:
-        notes.append(f"only {cfg.repeats} timed runs (20 or more for figures worth quoting)")
+    if cfg.repeats * cfg.rounds < 20:
+        notes.append(f"only {cfg.repeats * cfg.rounds} timed runs (20 or more for figures worth "
+                     f"quoting)")
     stamp = time.strftime("%Y%m%d-%H%M%S")
     slug = (info["gpu"] or "cpu").lower().replace(" ", "-")
     out = Path(cfg.out or f"bench/results/{stamp}-{slug}.json")
@@ -528,7 +590,7 @@ def run(cfg: Config, console=None):
         torch.set_float32_matmul_precision(old[1])
 
     header = dict(info, batch=b, in_features=k, out_features=n, repeats=cfg.repeats,
-                  warmup=cfg.warmup, input_sets=cfg.input_sets, grad="no_grad",
+                  warmup=cfg.warmup, rounds=cfg.rounds, input_sets=cfg.input_sets, grad="no_grad",
                   timestamp=time.strftime("%Y-%m-%dT%H:%M:%S%z"), notes=notes,
                   note="; ".join(notes), ceilings=CEILINGS,
                   models={mid: {"summary": MODELS[mid].summary, **floors(MODELS[mid], b, k, n)}

@@ -18,8 +18,12 @@ def parser():
     b.add_argument("--batch", type=int, help="M (default 1024 on a GPU, 64 on the CPU)")
     b.add_argument("--in-features", type=int, help="K (default 8192 on a GPU, 1024 on the CPU)")
     b.add_argument("--out-features", type=int, help="N (default 8192 on a GPU, 1024 on the CPU)")
-    b.add_argument("--repeats", type=int, default=20, help="timed calls; the median is reported")
-    b.add_argument("--warmup", type=int, default=3, help="untimed calls after the first one")
+    b.add_argument("--repeats", type=int, default=20,
+                   help="timed calls per round; the median over all rounds is reported")
+    b.add_argument("--warmup", type=int, default=3, help="untimed calls at the start of each round")
+    b.add_argument("--rounds", type=int, default=4,
+                   help="rounds alternating over a model's variants (each round: warm-up, then "
+                        "the timed calls of each variant in turn)")
     b.add_argument("--input-sets", type=int, default=3, help="input sets rotated while timing")
     b.add_argument("--out", help="JSON path (default bench/results/<time>-<device>.json)")
     c = b.add_mutually_exclusive_group()
@@ -40,7 +44,10 @@ def main(argv=None):
     args = parser().parse_args(argv)
     if args.cmd == "bench":
         from .bench import Config, run
-        cfg = Config(repeats=args.repeats, warmup=args.warmup, input_sets=args.input_sets,
+        if args.rounds < 1 or args.repeats < 1:
+            raise SystemExit("--rounds and --repeats must be at least 1")
+        cfg = Config(repeats=args.repeats, warmup=args.warmup, rounds=args.rounds,
+                     input_sets=args.input_sets,
                      batch=args.batch, in_features=args.in_features,
                      out_features=args.out_features, out=args.out, compile=args.compile,
                      bf16=args.bf16, sweep=args.sweep, sweep_m=args.sweep_m,

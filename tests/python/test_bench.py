@@ -91,3 +91,28 @@ def test_device_info_commit(monkeypatch):
     assert device_info(torch.device("cpu"))["git"] == "abc1234"
     monkeypatch.delenv("GEMMFUSE_GIT_COMMIT")
     assert device_info(torch.device("cpu"))["git"] != "abc1234"
+
+
+def test_variants_alternate_in_rounds(monkeypatch):
+    """A model's variants are built (first call checked) first, then timed round by round:
+    each round gives every variant its warm-up and timed calls in turn."""
+    import gemmfuse.bench as gb
+    log = []
+
+    def fake_build(variant, model, example):
+        def fn(*xs):
+            log.append(variant)
+            return torch.zeros(2, 3)
+        return fn, model, None
+
+    monkeypatch.setattr(gb, "build_variant", fake_build)
+    cfg = gb.Config(repeats=2, warmup=1, rounds=3)
+    sets = [(torch.rand(2, 3),)]
+    ref = torch.zeros(2, 3, dtype=torch.float64)
+    ticks = {v: (lambda: None) for v in ("eager", "gemmfuse-fp32")}
+    recs = gb._measure_all(["eager", "gemmfuse-fp32"], torch.nn.Linear(3, 3), sets, ref, {}, cfg,
+                           torch.device("cpu"), ticks)
+    assert log == ["eager", "gemmfuse-fp32"] + (["eager"] * 3 + ["gemmfuse-fp32"] * 3) * 3
+    assert [r["mode"] for r in recs] == ["eager", "gemmfuse-fp32"]
+    for r in recs:
+        assert len(r["ms_rounds"]) == 3 and r["ms"] >= 0 and r["rel_err"] == 0

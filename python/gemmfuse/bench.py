@@ -75,8 +75,10 @@ def _free(dev):
         torch.cuda.empty_cache()
 
 
-# A call shorter than this is timed in back-to-back batches as well (see time_calls).
+# A call shorter than this is timed in back-to-back batches as well (see CallTimer).
 BATCH_BELOW_MS = 0.5
+# The least GPU time of warm-up calls per round after the first (see CallTimer.round).
+WARMUP_MS = 20.0
 
 
 def _tick(progress, task):
@@ -116,6 +118,11 @@ class CallTimer:
 
     def round(self, warmup, repeats):
         fn, sets = self.fn, self.sets
+        # After the first round, on a GPU, at least WARMUP_MS of calls: the chip's clock
+        # settles to this variant's power draw within milliseconds, while `warmup` calls of a
+        # 0.2 ms variant after a 2.7 ms one would time it at the previous variant's clock.
+        if self.dev.type == "cuda" and self.round_ms:
+            warmup = max(warmup, math.ceil(WARMUP_MS / max(self.round_ms[0], 1e-3)))
         for i in range(warmup):
             fn(*sets[i % len(sets)])
             self.tick()
@@ -387,7 +394,8 @@ def _failed(rec, e):
 
 def _measure_all(variants, model, sets, ref, ref_state, cfg, dev, tasks):
     """Every variant built (and checked) first, then timed in cfg.rounds alternating rounds:
-    in each, every variant in turn gets cfg.warmup untimed calls and cfg.repeats timed ones.
+    in each, every variant in turn (reversed in odd rounds) gets its warm-up (see
+    CallTimer.round) and cfg.repeats timed calls.
     The GPU's clock and temperature drift over a run (one model's variants take seconds, the
     compile variant's compilation idles it); alternating puts every variant at every stage of
     that drift instead of each at its own. Returns the records, in `variants` order."""
@@ -395,8 +403,10 @@ def _measure_all(variants, model, sets, ref, ref_state, cfg, dev, tasks):
     for v in variants:
         dtype = torch.bfloat16 if v.endswith("bf16") else torch.float32
         built.append(_build(v, model, sets, dtype, ref, ref_state, dev, tasks[v]))
-    for _ in range(cfg.rounds):
-        for rec, timer in built:
+    for r in range(cfg.rounds):
+        # Odd rounds run the variants in reverse (ABBA): each one follows a different
+        # predecessor, whose heat and clock it may inherit, in alternate rounds.
+        for rec, timer in (built if r % 2 == 0 else built[::-1]):
             if timer is not None and not rec.get("error"):
                 try:
                     timer.round(cfg.warmup, cfg.repeats)

@@ -95,7 +95,7 @@ def test_device_info_commit(monkeypatch):
 
 def test_variants_alternate_in_rounds(monkeypatch):
     """A model's variants are built (first call checked) first, then timed round by round:
-    each round gives every variant its warm-up and timed calls in turn."""
+    each round gives every variant its warm-up and timed calls in turn, odd rounds in reverse."""
     import gemmfuse.bench as gb
     log = []
 
@@ -112,7 +112,8 @@ def test_variants_alternate_in_rounds(monkeypatch):
     ticks = {v: (lambda: None) for v in ("eager", "gemmfuse-fp32")}
     recs = gb._measure_all(["eager", "gemmfuse-fp32"], torch.nn.Linear(3, 3), sets, ref, {}, cfg,
                            torch.device("cpu"), ticks)
-    assert log == ["eager", "gemmfuse-fp32"] + (["eager"] * 3 + ["gemmfuse-fp32"] * 3) * 3
+    a, b = ["eager"] * 3, ["gemmfuse-fp32"] * 3  # a round: 1 warm-up + 2 timed calls each
+    assert log == ["eager", "gemmfuse-fp32"] + a + b + b + a + a + b  # odd rounds reversed
     assert [r["mode"] for r in recs] == ["eager", "gemmfuse-fp32"]
     for r in recs:
         assert len(r["ms_rounds"]) == 3 and r["ms"] >= 0 and r["rel_err"] == 0

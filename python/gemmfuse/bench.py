@@ -88,10 +88,10 @@ def _tick(progress, task):
 
 class CallTimer:
     """Times one callable `fn(*sets[i % len(sets)])` over one or more rounds; the bench
-    alternates the rounds of every variant of a model (see run_models), so that slow drifts of
-    the GPU's clock and temperature fall on all of them alike.
+    alternates the rounds of every variant of a model (see _measure_all), so that slow drifts
+    of the GPU's clock and temperature fall on all of them alike.
 
-    Each round: `warmup` untimed calls, then `repeats` calls. On a GPU each call is timed alone
+    Each round: warm-up calls (`warmup`, or more: see round), then `repeats` timed calls. On a GPU each call is timed alone
     between two CUDA events (`ms_latency`). A call shorter than its own host path (m18's GEMV:
     ~10 us of GPU work behind ~17 us of Python and dispatch) then measures the idle GPU waiting
     for the launch, not the work; such calls (decided in the first round) are also timed in
@@ -121,11 +121,13 @@ class CallTimer:
         # After the first round, on a GPU, at least WARMUP_MS of calls: the chip's clock
         # settles to this variant's power draw within milliseconds, while `warmup` calls of a
         # 0.2 ms variant after a 2.7 ms one would time it at the previous variant's clock.
+        calls = warmup
         if self.dev.type == "cuda" and self.round_ms:
-            warmup = max(warmup, math.ceil(WARMUP_MS / max(self.round_ms[0], 1e-3)))
-        for i in range(warmup):
+            calls = max(warmup, math.ceil(WARMUP_MS / max(self.round_ms[0], 1e-3)))
+        for i in range(calls):
             fn(*sets[i % len(sets)])
-            self.tick()
+            if i < warmup:  # the progress bar counts `warmup` calls per round
+                self.tick()
         _sync(self.dev)
         if self.dev.type != "cuda":
             ms = []

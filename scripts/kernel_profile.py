@@ -1,6 +1,7 @@
 """Where a fused call's GPU time goes: each kernel's mean time per call (torch.profiler's CUDA
 activity), for seed models in one precision mode, next to eager's kernels. The times are the
-kernels' own durations; launch gaps are not in them.
+kernels' own durations; the span printed beside their sum (first kernel's start to last
+kernel's end, per call) adds the GPU's idle time between them.
     PYTHONPATH=python python3 scripts/kernel_profile.py --models m84 m99 --modes bf16 fast
 With --compile, torch.compile's kernels too (fp32 and bf16 modes).
 """

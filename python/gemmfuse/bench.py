@@ -91,8 +91,8 @@ class CallTimer:
     alternates the rounds of every variant of a model (see _measure_all), so that slow drifts
     of the GPU's clock and temperature fall on all of them alike.
 
-    Each round: warm-up calls (`warmup`, or more: see round), then `repeats` timed calls. On a GPU each call is timed alone
-    between two CUDA events (`ms_latency`). A call shorter than its own host path (m18's GEMV:
+    Each round: warm-up calls (`warmup`, or more: see round), then `repeats` timed calls.
+    On a GPU each call is timed alone between two CUDA events (`ms_latency`). A call shorter than its own host path (m18's GEMV:
     ~10 us of GPU work behind ~17 us of Python and dispatch) then measures the idle GPU waiting
     for the launch, not the work; such calls (decided in the first round) are also timed in
     `repeats` batches of back-to-back calls between two events, and `ms` is the median batch
@@ -394,17 +394,19 @@ def _failed(rec, e):
                traceback=traceback.format_exc()[-2000:])
 
 
-def _measure_all(variants, model, sets, ref, ref_state, cfg, dev, tasks):
+def _measure_all(variants, model, sets, ref, ref_state, cfg, dev, progress, tasks):
     """Every variant built (and checked) first, then timed in cfg.rounds alternating rounds:
     in each, every variant in turn (reversed in odd rounds) gets its warm-up (see
     CallTimer.round) and cfg.repeats timed calls.
     The GPU's clock and temperature drift over a run (one model's variants take seconds, the
     compile variant's compilation idles it); alternating puts every variant at every stage of
-    that drift instead of each at its own. Returns the records, in `variants` order."""
+    that drift instead of each at its own. `tasks[v]`: variant v's progress bar. Returns the
+    records, in `variants` order."""
     built = []
     for v in variants:
         dtype = torch.bfloat16 if v.endswith("bf16") else torch.float32
-        built.append(_build(v, model, sets, dtype, ref, ref_state, dev, tasks[v]))
+        tick = lambda t=tasks[v]: _tick(progress, t)  # noqa: E731
+        built.append(_build(v, model, sets, dtype, ref, ref_state, dev, tick))
     for r in range(cfg.rounds):
         # Odd rounds run the variants in reverse (ABBA): each one follows a different
         # predecessor, whose heat and clock it may inherit, in alternate rounds.
@@ -415,9 +417,10 @@ def _measure_all(variants, model, sets, ref, ref_state, cfg, dev, tasks):
                 except Exception as e:
                     _failed(rec, e)
     records = []
-    for rec, timer in built:
+    for v, (rec, timer) in zip(variants, built):
         if timer is not None and not rec.get("error"):
             rec.update(timer.summary())
+        progress.update(tasks[v], completed=_calls_per_variant(cfg))
         records.append(rec)
     del built
     if "compile" in variants:
@@ -441,8 +444,7 @@ def _input_sets(cls, n, b, k, dev):
 def run_models(cfg, dev, shape, progress, base):
     b, k, n = shape
     variants = variants_for(cfg, dev)
-    per_call = _calls_per_variant(cfg)
-    tasks = {(mid, v): progress.add_task(f"{mid} {v}", total=per_call)
+    tasks = {(mid, v): progress.add_task(f"{mid} {v}", total=_calls_per_variant(cfg))
              for mid in cfg.models for v in variants}
     records = []
     for i, mid in enumerate(cfg.models):
@@ -452,10 +454,9 @@ def run_models(cfg, dev, shape, progress, base):
         sets = _input_sets(spec.cls, cfg.input_sets, b, k, dev)
         ref, ref_state = reference(model, sets)
         fl = floors(spec, b, k, n)
-        ticks = {v: (lambda t=tasks[(mid, v)]: _tick(progress, t)) for v in variants}
-        rows = _measure_all(variants, model, sets, ref, ref_state, cfg, dev, ticks)
-        for v, rec in zip(variants, rows):
-            progress.update(tasks[(mid, v)], completed=per_call)
+        rows = _measure_all(variants, model, sets, ref, ref_state, cfg, dev, progress,
+                            {v: tasks[(mid, v)] for v in variants})
+        for rec in rows:
             rec.update(base, model=mid, batch=b, in_features=k, out_features=n,
                        floor_ms=fl["bf16" if rec["dtype"] == "bfloat16" else "fp32"]["floor_ms"],
                        timestamp=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
@@ -473,8 +474,7 @@ def run_sweep(cfg, dev, k, n, progress, base):
     """m99's chain at several M: eager, gemmfuse fast and fp32; TFLOP/s and GB/s vs the ceilings."""
     ms_list = cfg.sweep_m or (SWEEP_M_GPU if dev.type == "cuda" else SWEEP_M_CPU)
     variants = ["eager", "gemmfuse-fast", "gemmfuse-fp32"]
-    per_call = _calls_per_variant(cfg)
-    tasks = {(m, v): progress.add_task(f"sweep M={m} {v}", total=per_call)
+    tasks = {(m, v): progress.add_task(f"sweep M={m} {v}", total=_calls_per_variant(cfg))
              for m in ms_list for v in variants}
     torch.manual_seed(cfg.seed + 100)
     model = M99(k, n).to(dev)
@@ -484,10 +484,9 @@ def run_sweep(cfg, dev, k, n, progress, base):
         ref, _ = reference(model, sets)
         flops, bytes_ = 2 * m * n * k, 4 * (m * k + n * k + n + m * n)
         floor = max(flops / (CEILINGS["bf16_tflops"] * 1e12), bytes_ / (CEILINGS["copy_tbs"] * 1e12))
-        ticks = {v: (lambda t=tasks[(m, v)]: _tick(progress, t)) for v in variants}
-        rows = _measure_all(variants, model, sets, ref, {}, cfg, dev, ticks)
-        for v, rec in zip(variants, rows):
-            progress.update(tasks[(m, v)], completed=per_call)
+        rows = _measure_all(variants, model, sets, ref, {}, cfg, dev, progress,
+                            {v: tasks[(m, v)] for v in variants})
+        for rec in rows:
             rec.update(base, chain="m99", M=m, K=k, N=n, flops=flops, bytes=bytes_,
                        floor_ms=floor * 1e3)
             if rec.get("ms"):

@@ -109,9 +109,11 @@ def test_variants_alternate_in_rounds(monkeypatch):
     cfg = gb.Config(repeats=2, warmup=1, rounds=3)
     sets = [(torch.rand(2, 3),)]
     ref = torch.zeros(2, 3, dtype=torch.float64)
-    ticks = {v: (lambda: None) for v in ("eager", "gemmfuse-fp32")}
+    from rich.progress import Progress
+    progress = Progress(auto_refresh=False, disable=True)
+    tasks = {v: progress.add_task(v, total=None) for v in ("eager", "gemmfuse-fp32")}
     recs = gb._measure_all(["eager", "gemmfuse-fp32"], torch.nn.Linear(3, 3), sets, ref, {}, cfg,
-                           torch.device("cpu"), ticks)
+                           torch.device("cpu"), progress, tasks)
     a, b = ["eager"] * 3, ["gemmfuse-fp32"] * 3  # a round: 1 warm-up + 2 timed calls each
     assert log == ["eager", "gemmfuse-fp32"] + a + b + b + a + a + b  # odd rounds reversed
     assert [r["mode"] for r in recs] == ["eager", "gemmfuse-fp32"]

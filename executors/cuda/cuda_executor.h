@@ -1,12 +1,14 @@
 // The CUDA executor: runs a Plan on one GPU, asynchronously on args.stream.
 //
 //   Gemm         cuBLASLt (gemm_cublas.cu): fp32 SGEMM / TF32 / bf16x3 split (`fast`) /
-//                the model's 16-bit type; bias as the GEMM epilogue
+//                the model's 16-bit type; bias as the GEMM epilogue. fp32 on sm90 from 256
+//                rows: six bf16 part products with fp32 promotion (sm90/gemm_bf16x6.cu); up
+//                to 32 rows: gemm_small_m.cu
 //   Gemv         gemv.cu: x . colsum(W) + sum(b)
 //   RowPass      row_program.cu: the row-program interpreter
 //   ColumnStats  column_stats.cu: BatchNorm statistics (batch: two-level reduction, running
 //                stats updated on device; eval: from the running stats)
-//   prepare()    prepare.cu: folded eval BatchNorm, fp32 bias, column sums, W split
+//   prepare()    prepare.cu: folded eval BatchNorm, fp32 bias, column sums, W splits
 //   Gemm + RowPass of a 16-bit Linear -> [gelu] -> [scalar] -> softmax: one sm90 kernel
 //                (sm90/gemm_softmax.cu) when the device and shape allow (fused_softmax.h)
 //

@@ -1,4 +1,5 @@
-// The Gemm step on cuBLASLt (fp32 with at most 32 rows of x: gemm_small_m.cu).
+// The Gemm step on cuBLASLt (fp32 with at most 32 rows of x: gemm_small_m.cu; fp32 in
+// `fp32` precision on sm90, from 256 rows: sm90/gemm_bf16x6.cu).
 //
 // Row-major Y[M,N] = x[M,K] W[N,K]^T is column-major Y^T[N,M] = W . x^T: cuBLASLt's
 // D[m=N, n=M] = op(A)[N,K] op(B)[K,M] with A = W stored [K,N] (ld K, transa = T) and
@@ -26,6 +27,7 @@
 
 #include "cuda_check.h"
 #include "gemm_small_m.h"
+#include "gemm_bf16x6.h"
 #include "layout.h"
 #include "split.h"
 
@@ -295,6 +297,29 @@ void run_gemm(const Plan& plan, const Step& step, const RunArgs& args, const cha
   g.k = K;
   g.bias = bias;
   g.ab_type = cuda_type(plan.dtype);
+  if (uses_bf16x6(plan) && aligned16(args.x) && aligned16(w) && aligned16(y) &&
+      (bias == nullptr || aligned16(bias))) {  // fp32 on bf16 tensor cores (split.h)
+    if (P.w_parts == kAbsent || W.x_parts == kAbsent)
+      throw std::logic_error("CUDA gemm: bf16x6 without its split buffers");
+    const auto* x = static_cast<const float*>(args.x);
+    auto* x_parts = reinterpret_cast<__nv_bfloat16*>(workspace + W.x_parts);
+    auto* x_list = reinterpret_cast<int*>(workspace + W.x_list);
+    GF_CUDA_CHECK(cudaMemsetAsync(x_list, 0, sizeof(int), stream));
+    launch_split_bf16x3(x, M, K, x_parts, x_list, stream);
+    sm90::Bf16x6Problem p;
+    p.M = M;
+    p.N = N;
+    p.K = K;
+    p.x_parts = x_parts;
+    p.w_parts = reinterpret_cast<const __nv_bfloat16*>(prepared + P.w_parts);
+    p.bias = static_cast<const float*>(bias);
+    p.y = static_cast<float*>(y);
+    if (!sm90::launch_bf16x6_gemm(p, lt_ws, W.lt_bytes, stream))
+      throw std::logic_error("CUDA gemm: the bf16x6 GEMM declined an accepted call");
+    launch_fixup_exceptional(x, static_cast<const float*>(w), p.bias, p.y, M, N, K, x_list,
+                             reinterpret_cast<const int*>(prepared + P.w_list), stream);
+    return;
+  }
   const bool exact_f32 = plan.dtype == DType::F32 && plan.precision != Precision::TF32;
   if (exact_f32 && small_m_gemm_fits(M, N, K, args.x, w, W.lt_bytes)) {  // a few rows: bound by reading W
     launch_small_m_gemm(static_cast<const float*>(args.x), static_cast<const float*>(w),

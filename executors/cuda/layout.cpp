@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "column_stats.h"
+#include "gemm_bf16x6.h"
 #include "row_program.h"
 
 namespace gemmfuse::cuda {
@@ -18,6 +19,12 @@ const Step* find_step(const Plan& plan, Step::Kind kind) {
 bool uses_split(const Plan& plan) {
   return plan.dtype == DType::F32 && plan.precision == Precision::Fast &&
          find_step(plan, Step::Kind::Gemm) != nullptr;
+}
+
+bool uses_bf16x6(const Plan& plan) {
+  return plan.dtype == DType::F32 && plan.precision == Precision::FP32 &&
+         find_step(plan, Step::Kind::Gemm) != nullptr &&
+         sm90::bf16x6_unfit(plan.M, plan.N, plan.K) == nullptr;
 }
 
 namespace {
@@ -49,6 +56,10 @@ PreparedLayout prepared_layout(const Plan& plan) {
     L.Kh = split_half(K);
     L.w_split = c.take(sizeof(uint16_t) * N * 2 * L.Kh);
   }
+  if (uses_bf16x6(plan)) {
+    L.w_parts = c.take(sizeof(uint16_t) * 3 * N * K);
+    L.w_list = c.take(sizeof(int32_t) * (1 + N));
+  }
   if (plan.prep.column_sums) {
     L.wsum = c.take(sizeof(float) * K);
     L.bsum = c.take(sizeof(float));
@@ -65,6 +76,10 @@ WorkspaceLayout workspace_layout(const Plan& plan) {
   if (uses_split(plan)) {
     const int64_t Kh = split_half(plan.K);
     L.x_split = c.take(sizeof(uint16_t) * plan.M * 2 * Kh);
+  }
+  if (uses_bf16x6(plan)) {
+    L.x_parts = c.take(sizeof(uint16_t) * 3 * plan.M * plan.K);
+    L.x_list = c.take(sizeof(int32_t) * (1 + plan.M));
   }
   if (find_step(plan, Step::Kind::Gemm)) {
     L.lt_bytes = kLtWorkspaceBytes;

@@ -3,6 +3,7 @@
 //                + beta[n] (fp64, rounded once), or the 16-bit bias converted to fp32
 //   fold_w:      W'[n,k] = W[n,k] * s[n] in the model dtype          (Gemm without split)
 //   split_w:     [W'hi | 0 | W'lo | 0] bf16 [N, 2 Kh]                 (fast, fp32 model)
+//   w_parts:     W' as three bf16 planes [N, K] and its exceptional rows (fp32 on sm90, split.h)
 //   colsum:      wsum[k] = sum_n W'[n,k] in fp64, rounded once, and the column signs
 //                (executors/common/gemv_nonfinite.h)                   (Gemv)
 //   bsum:        sum_n b'[n] in fp64, rounded once                    (Gemv)
@@ -178,6 +179,14 @@ void prepare_typed(const Plan& plan, const RunArgs& args, char* prepared, cudaSt
         reinterpret_cast<const float*>(w), scale, N, K, L.Kh,
         reinterpret_cast<__nv_bfloat16*>(prepared + L.w_split));
     GF_LAUNCH_CHECK();
+  }
+  if (L.w_parts != kAbsent) {
+    if (plan.dtype != DType::F32) throw std::logic_error("CUDA prepare: bf16x3 split of a 16-bit W");
+    const T* wp = L.w_folded != kAbsent ? reinterpret_cast<const T*>(prepared + L.w_folded) : w;
+    int* list = reinterpret_cast<int*>(prepared + L.w_list);
+    GF_CUDA_CHECK(cudaMemsetAsync(list, 0, sizeof(int), stream));
+    launch_split_bf16x3(reinterpret_cast<const float*>(wp), N, K,
+                        reinterpret_cast<__nv_bfloat16*>(prepared + L.w_parts), list, stream);
   }
   if (L.wsum != kAbsent) {
     if (K > 0) {

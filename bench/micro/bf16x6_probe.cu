@@ -1,0 +1,202 @@
+// Is the fp32 GEMM on bf16 tensor cores (executors/cuda/sm90/gemm_bf16x6.cu) as faithful
+// as SGEMM, and from how many rows is it faster? In one process, against cuBLAS's SGEMM (what
+// eager PyTorch runs for fp32 without TF32):
+// - accuracy over K (M = 1024, N = 8192), at the GPU tests' shape, and on scaled data (x tiny
+//   with W huge: every row exceptional, so recomputed in fp32; x huge with W tiny): rel error
+//   against a float64 GEMM;
+// - time over M at N = K = 8192: SGEMM against the whole fp32 path (x's split, the kernel,
+//   the fix-up launch), alternated in 3 rounds (median of 21 calls each, 3 x sets rotated).
+// Earlier versions: at commit 6139444, CUTLASS's promoting mainloop on K-concatenated TF32
+// operands (-s18-split-tf32-probe-concat.log); then the same three TF32 products as a kernel
+// (-s18-split-tf32-probe-kernel.log, not kept: 1.3-1.8x SGEMM's error at K <= 256).
+//   Built by CMake with -DGEMMFUSE_BUILD_PROBES=ON (target bf16x6_probe).
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "gemm_bf16x6.h"  // executors/cuda/sm90
+#include "probe_check.h"
+#include "split.h"        // executors/cuda
+#include <cuda_bf16.h>
+
+__global__ void fill(float* p, size_t n, unsigned seed, float lo, float hi) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    unsigned h = (unsigned(i) ^ seed) * 2654435761u;
+    h ^= h >> 13; h *= 0x5bd1e995u; h ^= h >> 15;
+    unsigned g = (unsigned(i >> 32) + seed * 7919u) * 2246822519u;
+    h ^= g;
+    p[i] = lo + (hi - lo) * (h >> 8) * (1.0f / 16777216.0f);
+  }
+}
+
+__global__ void widen(const float* s, double* d, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    d[i] = s[i];
+}
+
+// ||y - ref|| / ||ref|| and max |y - ref| (grid-stride partials, one atomic per block).
+__global__ void error_sums(const float* y, const double* ref, size_t n, double* out) {
+  double num = 0, den = 0, mx = 0;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    const double d = double(y[i]) - ref[i];
+    num += d * d;
+    den += ref[i] * ref[i];
+    mx = fmax(mx, fabs(d));
+  }
+  for (int o = 16; o; o >>= 1) {
+    num += __shfl_xor_sync(~0u, num, o);
+    den += __shfl_xor_sync(~0u, den, o);
+    mx = fmax(mx, __shfl_xor_sync(~0u, mx, o));
+  }
+  if ((threadIdx.x & 31) == 0) {
+    atomicAdd(out, num);
+    atomicAdd(out + 1, den);
+    atomicMax(reinterpret_cast<unsigned long long*>(out + 2), __double_as_longlong(mx));
+  }
+}
+
+struct Err {
+  double rel, max_abs;
+};
+
+Err error_of(const float* y, const double* ref, size_t n, double* sums) {
+  CHECK_CUDA(cudaMemset(sums, 0, 3 * 8));
+  error_sums<<<1024, 256>>>(y, ref, n, sums);
+  double h[3];
+  CHECK_CUDA(cudaMemcpy(h, sums, 3 * 8, cudaMemcpyDeviceToHost));
+  return {std::sqrt(h[0] / h[1]), h[2]};
+}
+
+template <class F>
+float median_ms(F&& f, int sets) {
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  std::vector<float> t;
+  for (int r = 0; r < 5 + 21; ++r) {
+    cudaEventRecord(e0);
+    f(r % sets);
+    cudaEventRecord(e1);
+    cudaEventSynchronize(e1);
+    float ms;
+    cudaEventElapsedTime(&ms, e0, e1);
+    if (r >= 5) t.push_back(ms);
+  }
+  CHECK_CUDA(cudaGetLastError());
+  std::sort(t.begin(), t.end());
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  return t[t.size() / 2];
+}
+
+// One shape: x [M,K] (kSets copies, rotated), W [N,K], both as torch.rand / nn.Linear's
+// init scaled by xs/ws; with `errors`, the float64 reference of set 0 and each variant's error.
+void run_shape(cublasHandle_t h, int M, int N, int K, bool errors, bool timing, float xscale = 1.f,
+               float wscale = 1.f, const char* label = "") {
+  constexpr int kSets = 3;
+  const size_t xn = size_t(M) * K, wn = size_t(N) * K, yn = size_t(M) * N;
+  std::vector<float*> xs(kSets), ys(kSets);
+  for (int s = 0; s < kSets; ++s) {
+    CHECK_CUDA(cudaMalloc(&xs[s], xn * 4));
+    CHECK_CUDA(cudaMalloc(&ys[s], yn * 4));
+    fill<<<1024, 256>>>(xs[s], xn, 17u + s, 0.f, xscale);
+  }
+  const float bound = wscale / std::sqrt(float(K));
+  float* w;
+  __nv_bfloat16 *x_parts, *w_parts;
+  int *x_list, *w_list;
+  CHECK_CUDA(cudaMalloc(&w, wn * 4));
+  CHECK_CUDA(cudaMalloc(&w_parts, wn * 6));
+  CHECK_CUDA(cudaMalloc(&x_parts, xn * 6));
+  CHECK_CUDA(cudaMalloc(&x_list, (M + 1) * 4));
+  CHECK_CUDA(cudaMalloc(&w_list, (N + 1) * 4));
+  fill<<<1024, 256>>>(w, wn, 99u, -bound, bound);
+  CHECK_CUDA(cudaMemset(w_list, 0, 4));
+  gemmfuse::cuda::launch_split_bf16x3(w, N, K, w_parts, w_list, nullptr);
+  void* ws;
+  const size_t ws_bytes = size_t(32) << 20;
+  CHECK_CUDA(cudaMalloc(&ws, ws_bytes));
+  const float one = 1.f, zero = 0.f;
+  auto sgemm = [&](int s) {
+    cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, w, CUDA_R_32F, K, xs[s], CUDA_R_32F, K,
+                 &zero, ys[s], CUDA_R_32F, N, CUBLAS_COMPUTE_32F_PEDANTIC, CUBLAS_GEMM_DEFAULT);
+  };
+  // As the executor runs it (executors/cuda/gemm_cublas.cu).
+  auto ours = [&](int s) {
+    CHECK_CUDA(cudaMemsetAsync(x_list, 0, 4));
+    gemmfuse::cuda::launch_split_bf16x3(xs[s], M, K, x_parts, x_list, nullptr);
+    gemmfuse::cuda::sm90::Bf16x6Problem p;
+    p.M = M; p.N = N; p.K = K;
+    p.x_parts = x_parts; p.w_parts = w_parts; p.bias = nullptr; p.y = ys[s];
+    if (!gemmfuse::cuda::sm90::launch_bf16x6_gemm(p, ws, ws_bytes, nullptr)) {
+      std::fprintf(stderr, "bf16x6 GEMM declined\n");
+      std::exit(1);
+    }
+    gemmfuse::cuda::launch_fixup_exceptional(xs[s], w, nullptr, ys[s], M, N, K, x_list, w_list, nullptr);
+  };
+  if (errors) {
+    double *x64, *w64, *ref, *sums;
+    CHECK_CUDA(cudaMalloc(&x64, xn * 8));
+    CHECK_CUDA(cudaMalloc(&w64, wn * 8));
+    CHECK_CUDA(cudaMalloc(&ref, yn * 8));
+    CHECK_CUDA(cudaMalloc(&sums, 3 * 8));
+    widen<<<1024, 256>>>(xs[0], x64, xn);
+    widen<<<1024, 256>>>(w, w64, wn);
+    const double d1 = 1, d0 = 0;
+    cublasDgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &d1, w64, K, x64, K, &d0, ref, N);
+    CHECK_CUDA(cudaMemset(ys[0], 0xff, yn * 4));
+    sgemm(0);
+    const Err e_sgemm = error_of(ys[0], ref, yn, sums);
+    CHECK_CUDA(cudaMemset(ys[0], 0xff, yn * 4));
+    ours(0);
+    const Err e_ours = error_of(ys[0], ref, yn, sums);
+    int rows_fixed = 0;
+    CHECK_CUDA(cudaMemcpy(&rows_fixed, x_list, 4, cudaMemcpyDeviceToHost));
+    std::printf("%-10s M=%5d N=%5d K=%5d  rel: SGEMM %.3e  bf16x6 %.3e (%.2fx)  max abs: %.2e %.2e  rows recomputed %d\n",
+                label, M, N, K, e_sgemm.rel, e_ours.rel, e_ours.rel / e_sgemm.rel, e_sgemm.max_abs,
+                e_ours.max_abs, rows_fixed);
+    for (void* p : {(void*)x64, (void*)w64, (void*)ref, (void*)sums}) CHECK_CUDA(cudaFree(p));
+  }
+  if (timing) {
+    // Alternated in rounds so that both see the same clock drift.
+    std::vector<float> t_sgemm, t_ours, t_split;
+    for (int round = 0; round < 3; ++round) {
+      t_sgemm.push_back(median_ms(sgemm, kSets));
+      t_ours.push_back(median_ms(ours, kSets));
+      t_split.push_back(median_ms([&](int s) { gemmfuse::cuda::launch_split_bf16x3(xs[s], M, K, x_parts, x_list, nullptr); }, kSets));
+    }
+    std::sort(t_sgemm.begin(), t_sgemm.end());
+    std::sort(t_ours.begin(), t_ours.end());
+    std::sort(t_split.begin(), t_split.end());
+    const double flop = 2.0 * M * N * K;
+    std::printf("time       M=%5d N=%5d K=%5d  SGEMM %.4f ms (%.1f TFLOP/s)  bf16x6 %.4f ms (x split alone %.4f)  -> %.2fx\n",
+                M, N, K, t_sgemm[1], flop / t_sgemm[1] * 1e-9, t_ours[1], t_split[1], t_sgemm[1] / t_ours[1]);
+  }
+  for (int s = 0; s < kSets; ++s) {
+    CHECK_CUDA(cudaFree(xs[s]));
+    CHECK_CUDA(cudaFree(ys[s]));
+  }
+  for (void* p : {(void*)w, (void*)w_parts, (void*)x_parts, (void*)x_list, (void*)w_list, ws})
+    CHECK_CUDA(cudaFree(p));
+}
+
+int main() {
+  cublasHandle_t h;
+  cublasCreate(&h);
+  std::printf("fp32 GEMM: cuBLAS SGEMM against the bf16x6 kernel (executors/cuda/sm90/gemm_bf16x6.cu)\n");
+  std::printf("x ~ U[0,1), W ~ U(-1/sqrt(K), 1/sqrt(K)) unless said; rel = ||y - ref|| / ||ref|| against float64\n");
+  for (int K : {64, 256, 1024, 4096, 8192}) run_shape(h, 1024, 8192, K, true, false, 1.f, 1.f, "accuracy");
+  run_shape(h, 256, 1024, 1024, true, false, 1.f, 1.f, "pytest");
+  run_shape(h, 256, 1024, 1024, true, false, 1e-36f, 1e30f, "tiny x");
+  run_shape(h, 256, 1024, 1024, true, false, 1e-30f, 1e30f, "small x");
+  run_shape(h, 256, 1024, 1024, true, false, 1e20f, 1e-20f, "wide");
+  for (int M : {128, 256, 512, 1024, 2048, 4096}) run_shape(h, M, 8192, 8192, M == 1024, true);
+  return 0;
+}

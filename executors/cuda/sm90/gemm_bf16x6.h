@@ -1,0 +1,52 @@
+// fp32 GEMM on Hopper's bf16 tensor cores, at SGEMM's accuracy or better:
+// Y[M,N] = x[M,K] W[N,K]^T + bias[N], fp32 in and out. Each value is split into three bf16
+// parts, v = v0 + v1 + v2 (split.h: exact for all but the exceptional values below), and Y is
+// the sum of the six part products x_i.w_j with i + j <= 2 (the three left out are below
+// 2^-24 of each term), the tensor-core accumulator added into fp32 registers every 128 of K
+// (split_products_mainloop.h). Six bf16 products are the tensor-core time of three TF32 ones.
+//
+// Why: fp32 mode ran cuBLAS's SGEMM, 2.7 ms of the seed models' ~2.75 ms on an H100,
+// bound by the FP32 cores (bench/NOTES.md, session 18).
+//
+// Exceptional values (NaN, infinities, |v| above bf16's largest finite value or nonzero
+// below 2^-110, whose third part would be subnormal) have no exact split: a part product
+// would make 0 * inf = NaN where fp32 gives inf, or lose v's low bits. The split passes list
+// the rows of x and of W that hold one (their parts are zeroed), and fixup_exceptional
+// recomputes those rows and columns of Y in plain fp32, as SGEMM does.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace gemmfuse::cuda::sm90 {
+
+struct Bf16x6Problem {
+  int64_t M = 0, N = 0, K = 0;
+  const __nv_bfloat16* x_parts = nullptr;  // 3 planes of [M, K]: x0, x1, x2
+  const __nv_bfloat16* w_parts = nullptr;  // 3 planes of [N, K]: w0, w1, w2
+  const float* bias = nullptr;             // [N], or null
+  float* y = nullptr;                      // [M, N] row-major
+};
+
+// Whether this build has the kernel (it needs CUTLASS's headers at build time).
+bool bf16x6_built();
+
+// Rows from which the kernel beats SGEMM (M = 128: 0.81x, 256: 1.98x at N = K = 8192;
+// bench/NOTES.md session 18).
+constexpr int64_t kBf16x6MinRows = 256;
+
+// nullptr when the kernel runs this shape on the current device, else why not (a string
+// that lives as long as the process; no allocation per call): an sm_90 GPU, the kernel
+// built, K a multiple of 8 and N of 4 (16-byte TMA rows), at least kBf16x6MinRows rows, and
+// GEMMFUSE_BF16X6 not set to 0 in the environment (for A/B timing).
+const char* bf16x6_unfit(int64_t M, int64_t N, int64_t K);
+
+// Enqueues the GEMM on `stream` for a shape bf16x6_unfit accepted. False (nothing enqueued)
+// when a pointer is not 16-byte aligned or the kernel needs more workspace than given.
+bool launch_bf16x6_gemm(const Bf16x6Problem& p, void* workspace, size_t workspace_bytes,
+                        cudaStream_t stream);
+
+}  // namespace gemmfuse::cuda::sm90

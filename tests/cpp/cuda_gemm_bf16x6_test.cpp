@@ -1,0 +1,183 @@
+// The fp32 GEMM on bf16 tensor cores (executors/cuda/sm90/gemm_bf16x6.cu, with the split and
+// the fp32 fix-up of split.h) against a float64 reference: fresh random inputs per test (seed
+// printed; GEMMFUSE_SEED=<n> repeats one), output poisoned with NaN, every element within the
+// worst-case bound of the method and the norm-wise error below a plain fp32 dot product's
+// typical one. Shapes cover M, N and K tails (K not a multiple of the 64-wide k-tile, K below
+// it, promoted chunks of 2 and 1 k-tiles), bias or none; and the values the split cannot
+// carry (NaN, infinities, values past bf16's range, tiny values), whose rows and columns are
+// recomputed in fp32 and must come out as float64 has them.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <sstream>
+#include <vector>
+
+#include "cpu_test_util.h"
+#include "cuda_test_util.h"
+#include "gemm_bf16x6.h"
+#include "split.h"
+
+namespace {
+
+using gemmfuse::cuda::launch_fixup_exceptional;
+using gemmfuse::cuda::launch_split_bf16x3;
+using gemmfuse::cuda::sm90::bf16x6_unfit;
+using gemmfuse::cuda::sm90::Bf16x6Problem;
+using gemmfuse::cuda::sm90::launch_bf16x6_gemm;
+using gftest::DevMem;
+
+bool on_sm90() {
+  int dev = 0;
+  cudaDeviceProp prop;
+  return cudaGetDevice(&dev) == cudaSuccess && cudaGetDeviceProperties(&prop, dev) == cudaSuccess &&
+         prop.major == 9 && prop.minor == 0;
+}
+
+#define SKIP_WITHOUT_SM90()                                                     \
+  do {                                                                          \
+    SKIP_WITHOUT_GPU();                                                         \
+    if (!on_sm90()) GTEST_SKIP() << "the bf16x6 GEMM needs an sm_90 GPU";       \
+    if (!gemmfuse::cuda::sm90::bf16x6_built()) GTEST_SKIP() << "not built";     \
+  } while (0)
+
+std::vector<float> uniform(size_t n, std::mt19937_64& rng) {
+  std::uniform_real_distribution<float> d(-1.f, 1.f);
+  std::vector<float> v(n);
+  for (float& e : v) e = d(rng);
+  return v;
+}
+
+// Y = x W^T (+ b) as the executor runs it (executors/cuda/gemm_cublas.cu): W's parts and
+// exceptional rows, x's, the kernel, the fix-up.
+std::vector<float> run_gemm(int64_t M, int64_t N, int64_t K, const std::vector<float>& x,
+                            const std::vector<float>& w, const float* bias_host) {
+  DevMem dx(M * K * 4), dxp(M * K * 6), dxl((M + 1) * 4), dw(N * K * 4), dwp(N * K * 6),
+      dwl((N + 1) * 4), db(N * 4), dy(M * N * 4), ws(size_t(32) << 20);
+  CK(cudaMemcpy(dx.p, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(dw.p, w.data(), w.size() * 4, cudaMemcpyHostToDevice));
+  if (bias_host) CK(cudaMemcpy(db.p, bias_host, N * 4, cudaMemcpyHostToDevice));
+  CK(cudaMemset(dxl.p, 0, 4));
+  CK(cudaMemset(dwl.p, 0, 4));
+  launch_split_bf16x3(static_cast<float*>(dx.p), M, K, static_cast<__nv_bfloat16*>(dxp.p),
+                      static_cast<int*>(dxl.p), nullptr);
+  launch_split_bf16x3(static_cast<float*>(dw.p), N, K, static_cast<__nv_bfloat16*>(dwp.p),
+                      static_cast<int*>(dwl.p), nullptr);
+  Bf16x6Problem p;
+  p.M = M;
+  p.N = N;
+  p.K = K;
+  p.x_parts = static_cast<const __nv_bfloat16*>(dxp.p);
+  p.w_parts = static_cast<const __nv_bfloat16*>(dwp.p);
+  p.bias = bias_host ? static_cast<const float*>(db.p) : nullptr;
+  p.y = static_cast<float*>(dy.p);
+  EXPECT_TRUE(launch_bf16x6_gemm(p, ws.p, ws.bytes, nullptr));
+  launch_fixup_exceptional(static_cast<float*>(dx.p), static_cast<float*>(dw.p), p.bias, p.y, M,
+                           N, K, static_cast<int*>(dxl.p), static_cast<int*>(dwl.p), nullptr);
+  CK(cudaDeviceSynchronize());
+  std::vector<float> y(M * N);
+  CK(cudaMemcpy(y.data(), dy.p, y.size() * 4, cudaMemcpyDeviceToHost));
+  return y;
+}
+
+// Every element within the method's worst-case bound, in units of u = 2^-24 times
+// sum_k |x w| (+ |b|): the split is exact and the three products left out are below
+// 2^-9 2^-18 + 2^-18 2^-9 + 2^-18 2^-18 of each |x w| (1 u); the tensor core sums a chunk of
+// at most 128 of K in 8 steps, each losing at most ~2 u of the partial sum (16 u); the chunks
+// add up in fp32 in 6K/128 steps; the bias, 1. And the norm-wise error below sqrt(K) u / 4
+// (SGEMM's is about sqrt(K) u / 3 at the seed shape: 1.6e-6 at K = 8192).
+void check(int64_t M, int64_t N, int64_t K, bool with_bias, std::mt19937_64& rng) {
+  std::ostringstream what;
+  what << "M=" << M << " N=" << N << " K=" << K << " bias=" << with_bias;
+  SCOPED_TRACE(what.str());
+  ASSERT_EQ(bf16x6_unfit(M, N, K), nullptr);
+  const auto x = uniform(M * K, rng), w = uniform(N * K, rng), b = uniform(N, rng);
+  const std::vector<float> y = run_gemm(M, N, K, x, w, with_bias ? b.data() : nullptr);
+  const double u = std::ldexp(1.0, -24), n_round = 1 + 16 + 6.0 * K / 128 + 2;
+  double err2 = 0, ref2 = 0;
+  int bad = 0;
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n) {
+      double ref = with_bias ? b[n] : 0.0, mag = with_bias ? std::fabs(b[n]) : 0.0;
+      for (int64_t k = 0; k < K; ++k) {
+        const double p = static_cast<double>(x[m * K + k]) * w[n * K + k];
+        ref += p;
+        mag += std::fabs(p);
+      }
+      const double got = y[m * N + n];
+      err2 += (got - ref) * (got - ref);
+      ref2 += ref * ref;
+      if (!(std::fabs(got - ref) <= n_round * u * mag) && bad++ < 5)
+        ADD_FAILURE() << "Y[" << m << ", " << n << "] = " << got << ", float64 " << ref
+                      << " (bound " << n_round * u * mag << ")";
+    }
+  EXPECT_EQ(bad, 0);
+  EXPECT_LE(std::sqrt(err2 / ref2), std::sqrt(static_cast<double>(K)) * u / 4);
+}
+
+TEST(CudaBf16x6Gemm, Domain) {
+  EXPECT_NE(bf16x6_unfit(255, 128, 128), nullptr);  // few rows: SGEMM or the small-M kernel
+  EXPECT_NE(bf16x6_unfit(256, 128, 132), nullptr);  // K % 8 != 0: bf16 rows off 16 bytes
+  EXPECT_NE(bf16x6_unfit(256, 126, 128), nullptr);  // N % 4 != 0
+  EXPECT_NE(bf16x6_unfit(256, 128, int64_t(1) << 31), nullptr);
+  if (gftest::gpu_present() && on_sm90() && gemmfuse::cuda::sm90::bf16x6_built())
+    EXPECT_EQ(bf16x6_unfit(256, 128, 128), nullptr);
+  else
+    EXPECT_NE(bf16x6_unfit(256, 128, 128), nullptr);
+}
+
+TEST(CudaBf16x6Gemm, AgainstFloat64) {
+  SKIP_WITHOUT_SM90();
+  std::mt19937_64 rng(gftest::test_seed());
+  check(256, 128, 128, true, rng);     // one 2-CTA cluster; promoted every 2 k-tiles
+  check(300, 260, 1000, false, rng);   // M, N tails; K tail inside the last k-tile (16 k-tiles)
+  check(384, 136, 8, true, rng);       // K below one k-tile
+  check(256, 4, 1088, true, rng);      // N = 4; 17 k-tiles: promoted every k-tile
+  check(520, 200, 4160, true, rng);    // 65 k-tiles
+}
+
+// Values the split cannot carry (NaN, +-inf, past bf16's range, tiny) reach the outputs
+// they touch as in float64 evaluated in fp32: NaN where it is NaN, the same infinity where it
+// is one, finite values (the tiny ones' rows, recomputed in fp32) within fp32's error.
+TEST(CudaBf16x6Gemm, ExceptionalInputs) {
+  SKIP_WITHOUT_SM90();
+  std::mt19937_64 rng(gftest::test_seed());
+  const int64_t M = 256, N = 64, K = 96;
+  auto x = uniform(M * K, rng), w = uniform(N * K, rng);
+  for (float& v : x) v = std::fabs(v);  // x >= 0, so an infinite W entry keeps one sign
+  x[3 * K + 5] = std::numeric_limits<float>::quiet_NaN();
+  x[11 * K + 2] = std::numeric_limits<float>::infinity();
+  x[12 * K + 2] = -std::numeric_limits<float>::infinity();
+  x[13 * K + 7] = 3.4e38f;   // past bf16's largest finite value: Y overflows as in fp32
+  x[14 * K + 7] = 1e-35f;    // tiny: its third part would be subnormal
+  for (int64_t k = 0; k < K; ++k) x[15 * K + k] = 1e-36f * (1 + k % 3);  // a whole tiny row
+  w[5 * K + 40] = std::numeric_limits<float>::infinity();
+  w[9 * K + 2] = 0.5f;  // exact in bf16 (zero small parts) under an infinite x: must give inf
+  std::vector<float> b(N, 0.25f);
+  const std::vector<float> y = run_gemm(M, N, K, x, w, b.data());
+  int bad = 0;
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n) {
+      double ref = b[n], mag = std::fabs(b[n]);
+      float ref32 = 0.f;  // fp32 evaluation, for overflow to infinity
+      for (int64_t k = 0; k < K; ++k) {
+        const double p = static_cast<double>(x[m * K + k]) * w[n * K + k];
+        ref += p;
+        mag += std::fabs(p);
+        ref32 = std::fmaf(x[m * K + k], w[n * K + k], ref32);
+      }
+      const float got = y[m * N + n];
+      const bool inf32 = std::isinf(ref32) && !std::isnan(ref);
+      const bool ok = std::isnan(ref)            ? std::isnan(got)
+                      : std::isinf(ref) || inf32 ? got == (std::isinf(ref) ? static_cast<float>(ref) : ref32)
+                                                 : std::fabs(got - ref) <= 64 * std::ldexp(1.0, -24) * mag;
+      if (!ok && bad++ < 5) ADD_FAILURE() << "Y[" << m << ", " << n << "] = " << got << ", float64 " << ref;
+    }
+  EXPECT_EQ(bad, 0);
+}
+
+}  // namespace

@@ -10,11 +10,6 @@
 namespace gemmfuse::cuda {
 namespace {
 
-__device__ __forceinline__ uint32_t pack2(__nv_bfloat16 a, __nv_bfloat16 b) {
-  return static_cast<uint32_t>(__bfloat16_as_ushort(a)) |
-         (static_cast<uint32_t>(__bfloat16_as_ushort(b)) << 16);
-}
-
 __global__ void __launch_bounds__(256)
     split_x_kernel(const float* __restrict__ x, __nv_bfloat16* __restrict__ xs, int64_t M,
                    int64_t K, int64_t Kh, bool vec) {
@@ -43,10 +38,10 @@ __global__ void __launch_bounds__(256)
 #pragma unroll
     for (int j = 0; j < 8; ++j) split_bf16(v[j], hi[j], lo[j]);
     uint4 ul, uh;
-    ul.x = pack2(lo[0], lo[1]); ul.y = pack2(lo[2], lo[3]);
-    ul.z = pack2(lo[4], lo[5]); ul.w = pack2(lo[6], lo[7]);
-    uh.x = pack2(hi[0], hi[1]); uh.y = pack2(hi[2], hi[3]);
-    uh.z = pack2(hi[4], hi[5]); uh.w = pack2(hi[6], hi[7]);
+    ul.x = pack_bf16x2(lo[0], lo[1]); ul.y = pack_bf16x2(lo[2], lo[3]);
+    ul.z = pack_bf16x2(lo[4], lo[5]); ul.w = pack_bf16x2(lo[6], lo[7]);
+    uh.x = pack_bf16x2(hi[0], hi[1]); uh.y = pack_bf16x2(hi[2], hi[3]);
+    uh.z = pack_bf16x2(hi[4], hi[5]); uh.w = pack_bf16x2(hi[6], hi[7]);
     __nv_bfloat16* row = xs + m * 2 * Kh;
     *reinterpret_cast<uint4*>(row + c) = ul;       // lo half first
     *reinterpret_cast<uint4*>(row + Kh + c) = uh;  // then hi

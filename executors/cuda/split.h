@@ -16,6 +16,12 @@ namespace gemmfuse::cuda {
 
 #if defined(__CUDACC__)  // the per-value splits (the launchers below are host-callable)
 
+// Two bf16 values as one 32-bit word, a first (lower address).
+__device__ __forceinline__ uint32_t pack_bf16x2(__nv_bfloat16 a, __nv_bfloat16 b) {
+  return static_cast<uint32_t>(__bfloat16_as_ushort(a)) |
+         (static_cast<uint32_t>(__bfloat16_as_ushort(b)) << 16);
+}
+
 // The two bf16 parts of v. A non-finite v keeps its value in hi and a zero lo (so that
 // inf - inf does not turn an infinite product into NaN).
 __device__ __forceinline__ void split_bf16(float v, __nv_bfloat16& hi, __nv_bfloat16& lo) {

@@ -13,11 +13,6 @@
 namespace gemmfuse::cuda {
 namespace {
 
-__device__ __forceinline__ uint32_t pack2(__nv_bfloat16 a, __nv_bfloat16 b) {
-  return static_cast<uint32_t>(__bfloat16_as_ushort(a)) |
-         (static_cast<uint32_t>(__bfloat16_as_ushort(b)) << 16);
-}
-
 // A CTA per row (grid-stride over rows), 8 values a thread per step: two 16-byte loads, one
 // 16-byte store per part plane. Memory bound.
 __global__ void __launch_bounds__(256)
@@ -37,10 +32,10 @@ __global__ void __launch_bounds__(256)
 #pragma unroll
       for (int i = 0; i < 3; ++i) {
         uint4 u;
-        u.x = pack2(p[i][0], p[i][1]);
-        u.y = pack2(p[i][2], p[i][3]);
-        u.z = pack2(p[i][4], p[i][5]);
-        u.w = pack2(p[i][6], p[i][7]);
+        u.x = pack_bf16x2(p[i][0], p[i][1]);
+        u.y = pack_bf16x2(p[i][2], p[i][3]);
+        u.z = pack_bf16x2(p[i][4], p[i][5]);
+        u.w = pack_bf16x2(p[i][6], p[i][7]);
         *reinterpret_cast<uint4*>(parts + i * plane + r * K + c) = u;
       }
     }

@@ -64,12 +64,7 @@ void check(int64_t M, int64_t N, int64_t K, bool with_bias, size_t scratch_bytes
   int bad = 0;
   for (int64_t m = 0; m < M; ++m)
     for (int64_t n = 0; n < N; ++n) {
-      double ref = with_bias ? b[n] : 0.0, mag = with_bias ? std::fabs(b[n]) : 0.0;
-      for (int64_t k = 0; k < K; ++k) {
-        const double p = static_cast<double>(x[m * K + k]) * w[n * K + k];
-        ref += p;
-        mag += std::fabs(p);
-      }
+      const auto [ref, mag] = gftest::dot_ref(x, w, with_bias ? &b[n] : nullptr, m, n, K);
       const double got = y[m * N + n];
       if (!(std::fabs(got - ref) <= n_round * u * mag) && bad++ < 5)
         ADD_FAILURE() << "Y[" << m << ", " << n << "] = " << got << ", float64 " << ref

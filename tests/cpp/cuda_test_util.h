@@ -8,7 +8,10 @@
 #include <algorithm>
 #include <cstddef>
 #include <stdexcept>
+#include <cmath>
+#include <cstdint>
 #include <string>
+#include <vector>
 
 namespace gftest {
 
@@ -44,5 +47,25 @@ struct DevMem {
   DevMem(const DevMem&) = delete;
   DevMem& operator=(const DevMem&) = delete;
 };
+
+// One output of Y = x W^T (+ b) in float64 (x and W row-major, K wide): its value, and
+// sum_k |x w| (+ |b|), the scale of a rounding bound. b: the bias value, or null.
+struct DotRef {
+  double value = 0, mag = 0;
+};
+inline DotRef dot_ref(const std::vector<float>& x, const std::vector<float>& w, const float* b,
+                      int64_t m, int64_t n, int64_t K) {
+  DotRef r;
+  if (b) {
+    r.value = *b;
+    r.mag = std::fabs(*b);
+  }
+  for (int64_t k = 0; k < K; ++k) {
+    const double p = static_cast<double>(x[m * K + k]) * w[n * K + k];
+    r.value += p;
+    r.mag += std::fabs(p);
+  }
+  return r;
+}
 
 }  // namespace gftest

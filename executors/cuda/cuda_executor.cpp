@@ -126,16 +126,14 @@ std::string CudaExecutor::describe_kernels(const Plan& plan) {
              "on chip; Y never goes to memory)";
     return "cuda: the fused sm90 GEMM + softmax kernel is not used: " + why;
   }
-  if (plan.dtype == DType::F32 && plan.precision == Precision::FP32 &&
-      find_step(plan, Step::Kind::Gemm) != nullptr) {
-    if (uses_bf16x6(plan))
+  if (fp32_mode_gemm(plan)) {
+    const char* why = sm90::bf16x6_unfit(plan.M, plan.N, plan.K);
+    if (why == nullptr)
       return "cuda: the fp32 Gemm runs on bf16 tensor cores: each value split into three bf16 "
              "parts (exact), the six part products that reach fp32's precision, summed in "
              "fp32 every 128 of K; rows and columns with inf/NaN or values past bf16's range "
              "recomputed in fp32 (x, W, bias and out 16-byte aligned, else SGEMM)";
-    const char* why = sm90::bf16x6_unfit(plan.M, plan.N, plan.K);
-    return std::string("cuda: the fp32 Gemm does not use the bf16x6 kernel: ") +
-           (why ? why : "?");
+    return std::string("cuda: the fp32 Gemm does not use the bf16x6 kernel: ") + why;
   }
   return "";
 }

@@ -290,13 +290,6 @@ void run_gemm(const Plan& plan, const Step& step, const RunArgs& args, const cha
 
   const void* w = args.weight;
   if (P.w_folded != kAbsent) w = prepared + P.w_folded;
-  g.A = w;
-  g.lda = K;
-  g.B = args.x;
-  g.ldb = K;
-  g.k = K;
-  g.bias = bias;
-  g.ab_type = cuda_type(plan.dtype);
   if (uses_bf16x6(plan) && aligned16(args.x) && aligned16(w) && aligned16(y) &&
       (bias == nullptr || aligned16(bias))) {  // fp32 on bf16 tensor cores (split.h)
     if (P.w_parts == kAbsent || W.x_parts == kAbsent)
@@ -320,6 +313,13 @@ void run_gemm(const Plan& plan, const Step& step, const RunArgs& args, const cha
                              reinterpret_cast<const int*>(prepared + P.w_list), stream);
     return;
   }
+  g.A = w;
+  g.lda = K;
+  g.B = args.x;
+  g.ldb = K;
+  g.k = K;
+  g.bias = bias;
+  g.ab_type = cuda_type(plan.dtype);
   const bool exact_f32 = plan.dtype == DType::F32 && plan.precision != Precision::TF32;
   if (exact_f32 && small_m_gemm_fits(M, N, K, args.x, w, W.lt_bytes)) {  // a few rows: bound by reading W
     launch_small_m_gemm(static_cast<const float*>(args.x), static_cast<const float*>(w),

@@ -21,10 +21,13 @@ bool uses_split(const Plan& plan) {
          find_step(plan, Step::Kind::Gemm) != nullptr;
 }
 
-bool uses_bf16x6(const Plan& plan) {
+bool fp32_mode_gemm(const Plan& plan) {
   return plan.dtype == DType::F32 && plan.precision == Precision::FP32 &&
-         find_step(plan, Step::Kind::Gemm) != nullptr &&
-         sm90::bf16x6_unfit(plan.M, plan.N, plan.K) == nullptr;
+         find_step(plan, Step::Kind::Gemm) != nullptr;
+}
+
+bool uses_bf16x6(const Plan& plan) {
+  return fp32_mode_gemm(plan) && sm90::bf16x6_unfit(plan.M, plan.N, plan.K) == nullptr;
 }
 
 namespace {

@@ -29,8 +29,10 @@ const Step* find_step(const Plan& plan, Step::Kind kind);
 
 // Split precision is used for fp32 models in `fast` mode.
 bool uses_split(const Plan& plan);
+// An fp32 model in `fp32` precision with a Gemm step: the plans the bf16x6 kernel is for.
+bool fp32_mode_gemm(const Plan& plan);
 // fp32 mode's GEMM runs on bf16 tensor cores (sm90/gemm_bf16x6.h) for this plan on the
-// current device: an fp32 model in `fp32` precision whose Gemm the kernel takes.
+// current device: an fp32_mode_gemm plan whose shape the kernel takes.
 bool uses_bf16x6(const Plan& plan);
 // K rounded up to a multiple of 8 (16-byte rows of bf16): the stride of one half of a split.
 inline int64_t split_half(int64_t K) { return (K + 7) / 8 * 8; }

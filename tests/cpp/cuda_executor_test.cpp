@@ -653,19 +653,12 @@ TEST(CudaExecutor, NaNAndInfPropagate) {
   }
 }
 
-bool is_sm90() {
-  int dev = 0;
-  cudaDeviceProp prop;
-  return cudaGetDevice(&dev) == cudaSuccess && cudaGetDeviceProperties(&prop, dev) == cudaSuccess &&
-         prop.major == 9 && prop.minor == 0;
-}
-
 // The fused sm90 GEMM + softmax kernel (fused_softmax.h) on problems it takes: ragged M, N
 // and K tails, one and two tiles per CTA, with and without gelu and a scalar, NaN and inf rows, a
 // CUDA graph and a side stream. Each plan must actually take the kernel.
 TEST(CudaExecutor, FusedGemmSoftmaxSm90) {
   SKIP_WITHOUT_GPU();
-  if (!is_sm90()) GTEST_SKIP() << "the fused kernel needs an sm_90 GPU";
+  if (!gftest::is_sm90()) GTEST_SKIP() << "the fused kernel needs an sm_90 GPU";
   if (!cuda::sm90::gemm_softmax_built()) GTEST_SKIP() << "built without the sm90 kernels";
   std::mt19937_64 rng(gftest::test_seed());
   struct Shape {
@@ -844,7 +837,7 @@ struct FusedRun {
 };
 
 bool fused_kernel_runs_here() {
-  return gpu_present() && is_sm90() && cuda::sm90::gemm_softmax_built();
+  return gpu_present() && gftest::is_sm90() && cuda::sm90::gemm_softmax_built();
 }
 
 // The fused kernel's CTAs exchange row statistics through words tagged with a per-launch

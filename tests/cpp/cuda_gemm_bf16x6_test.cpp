@@ -31,17 +31,10 @@ using gemmfuse::cuda::sm90::Bf16x6Problem;
 using gemmfuse::cuda::sm90::launch_bf16x6_gemm;
 using gftest::DevMem;
 
-bool on_sm90() {
-  int dev = 0;
-  cudaDeviceProp prop;
-  return cudaGetDevice(&dev) == cudaSuccess && cudaGetDeviceProperties(&prop, dev) == cudaSuccess &&
-         prop.major == 9 && prop.minor == 0;
-}
-
 #define SKIP_WITHOUT_SM90()                                                     \
   do {                                                                          \
     SKIP_WITHOUT_GPU();                                                         \
-    if (!on_sm90()) GTEST_SKIP() << "the bf16x6 GEMM needs an sm_90 GPU";       \
+    if (!gftest::is_sm90()) GTEST_SKIP() << "the bf16x6 GEMM needs an sm_90 GPU";       \
     if (!gemmfuse::cuda::sm90::bf16x6_built()) GTEST_SKIP() << "not built";     \
   } while (0)
 
@@ -119,7 +112,7 @@ TEST(CudaBf16x6Gemm, Domain) {
   EXPECT_NE(bf16x6_unfit(256, 128, 132), nullptr);  // K % 8 != 0: bf16 rows off 16 bytes
   EXPECT_NE(bf16x6_unfit(256, 126, 128), nullptr);  // N % 4 != 0
   EXPECT_NE(bf16x6_unfit(256, 128, int64_t(1) << 31), nullptr);
-  if (gftest::gpu_present() && on_sm90() && gemmfuse::cuda::sm90::bf16x6_built())
+  if (gftest::gpu_present() && gftest::is_sm90() && gemmfuse::cuda::sm90::bf16x6_built())
     EXPECT_EQ(bf16x6_unfit(256, 128, 128), nullptr);
   else
     EXPECT_NE(bf16x6_unfit(256, 128, 128), nullptr);

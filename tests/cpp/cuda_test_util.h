@@ -24,6 +24,14 @@ inline bool gpu_present() {
   return n > 0;
 }
 
+// Whether the current device is an sm_90 GPU (H100/H200): the sm90 kernels' tests need one.
+inline bool is_sm90() {
+  int dev = 0;
+  cudaDeviceProp prop;
+  return cudaGetDevice(&dev) == cudaSuccess && cudaGetDeviceProperties(&prop, dev) == cudaSuccess &&
+         prop.major == 9 && prop.minor == 0;
+}
+
 #define SKIP_WITHOUT_GPU()                                          \
   do {                                                              \
     if (!::gftest::gpu_present()) GTEST_SKIP() << "no CUDA device available"; \

@@ -12,12 +12,10 @@
 
 #include <cstdlib>
 #include <stdexcept>
-#include <string>
 #include <cstring>
-#include <mutex>
-#include <unordered_map>
 
 #include "cuda_check.h"
+#include "device_info.h"
 #include "layout.h"
 
 #if defined(GEMMFUSE_WITH_SM90_KERNELS)
@@ -125,31 +123,6 @@ typename Gemm::Arguments arguments(const Bf16x6Problem& p) {
   return args;
 }
 
-// "" when the current device is an sm_90 GPU, else why not; asked once per device.
-const char* device_unfit() {
-  static std::mutex mu;
-  static std::unordered_map<int, std::string> seen;  // nodes are stable: c_str() stays valid
-  int dev = 0, major = 0, minor = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return "no CUDA device";
-  }
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = seen.find(dev);
-  if (it == seen.end()) {
-    std::string w;
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
-      (void)cudaGetLastError();
-      w = "the device's compute capability could not be read";
-    } else if (major != 9 || minor != 0) {
-      w = "needs an sm_90 GPU (this is sm_" + std::to_string(major * 10 + minor) + ")";
-    }
-    it = seen.emplace(dev, w).first;
-  }
-  return it->second.c_str();
-}
-
 }  // namespace
 
 bool bf16x6_built() { return true; }
@@ -162,13 +135,14 @@ const char* bf16x6_unfit(int64_t M, int64_t N, int64_t K) {
   if (K % 8 != 0 || N % 4 != 0) return "K must be a multiple of 8 and N of 4 (16-byte TMA rows)";
   if (M > INT32_MAX || N > INT32_MAX || K > INT32_MAX / 8)  // K' = 6K (rounded up) is an int
     return "a dimension past the kernel's 32-bit problem shape";
-  const char* dev = device_unfit();
-  return *dev ? dev : nullptr;
+  if (compute_capability() != 90) return "needs an sm_90 GPU (an H100 or H200)";
+  return nullptr;
 }
 
 bool launch_bf16x6_gemm(const Bf16x6Problem& p, void* workspace, size_t workspace_bytes,
                         cudaStream_t stream) {
-  if (!aligned16(p.x_parts) || !aligned16(p.w_parts) || !aligned16(p.y) || !aligned16(workspace) || (p.bias != nullptr && !aligned16(p.bias)))
+  if (!aligned16(p.x_parts) || !aligned16(p.w_parts) || !aligned16(p.y) || !aligned16(workspace) ||
+      (p.bias != nullptr && !aligned16(p.bias)))
     return false;
   const auto args = arguments(p);
   if (Gemm::get_workspace_size(args) > workspace_bytes) return false;

@@ -135,6 +135,10 @@ std::string CudaExecutor::describe_kernels(const Plan& plan) {
              "recomputed in fp32 (x, W, bias and out 16-byte aligned, else SGEMM)";
     return std::string("cuda: the fp32 Gemm does not use the bf16x6 kernel: ") + why;
   }
+  if (uses_split(plan))
+    return "cuda: the fast Gemm splits x and W into bf16 hi + lo parts (xlo.Whi + xhi.Wlo, then "
+           "xhi.Whi added); rows and columns with inf/NaN or values past bf16's range "
+           "recomputed in fp32";
   return "";
 }
 

@@ -264,12 +264,15 @@ void run_gemm(const Plan& plan, const Step& step, const RunArgs& args, const cha
 
   if (uses_split(plan)) {
     // fast: [xlo|xhi] . [Whi|Wlo]^T over K' = 2 Kh, then xhi . Whi^T added with beta = 1.
-    if (P.w_split == kAbsent || W.x_split == kAbsent)
+    // Rows with a value the split cannot carry are recomputed in fp32 after it (split.h).
+    if (P.w_split == kAbsent || W.x_split == kAbsent || P.w_list == kAbsent || W.x_flags == kAbsent)
       throw std::logic_error("CUDA gemm: split precision without split buffers");
     const int64_t Kh = P.Kh;
+    const auto* x = static_cast<const float*>(args.x);
     auto* xs = reinterpret_cast<__nv_bfloat16*>(workspace + W.x_split);
     const auto* ws = reinterpret_cast<const __nv_bfloat16*>(prepared + P.w_split);
-    launch_split_x(static_cast<const float*>(args.x), xs, M, K, Kh, stream);
+    auto* x_flags = reinterpret_cast<int*>(workspace + W.x_flags);
+    launch_split_hilo(x, nullptr, M, K, Kh, HiLoOrder::LoFirst, xs, RowMarks{x_flags, nullptr}, stream);
     g.ab_type = CUDA_R_16BF;
     g.compute = CUBLAS_COMPUTE_32F;
     g.A = ws;
@@ -285,6 +288,10 @@ void run_gemm(const Plan& plan, const Step& step, const RunArgs& args, const cha
     g.beta = 1.f;
     g.bias = bias;
     last_gemm(g, lt_ws, W.lt_bytes, stream);
+    const float* scale = P.scale != kAbsent ? reinterpret_cast<const float*>(prepared + P.scale) : nullptr;
+    launch_fixup_exceptional(x, static_cast<const float*>(args.weight), scale,
+                             static_cast<const float*>(bias), static_cast<float*>(y), M, N, K,
+                             x_flags, reinterpret_cast<const int*>(prepared + P.w_list), stream);
     return;
   }
 
@@ -292,13 +299,12 @@ void run_gemm(const Plan& plan, const Step& step, const RunArgs& args, const cha
   if (P.w_folded != kAbsent) w = prepared + P.w_folded;
   if (uses_bf16x6(plan) && aligned16(args.x) && aligned16(w) && aligned16(y) &&
       (bias == nullptr || aligned16(bias))) {  // fp32 on bf16 tensor cores (split.h)
-    if (P.w_parts == kAbsent || W.x_parts == kAbsent)
+    if (P.w_parts == kAbsent || W.x_parts == kAbsent || P.w_list == kAbsent || W.x_flags == kAbsent)
       throw std::logic_error("CUDA gemm: bf16x6 without its split buffers");
     const auto* x = static_cast<const float*>(args.x);
     auto* x_parts = reinterpret_cast<__nv_bfloat16*>(workspace + W.x_parts);
-    auto* x_list = reinterpret_cast<int*>(workspace + W.x_list);
-    GF_CUDA_CHECK(cudaMemsetAsync(x_list, 0, sizeof(int), stream));
-    launch_split_bf16x3(x, M, K, x_parts, x_list, stream);
+    auto* x_flags = reinterpret_cast<int*>(workspace + W.x_flags);
+    launch_split_bf16x3(x, M, K, x_parts, RowMarks{x_flags, nullptr}, stream);
     sm90::Bf16x6Problem p;
     p.M = M;
     p.N = N;
@@ -309,7 +315,7 @@ void run_gemm(const Plan& plan, const Step& step, const RunArgs& args, const cha
     p.y = static_cast<float*>(y);
     if (!sm90::launch_bf16x6_gemm(p, lt_ws, W.lt_bytes, stream))
       throw std::logic_error("CUDA gemm: the bf16x6 GEMM declined an accepted call");
-    launch_fixup_exceptional(x, static_cast<const float*>(w), p.bias, p.y, M, N, K, x_list,
+    launch_fixup_exceptional(x, static_cast<const float*>(w), nullptr, p.bias, p.y, M, N, K, x_flags,
                              reinterpret_cast<const int*>(prepared + P.w_list), stream);
     return;
   }

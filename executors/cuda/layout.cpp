@@ -59,10 +59,8 @@ PreparedLayout prepared_layout(const Plan& plan) {
     L.Kh = split_half(K);
     L.w_split = c.take(sizeof(uint16_t) * N * 2 * L.Kh);
   }
-  if (uses_bf16x6(plan)) {
-    L.w_parts = c.take(sizeof(uint16_t) * 3 * N * K);
-    L.w_list = c.take(sizeof(int32_t) * (1 + N));
-  }
+  if (uses_bf16x6(plan)) L.w_parts = c.take(sizeof(uint16_t) * 3 * N * K);
+  if (split || uses_bf16x6(plan)) L.w_list = c.take(sizeof(int32_t) * (1 + N));
   if (plan.prep.column_sums) {
     L.wsum = c.take(sizeof(float) * K);
     L.bsum = c.take(sizeof(float));
@@ -80,10 +78,8 @@ WorkspaceLayout workspace_layout(const Plan& plan) {
     const int64_t Kh = split_half(plan.K);
     L.x_split = c.take(sizeof(uint16_t) * plan.M * 2 * Kh);
   }
-  if (uses_bf16x6(plan)) {
-    L.x_parts = c.take(sizeof(uint16_t) * 3 * plan.M * plan.K);
-    L.x_list = c.take(sizeof(int32_t) * (1 + plan.M));
-  }
+  if (uses_bf16x6(plan)) L.x_parts = c.take(sizeof(uint16_t) * 3 * plan.M * plan.K);
+  if (uses_split(plan) || uses_bf16x6(plan)) L.x_flags = c.take(sizeof(int32_t) * plan.M);
   if (find_step(plan, Step::Kind::Gemm)) {
     L.lt_bytes = kLtWorkspaceBytes;
     L.lt = c.take(L.lt_bytes);

@@ -45,7 +45,7 @@ inline int64_t split_half(int64_t K) { return (K + 7) / 8 * 8; }
 //   w_folded  dtype [N, K]    W' = W * s[n]                              (fold, Gemm, no split)
 //   w_split   bf16 [N, 2*Kh]  [W'hi | 0 | W'lo | 0], Kh = split_half(K)  (fast, fp32 model)
 //   w_parts   bf16 [3, N, K]  W' as three bf16 parts (split.h)           (uses_bf16x6)
-//   w_list    int32 [1 + N]   the rows of W' with an exceptional value   (uses_bf16x6)
+//   w_list    int32 [1 + N]   the rows of W' with an exceptional value   (fast, uses_bf16x6)
 //   wsum      fp32 [K]        column sums of W' over N (fp64 accumulation, rounded once)
 //   bsum      fp32 [1]        sum of the (folded) bias                    (column_sums)
 //   colsign   fp32 [K]        +1 / -1 where every W'[:,k] is > 0 / < 0, else NaN: rows with
@@ -62,14 +62,14 @@ PreparedLayout prepared_layout(const Plan& plan);
 //   [0, plan.buffers_bytes())   the plan's fp32 buffers (Plan::buffer_offset)
 //   x_split     bf16 [M, 2*Kh]  [xlo | 0 | xhi | 0]                       (fast, fp32 model)
 //   x_parts     bf16 [3, M, K]  x as three bf16 parts                      (uses_bf16x6)
-//   x_list      int32 [1 + M]   the rows of x with an exceptional value    (uses_bf16x6)
+//   x_flags     int32 [M]       1 where x's row has an exceptional value  (fast, uses_bf16x6)
 //   lt          kLtWorkspaceBytes                                          (Gemm step)
 //   colstats    fp64 [R, 2, W]  per-chunk shifted sums (max over ColumnStats steps)
 //   row_scratch fp32            rows of row passes too wide for shared memory (max over steps)
 // A plan the fused sm90 kernel takes (fused_softmax.h) has a workspace of its own instead:
 // the kernel's row partials alone (CudaExecutor::workspace_bytes).
 struct WorkspaceLayout {
-  size_t x_split = kAbsent, x_parts = kAbsent, x_list = kAbsent, lt = kAbsent, colstats = kAbsent, row_scratch = kAbsent;
+  size_t x_split = kAbsent, x_parts = kAbsent, x_flags = kAbsent, lt = kAbsent, colstats = kAbsent, row_scratch = kAbsent;
   size_t lt_bytes = 0, colstats_bytes = 0, row_scratch_bytes = 0;
   size_t total = 0;
 };

@@ -2,7 +2,7 @@
 //   fold_params: s[n] = gamma[n] / sqrt(running_var[n] + eps), b'[n] = (b[n] - running_mean[n]) s[n]
 //                + beta[n] (fp64, rounded once), or the 16-bit bias converted to fp32
 //   fold_w:      W'[n,k] = W[n,k] * s[n] in the model dtype          (Gemm without split)
-//   split_w:     [W'hi | 0 | W'lo | 0] bf16 [N, 2 Kh]                 (fast, fp32 model)
+//   w_split:     [W'hi | 0 | W'lo | 0] bf16 [N, 2 Kh] and W''s exceptional rows (fast, split.h)
 //   w_parts:     W' as three bf16 planes [N, K] and its exceptional rows (fp32 on sm90, split.h)
 //   colsum:      wsum[k] = sum_n W'[n,k] in fp64, rounded once, and the column signs
 //                (executors/common/gemv_nonfinite.h)                   (Gemv)
@@ -62,24 +62,6 @@ __global__ void fold_w_kernel(const T* __restrict__ w, const float* __restrict__
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
     out[i] = from_f<T>(to_f(w[i]) * scale[i / K]);
-}
-
-__global__ void split_w_kernel(const float* __restrict__ w, const float* __restrict__ scale,
-                               int64_t N, int64_t K, int64_t Kh, __nv_bfloat16* __restrict__ out) {
-  const int64_t total = N * Kh;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t n = i / Kh, k = i - n * Kh;
-    float v = 0.f;
-    if (k < K) {
-      v = w[n * K + k];
-      if (scale) v *= scale[n];
-    }
-    __nv_bfloat16 hi, lo;
-    split_bf16(v, hi, lo);
-    out[n * 2 * Kh + k] = hi;
-    out[n * 2 * Kh + Kh + k] = lo;
-  }
 }
 
 // wsum[k] = sum_n W'[n,k], colsign[k] = +1 / -1 when every W'[n,k] is > 0 / < 0, else NaN
@@ -175,10 +157,11 @@ void prepare_typed(const Plan& plan, const RunArgs& args, char* prepared, cudaSt
   }
   if (L.w_split != kAbsent && N > 0) {
     if (plan.dtype != DType::F32) throw std::logic_error("CUDA prepare: split of a 16-bit W");
-    split_w_kernel<<<grid_for(N * L.Kh, 256), 256, 0, stream>>>(
-        reinterpret_cast<const float*>(w), scale, N, K, L.Kh,
-        reinterpret_cast<__nv_bfloat16*>(prepared + L.w_split));
-    GF_LAUNCH_CHECK();
+    int* list = reinterpret_cast<int*>(prepared + L.w_list);
+    GF_CUDA_CHECK(cudaMemsetAsync(list, 0, sizeof(int), stream));
+    launch_split_hilo(reinterpret_cast<const float*>(w), scale, N, K, L.Kh, HiLoOrder::HiFirst,
+                      reinterpret_cast<__nv_bfloat16*>(prepared + L.w_split), RowMarks{nullptr, list},
+                      stream);
   }
   if (L.w_parts != kAbsent) {
     if (plan.dtype != DType::F32) throw std::logic_error("CUDA prepare: bf16x3 split of a 16-bit W");
@@ -186,7 +169,8 @@ void prepare_typed(const Plan& plan, const RunArgs& args, char* prepared, cudaSt
     int* list = reinterpret_cast<int*>(prepared + L.w_list);
     GF_CUDA_CHECK(cudaMemsetAsync(list, 0, sizeof(int), stream));
     launch_split_bf16x3(reinterpret_cast<const float*>(wp), N, K,
-                        reinterpret_cast<__nv_bfloat16*>(prepared + L.w_parts), list, stream);
+                        reinterpret_cast<__nv_bfloat16*>(prepared + L.w_parts),
+                        RowMarks{nullptr, list}, stream);
   }
   if (L.wsum != kAbsent) {
     if (K > 0) {

@@ -3,8 +3,9 @@
 //   [lo | 0 | hi | 0] for x and [hi | 0 | lo | 0] for W, each half Kh = split_half(K) wide (zero
 //   padded), so that one GEMM over K' = 2*Kh gives xlo.Whi + xhi.Wlo and a second over the hi
 //   halves gives xhi.Whi.
-// - `fp32` on sm90 (sm90/gemm_bf16x6.h): v = v0 + v1 + v2 in bf16, three planes [rows, K];
-//   rows holding an exceptional value are listed and recomputed in fp32 (launch_fixup_exceptional).
+// - `fp32` on sm90 (sm90/gemm_bf16x6.h): v = v0 + v1 + v2 in bf16, three planes [rows, K].
+// Both splits list the rows holding an exceptional value (split_exceptional) and zero their
+// parts; launch_fixup_exceptional recomputes those rows and columns of Y in fp32.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -14,6 +15,14 @@
 
 namespace gemmfuse::cuda {
 
+// Where the splits mark the rows holding an exceptional value (either may be nullptr):
+// `flags[r]` is written for every row, 1 or 0 (no zeroing needed: x, per call); `list` gets
+// the marked rows appended, list[0] counting them (zeroed by the caller: W', at prepare).
+struct RowMarks {
+  int* flags = nullptr;
+  int* list = nullptr;
+};
+
 #if defined(__CUDACC__)  // the per-value splits (the launchers below are host-callable)
 
 // Two bf16 values as one 32-bit word, a first (lower address).
@@ -22,22 +31,39 @@ __device__ __forceinline__ uint32_t pack_bf16x2(__nv_bfloat16 a, __nv_bfloat16 b
          (static_cast<uint32_t>(__bfloat16_as_ushort(b)) << 16);
 }
 
-// The two bf16 parts of v. A non-finite v keeps its value in hi and a zero lo (so that
-// inf - inf does not turn an infinite product into NaN).
-__device__ __forceinline__ void split_bf16(float v, __nv_bfloat16& hi, __nv_bfloat16& lo) {
+// Eight bf16 values as one 16-byte word, p[0] first.
+__device__ __forceinline__ uint4 pack_bf16x8(const __nv_bfloat16 (&p)[8]) {
+  return make_uint4(pack_bf16x2(p[0], p[1]), pack_bf16x2(p[2], p[3]), pack_bf16x2(p[4], p[5]),
+                    pack_bf16x2(p[6], p[7]));
+}
+
+// A value the bf16 splits cannot carry: NaN, infinite, past bf16's largest finite value (the
+// leading part would round to infinity) or nonzero below 2^-110 (the last part would be
+// subnormal). Its parts are zero and its row is recomputed in fp32 (launch_fixup_exceptional):
+// a zero part times an infinite one would be NaN where fp32 gives an infinity.
+__device__ __forceinline__ bool split_exceptional(float v) {
+  const float a = fabsf(v);
+  return !(a <= __uint_as_float(0x7f7f0000u)) || (a != 0.f && a < 0x1p-110f);
+}
+
+// v = hi + lo (16 significant bits), hi = bf16(v), lo = bf16(v - hi) (`fast`). False, with
+// zero parts, for an exceptional v.
+__device__ __forceinline__ bool split_bf16(float v, __nv_bfloat16& hi, __nv_bfloat16& lo) {
+  if (split_exceptional(v)) {
+    hi = lo = __float2bfloat16_rn(0.f);
+    return false;
+  }
   hi = __float2bfloat16_rn(v);
-  const float h = __bfloat162float(hi);
-  lo = __float2bfloat16_rn(isfinite(v) && isfinite(h) ? v - h : 0.f);
+  lo = __float2bfloat16_rn(v - __bfloat162float(hi));
+  return true;
 }
 
 // v = p0 + p1 + p2, each part the bf16 rounding of what the earlier ones leave (the
 // subtractions are exact): 24 significant bits, all of a normal fp32 v, as long as v2 is
-// not subnormal. False, with zero parts, for an exceptional v: NaN, infinite, past bf16's
-// largest finite value (v0 would round to infinity) or nonzero below 2^-110 (v2 subnormal).
+// not subnormal. False, with zero parts, for an exceptional v.
 __device__ __forceinline__ bool split_bf16x3(float v, __nv_bfloat16& p0, __nv_bfloat16& p1,
                                              __nv_bfloat16& p2) {
-  const float a = fabsf(v);
-  if (!(a <= __uint_as_float(0x7f7f0000u)) || (a != 0.f && a < 0x1p-110f)) {
+  if (split_exceptional(v)) {
     p0 = p1 = p2 = __float2bfloat16_rn(0.f);
     return false;
   }
@@ -48,25 +74,37 @@ __device__ __forceinline__ bool split_bf16x3(float v, __nv_bfloat16& p0, __nv_bf
   return true;
 }
 
+// The end of a CTA's row r in the splits: marks the row if any thread saw an exceptional
+// value (every thread of the CTA calls it).
+__device__ __forceinline__ void mark_row(bool exceptional, int64_t r, RowMarks marks) {
+  const bool any = __syncthreads_or(exceptional);
+  if (threadIdx.x == 0) {
+    if (marks.flags) marks.flags[r] = any;
+    if (marks.list && any) marks.list[1 + atomicAdd(marks.list, 1)] = static_cast<int>(r);
+  }
+}
+
 #endif  // __CUDACC__
 
 // src [rows, K] fp32 (K a multiple of 8, src 16-byte aligned) -> parts, three bf16 planes of
-// [rows, K] (x per call, W' once per weight version). Rows holding an exceptional value are
-// appended to `list`: list[0] counts them (the caller zeroes it before), list[1..] are the
-// row indices, in no particular order.
+// [rows, K] (x per call, W' once per weight version).
 void launch_split_bf16x3(const float* src, int64_t rows, int64_t K, __nv_bfloat16* parts,
-                         int* list, cudaStream_t stream);
+                         RowMarks marks, cudaStream_t stream);
 
-// Y[m, :] for the rows m of x in x_rows and Y[:, n] for the rows n of W in w_rows (lists as
-// launch_split_bf16x3 writes them) recomputed as fp32 dot products (+ bias[n]): the values
-// the split cannot carry reach Y as in SGEMM (inf, NaN, overflow, tiny values). Nothing to do
-// costs one launch that reads the two counts.
-void launch_fixup_exceptional(const float* x, const float* w, const float* bias, float* y,
-                              int64_t M, int64_t N, int64_t K, const int* x_rows,
-                              const int* w_rows, cudaStream_t stream);
+// Y[m, :] for the rows m of x with x_flags[m] != 0 and Y[:, n] for the rows n of W' in w_list
+// (as the splits mark them) recomputed as fp32 dot products (+ bias[n]), W'[n, k] = w[n, k] *
+// w_scale[n] (w_scale may be nullptr: W' = w): the values the split cannot carry reach Y as in
+// SGEMM (inf, NaN, overflow, tiny values). Nothing to do costs one launch whose CTAs read the
+// M flags and the list's count.
+void launch_fixup_exceptional(const float* x, const float* w, const float* w_scale,
+                              const float* bias, float* y, int64_t M, int64_t N, int64_t K,
+                              const int* x_flags, const int* w_list, cudaStream_t stream);
 
-// x[M,K] fp32 -> xs[M, 2*Kh] bf16 as [xlo | 0 | xhi | 0].
-void launch_split_x(const float* x, __nv_bfloat16* xs, int64_t M, int64_t K, int64_t Kh,
-                    cudaStream_t stream);
+// The `fast` split of src [rows, K] fp32 (times scale[r] per row when scale is not nullptr)
+// into out [rows, 2*Kh] bf16: [lo | 0 | hi | 0] (x, per call) or [hi | 0 | lo | 0] (W', once
+// per weight version). Rows with an exceptional value are marked as launch_split_bf16x3 does.
+enum class HiLoOrder { LoFirst, HiFirst };
+void launch_split_hilo(const float* src, const float* scale, int64_t rows, int64_t K, int64_t Kh,
+                       HiLoOrder order, __nv_bfloat16* out, RowMarks marks, cudaStream_t stream);
 
 }  // namespace gemmfuse::cuda

@@ -3,6 +3,8 @@
 // split cannot carry.
 #include <cuda_bf16.h>
 
+#include <cub/block/block_scan.cuh>
+
 #include <algorithm>
 #include <stdexcept>
 
@@ -17,7 +19,7 @@ namespace {
 // 16-byte store per part plane. Memory bound.
 __global__ void __launch_bounds__(256)
     split_bf16x3_kernel(const float* __restrict__ src, int64_t rows, int64_t K,
-                        __nv_bfloat16* __restrict__ parts, int* __restrict__ list) {
+                        __nv_bfloat16* __restrict__ parts, RowMarks marks) {
   const int64_t plane = rows * K;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const float* row = src + r * K;
@@ -30,69 +32,90 @@ __global__ void __launch_bounds__(256)
 #pragma unroll
       for (int j = 0; j < 8; ++j) exceptional |= !split_bf16x3(v[j], p[0][j], p[1][j], p[2][j]);
 #pragma unroll
-      for (int i = 0; i < 3; ++i) {
-        uint4 u;
-        u.x = pack_bf16x2(p[i][0], p[i][1]);
-        u.y = pack_bf16x2(p[i][2], p[i][3]);
-        u.z = pack_bf16x2(p[i][4], p[i][5]);
-        u.w = pack_bf16x2(p[i][6], p[i][7]);
-        *reinterpret_cast<uint4*>(parts + i * plane + r * K + c) = u;
-      }
+      for (int i = 0; i < 3; ++i)
+        *reinterpret_cast<uint4*>(parts + i * plane + r * K + c) = pack_bf16x8(p[i]);
     }
-    if (__syncthreads_or(exceptional) && threadIdx.x == 0) list[1 + atomicAdd(list, 1)] = static_cast<int>(r);
+    mark_row(exceptional, r, marks);
   }
 }
 
-// One warp per output: lanes take every 32nd k, fp32 FMA, then a warp tree. Outputs are
-// numbered rows first (x_rows[0] * N of them), then columns (w_rows[0] * M); an output in
-// both is written twice with the same value.
-__global__ void __launch_bounds__(256)
+constexpr int kFixupThreads = 256;
+constexpr int kFlagsPerThread = 4;
+constexpr int kFlagChunk = kFixupThreads * kFlagsPerThread;  // x rows listed per step
+
+// Y[m, n] = x[m, :] . W'[n, :] (+ bias[n]) by one warp: lanes take every 32nd k, fp32 FMA,
+// then a warp tree.
+__device__ __forceinline__ void recompute(const float* __restrict__ x, const float* __restrict__ w,
+                                          const float* __restrict__ w_scale,
+                                          const float* __restrict__ bias, float* __restrict__ y,
+                                          int64_t m, int64_t n, int64_t N, int64_t K, int lane) {
+  const float* xr = x + m * K;
+  const float* wr = w + n * K;
+  const float s = w_scale ? w_scale[n] : 1.f;  // W' as the split saw it (rounded once)
+  float acc = 0.f;
+  for (int64_t k = lane; k < K; k += 32) acc = fmaf(__ldg(xr + k), __ldg(wr + k) * s, acc);
+  for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+  if (lane == 0) y[m * N + n] = bias ? acc + bias[n] : acc;
+}
+
+// Outputs are spread over every warp of the grid. x's marked rows are listed a chunk of
+// kFlagChunk rows at a time, by every CTA in the same (ascending) order; W's come as a list.
+// An output in both a marked row and a marked column is written twice with the same value.
+__global__ void __launch_bounds__(kFixupThreads)
     fixup_kernel(const float* __restrict__ x, const float* __restrict__ w,
-                 const float* __restrict__ bias, float* __restrict__ y, int64_t M, int64_t N,
-                 int64_t K, const int* __restrict__ x_rows, const int* __restrict__ w_rows) {
-  const int64_t n_rows = x_rows[0], n_cols = w_rows[0];
-  const int64_t total = n_rows * N + n_cols * M;
+                 const float* __restrict__ w_scale, const float* __restrict__ bias,
+                 float* __restrict__ y, int64_t M, int64_t N, int64_t K,
+                 const int* __restrict__ x_flags, const int* __restrict__ w_list) {
+  using Scan = cub::BlockScan<int, kFixupThreads>;
+  __shared__ typename Scan::TempStorage scan;
+  __shared__ int rows[kFlagChunk];
   const int lane = threadIdx.x & 31;
+  const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
-  for (int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32; i < total;
-       i += warps) {
-    int64_t m, n;
-    if (i < n_rows * N) {
-      m = x_rows[1 + i / N];
-      n = i % N;
-    } else {
-      const int64_t j = i - n_rows * N;
-      n = w_rows[1 + j / M];
-      m = j % M;
+  const int64_t n_cols = w_list[0];  // read early: its latency overlaps the flags'
+  for (int64_t base = 0; base < M; base += kFlagChunk) {
+    const int64_t first = base + kFlagsPerThread * threadIdx.x;
+    bool f[kFlagsPerThread];
+    int count = 0;
+#pragma unroll
+    for (int j = 0; j < kFlagsPerThread; ++j) {
+      f[j] = first + j < M && x_flags[first + j] != 0;
+      count += f[j];
     }
-    const float* xr = x + m * K;
-    const float* wr = w + n * K;
-    float acc = 0.f;
-    for (int64_t k = lane; k < K; k += 32) acc = fmaf(__ldg(xr + k), __ldg(wr + k), acc);
-    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-    if (lane == 0) y[m * N + n] = bias ? acc + bias[n] : acc;
+    if (__syncthreads_or(count) == 0) continue;  // the common case: nothing marked
+    int at = 0, marked = 0;
+    Scan(scan).ExclusiveSum(count, at, marked);
+#pragma unroll
+    for (int j = 0; j < kFlagsPerThread; ++j)
+      if (f[j]) rows[at++] = static_cast<int>(first + j);
+    __syncthreads();
+    for (int64_t i = warp; i < marked * N; i += warps)
+      recompute(x, w, w_scale, bias, y, rows[i / N], i % N, N, K, lane);
+    __syncthreads();  // rows and the scan storage are reused by the next chunk
   }
+  for (int64_t i = warp; i < n_cols * M; i += warps)
+    recompute(x, w, w_scale, bias, y, i % M, w_list[1 + i / M], N, K, lane);
 }
 
 }  // namespace
 
 void launch_split_bf16x3(const float* src, int64_t rows, int64_t K, __nv_bfloat16* parts,
-                         int* list, cudaStream_t stream) {
+                         RowMarks marks, cudaStream_t stream) {
   if (K % 8 != 0 || reinterpret_cast<uintptr_t>(src) % 16 != 0 ||
       reinterpret_cast<uintptr_t>(parts) % 16 != 0)
     throw std::logic_error("CUDA bf16x3 split: K must be a multiple of 8 and the buffers 16-byte aligned");
   if (rows <= 0 || K <= 0) return;
   const int64_t grid = std::min<int64_t>(rows, int64_t(sm_count()) * 8);
-  split_bf16x3_kernel<<<static_cast<unsigned>(grid), 256, 0, stream>>>(src, rows, K, parts, list);
+  split_bf16x3_kernel<<<static_cast<unsigned>(grid), 256, 0, stream>>>(src, rows, K, parts, marks);
   GF_LAUNCH_CHECK();
 }
 
-void launch_fixup_exceptional(const float* x, const float* w, const float* bias, float* y,
-                              int64_t M, int64_t N, int64_t K, const int* x_rows,
-                              const int* w_rows, cudaStream_t stream) {
+void launch_fixup_exceptional(const float* x, const float* w, const float* w_scale,
+                              const float* bias, float* y, int64_t M, int64_t N, int64_t K,
+                              const int* x_flags, const int* w_list, cudaStream_t stream) {
   if (M <= 0 || N <= 0) return;
-  fixup_kernel<<<static_cast<unsigned>(sm_count()) * 2, 256, 0, stream>>>(x, w, bias, y, M, N, K,
-                                                                         x_rows, w_rows);
+  fixup_kernel<<<static_cast<unsigned>(sm_count()) * 2, kFixupThreads, 0, stream>>>(
+      x, w, w_scale, bias, y, M, N, K, x_flags, w_list);
   GF_LAUNCH_CHECK();
 }
 

@@ -26,6 +26,7 @@ namespace {
 
 using gemmfuse::cuda::launch_fixup_exceptional;
 using gemmfuse::cuda::launch_split_bf16x3;
+using gemmfuse::cuda::RowMarks;
 using gemmfuse::cuda::sm90::bf16x6_unfit;
 using gemmfuse::cuda::sm90::Bf16x6Problem;
 using gemmfuse::cuda::sm90::launch_bf16x6_gemm;
@@ -49,17 +50,16 @@ std::vector<float> uniform(size_t n, std::mt19937_64& rng) {
 // exceptional rows, x's, the kernel, the fix-up.
 std::vector<float> run_gemm(int64_t M, int64_t N, int64_t K, const std::vector<float>& x,
                             const std::vector<float>& w, const float* bias_host) {
-  DevMem dx(M * K * 4), dxp(M * K * 6), dxl((M + 1) * 4), dw(N * K * 4), dwp(N * K * 6),
+  DevMem dx(M * K * 4), dxp(M * K * 6), dxf(M * 4), dw(N * K * 4), dwp(N * K * 6),
       dwl((N + 1) * 4), db(N * 4), dy(M * N * 4), ws(size_t(32) << 20);
   CK(cudaMemcpy(dx.p, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
   CK(cudaMemcpy(dw.p, w.data(), w.size() * 4, cudaMemcpyHostToDevice));
   if (bias_host) CK(cudaMemcpy(db.p, bias_host, N * 4, cudaMemcpyHostToDevice));
-  CK(cudaMemset(dxl.p, 0, 4));
-  CK(cudaMemset(dwl.p, 0, 4));
+  CK(cudaMemset(dwl.p, 0, 4));  // x's flags stay poisoned: the split writes every row's
   launch_split_bf16x3(static_cast<float*>(dx.p), M, K, static_cast<__nv_bfloat16*>(dxp.p),
-                      static_cast<int*>(dxl.p), nullptr);
+                      RowMarks{static_cast<int*>(dxf.p), nullptr}, nullptr);
   launch_split_bf16x3(static_cast<float*>(dw.p), N, K, static_cast<__nv_bfloat16*>(dwp.p),
-                      static_cast<int*>(dwl.p), nullptr);
+                      RowMarks{nullptr, static_cast<int*>(dwl.p)}, nullptr);
   Bf16x6Problem p;
   p.M = M;
   p.N = N;
@@ -69,8 +69,8 @@ std::vector<float> run_gemm(int64_t M, int64_t N, int64_t K, const std::vector<f
   p.bias = bias_host ? static_cast<const float*>(db.p) : nullptr;
   p.y = static_cast<float*>(dy.p);
   EXPECT_TRUE(launch_bf16x6_gemm(p, ws.p, ws.bytes, nullptr));
-  launch_fixup_exceptional(static_cast<float*>(dx.p), static_cast<float*>(dw.p), p.bias, p.y, M,
-                           N, K, static_cast<int*>(dxl.p), static_cast<int*>(dwl.p), nullptr);
+  launch_fixup_exceptional(static_cast<float*>(dx.p), static_cast<float*>(dw.p), nullptr, p.bias, p.y, M,
+                           N, K, static_cast<int*>(dxf.p), static_cast<int*>(dwl.p), nullptr);
   CK(cudaDeviceSynchronize());
   std::vector<float> y(M * N);
   CK(cudaMemcpy(y.data(), dy.p, y.size() * 4, cudaMemcpyDeviceToHost));

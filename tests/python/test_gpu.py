@@ -213,6 +213,68 @@ def test_non_default_stream():
         assert_close64(o, ref(x.double()), what="side stream")
 
 
+BF16_MAX = 3.3895313892515355e38  # bf16's largest finite value; fp32 goes to 3.4028e38
+
+
+def _exceptional_case(M, k, n, fold):
+    """A Linear (then an eval BatchNorm, folded into W at prepare, when `fold`) whose x and W
+    hold values exact in bf16 (a zero low part: times an infinite part, a split would make NaN
+    where fp32 gives an infinity) and, in a few rows, inf, -inf, NaN, values past bf16's range
+    and nonzero values below 2^-110."""
+    lin = nn.Linear(k, n)
+    with torch.no_grad():
+        lin.weight.copy_(lin.weight.bfloat16().float())
+        lin.weight[20, 7] = float("inf")
+        if not fold:  # folding multiplies W by the BatchNorm scale: it would overflow
+            lin.weight[21, 8] = 1.002 * BF16_MAX
+        lin.weight[22, 9] = -float("inf")
+        lin.weight[23] *= 1e-36
+    model = lin
+    if fold:
+        bn = nn.BatchNorm1d(n)
+        with torch.no_grad():
+            bn.running_mean.uniform_(-1, 1)
+            bn.running_var.uniform_(0.5, 2)
+            bn.weight.uniform_(0.5, 1.5)  # positive scales: W' keeps W's signs and overflows
+            bn.bias.uniform_(-1, 1)
+        model = nn.Sequential(lin, bn).eval()
+    model = model.cuda()
+    x = torch.rand(M, k, device="cuda").bfloat16().float()
+    x[3, 5] = float("inf")
+    x[7, 9] = -float("inf")
+    x[11, 2] = 1.002 * BF16_MAX
+    x[11, 8] = 0.5  # with W[21, 8] a sum of two large terms, far from fp32's overflow
+    x[13, 4] = float("nan")
+    x[15] *= 1e-36
+    return model, x
+
+
+@pytest.mark.parametrize("fold", [False, True], ids=["linear", "linear-eval-bn"])
+@pytest.mark.parametrize("M", [64, 256])
+@pytest.mark.parametrize("precision", ["fp32", "fast", "tf32"])
+def test_values_the_splits_cannot_carry(precision, M, fold):
+    """inf, NaN, values past bf16's range and tiny ones in x and W reach Y as in eager fp32:
+    the same NaN and infinity positions, the same signs, the finite values within 1e-4 of
+    float64 (`fast` and `fp32` list such rows and recompute them in fp32; M = 256 takes the
+    sm90 bf16x6 GEMM in `fp32`, M = 64 cuBLASLt; `fast` splits at both)."""
+    model, x = _exceptional_case(M, 1024, 512, fold)
+    ref64 = copy.deepcopy(model).double()
+    opt = gemmfuse.optimize(copy.deepcopy(model), (torch.rand(M, 1024, device="cuda"),),
+                            precision=precision)
+    with torch.no_grad():
+        out, eager, ref = opt(x), model(x), ref64(x.double())
+    assert gemmfuse.runtimes(opt)[0].fallbacks == {}
+    if precision == "fast":
+        assert "recomputed in fp32" in gemmfuse.explain(opt, print_it=False)
+    assert torch.equal(torch.isnan(out), torch.isnan(eager)), (precision, torch.isnan(out).sum())
+    assert torch.equal(torch.isinf(out), torch.isinf(eager)), (precision, torch.isinf(out).sum())
+    assert torch.equal(out[torch.isinf(eager)], eager[torch.isinf(eager)])
+    finite = torch.isfinite(eager)
+    assert finite.sum() > M * 512 // 2
+    if precision != "tf32":  # TF32 is as loose as PyTorch's own
+        assert_close64(out[finite], ref[finite], what=f"{precision} M={M} fold={fold}")
+
+
 def _is_sm90():
     return torch.cuda.get_device_capability() == (9, 0)
 

@@ -33,7 +33,6 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include <algorithm>
 #include <cfloat>
 #include <cstdlib>
 #include <cstring>
@@ -133,7 +132,6 @@ struct Kernel {
     unsigned long long* trace;  // see GemmSoftmaxProblem::trace
     bool defer;                 // GemmSoftmaxProblem::defer_epilogues
     bool w_evict_first;         // GemmSoftmaxProblem::w_evict_first
-    int prefetch_k_tiles;       // k-tiles of the first tile prefetched into L2 before the PDL wait
   };
 };
 
@@ -713,12 +711,6 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_softmax_kernel(const __grid_
   // The pipeline's barriers must be initialised in both CTAs before either uses them.
   cute::cluster_arrive_relaxed();
   cute::cluster_wait();
-  if (warpgroup == 0 && warp == 0 && p.prefetch_k_tiles > 0) {  // the first tile's first stages
-    const TileCoord t = tile_of(p, 0);
-    prefetch_tile<Mainloop>(p.mainloop, Mainloop{}.load_init(make_shape(p.M, p.N, p.K, 1), p.mainloop),
-                            t.m_blk, t.n_blk, min(p.prefetch_k_tiles, p.k_tiles),
-                            cute::block_rank_in_cluster());
-  }
   // Launched with programmatic stream serialization, this CTA may run while the previous
   // kernel of the stream finishes: everything above touched only this CTA's shared memory
   // (and, in traced runs, its own trace slots); from here on global memory is read and
@@ -973,16 +965,6 @@ bool programmatic_allowed() {
   return !env_off;
 }
 
-// k-tiles of each CTA's first tile prefetched into L2 before the wait on the stream's previous
-// kernel: GEMMFUSE_SM90_PREFETCH=<n> (experiment; 0, the default, prefetches nothing).
-int prefetch_k_tiles() {
-  static const int n = [] {
-    const char* v = std::getenv("GEMMFUSE_SM90_PREFETCH");
-    return v != nullptr ? std::max(0, std::atoi(v)) : 0;
-  }();
-  return n;
-}
-
 template <class K>
 bool launch(const GemmSoftmaxProblem& pr, void* workspace, cudaStream_t stream, const Fit& fit) {
   using Mainloop = typename K::Mainloop;
@@ -1029,7 +1011,6 @@ bool launch(const GemmSoftmaxProblem& pr, void* workspace, cudaStream_t stream, 
   p.trace = pr.trace;
   p.defer = pr.defer_epilogues;
   p.w_evict_first = pr.w_evict_first;
-  p.prefetch_k_tiles = prefetch_k_tiles();
 
   // How every CTA is made resident at once (each waits for the statistics of the others
   // of its rows). A direct launch: programmatic (PDL), so that it starts as the stream's

@@ -63,28 +63,6 @@ __device__ __forceinline__ void produce_tile(const typename Mainloop::Params& pa
   }
 }
 
-// L2 prefetches of the first k_tiles k-tiles of tile (m_blk, n_blk), this CTA's share of
-// them as produce_tile would load it. Prefetching changes no data (L2 is where the GPU's
-// memory is coherent), so it may run before the kernel waits on its stream predecessor.
-template <class Mainloop, class Inputs>
-__device__ __forceinline__ void prefetch_tile(const typename Mainloop::Params& params,
-                                              const Inputs& inputs, int m_blk, int n_blk,
-                                              int k_tiles, uint32_t block_rank_in_cluster) {
-  using namespace cute;
-  using ClusterShape = typename Mainloop::DispatchPolicy::ClusterShape;
-  if (!cute::elect_one_sync()) return;
-  constexpr uint32_t cluster_x = get<0>(ClusterShape{});
-  const uint32_t block_x = block_rank_in_cluster % cluster_x, block_y = block_rank_in_cluster / cluster_x;
-  auto tma_a = params.tma_load_a.get_slice(block_y);
-  auto tma_b = params.tma_load_b.get_slice(block_x);
-  Tensor tAgA = tma_a.partition_S(get<0>(inputs)(_, _, m_blk, _, 0));
-  Tensor tBgB = tma_b.partition_S(get<1>(inputs)(_, _, n_blk, _, 0));
-  for (int k = 0; k < k_tiles; ++k) {
-    cute::prefetch(params.tma_load_a, tAgA(_, _, _, k));
-    cute::prefetch(params.tma_load_b, tBgB(_, _, _, k));
-  }
-}
-
 struct NoHook {
   __device__ void operator()(int) const {}
 };

@@ -43,6 +43,12 @@ SWEEP_M_GPU, SWEEP_M_CPU = (1, 16, 128, 1024, 4096), (1, 16, 64, 256)
 FAST_REL_MAX = 2e-5  # design.md: `fast` within atol = rtol = 1e-4 of float64, rel <= 2e-5
 
 
+# The least GPU time of warm-up calls per round after the first (see CallTimer.round);
+# `gemmfuse bench --warmup-ms` sets it per run (5000: each variant timed at the clock the chip
+# settles to under its own sustained load; bench/NOTES.md, session 19).
+WARMUP_MS = 20.0
+
+
 @dataclass
 class Config:
     models: list = field(default_factory=lambda: list(MODELS))
@@ -52,6 +58,7 @@ class Config:
     out_features: int | None = None
     repeats: int = 20   # timed calls per round
     warmup: int = 3     # untimed calls per round (after the first, checked, call)
+    warmup_ms: float = WARMUP_MS  # and at least this much GPU time of them after the first round
     rounds: int = 4     # alternating rounds over a model's variants (see _measure_all)
     input_sets: int = 3
     out: str | None = None
@@ -77,8 +84,6 @@ def _free(dev):
 
 # A call shorter than this is timed in back-to-back batches as well (see CallTimer).
 BATCH_BELOW_MS = 0.5
-# The least GPU time of warm-up calls per round after the first (see CallTimer.round).
-WARMUP_MS = 20.0
 
 
 def _tick(progress, task):
@@ -116,14 +121,15 @@ class CallTimer:
         _sync(self.dev)
         return [a.elapsed_time(b) / per for a, b in evs]
 
-    def round(self, warmup, repeats):
+    def round(self, warmup, repeats, warmup_ms=WARMUP_MS):
         fn, sets = self.fn, self.sets
-        # After the first round, on a GPU, at least WARMUP_MS of calls: the chip's clock
-        # settles to this variant's power draw within milliseconds, while `warmup` calls of a
-        # 0.2 ms variant after a 2.7 ms one would time it at the previous variant's clock.
+        # After the first round, on a GPU, at least warmup_ms of calls, so that this variant
+        # is not timed at the previous one's clock (`warmup` calls of a 0.2 ms variant after a
+        # 2.7 ms one would be). 20 ms moves the clock most of the way; under a power cap it
+        # settles only over seconds, as the chip warms (NOTES, session 19).
         calls = warmup
         if self.dev.type == "cuda" and self.round_ms:
-            calls = max(warmup, math.ceil(WARMUP_MS / max(self.round_ms[0], 1e-3)))
+            calls = max(warmup, math.ceil(warmup_ms / max(self.round_ms[0], 1e-3)))
         for i in range(calls):
             fn(*sets[i % len(sets)])
             if i < warmup:  # the progress bar counts `warmup` calls per round
@@ -413,7 +419,7 @@ def _measure_all(variants, model, sets, ref, ref_state, cfg, dev, progress, task
         for rec, timer in (built if r % 2 == 0 else built[::-1]):
             if timer is not None and not rec.get("error"):
                 try:
-                    timer.round(cfg.warmup, cfg.repeats)
+                    timer.round(cfg.warmup, cfg.repeats, cfg.warmup_ms)
                 except Exception as e:
                     _failed(rec, e)
     records = []
@@ -601,7 +607,7 @@ def run(cfg: Config, console=None):
         torch.set_float32_matmul_precision(old[1])
 
     header = dict(info, batch=b, in_features=k, out_features=n, repeats=cfg.repeats,
-                  warmup=cfg.warmup, rounds=cfg.rounds, input_sets=cfg.input_sets, grad="no_grad",
+                  warmup=cfg.warmup, warmup_ms=cfg.warmup_ms, rounds=cfg.rounds, input_sets=cfg.input_sets, grad="no_grad",
                   timestamp=time.strftime("%Y-%m-%dT%H:%M:%S%z"), notes=notes,
                   note="; ".join(notes), ceilings=CEILINGS,
                   models={mid: {"summary": MODELS[mid].summary, **floors(MODELS[mid], b, k, n)}

@@ -41,9 +41,9 @@ def _bench(tmp_path, *extra):
 
 def test_bench_machinery(tmp_path):
     """Runs whether or not the library is built: a missing gemmfuse is an error record."""
-    res = _bench(tmp_path, "--modes", "fp32")
+    res = _bench(tmp_path, "--modes", "fp32", "--warmup-ms", "7")
     h = res["header"]
-    assert h["device"] == "cpu" and h["note"] and h["batch"] == 4
+    assert h["device"] == "cpu" and h["note"] and h["batch"] == 4 and h["warmup_ms"] == 7
     assert set(h["models"]) == {"m84", "m94"} and h["models"]["m84"]["fp32"]["flops"] == 2 * 4 * 64 * 96
     modes = [r["mode"] for r in res["records"] if r["model"] == "m84"]
     assert modes == ["eager", "gemmfuse-fp32", "eager-bf16", "gemmfuse-bf16"]
@@ -91,6 +91,11 @@ def test_device_info_commit(monkeypatch):
     assert device_info(torch.device("cpu"))["git"] == "abc1234"
     monkeypatch.delenv("GEMMFUSE_GIT_COMMIT")
     assert device_info(torch.device("cpu"))["git"] != "abc1234"
+
+
+def test_negative_warmup_ms_is_refused():
+    with pytest.raises(SystemExit, match="warmup-ms"):
+        main(["bench", "--device", "cpu", "--warmup-ms", "-1"])
 
 
 def test_variants_alternate_in_rounds(monkeypatch):

@@ -956,13 +956,23 @@ class LaunchOrder {
   bool any_ = false;
 };
 
+// Whether the environment sets `name` to "0" (the A/B switches below read it once each).
+bool env_off(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && std::strcmp(v, "0") == 0;
+}
+
 // Programmatic launches, unless GEMMFUSE_SM90_PDL=0 (cooperative ones, for A/B timing).
 bool programmatic_allowed() {
-  static const bool env_off = [] {
-    const char* v = std::getenv("GEMMFUSE_SM90_PDL");
-    return v != nullptr && std::strcmp(v, "0") == 0;
-  }();
-  return !env_off;
+  static const bool off = env_off("GEMMFUSE_SM90_PDL");
+  return !off;
+}
+
+// The first tile's epilogue deferred under the second tile's mainloop, unless
+// GEMMFUSE_SM90_DEFER=0 (each epilogue whole after its mainloop, for A/B timing).
+bool defer_allowed() {
+  static const bool off = env_off("GEMMFUSE_SM90_DEFER");
+  return !off;
 }
 
 template <class K>
@@ -1009,7 +1019,7 @@ bool launch(const GemmSoftmaxProblem& pr, void* workspace, cudaStream_t stream, 
   p.act = static_cast<int>(pr.act);
   p.scale = pr.scale;
   p.trace = pr.trace;
-  p.defer = pr.defer_epilogues;
+  p.defer = pr.defer_epilogues && defer_allowed();
   p.w_evict_first = pr.w_evict_first;
 
   // How every CTA is made resident at once (each waits for the statistics of the others

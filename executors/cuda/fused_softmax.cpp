@@ -1,18 +1,14 @@
 #include "fused_softmax.h"
 
 #include <atomic>
-#include <cstdlib>
-#include <cstring>
+
+#include "env_switch.h"
 
 namespace gemmfuse::cuda {
 
 namespace {
 // GEMMFUSE_FUSED_SOFTMAX=0 in the environment switches the kernel off from the start.
-bool enabled_from_env() {
-  const char* v = std::getenv("GEMMFUSE_FUSED_SOFTMAX");
-  return v == nullptr || std::strcmp(v, "0") != 0;
-}
-std::atomic<bool> g_enabled{enabled_from_env()};
+std::atomic<bool> g_enabled{!env_switched_off("GEMMFUSE_FUSED_SOFTMAX")};
 }  // namespace
 
 void set_fused_softmax(bool on) { g_enabled.store(on); }

@@ -97,12 +97,13 @@ class CallTimer:
     of the GPU's clock and temperature fall on all of them alike.
 
     Each round: warm-up calls (`warmup`, or more: see round), then `repeats` timed calls.
-    On a GPU each call is timed alone between two CUDA events (`ms_latency`). A call shorter than its own host path (m18's GEMV:
-    ~10 us of GPU work behind ~17 us of Python and dispatch) then measures the idle GPU waiting
-    for the launch, not the work; such calls (decided in the first round) are also timed in
-    `repeats` batches of back-to-back calls between two events, and `ms` is the median batch
-    time per call (sustained throughput, inputs still rotated). For longer calls the two agree
-    and `ms` is the per-call median over every round."""
+    On a GPU each call is timed alone between two CUDA events (`ms_latency`). A call shorter
+    than its own host path (m18's GEMV: ~10 us of GPU work behind ~17 us of Python and
+    dispatch) then measures the idle GPU waiting for the launch, not the work; such calls
+    (decided in the first round) are also timed in `repeats` batches of back-to-back calls
+    between two events, and `ms` is the median batch time per call (sustained throughput,
+    inputs still rotated). For longer calls the two agree and `ms` is the per-call median over
+    every round."""
 
     def __init__(self, fn, sets, dev, tick=lambda: None):
         self.fn, self.sets, self.dev, self.tick = fn, sets, dev, tick
@@ -607,7 +608,8 @@ def run(cfg: Config, console=None):
         torch.set_float32_matmul_precision(old[1])
 
     header = dict(info, batch=b, in_features=k, out_features=n, repeats=cfg.repeats,
-                  warmup=cfg.warmup, warmup_ms=cfg.warmup_ms, rounds=cfg.rounds, input_sets=cfg.input_sets, grad="no_grad",
+                  warmup=cfg.warmup, warmup_ms=cfg.warmup_ms, rounds=cfg.rounds,
+                  input_sets=cfg.input_sets, grad="no_grad",
                   timestamp=time.strftime("%Y-%m-%dT%H:%M:%S%z"), notes=notes,
                   note="; ".join(notes), ceilings=CEILINGS,
                   models={mid: {"summary": MODELS[mid].summary, **floors(MODELS[mid], b, k, n)}

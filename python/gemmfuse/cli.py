@@ -53,8 +53,7 @@ def main(argv=None):
         if args.warmup_ms < 0:
             raise SystemExit("--warmup-ms must not be negative")
         cfg = Config(repeats=args.repeats, warmup=args.warmup, warmup_ms=args.warmup_ms,
-                     rounds=args.rounds,
-                     input_sets=args.input_sets,
+                     rounds=args.rounds, input_sets=args.input_sets,
                      batch=args.batch, in_features=args.in_features,
                      out_features=args.out_features, out=args.out, compile=args.compile,
                      bf16=args.bf16, sweep=args.sweep, sweep_m=args.sweep_m,

@@ -10,12 +10,11 @@
 // add onto a sum that already holds the small ones): x1.w1, x0.w2, x2.w0, x0.w1, x1.w0, x0.w0.
 #include "gemm_bf16x6.h"
 
-#include <cstdlib>
 #include <stdexcept>
-#include <cstring>
 
 #include "cuda_check.h"
 #include "device_info.h"
+#include "env_switch.h"
 #include "layout.h"
 
 #if defined(GEMMFUSE_WITH_SM90_KERNELS)
@@ -35,12 +34,6 @@ namespace gemmfuse::cuda::sm90 {
 
 namespace {
 using namespace cute;
-
-// GEMMFUSE_BF16X6=0 in the environment leaves fp32 GEMMs on SGEMM (A/B timing).
-bool enabled_from_env() {
-  const char* v = std::getenv("GEMMFUSE_BF16X6");
-  return v == nullptr || std::strcmp(v, "0") != 0;
-}
 
 using TileShape = Shape<_128, _128, _64>;
 using ClusterShape = Shape<_2, _1, _1>;
@@ -128,7 +121,8 @@ typename Gemm::Arguments arguments(const Bf16x6Problem& p) {
 bool bf16x6_built() { return true; }
 
 const char* bf16x6_unfit(int64_t M, int64_t N, int64_t K) {
-  static const bool enabled = enabled_from_env();
+  // GEMMFUSE_BF16X6=0 in the environment leaves fp32 GEMMs on SGEMM (A/B timing).
+  static const bool enabled = !env_switched_off("GEMMFUSE_BF16X6");
   static_assert(kBf16x6MinRows == 256, "update the message below");
   if (!enabled) return "switched off (GEMMFUSE_BF16X6=0)";
   if (M < kBf16x6MinRows) return "fewer than 256 rows (SGEMM is faster there)";

@@ -10,9 +10,9 @@
 //
 // Exceptional values (NaN, infinities, |v| above bf16's largest finite value or nonzero
 // below 2^-110, whose third part would be subnormal) have no exact split: a part product
-// would make 0 * inf = NaN where fp32 gives inf, or lose v's low bits. The split passes list
-// the rows of x and of W that hold one (their parts are zeroed), and fixup_exceptional
-// recomputes those rows and columns of Y in plain fp32, as SGEMM does.
+// would make 0 * inf = NaN where fp32 gives inf, or lose v's low bits. The split passes mark
+// the rows of x and of W that hold one (their parts are zeroed), and launch_fixup_exceptional
+// recomputes those rows and columns of Y in plain fp32, as SGEMM does (split.h).
 #pragma once
 
 #include <cuda_bf16.h>

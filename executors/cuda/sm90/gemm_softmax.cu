@@ -34,8 +34,6 @@
 #include <cuda_fp16.h>
 
 #include <cfloat>
-#include <cstdlib>
-#include <cstring>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -43,6 +41,7 @@
 #include <unordered_map>
 
 #include "cuda_check.h"
+#include "env_switch.h"
 #include "pointwise.h"
 #include "row_stats_buffers.h"
 
@@ -956,22 +955,16 @@ class LaunchOrder {
   bool any_ = false;
 };
 
-// Whether the environment sets `name` to "0" (the A/B switches below read it once each).
-bool env_off(const char* name) {
-  const char* v = std::getenv(name);
-  return v != nullptr && std::strcmp(v, "0") == 0;
-}
-
 // Programmatic launches, unless GEMMFUSE_SM90_PDL=0 (cooperative ones, for A/B timing).
 bool programmatic_allowed() {
-  static const bool off = env_off("GEMMFUSE_SM90_PDL");
+  static const bool off = env_switched_off("GEMMFUSE_SM90_PDL");
   return !off;
 }
 
 // The first tile's epilogue deferred under the second tile's mainloop, unless
 // GEMMFUSE_SM90_DEFER=0 (each epilogue whole after its mainloop, for A/B timing).
 bool defer_allowed() {
-  static const bool off = env_off("GEMMFUSE_SM90_DEFER");
+  static const bool off = env_switched_off("GEMMFUSE_SM90_DEFER");
   return !off;
 }
 

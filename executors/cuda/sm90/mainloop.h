@@ -19,6 +19,27 @@
 
 namespace gemmfuse::cuda::sm90 {
 
+// Where a CTA's TMA loads of a tile go, as CUTLASS's sm90 collectives place them: the CTA's
+// (m, n) in the cluster, which picks its slices of the A and B copies (A split along the
+// cluster's N, B along its M), and the CTAs each load lands in (A multicast along N, B along
+// M, where the copy is the multicast one).
+template <class ClusterShape, class GmemTiledCopyA, class GmemTiledCopyB>
+struct ClusterLoads {
+  uint32_t block_x = 0, block_y = 0;
+  uint16_t mcast_a = 0, mcast_b = 0;
+  CUTLASS_DEVICE explicit ClusterLoads(uint32_t block_rank_in_cluster) {
+    using namespace cute;
+    constexpr uint32_t cluster_x = get<0>(ClusterShape{});
+    block_x = block_rank_in_cluster % cluster_x;
+    block_y = block_rank_in_cluster / cluster_x;
+    auto block_layout = Layout<ClusterShape>{};  // (m, n) -> block id
+    if constexpr (is_same_v<GmemTiledCopyA, SM90_TMA_LOAD_MULTICAST>)
+      for (int n = 0; n < size<1>(block_layout); ++n) mcast_a |= uint16_t(1) << block_layout(block_x, n, Int<0>{});
+    if constexpr (is_same_v<GmemTiledCopyB, SM90_TMA_LOAD_MULTICAST>)
+      for (int m = 0; m < size<0>(block_layout); ++m) mcast_b |= uint16_t(1) << block_layout(m, block_y, Int<0>{});
+  }
+};
+
 // The producer warp's loads of one tile (m_blk, n_blk): k_tiles stages from `write` on,
 // which every lane leaves k_tiles stages later. One elected lane issues them; x tiles are
 // multicast along the cluster's N and W tiles along its M, as in the collective.
@@ -38,28 +59,22 @@ __device__ __forceinline__ void produce_tile(const typename Mainloop::Params& pa
   if (!cute::elect_one_sync()) return;
   Tensor sA = make_tensor(make_smem_ptr(tiles.smem_A.data()), typename Mainloop::SmemLayoutA{});
   Tensor sB = make_tensor(make_smem_ptr(tiles.smem_B.data()), typename Mainloop::SmemLayoutB{});
-  constexpr uint32_t cluster_x = get<0>(ClusterShape{});
-  const uint32_t block_x = block_rank_in_cluster % cluster_x, block_y = block_rank_in_cluster / cluster_x;
-  auto tma_a = params.tma_load_a.get_slice(block_y);
-  auto tma_b = params.tma_load_b.get_slice(block_x);
+  const ClusterLoads<ClusterShape, typename Mainloop::GmemTiledCopyA,
+                     typename Mainloop::GmemTiledCopyB>
+      at(block_rank_in_cluster);
+  auto tma_a = params.tma_load_a.get_slice(at.block_y);
+  auto tma_b = params.tma_load_b.get_slice(at.block_x);
   Tensor tAgA = tma_a.partition_S(get<0>(inputs)(_, _, m_blk, _, 0));  // (TMA, TMA_M, TMA_K, k)
   Tensor tAsA = tma_a.partition_D(sA);                                  // (TMA, TMA_M, TMA_K, PIPE)
   Tensor tBgB = tma_b.partition_S(get<1>(inputs)(_, _, n_blk, _, 0));
   Tensor tBsB = tma_b.partition_D(sB);
-  // Which CTAs of the cluster each load lands in.
-  uint16_t mcast_a = 0, mcast_b = 0;
-  auto block_layout = Layout<ClusterShape>{};  // (m, n) -> block id
-  if constexpr (is_same_v<typename Mainloop::GmemTiledCopyA, SM90_TMA_LOAD_MULTICAST>)
-    for (int n = 0; n < size<1>(block_layout); ++n) mcast_a |= uint16_t(1) << block_layout(block_x, n, Int<0>{});
-  if constexpr (is_same_v<typename Mainloop::GmemTiledCopyB, SM90_TMA_LOAD_MULTICAST>)
-    for (int m = 0; m < size<0>(block_layout); ++m) mcast_b |= uint16_t(1) << block_layout(m, block_y, Int<0>{});
 #pragma unroll 1
   for (int k = 0; k < k_tiles; ++k, ++w) {
     pipeline.producer_acquire(w);
     auto* barrier = pipeline.producer_get_barrier(w);
     const int stage = w.index();
-    copy(params.tma_load_a.with(*barrier, mcast_a, hint_a), tAgA(_, _, _, k), tAsA(_, _, _, stage));
-    copy(params.tma_load_b.with(*barrier, mcast_b, hint_b), tBgB(_, _, _, k), tBsB(_, _, _, stage));
+    copy(params.tma_load_a.with(*barrier, at.mcast_a, hint_a), tAgA(_, _, _, k), tAsA(_, _, _, stage));
+    copy(params.tma_load_b.with(*barrier, at.mcast_b, hint_b), tBgB(_, _, _, k), tBsB(_, _, _, stage));
   }
 }
 

@@ -18,9 +18,11 @@
 #include "cutlass/cutlass.h"
 #include "cutlass/gemm/collective/collective_builder.hpp"
 
+#include "mainloop.h"  // ClusterLoads
+
 namespace gemmfuse::cuda::sm90 {
 
-// The builder's TF32 collective `Built`, re-dispatched to the promoting (FP8) mainloop.
+// The builder's bf16 collective `Built`, re-dispatched to the promoting (FP8) mainloop.
 template <class Built, class KernelSchedule>
 using PromotingMainloop = cutlass::gemm::collective::CollectiveMma<
     cutlass::gemm::MainloopSm90TmaGmmaWarpSpecializedFP8<
@@ -126,22 +128,15 @@ struct SplitProductsMainloop : PromotingMainloop<Built, KernelSchedule> {
     if (!cute::elect_one_sync()) return;
     Tensor sA = make_tensor(make_smem_ptr(shared_tensors.smem_A.data()), SmemLayoutA{});
     Tensor sB = make_tensor(make_smem_ptr(shared_tensors.smem_B.data()), SmemLayoutB{});
-    constexpr uint32_t cluster_x = get<0>(ClusterShape{});
-    const uint32_t block_x = block_rank_in_cluster % cluster_x, block_y = block_rank_in_cluster / cluster_x;
+    const ClusterLoads<ClusterShape, GmemTiledCopyA, GmemTiledCopyB> at(block_rank_in_cluster);
     // Every part's descriptor tiles the same coordinates: partition with part 0's.
-    auto tma_a = params.tma_load_a.get_slice(block_y);
-    auto tma_b = params.tma_load_b.get_slice(block_x);
+    auto tma_a = params.tma_load_a.get_slice(at.block_y);
+    auto tma_b = params.tma_load_b.get_slice(at.block_x);
     auto [m_coord, n_coord, k_coord, l_coord] = blk_coord;
     Tensor tAgA = tma_a.partition_S(get<0>(load_inputs)(_, _, m_coord, _, l_coord));  // (TMA,TMA_M,TMA_K,k)
     Tensor tAsA = tma_a.partition_D(sA);
     Tensor tBgB = tma_b.partition_S(get<1>(load_inputs)(_, _, n_coord, _, l_coord));
     Tensor tBsB = tma_b.partition_D(sB);
-    uint16_t mcast_a = 0, mcast_b = 0;
-    auto block_layout = Layout<ClusterShape>{};  // (m, n) -> block id
-    if constexpr (is_same_v<GmemTiledCopyA, SM90_TMA_LOAD_MULTICAST>)
-      for (int n = 0; n < size<1>(block_layout); ++n) mcast_a |= uint16_t(1) << block_layout(block_x, n, Int<0>{});
-    if constexpr (is_same_v<GmemTiledCopyB, SM90_TMA_LOAD_MULTICAST>)
-      for (int m = 0; m < size<0>(block_layout); ++m) mcast_b |= uint16_t(1) << block_layout(m, block_y, Int<0>{});
     CUTLASS_PRAGMA_NO_UNROLL
     for (; k_tile_count > 0; --k_tile_count, ++k_tile_iter, ++smem_pipe_write) {
       const int kp = *k_tile_iter;
@@ -152,8 +147,8 @@ struct SplitProductsMainloop : PromotingMainloop<Built, KernelSchedule> {
       const int stage = smem_pipe_write.index();
       const auto& a = pa == 0 ? params.tma_load_a : params.tma_a[pa - 1];
       const auto& b = pb == 0 ? params.tma_load_b : params.tma_b[pb - 1];
-      copy(a.with(*barrier, mcast_a), tAgA(_, _, _, k), tAsA(_, _, _, stage));
-      copy(b.with(*barrier, mcast_b), tBgB(_, _, _, k), tBsB(_, _, _, stage));
+      copy(a.with(*barrier, at.mcast_a), tAgA(_, _, _, k), tAsA(_, _, _, stage));
+      copy(b.with(*barrier, at.mcast_b), tBgB(_, _, _, k), tBsB(_, _, _, stage));
     }
   }
 };

@@ -9,17 +9,22 @@
 // epilogue with erf costs there.
 //   Built by CMake with -DGEMMFUSE_BUILD_PROBES=ON (target cutlass_gemm_probe).
 //   Run: cutlass_gemm_probe [M N K]   (default 1024 8192 8192)
+//   GEMMFUSE_PROBE_ENERGY_S=<s>: then each variant also runs back to back for s seconds (after
+//   1 s of its own), twice in opposite orders, with the GPU's energy per call from NVML. At
+//   the power cap a kernel's sustained time follows its energy (bench/NOTES.md, session 20).
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <type_traits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cute/tensor.hpp"
@@ -30,6 +35,7 @@
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
 #include "cutlass/util/packed_stride.hpp"
 #include "gemm_softmax.h"  // gemmfuse's fused sm90 kernel (executors/cuda/sm90)
+#include "nvml_energy.h"
 #include "probe_check.h"
 
 using namespace cute;
@@ -56,12 +62,13 @@ using SplitAlongN = cutlass::gemm::collective::CollectiveMma<
 
 template <class TileShape, class ClusterShape, class KernelSchedule, class EpilogueSchedule,
           bool kGeluBias = false, int kStages = 0,  // 0: as many stages as fit
-          bool kSplitN = false>                     // consumer warpgroups along N (SplitAlongN)
+          bool kSplitN = false,                     // consumer warpgroups along N (SplitAlongN)
+          bool kSwapAB = false>  // D^T = W x^T, as cuBLAS's TN call (its tile's M along W's rows)
 struct CutlassGemm {
   using T = cutlass::bfloat16_t;
   using LayoutA = cutlass::layout::RowMajor;
   using LayoutB = cutlass::layout::ColumnMajor;
-  using LayoutD = cutlass::layout::RowMajor;
+  using LayoutD = std::conditional_t<kSwapAB, cutlass::layout::ColumnMajor, cutlass::layout::RowMajor>;
   static constexpr int kAlign = 8;  // 16 bytes of bf16
   using Fusion = std::conditional_t<
       kGeluBias,
@@ -88,6 +95,10 @@ struct CutlassGemm {
   const T* bias = nullptr;
 
   typename Gemm::Arguments arguments(int M, int N, int K, const T* x, const T* w, T* d) const {
+    if constexpr (kSwapAB) {  // the GEMM's M is W's rows, its N x's rows; D column-major
+      std::swap(M, N);
+      std::swap(x, w);
+    }
     using SA = typename Gemm::GemmKernel::StrideA;
     using SB = typename Gemm::GemmKernel::StrideB;
     using SC = typename Gemm::GemmKernel::StrideC;
@@ -146,6 +157,13 @@ using V11 = CutlassGemm<Shape<_128, _128, _64>, Shape<_2, _1, _1>, Ping, PingEpi
 using NoSmemEpi = cutlass::epilogue::NoSmemWarpSpecialized;
 using V12 = CutlassGemm<Shape<_128, _256, _64>, Shape<_2, _1, _1>, Coop, NoSmemEpi, false, 3, true>;
 using V13 = CutlassGemm<Shape<_128, _256, _64>, Shape<_2, _1, _1>, Coop, NoSmemEpi, false, 3, false>;
+// cuBLAS's choice for F.linear at the seed shape (nsys/ncu name:
+// nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_bias_TNT): D^T = W x^T with 256 (W rows) x 128
+// (x rows) tiles, 4 stages, clusters of 2 along x's rows. It spends ~4% less energy per call
+// than V1 under sustained load (bench/NOTES.md, session 20): is it the orientation?
+using V14 = CutlassGemm<Shape<_256, _128, _64>, Shape<_1, _2, _1>, Coop, CoopEpi, false, 4, false, true>;
+using V15 = CutlassGemm<Shape<_256, _128, _64>, Shape<_2, _1, _1>, Coop, CoopEpi, false, 4, false, true>;
+using V16 = CutlassGemm<Shape<_128, _256, _64>, Shape<_2, _1, _1>, Coop, CoopEpi, false, 4, false, true>;
 
 // The reference for V4: gelu(y + bias) from cuBLAS's bf16 y (so it carries one more bf16
 // rounding than V4's, which applies the epilogue to the fp32 accumulator).
@@ -210,6 +228,7 @@ int main(int argc, char** argv) {
   std::vector<Variant> vs{
       {"cuBLAS (F.linear's TN call)", [&](int s) { cublas(s); return true; }, &href}};
   V1 v1; V2 v2; V3 v3; V4 v4; V5 v5; V6 v6; V7 v7; V8 v8; V9 v9; V10 v10; V11 v11; V12 v12; V13 v13;
+  V14 v14; V15 v15; V16 v16;
   std::printf("CUTLASS auto stage counts: coop 128x256x64 %d, pingpong 128x128x64 %d\n", int(V1::Mainloop::DispatchPolicy::Stages), int(V6::Mainloop::DispatchPolicy::Stages));
   v4.bias = reinterpret_cast<const T*>(bias);
   auto add = [&](auto& g, const char* name, const std::vector<__nv_bfloat16>* expect) {
@@ -234,6 +253,9 @@ int main(int argc, char** argv) {
   add(v11, "CUTLASS pingpong 128x128x64, cluster 2x1, 5 stages", &href);
   add(v12, "CUTLASS coop 128x256x64, 2x1, 3 st., no-smem epi., warpgroups along N", &href);
   add(v13, "CUTLASS coop 128x256x64, 2x1, 3 st., no-smem epi., warpgroups along M", &href);
+  add(v14, "CUTLASS W x^T coop 256x128x64, cluster 1x2, 4 st.", &href);
+  add(v15, "CUTLASS W x^T coop 256x128x64, cluster 2x1, 4 st.", &href);
+  add(v16, "CUTLASS W x^T coop 128x256x64, cluster 2x1, 4 st.", &href);
 
   // gemmfuse's fused kernel: softmax(gelu(x W^T + b)) (bf16 out), timed only here; the
   // GPU tests check its results.
@@ -429,6 +451,48 @@ int main(int argc, char** argv) {
     const double med = ms[v][ms[v].size() / 2];
     std::printf("%-48s %8.1f us  %6.1f TFLOP/s  %.3fx cuBLAS time\n", vs[v].name.c_str(), med * 1e3,
                 flops / (med * 1e-3) / 1e12, med / base);
+  }
+
+  // Sustained load: each variant alone for `seconds`, calls queued at most kBatch deep.
+  const char* energy_s = std::getenv("GEMMFUSE_PROBE_ENERGY_S");
+  const NvmlEnergy nvml;
+  if (energy_s && !nvml.ok()) std::printf("\nno NVML energy counter here\n");
+  if (energy_s && nvml.ok()) {
+    const double seconds = std::atof(energy_s);
+    auto window = [&](size_t v, double s, double* mj, double* mhz) {
+      CHECK_CUDA(cudaDeviceSynchronize());
+      const double e0 = nvml.energy_mj();
+      double clock_sum = 0;
+      int calls = 0, clock_n = 0;
+      cudaEventRecord(a);
+      const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(s);
+      while (std::chrono::steady_clock::now() < end) {
+        for (int j = 0; j < kBatch; ++j, ++calls) vs[v].call(calls % kSets);
+        cudaEventRecord(b);
+        CHECK_CUDA(cudaEventSynchronize(b));
+        if (calls % 50 == 0) clock_sum += nvml.sm_mhz(), ++clock_n;
+      }
+      float t;
+      cudaEventElapsedTime(&t, a, b);
+      *mj = (nvml.energy_mj() - e0) / calls;
+      *mhz = clock_n ? clock_sum / clock_n : NAN;
+      return t / calls;
+    };
+    std::printf("\nsustained: %.1f s per variant after 1 s of its own, two passes (second reversed)\n"
+                "%-48s %9s %9s %7s %8s   (second pass)\n", seconds, "variant", "us/call", "mJ/call",
+                "W", "SM MHz");
+    std::vector<std::vector<double>> row(vs.size());
+    for (int pass = 0; pass < 2; ++pass)
+      for (size_t i = 0; i < vs.size(); ++i) {
+        const size_t v = pass == 0 ? i : vs.size() - 1 - i;
+        double mj, mhz;
+        window(v, 1.0, &mj, &mhz);
+        const double ms_call = window(v, seconds, &mj, &mhz);
+        for (double x : {ms_call * 1e3, mj, mj / ms_call, mhz}) row[v].push_back(x);
+      }
+    for (size_t v = 0; v < vs.size(); ++v)
+      std::printf("%-48s %9.1f %9.2f %7.1f %8.0f   %9.1f %9.2f %7.1f %8.0f\n", vs[v].name.c_str(),
+                  row[v][0], row[v][1], row[v][2], row[v][3], row[v][4], row[v][5], row[v][6], row[v][7]);
   }
   return 0;
 }

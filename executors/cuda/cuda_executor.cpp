@@ -127,7 +127,7 @@ std::string CudaExecutor::describe_kernels(const Plan& plan) {
     return "cuda: the fused sm90 GEMM + softmax kernel is not used: " + why;
   }
   if (fp32_mode_gemm(plan)) {
-    const char* why = sm90::bf16x6_unfit(plan.M, plan.N, plan.K);
+    const char* why = sm90::bf16x6_declines(plan.M, plan.N, plan.K);
     if (why == nullptr)
       return "cuda: the fp32 Gemm runs on bf16 tensor cores: each value split into three bf16 "
              "parts (exact), the six part products that reach fp32's precision, summed in "

@@ -27,7 +27,7 @@ bool fp32_mode_gemm(const Plan& plan) {
 }
 
 bool uses_bf16x6(const Plan& plan) {
-  return fp32_mode_gemm(plan) && sm90::bf16x6_unfit(plan.M, plan.N, plan.K) == nullptr;
+  return fp32_mode_gemm(plan) && sm90::bf16x6_declines(plan.M, plan.N, plan.K) == nullptr;
 }
 
 namespace {

@@ -118,6 +118,30 @@ TEST(CudaBf16x6Gemm, Domain) {
     EXPECT_NE(bf16x6_unfit(256, 128, 128), nullptr);
 }
 
+// The cost rule's choices on an H100 (132 SMs) against what session 20 measured
+// (scripts/fp32_path_sweep.py, Linear -> relu, bf16x6 against the SGEMM path, ms).
+TEST(CudaBf16x6Gemm, CostRule) {
+  using gemmfuse::cuda::sm90::bf16x6_slower_than_sgemm;
+  const int sms = 132;
+  // (M, N, K): the kernel where it was faster ...
+  EXPECT_EQ(bf16x6_slower_than_sgemm(1024, 8192, 8192, sms), nullptr);  // the seed GEMM: 1.28 / 2.88
+  EXPECT_EQ(bf16x6_slower_than_sgemm(256, 8192, 8192, sms), nullptr);   // 0.376 / 0.691
+  EXPECT_EQ(bf16x6_slower_than_sgemm(256, 4096, 4096, sms), nullptr);   // 0.168 / 0.194
+  EXPECT_EQ(bf16x6_slower_than_sgemm(4096, 512, 512, sms), nullptr);    // 0.048 / 0.066
+  EXPECT_EQ(bf16x6_slower_than_sgemm(4096, 8192, 256, sms), nullptr);   // 0.313 / 0.551
+  // ... SGEMM where the kernel's tiles leave SMs idle or its fixed costs dominate.
+  EXPECT_NE(bf16x6_slower_than_sgemm(256, 1024, 1024, sms), nullptr);   // 0.046 / 0.032
+  EXPECT_NE(bf16x6_slower_than_sgemm(256, 2048, 2048, sms), nullptr);   // 0.082 / 0.064
+  EXPECT_NE(bf16x6_slower_than_sgemm(256, 256, 8192, sms), nullptr);    // 0.285 / 0.047
+  EXPECT_NE(bf16x6_slower_than_sgemm(1024, 256, 8192, sms), nullptr);   // 0.322 / 0.165
+  EXPECT_NE(bf16x6_slower_than_sgemm(4096, 256, 8192, sms), nullptr);   // 0.427 / 0.367
+  EXPECT_NE(bf16x6_slower_than_sgemm(4096, 256, 256, sms), nullptr);    // 0.047 / 0.027
+  // Host-bound: the kernel's GPU time is the smaller, its host work the larger (0.87x eager).
+  EXPECT_NE(bf16x6_slower_than_sgemm(256, 8192, 256, sms), nullptr);
+  // Fewer SMs: the same tiles take more waves.
+  EXPECT_NE(bf16x6_slower_than_sgemm(256, 4096, 4096, 16), nullptr);
+}
+
 TEST(CudaBf16x6Gemm, AgainstFloat64) {
   SKIP_WITHOUT_SM90();
   std::mt19937_64 rng(gftest::test_seed());

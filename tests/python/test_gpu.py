@@ -17,7 +17,10 @@ from conftest import HAVE_CUDA, assert_close64, make_seed, needs_lib, seed_ids
 
 pytestmark = [needs_lib, pytest.mark.skipif(not HAVE_CUDA, reason="no CUDA device")]
 
-B, K, N = 256, 1024, 1024
+# A shape at which fp32 mode's GEMM takes the sm90 bf16x6 kernel (its cost rule leaves smaller
+# GEMMs, such as 256 x 1024 x 1024, on SGEMM): the tests below cover that path on an H100.
+B, K, N = 512, 1024, 4096
+BF16X6_TEXT = "runs on bf16 tensor cores"
 
 # The fp32 promise (error no worse than 1.25x eager's) is statistical; with one output element
 # (M=1 on m18/m22) either side can be off by an ulp or two, so allow 4 ulps of slack.
@@ -74,6 +77,8 @@ def test_seed_models_cuda(mid, precision):
             assert r <= 2 * rel(e_tf32, ref) + 1e-6, (mid, r)
     rt = gemmfuse.runtimes(opt)[0]
     assert rt.fused_calls == 1 and rt.fallbacks == {}, rt.fallbacks
+    if precision == "fp32" and mid != "m18" and _is_sm90():  # m18 is a GEMV
+        assert BF16X6_TEXT in gemmfuse.explain(opt, print_it=False)
     if mid == "m84":
         # The running stats come from the batch statistics of this mode's GEMM: TF32's
         # ~3e-4 relative GEMM error moves the batch means by up to ~1e-4 absolute.
@@ -250,14 +255,14 @@ def _exceptional_case(M, k, n, fold):
 
 
 @pytest.mark.parametrize("fold", [False, True], ids=["linear", "linear-eval-bn"])
-@pytest.mark.parametrize("M", [64, 256])
+@pytest.mark.parametrize("M", [64, 512])
 @pytest.mark.parametrize("precision", ["fp32", "fast", "tf32"])
 def test_values_the_splits_cannot_carry(precision, M, fold):
     """inf, NaN, values past bf16's range and tiny ones in x and W reach Y as in eager fp32:
     the same NaN and infinity positions, the same signs, the finite values within 1e-4 of
-    float64 (`fast` and `fp32` list such rows and recompute them in fp32; M = 256 takes the
+    float64 (`fast` and `fp32` list such rows and recompute them in fp32; M = 512 takes the
     sm90 bf16x6 GEMM in `fp32`, M = 64 cuBLASLt; `fast` splits at both)."""
-    model, x = _exceptional_case(M, 1024, 512, fold)
+    model, x = _exceptional_case(M, 1024, 4096, fold)
     ref64 = copy.deepcopy(model).double()
     opt = gemmfuse.optimize(copy.deepcopy(model), (torch.rand(M, 1024, device="cuda"),),
                             precision=precision)
@@ -266,11 +271,13 @@ def test_values_the_splits_cannot_carry(precision, M, fold):
     assert gemmfuse.runtimes(opt)[0].fallbacks == {}
     if precision == "fast":
         assert "recomputed in fp32" in gemmfuse.explain(opt, print_it=False)
+    if precision == "fp32" and M == 512 and _is_sm90():
+        assert BF16X6_TEXT in gemmfuse.explain(opt, print_it=False)
     assert torch.equal(torch.isnan(out), torch.isnan(eager)), (precision, torch.isnan(out).sum())
     assert torch.equal(torch.isinf(out), torch.isinf(eager)), (precision, torch.isinf(out).sum())
     assert torch.equal(out[torch.isinf(eager)], eager[torch.isinf(eager)])
     finite = torch.isfinite(eager)
-    assert finite.sum() > M * 512 // 2
+    assert finite.sum() > M * 4096 // 2
     if precision != "tf32":  # TF32 is as loose as PyTorch's own
         assert_close64(out[finite], ref[finite], what=f"{precision} M={M} fold={fold}")
 

@@ -10,6 +10,8 @@
 // add onto a sum that already holds the small ones): x1.w1, x0.w2, x2.w0, x0.w1, x1.w0, x0.w0.
 #include "gemm_bf16x6.h"
 
+#include <algorithm>
+#include <cmath>
 #include <stdexcept>
 
 #include "cuda_check.h"
@@ -164,5 +166,23 @@ bool launch_bf16x6_gemm(const Bf16x6Problem&, void*, size_t, cudaStream_t) {
 }
 
 #endif
+
+const char* bf16x6_slower_than_sgemm(int64_t M, int64_t N, int64_t K, int sms) {
+  const double m = double(M), n = double(N), k = double(K);
+  const double tiles = std::ceil(m / 128) * std::ceil(n / 128);
+  const double waves = std::ceil(tiles / std::max(sms, 1));
+  const double bf16x6_s = 10 * m * k / 2.2e12 + waves * k * 38e-9 + 5e-6;
+  const double sgemm_s = 2 * m * n * k / 45e12;
+  // Below ~30 us of SGEMM a call is bound by host work, and the kernel's (three launches,
+  // CUTLASS's TMA descriptors) is the larger: 0.87x eager at 256 x 8192 x 256 on an H100.
+  if (bf16x6_s < sgemm_s && sgemm_s > 30e-6) return nullptr;
+  return "SGEMM is faster at this shape (the kernel's 128x128 tiles would leave SMs idle, or "
+         "its split of x, launches and host work outweigh the GEMM)";
+}
+
+const char* bf16x6_declines(int64_t M, int64_t N, int64_t K) {
+  if (const char* why = bf16x6_unfit(M, N, K)) return why;
+  return bf16x6_slower_than_sgemm(M, N, K, sm_count());
+}
 
 }  // namespace gemmfuse::cuda::sm90

@@ -44,6 +44,20 @@ constexpr int64_t kBf16x6MinRows = 256;
 // GEMMFUSE_BF16X6 not set to 0 in the environment (for A/B timing).
 const char* bf16x6_unfit(int64_t M, int64_t N, int64_t K);
 
+// nullptr when the kernel is expected to beat SGEMM at this shape on an H100-class GPU with
+// `sms` SMs, else why not. A cost model fitted to H100 measurements (bench/NOTES.md, session
+// 20: fp32 mode ran 0.36-0.97x eager at shapes whose tiles leave most SMs idle or whose
+// GEMM is too small for the split's fixed costs). The kernel's time: the x split, 10 bytes
+// per x value at ~2.2 TB/s; one 128x128 tile's six products, ~38 ns per unit of K, per wave
+// of tiles over the SMs; ~5 us of fix-up and launch gaps. SGEMM's: 2MNK at ~45 TFLOP/s.
+// GEMMs SGEMM does in under ~30 us stay there: their calls are bound by host work.
+const char* bf16x6_slower_than_sgemm(int64_t M, int64_t N, int64_t K, int sms);
+
+// nullptr when an fp32-mode GEMM of this shape runs on the kernel here: bf16x6_unfit
+// accepts it and bf16x6_slower_than_sgemm (for this device's SMs) does not rule it out;
+// else the reason, for explain.
+const char* bf16x6_declines(int64_t M, int64_t N, int64_t K);
+
 // Enqueues the GEMM on `stream` for a shape bf16x6_unfit accepted. False (nothing enqueued)
 // when a pointer is not 16-byte aligned or the kernel needs more workspace than given.
 bool launch_bf16x6_gemm(const Bf16x6Problem& p, void* workspace, size_t workspace_bytes,

@@ -603,13 +603,23 @@ Plan make_plan(const PlanRequest& req) {
   // `fast` splits x and W into bf16 parts to run the GEMM on tensor cores. With few rows the
   // GEMM is bound by reading W once (H100, K=N=8192: fp32 SGEMM 0.128 ms at M=1 against
   // 0.167 ms split; even at M=16), and fp32 is then as fast and more accurate.
-  if (plan.precision == Precision::Fast && plan.dtype == DType::F32 &&
-      M <= req.fast_min_rows && !plan.prep.column_sums) {
-    plan.precision = Precision::FP32;
-    plan.rewrites.push_back("fast with M = " + std::to_string(M) + " <= " +
-                            std::to_string(req.fast_min_rows) +
-                            " rows: the GEMM is bound by reading W, so it runs as fp32 SGEMM "
-                            "(as fast, more accurate)");
+  // With little work in all (req.fast_min_flops) the split path is bound by its launches.
+  if (plan.precision == Precision::Fast && plan.dtype == DType::F32 && !plan.prep.column_sums) {
+    const double flops = 2.0 * double(M) * double(plan.N) * double(plan.K);
+    if (M <= req.fast_min_rows) {
+      plan.precision = Precision::FP32;
+      plan.rewrites.push_back("fast with M = " + std::to_string(M) + " <= " +
+                              std::to_string(req.fast_min_rows) +
+                              " rows: the GEMM is bound by reading W, so it runs as fp32 SGEMM "
+                              "(as fast, more accurate)");
+    } else if (flops < req.fast_min_flops) {
+      plan.precision = Precision::FP32;
+      char gflop[32];
+      std::snprintf(gflop, sizeof gflop, "%.2f", flops * 1e-9);
+      plan.rewrites.push_back(std::string("fast with a GEMM of ") + gflop +
+                              " GFLOP: the split's launches and host work would outweigh it, so "
+                              "it runs in fp32 (faster there, more accurate)");
+    }
   }
   plan.out_width = plan.chain.output_width();
   plan.out_has_feature_dim = plan.chain.output_has_feature_dim();

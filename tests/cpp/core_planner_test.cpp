@@ -287,3 +287,18 @@ TEST(Planner, FastWithFewRowsRunsTheGemmInFp32) {
   r.fast_min_rows = 16;
   EXPECT_EQ(make_plan(r).precision, Precision::Fast);
 }
+
+TEST(Planner, FastWithLittleWorkRunsTheGemmInFp32) {
+  PlanRequest r;
+  r.chain = parse_chain("linear in=1024 out=1024 bias=1\ngelu\n");
+  r.precision = Precision::Fast;
+  r.batch_sizes = {256};  // 2MNK = 0.54 GFLOP
+  const Plan small = make_plan(r);
+  EXPECT_EQ(small.precision, Precision::FP32);
+  EXPECT_TRUE(contains(small.describe(), "0.54 GFLOP")) << small.describe();
+  r.batch_sizes = {1024};  // 2.1 GFLOP
+  EXPECT_EQ(make_plan(r).precision, Precision::Fast);
+  r.batch_sizes = {256};
+  r.fast_min_flops = 0;
+  EXPECT_EQ(make_plan(r).precision, Precision::Fast);
+}

@@ -96,7 +96,8 @@ CudaResult run_cuda(const Case& c, const CudaOptions& o) {
   req.operand_sizes = c.operand_sizes;
   req.dtype = o.dtype;
   req.precision = o.precision;
-  req.fast_min_rows = 0;  // cover the split path at every M
+  req.fast_min_rows = 0;  // cover the split path at every M and size
+  req.fast_min_flops = 0;
   CudaResult r;
   r.plan = make_plan(req);
   const Plan& plan = r.plan;
@@ -296,6 +297,7 @@ TEST(CudaExecutorPlan, PreparedLayoutFollowsThePlan) {
   req.chain = parse_chain(linear(50, 72) + "relu");
   req.batch_sizes = {7};
   req.fast_min_rows = 0;
+  req.fast_min_flops = 0;
   CudaExecutor ex;
   req.precision = Precision::FP32;
   EXPECT_EQ(ex.prepared_bytes(make_plan(req)), 0u);

@@ -47,7 +47,7 @@ PreparedLayout prepared_layout(const Plan& plan) {
   const size_t dsz = dtype_size(plan.dtype);
   const Step* gemm = find_step(plan, Step::Kind::Gemm);
   const bool fold = plan.prep.fold_batchnorm;
-  const bool split = uses_split(plan);
+  const bool split = uses_split(plan), bf16x6 = uses_bf16x6(plan);
   Cursor c;
   if (fold) L.scale = c.take(sizeof(float) * N);
   if (fold || (plan.chain.has_bias && plan.dtype != DType::F32))
@@ -59,8 +59,8 @@ PreparedLayout prepared_layout(const Plan& plan) {
     L.Kh = split_half(K);
     L.w_split = c.take(sizeof(uint16_t) * N * 2 * L.Kh);
   }
-  if (uses_bf16x6(plan)) L.w_parts = c.take(sizeof(uint16_t) * 3 * N * K);
-  if (split || uses_bf16x6(plan)) L.w_list = c.take(sizeof(int32_t) * (1 + N));
+  if (bf16x6) L.w_parts = c.take(sizeof(uint16_t) * 3 * N * K);
+  if (split || bf16x6) L.w_list = c.take(sizeof(int32_t) * (1 + N));
   if (plan.prep.column_sums) {
     L.wsum = c.take(sizeof(float) * K);
     L.bsum = c.take(sizeof(float));
@@ -74,12 +74,13 @@ WorkspaceLayout workspace_layout(const Plan& plan) {
   WorkspaceLayout L;
   Cursor c;
   c.at = plan.buffers_bytes();
-  if (uses_split(plan)) {
+  const bool split = uses_split(plan), bf16x6 = uses_bf16x6(plan);
+  if (split) {
     const int64_t Kh = split_half(plan.K);
     L.x_split = c.take(sizeof(uint16_t) * plan.M * 2 * Kh);
   }
-  if (uses_bf16x6(plan)) L.x_parts = c.take(sizeof(uint16_t) * 3 * plan.M * plan.K);
-  if (uses_split(plan) || uses_bf16x6(plan)) L.x_flags = c.take(sizeof(int32_t) * plan.M);
+  if (bf16x6) L.x_parts = c.take(sizeof(uint16_t) * 3 * plan.M * plan.K);
+  if (split || bf16x6) L.x_flags = c.take(sizeof(int32_t) * plan.M);
   if (find_step(plan, Step::Kind::Gemm)) {
     L.lt_bytes = kLtWorkspaceBytes;
     L.lt = c.take(L.lt_bytes);

@@ -137,6 +137,11 @@ struct Plan {
   std::string describe() const;
 };
 
+// GEMMs of fewer flops (2MNK) take under ~30 us on SGEMM (H100, ~45 TFLOP/s): their calls are
+// bound by launches and host work, where the tensor-core split paths (`fast`'s split, `fp32`'s
+// bf16x6 kernel) do not pay (bench/NOTES.md, session 20).
+constexpr double kHostBoundGemmFlops = 1.35e9;
+
 // What the planner needs to know beyond the chain.
 struct PlanRequest {
   Chain chain;                                     // as captured
@@ -150,11 +155,10 @@ struct PlanRequest {
   // `fast` with at most this many rows runs its GEMM in fp32: there the GEMM is bound by
   // reading W, and fp32 is as fast and more accurate. Tests of the split path set 0.
   int64_t fast_min_rows = 16;
-  // `fast` with a GEMM of fewer flops (2MNK) runs it in fp32 too: below ~1.35 GFLOP (SGEMM
-  // under ~30 us on an H100) the split, its products and the fix-up are bound by launches
-  // and host work (0.71-0.89x eager, bench/NOTES.md session 20), and fp32 is faster there
-  // and more accurate. Tests of the split path set 0.
-  double fast_min_flops = 1.35e9;
+  // `fast` with a GEMM of fewer flops (2MNK) runs it in fp32 too: the split, its products and
+  // the fix-up are host-bound there (0.71-0.89x eager), and fp32 is faster and more accurate.
+  // Tests of the split path set 0.
+  double fast_min_flops = kHostBoundGemmFlops;
 };
 
 // Simplify the chain and cut it into steps. Throws Unsupported (cannot fuse: fall back) or

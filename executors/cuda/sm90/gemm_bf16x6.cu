@@ -32,12 +32,15 @@
 
 namespace gemmfuse::cuda::sm90 {
 
+// The kernel's output tiles are kTileMN x kTileMN (bf16x6_slower_than_sgemm counts them).
+constexpr int kTileMN = 128;
+
 #if defined(GEMMFUSE_WITH_SM90_KERNELS)
 
 namespace {
 using namespace cute;
 
-using TileShape = Shape<_128, _128, _64>;
+using TileShape = Shape<Int<kTileMN>, Int<kTileMN>, _64>;
 using ClusterShape = Shape<_2, _1, _1>;
 using Schedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
 using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecializedCooperative;
@@ -169,13 +172,13 @@ bool launch_bf16x6_gemm(const Bf16x6Problem&, void*, size_t, cudaStream_t) {
 
 const char* bf16x6_slower_than_sgemm(int64_t M, int64_t N, int64_t K, int sms) {
   const double m = double(M), n = double(N), k = double(K);
-  const double tiles = std::ceil(m / 128) * std::ceil(n / 128);
+  const double tiles = std::ceil(m / kTileMN) * std::ceil(n / kTileMN);
   const double waves = std::ceil(tiles / std::max(sms, 1));
   const double bf16x6_s = 10 * m * k / 2.2e12 + waves * k * 38e-9 + 5e-6;
-  const double sgemm_s = 2 * m * n * k / 45e12;
-  // Below ~30 us of SGEMM a call is bound by host work, and the kernel's (three launches,
-  // CUTLASS's TMA descriptors) is the larger: 0.87x eager at 256 x 8192 x 256 on an H100.
-  if (bf16x6_s < sgemm_s && sgemm_s > 30e-6) return nullptr;
+  const double flops = 2 * m * n * k, sgemm_s = flops / 45e12;
+  // Smaller GEMMs are bound by host work, and the kernel's (three launches, CUTLASS's TMA
+  // descriptors) is the larger: 0.87x eager at 256 x 8192 x 256 on an H100.
+  if (bf16x6_s < sgemm_s && flops > kHostBoundGemmFlops) return nullptr;
   return "SGEMM is faster at this shape (the kernel's 128x128 tiles would leave SMs idle, or "
          "its split of x, launches and host work outweigh the GEMM)";
 }

@@ -50,7 +50,8 @@ const char* bf16x6_unfit(int64_t M, int64_t N, int64_t K);
 // GEMM is too small for the split's fixed costs). The kernel's time: the x split, 10 bytes
 // per x value at ~2.2 TB/s; one 128x128 tile's six products, ~38 ns per unit of K, per wave
 // of tiles over the SMs; ~5 us of fix-up and launch gaps. SGEMM's: 2MNK at ~45 TFLOP/s.
-// GEMMs SGEMM does in under ~30 us stay there: their calls are bound by host work.
+// GEMMs under kHostBoundGemmFlops (gemmfuse/plan.h) stay on SGEMM: their calls are bound by
+// host work.
 const char* bf16x6_slower_than_sgemm(int64_t M, int64_t N, int64_t K, int sms);
 
 // nullptr when an fp32-mode GEMM of this shape runs on the kernel here: bf16x6_unfit

@@ -136,9 +136,9 @@ std::string CudaExecutor::describe_kernels(const Plan& plan) {
     return std::string("cuda: the fp32 Gemm does not use the bf16x6 kernel: ") + why;
   }
   if (uses_split(plan))
-    return "cuda: the fast Gemm splits x and W into bf16 hi + lo parts (xlo.Whi + xhi.Wlo, then "
-           "xhi.Whi added); rows and columns with inf/NaN or values past bf16's range "
-           "recomputed in fp32";
+    return "cuda: the fast Gemm splits x and W into bf16 hi + lo parts, one GEMM summing "
+           "xlo.Whi + xhi.Wlo first, then xhi.Whi; rows and columns with inf/NaN or values past "
+           "bf16's range recomputed in fp32";
   return "";
 }
 

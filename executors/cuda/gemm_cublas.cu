@@ -263,29 +263,26 @@ void run_gemm(const Plan& plan, const Step& step, const RunArgs& args, const cha
   g.d_type = d_type;
 
   if (uses_split(plan)) {
-    // fast: [xlo|xhi] . [Whi|Wlo]^T over K' = 2 Kh, then xhi . Whi^T added with beta = 1.
-    // Rows with a value the split cannot carry are recomputed in fp32 after it (split.h).
+    // fast: xlo.Whi + xhi.Wlo + xhi.Whi on bf16 tensor cores, fp32 accumulation, as one GEMM
+    // over [xlo|xhi|xhi] . [Whi|Wlo|Whi]^T (K' = 3 Kh). cuBLAS's mainloop runs K in order
+    // (split-K: each part in order), so the small products are summed first, apart from the
+    // large one, which then lands on a sum of their size: as accurate as a GEMM of their own
+    // added to it, without writing and re-reading Y (bench/NOTES.md, session 21). Rows with a
+    // value the split cannot carry are recomputed in fp32 after it (split.h).
     if (P.w_split == kAbsent || W.x_split == kAbsent || P.w_list == kAbsent || W.x_flags == kAbsent)
       throw std::logic_error("CUDA gemm: split precision without split buffers");
     const int64_t Kh = P.Kh;
     const auto* x = static_cast<const float*>(args.x);
     auto* xs = reinterpret_cast<__nv_bfloat16*>(workspace + W.x_split);
-    const auto* ws = reinterpret_cast<const __nv_bfloat16*>(prepared + P.w_split);
     auto* x_flags = reinterpret_cast<int*>(workspace + W.x_flags);
-    launch_split_hilo(x, nullptr, M, K, Kh, HiLoOrder::LoFirst, xs, RowMarks{x_flags, nullptr}, stream);
+    launch_split_hilo(x, nullptr, M, K, Kh, HiLoOrder::LoHiHi, xs, RowMarks{x_flags, nullptr}, stream);
     g.ab_type = CUDA_R_16BF;
     g.compute = CUBLAS_COMPUTE_32F;
-    g.A = ws;
-    g.lda = 2 * Kh;
+    g.A = prepared + P.w_split;
+    g.lda = kFastSplitSegments * Kh;
     g.B = xs;
-    g.ldb = 2 * Kh;
-    g.k = 2 * Kh;
-    g.beta = 0.f;
-    g.bias = nullptr;
-    lt_matmul(g, lt_ws, W.lt_bytes, stream);
-    g.B = xs + Kh;  // xhi
-    g.k = Kh;       // Whi (zero padded past K, as is xhi)
-    g.beta = 1.f;
+    g.ldb = kFastSplitSegments * Kh;
+    g.k = kFastSplitSegments * Kh;
     g.bias = bias;
     last_gemm(g, lt_ws, W.lt_bytes, stream);
     const float* scale = P.scale != kAbsent ? reinterpret_cast<const float*>(prepared + P.scale) : nullptr;

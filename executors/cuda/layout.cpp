@@ -57,7 +57,7 @@ PreparedLayout prepared_layout(const Plan& plan) {
   if (gemm && fold && !split) L.w_folded = c.take(dsz * N * K);
   if (split) {
     L.Kh = split_half(K);
-    L.w_split = c.take(sizeof(uint16_t) * N * 2 * L.Kh);
+    L.w_split = c.take(sizeof(uint16_t) * N * kFastSplitSegments * L.Kh);
   }
   if (bf16x6) L.w_parts = c.take(sizeof(uint16_t) * 3 * N * K);
   if (split || bf16x6) L.w_list = c.take(sizeof(int32_t) * (1 + N));
@@ -77,7 +77,7 @@ WorkspaceLayout workspace_layout(const Plan& plan) {
   const bool split = uses_split(plan), bf16x6 = uses_bf16x6(plan);
   if (split) {
     const int64_t Kh = split_half(plan.K);
-    L.x_split = c.take(sizeof(uint16_t) * plan.M * 2 * Kh);
+    L.x_split = c.take(sizeof(uint16_t) * plan.M * kFastSplitSegments * Kh);
   }
   if (bf16x6) L.x_parts = c.take(sizeof(uint16_t) * 3 * plan.M * plan.K);
   if (split || bf16x6) L.x_flags = c.take(sizeof(int32_t) * plan.M);

@@ -36,6 +36,8 @@ bool fp32_mode_gemm(const Plan& plan);
 bool uses_bf16x6(const Plan& plan);
 // K rounded up to a multiple of 8 (16-byte rows of bf16): the stride of one half of a split.
 inline int64_t split_half(int64_t K) { return (K + 7) / 8 * 8; }
+// Segments (Kh wide) per row of `fast`'s x and W' splits (split.h).
+constexpr int kFastSplitSegments = 3;
 
 // Prepared memory (see prepare.cu):
 //   scale     fp32 [N]        s[n] = gamma / sqrt(running_var + eps)      (fold_batchnorm)
@@ -43,7 +45,7 @@ inline int64_t split_half(int64_t K) { return (K + 7) / 8 * 8; }
 //                             (fold_batchnorm, or a bf16/fp16 bias)
 //   bias_dt   dtype [N]       folded b' in the model dtype (fold, Gemm writes the 16-bit output)
 //   w_folded  dtype [N, K]    W' = W * s[n]                              (fold, Gemm, no split)
-//   w_split   bf16 [N, 2*Kh]  [W'hi | 0 | W'lo | 0], Kh = split_half(K)  (fast, fp32 model)
+//   w_split   bf16 [N, 3*Kh]  [W'hi | W'lo | W'hi], Kh = split_half(K)  (fast, fp32 model)
 //   w_parts   bf16 [3, N, K]  W' as three bf16 parts (split.h)           (uses_bf16x6)
 //   w_list    int32 [1 + N]   the rows of W' with an exceptional value   (fast, uses_bf16x6)
 //   wsum      fp32 [K]        column sums of W' over N (fp64 accumulation, rounded once)
@@ -60,7 +62,7 @@ PreparedLayout prepared_layout(const Plan& plan);
 
 // Workspace of one run:
 //   [0, plan.buffers_bytes())   the plan's fp32 buffers (Plan::buffer_offset)
-//   x_split     bf16 [M, 2*Kh]  [xlo | 0 | xhi | 0]                       (fast, fp32 model)
+//   x_split     bf16 [M, 3*Kh]  [xlo | xhi | xhi]                         (fast, fp32 model)
 //   x_parts     bf16 [3, M, K]  x as three bf16 parts                      (uses_bf16x6)
 //   x_flags     int32 [M]       1 where x's row has an exceptional value  (fast, uses_bf16x6)
 //   lt          kLtWorkspaceBytes                                          (Gemm step)

@@ -2,7 +2,7 @@
 //   fold_params: s[n] = gamma[n] / sqrt(running_var[n] + eps), b'[n] = (b[n] - running_mean[n]) s[n]
 //                + beta[n] (fp64, rounded once), or the 16-bit bias converted to fp32
 //   fold_w:      W'[n,k] = W[n,k] * s[n] in the model dtype          (Gemm without split)
-//   w_split:     [W'hi | 0 | W'lo | 0] bf16 [N, 2 Kh] and W''s exceptional rows (fast, split.h)
+//   w_split:     [W'hi | W'lo | W'hi] bf16 [N, 3 Kh] and W''s exceptional rows (fast, split.h)
 //   w_parts:     W' as three bf16 planes [N, K] and its exceptional rows (fp32 on sm90, split.h)
 //   colsum:      wsum[k] = sum_n W'[n,k] in fp64, rounded once, and the column signs
 //                (executors/common/gemv_nonfinite.h)                   (Gemv)
@@ -159,7 +159,7 @@ void prepare_typed(const Plan& plan, const RunArgs& args, char* prepared, cudaSt
     if (plan.dtype != DType::F32) throw std::logic_error("CUDA prepare: split of a 16-bit W");
     int* list = reinterpret_cast<int*>(prepared + L.w_list);
     GF_CUDA_CHECK(cudaMemsetAsync(list, 0, sizeof(int), stream));
-    launch_split_hilo(reinterpret_cast<const float*>(w), scale, N, K, L.Kh, HiLoOrder::HiFirst,
+    launch_split_hilo(reinterpret_cast<const float*>(w), scale, N, K, L.Kh, HiLoOrder::HiLoHi,
                       reinterpret_cast<__nv_bfloat16*>(prepared + L.w_split), RowMarks{nullptr, list},
                       stream);
   }

@@ -1,8 +1,7 @@
 // Split precision for fp32 GEMMs on tensor cores.
-// - `fast`: v = hi + lo with hi = bf16(v), lo = bf16(v - hi). Rows are laid out
-//   [lo | 0 | hi | 0] for x and [hi | 0 | lo | 0] for W, each half Kh = split_half(K) wide (zero
-//   padded), so that one GEMM over K' = 2*Kh gives xlo.Whi + xhi.Wlo and a second over the hi
-//   halves gives xhi.Whi.
+// - `fast`: v = hi + lo with hi = bf16(v), lo = bf16(v - hi). Rows are laid out in segments
+//   Kh = split_half(K) wide (zero padded): [lo | hi | hi] for x and [hi | lo | hi] for W, so
+//   that one GEMM over K' = 3*Kh sums xlo.Whi + xhi.Wlo first, then xhi.Whi (gemm_cublas.cu).
 // - `fp32` on sm90 (sm90/gemm_bf16x6.h): v = v0 + v1 + v2 in bf16, three planes [rows, K].
 // Both splits list the rows holding an exceptional value (split_exceptional) and zero their
 // parts; launch_fixup_exceptional recomputes those rows and columns of Y in fp32.
@@ -101,9 +100,10 @@ void launch_fixup_exceptional(const float* x, const float* w, const float* w_sca
                               const int* x_flags, const int* w_list, cudaStream_t stream);
 
 // The `fast` split of src [rows, K] fp32 (times scale[r] per row when scale is not nullptr)
-// into out [rows, 2*Kh] bf16: [lo | 0 | hi | 0] (x, per call) or [hi | 0 | lo | 0] (W', once
-// per weight version). Rows with an exceptional value are marked as launch_split_bf16x3 does.
-enum class HiLoOrder { LoFirst, HiFirst };
+// into out [rows, 3 * Kh] bf16, three segments of the row's parts, each zero padded to Kh, in
+// the order named: [lo | hi | hi] (x, per call) or [hi | lo | hi] (W', once per weight
+// version). Rows with an exceptional value are marked as launch_split_bf16x3 does.
+enum class HiLoOrder { LoHiHi, HiLoHi };
 void launch_split_hilo(const float* src, const float* scale, int64_t rows, int64_t K, int64_t Kh,
                        HiLoOrder order, __nv_bfloat16* out, RowMarks marks, cudaStream_t stream);
 

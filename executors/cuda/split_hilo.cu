@@ -1,7 +1,7 @@
-// The `fast` split of fp32 operands into bf16 hi + lo halves (split.h): x per call, W' once
+// The `fast` split of fp32 operands into bf16 hi + lo parts (split.h): x per call, W' once
 // per weight version. A CTA per row (grid-stride over rows), so that the row can be marked
 // when it holds a value the split cannot carry; a thread takes 8 columns per step (one
-// 16-byte store per half). Memory bound: the common case (K % 8 == 0, src 16-byte aligned,
+// 16-byte store per segment of the row). Memory bound: the common case (K % 8 == 0, src 16-byte aligned,
 // no scale) is compiled apart, without the bounds checks and the scale.
 #include <cuda_bf16.h>
 
@@ -25,8 +25,7 @@ __global__ void __launch_bounds__(256)
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const float* row = src + r * K;
     const float s = kScaled ? scale[r] : 1.f;
-    __nv_bfloat16* first = out + r * 2 * Kh;  // lo (x) or hi (W') half
-    __nv_bfloat16* second = first + Kh;
+    __nv_bfloat16* dst = out + r * 3 * Kh;  // [lo | hi | hi] or [hi | lo | hi]
     bool exceptional = false;
     for (int64_t c = 8 * static_cast<int64_t>(threadIdx.x); c < Kh; c += 8 * blockDim.x) {
       float v[8];
@@ -49,8 +48,9 @@ __global__ void __launch_bounds__(256)
         exceptional |= !split_bf16(u, hi[j], lo[j]);
       }
       const uint4 h = pack_bf16x8(hi), l = pack_bf16x8(lo);  // packed before the choice: the
-      *reinterpret_cast<uint4*>(first + c) = lo_first ? l : h;  // arrays stay in registers
-      *reinterpret_cast<uint4*>(second + c) = lo_first ? h : l;
+      *reinterpret_cast<uint4*>(dst + c) = lo_first ? l : h;    // arrays stay in registers
+      *reinterpret_cast<uint4*>(dst + Kh + c) = lo_first ? h : l;
+      *reinterpret_cast<uint4*>(dst + 2 * Kh + c) = h;
     }
     mark_row(exceptional, r, marks);
   }
@@ -66,7 +66,7 @@ void launch_split_hilo(const float* src, const float* scale, int64_t rows, int64
   if (rows <= 0 || Kh == 0) return;
   const bool aligned = reinterpret_cast<uintptr_t>(src) % 16 == 0;
   const bool whole = K == Kh && aligned, vec = K % 4 == 0 && aligned;
-  const bool lo_first = order == HiLoOrder::LoFirst;
+  const bool lo_first = order == HiLoOrder::LoHiHi;
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>(rows, int64_t(sm_count()) * 8));
   auto kernel = whole ? (scale ? split_hilo_kernel<true, true> : split_hilo_kernel<true, false>)
                       : (scale ? split_hilo_kernel<false, true> : split_hilo_kernel<false, false>);

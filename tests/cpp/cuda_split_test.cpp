@@ -77,40 +77,46 @@ TEST(CudaSplit, HiLoPartsAndMarks) {
   // K = 64: the whole-row form; 37: bounds and scalar loads; 36: 4-column halves
   for (int64_t K : {64, 37, 36}) {
     for (bool scaled : {false, true}) {
-      for (HiLoOrder order : {HiLoOrder::LoFirst, HiLoOrder::HiFirst}) {
+      for (HiLoOrder order : {HiLoOrder::LoHiHi, HiLoOrder::HiLoHi}) {
         SCOPED_TRACE(::testing::Message() << "K=" << K << " scaled=" << scaled
-                                          << " lo_first=" << (order == HiLoOrder::LoFirst));
+                                          << " order=" << static_cast<int>(order));
         const int64_t rows = 9, Kh = (K + 7) / 8 * 8;
+        const int64_t S = 3;  // segments; which part each holds (true = hi):
+        const std::vector<bool> seg_hi = order == HiLoOrder::LoHiHi
+                                             ? std::vector<bool>{false, true, true}
+                                             : std::vector<bool>{true, false, true};
         const std::vector<float> src = with_exceptions(rows, K, rng);
         std::vector<float> scale;
         if (scaled)
           for (int64_t r = 0; r < rows; ++r) scale.push_back(0.5f + 0.25f * r);
-        DevMem dsrc(src.size() * 4), dscale(rows * 4), dout(rows * 2 * Kh * 2), dflags(rows * 4),
+        DevMem dsrc(src.size() * 4), dscale(rows * 4), dout(rows * S * Kh * 2), dflags(rows * 4),
             dlist((rows + 1) * 4);
         CK(cudaMemcpy(dsrc.p, src.data(), src.size() * 4, cudaMemcpyHostToDevice));
         if (scaled) CK(cudaMemcpy(dscale.p, scale.data(), rows * 4, cudaMemcpyHostToDevice));
         CK(cudaMemset(dlist.p, 0, 4));
+        CK(cudaMemset(dout.p, 0xff, rows * S * Kh * 2));  // poison: every segment must be written
+        CK(cudaMemset(dflags.p, 0xff, rows * 4));
         gemmfuse::cuda::launch_split_hilo(
             static_cast<float*>(dsrc.p), scaled ? static_cast<float*>(dscale.p) : nullptr, rows, K,
             Kh, order, static_cast<__nv_bfloat16*>(dout.p),
             RowMarks{static_cast<int*>(dflags.p), static_cast<int*>(dlist.p)}, nullptr);
         CK(cudaDeviceSynchronize());
-        const auto out = download<uint16_t>(dout, rows * 2 * Kh);
+        const auto out = download<uint16_t>(dout, rows * S * Kh);
         const auto flags = download<int>(dflags, rows);
         const auto list = download<int>(dlist, rows + 1);
         const std::vector<int> want = marked_rows(src, rows, K, scale);
         for (int64_t r = 0; r < rows; ++r) {
           const bool marked = std::count(want.begin(), want.end(), r) > 0;
           EXPECT_EQ(flags[r], marked ? 1 : 0) << "row " << r;
-          const size_t hi_at = order == HiLoOrder::HiFirst ? 0 : Kh, lo_at = Kh - hi_at;
           for (int64_t k = 0; k < Kh; ++k) {
-            const float hi = bf16_value(out[r * 2 * Kh + hi_at + k]);
-            const float lo = bf16_value(out[r * 2 * Kh + lo_at + k]);
             const float v = k < K ? src[r * K + k] * (scaled ? scale[r] : 1.f) : 0.f;
             const float want_hi = exceptional(v) ? 0.f : bf16_round(v);
             const float want_lo = exceptional(v) ? 0.f : bf16_round(v - want_hi);
-            ASSERT_EQ(hi, want_hi) << "row " << r << " col " << k << " v " << v;
-            ASSERT_EQ(lo, want_lo) << "row " << r << " col " << k << " v " << v;
+            for (int64_t g = 0; g < S; ++g) {
+              const float part = bf16_value(out[r * S * Kh + g * Kh + k]);
+              ASSERT_EQ(part, seg_hi[g] ? want_hi : want_lo)
+                  << "row " << r << " segment " << g << " col " << k << " v " << v;
+            }
           }
         }
         ASSERT_EQ(list[0], static_cast<int>(want.size()));

@@ -4,6 +4,7 @@
 
 #include "column_stats.h"
 #include "gemm_bf16x6.h"
+#include "split.h"
 #include "row_program.h"
 
 namespace gemmfuse::cuda {

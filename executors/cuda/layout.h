@@ -34,10 +34,9 @@ bool fp32_mode_gemm(const Plan& plan);
 // fp32 mode's GEMM runs on bf16 tensor cores (sm90/gemm_bf16x6.h) for this plan on the
 // current device: an fp32_mode_gemm plan whose shape the kernel takes.
 bool uses_bf16x6(const Plan& plan);
-// K rounded up to a multiple of 8 (16-byte rows of bf16): the stride of one half of a split.
+// K rounded up to a multiple of 8 (16-byte rows of bf16): the width of one segment of a
+// `fast` split row (split.h).
 inline int64_t split_half(int64_t K) { return (K + 7) / 8 * 8; }
-// Segments (Kh wide) per row of `fast`'s x and W' splits (split.h).
-constexpr int kFastSplitSegments = 3;
 
 // Prepared memory (see prepare.cu):
 //   scale     fp32 [N]        s[n] = gamma / sqrt(running_var + eps)      (fold_batchnorm)

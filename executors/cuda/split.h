@@ -104,6 +104,7 @@ void launch_fixup_exceptional(const float* x, const float* w, const float* w_sca
 // the order named: [lo | hi | hi] (x, per call) or [hi | lo | hi] (W', once per weight
 // version). Rows with an exceptional value are marked as launch_split_bf16x3 does.
 enum class HiLoOrder { LoHiHi, HiLoHi };
+constexpr int kFastSplitSegments = 3;
 void launch_split_hilo(const float* src, const float* scale, int64_t rows, int64_t K, int64_t Kh,
                        HiLoOrder order, __nv_bfloat16* out, RowMarks marks, cudaStream_t stream);
 

@@ -1,8 +1,8 @@
 // The `fast` split of fp32 operands into bf16 hi + lo parts (split.h): x per call, W' once
 // per weight version. A CTA per row (grid-stride over rows), so that the row can be marked
 // when it holds a value the split cannot carry; a thread takes 8 columns per step (one
-// 16-byte store per segment of the row). Memory bound: the common case (K % 8 == 0, src 16-byte aligned,
-// no scale) is compiled apart, without the bounds checks and the scale.
+// 16-byte store per segment of the row). Memory bound: the common case (K % 8 == 0, src
+// 16-byte aligned, no scale) is compiled apart, without the bounds checks and the scale.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -25,7 +25,7 @@ __global__ void __launch_bounds__(256)
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const float* row = src + r * K;
     const float s = kScaled ? scale[r] : 1.f;
-    __nv_bfloat16* dst = out + r * 3 * Kh;  // [lo | hi | hi] or [hi | lo | hi]
+    __nv_bfloat16* dst = out + r * kFastSplitSegments * Kh;  // [lo | hi | hi] or [hi | lo | hi]
     bool exceptional = false;
     for (int64_t c = 8 * static_cast<int64_t>(threadIdx.x); c < Kh; c += 8 * blockDim.x) {
       float v[8];

@@ -21,10 +21,10 @@ def parser():
     b.add_argument("--repeats", type=int, default=20,
                    help="timed calls per round; the median over all rounds is reported")
     b.add_argument("--warmup", type=int, default=3, help="untimed calls at the start of each round")
-    b.add_argument("--warmup-ms", type=float, default=20.0,
+    b.add_argument("--warmup-ms", type=float, default=None,
                    help="on a GPU, at least this much time of untimed calls in each round after "
-                        "the first (default 20; 5000 times every variant at the clock its own "
-                        "sustained load settles to)")
+                        "the first (default 20, bench.WARMUP_MS; 5000 times every variant at the "
+                        "clock its own sustained load settles to)")
     b.add_argument("--rounds", type=int, default=4,
                    help="rounds alternating over a model's variants (each round: warm-up, then "
                         "the timed calls of each variant in turn)")
@@ -47,12 +47,13 @@ def parser():
 def main(argv=None):
     args = parser().parse_args(argv)
     if args.cmd == "bench":
-        from .bench import Config, run
+        from .bench import WARMUP_MS, Config, run
         if args.rounds < 1 or args.repeats < 1:
             raise SystemExit("--rounds and --repeats must be at least 1")
-        if args.warmup_ms < 0:
+        warmup_ms = WARMUP_MS if args.warmup_ms is None else args.warmup_ms
+        if warmup_ms < 0:
             raise SystemExit("--warmup-ms must not be negative")
-        cfg = Config(repeats=args.repeats, warmup=args.warmup, warmup_ms=args.warmup_ms,
+        cfg = Config(repeats=args.repeats, warmup=args.warmup, warmup_ms=warmup_ms,
                      rounds=args.rounds, input_sets=args.input_sets,
                      batch=args.batch, in_features=args.in_features,
                      out_features=args.out_features, out=args.out, compile=args.compile,

@@ -20,9 +20,9 @@
 #include "cuda_executor.h"
 #include "column_stats.h"
 #include "fused_softmax.h"
-#include "layout.h"
 #include "row_program.h"
 #include "row_stats_buffers.h"
+#include "split.h"
 
 namespace {
 

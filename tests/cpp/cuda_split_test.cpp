@@ -81,7 +81,8 @@ TEST(CudaSplit, HiLoPartsAndMarks) {
         SCOPED_TRACE(::testing::Message() << "K=" << K << " scaled=" << scaled
                                           << " order=" << static_cast<int>(order));
         const int64_t rows = 9, Kh = (K + 7) / 8 * 8;
-        const int64_t S = 3;  // segments; which part each holds (true = hi):
+        static_assert(gemmfuse::cuda::kFastSplitSegments == 3, "seg_hi lists three segments");
+        const int64_t S = gemmfuse::cuda::kFastSplitSegments;  // which part each holds (hi: true):
         const std::vector<bool> seg_hi = order == HiLoOrder::LoHiHi
                                              ? std::vector<bool>{false, true, true}
                                              : std::vector<bool>{true, false, true};

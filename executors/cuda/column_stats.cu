@@ -28,9 +28,10 @@
 
 #include "cuda_check.h"
 #include "device_info.h"
-#include "running_stats.h"
 #include "layout.h"
 #include "prepare.h"
+#include "programmatic_launch.h"
+#include "running_stats.h"
 
 namespace gemmfuse::cuda {
 namespace {
@@ -202,6 +203,7 @@ __global__ void __launch_bounds__(kFusedThreads)
                           RunningStat running_var, int64_t* num_batches, bool increment) {
   constexpr int RP = kFusedThreads / TC, CW = 4 * TC;
   __shared__ double s1s[RP][CW + 1], s2s[RP][CW + 1];
+  wait_for_previous_grid();  // launched programmatically
   if (increment && blockIdx.x == 0 && threadIdx.x == 0) *num_batches += 1;
   const int ct = threadIdx.x % TC, rl = threadIdx.x / TC;
   const int64_t c = static_cast<int64_t>(blockIdx.x) * CW + 4 * ct;
@@ -323,13 +325,9 @@ void launch_column_stats(const Plan& plan, const Step& step, const RunArgs& args
       const RunningStat urm = update ? rm : RunningStat{};
       const RunningStat urv = update ? rv : RunningStat{};
       const bool inc = nb != nullptr && !none;
-      if (tc == 8)
-        colstats_fused_kernel<8><<<g, kFusedThreads, 0, stream>>>(y, M, W, bn.eps, mom, stats, urm,
-                                                                 urv, nb, inc);
-      else
-        colstats_fused_kernel<4><<<g, kFusedThreads, 0, stream>>>(y, M, W, bn.eps, mom, stats, urm,
-                                                                 urv, nb, inc);
-      GF_LAUNCH_CHECK();
+      launch_programmatic(tc == 8 ? colstats_fused_kernel<8> : colstats_fused_kernel<4>, dim3(g),
+                          dim3(kFusedThreads), 0, stream, y, M, W, bn.eps, mom, stats, urm, urv, nb,
+                          inc);
       if (nb != nullptr && none) {
         colstats_count_kernel<<<1, 1, 0, stream>>>(nb);
         GF_LAUNCH_CHECK();

@@ -33,6 +33,7 @@
 #include "cuda_check.h"
 #include "layout.h"
 #include "pointwise.h"
+#include "programmatic_launch.h"
 
 namespace gemmfuse::cuda {
 namespace {
@@ -80,6 +81,13 @@ struct MaxF {
 };
 struct MinF {
   __device__ __forceinline__ float operator()(float a, float b) const { return nan_min(a, b); }
+};
+// The max that shifts softmax's, log_softmax's and logsumexp's exponents: fmaxf (one
+// instruction, NaN dropped) where a Max reduce needs nan_max (four). Dropping NaN here is
+// exact: a NaN in the row is also in the sum of exponents, so every output is NaN, as in
+// PyTorch; without NaN, fmaxf and nan_max agree (+-inf included).
+struct ShiftMaxF {
+  __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
 };
 
 // Softmax's 1 / sum, applied as a product: an IEEE division per element costs ~8
@@ -364,8 +372,8 @@ __device__ __forceinline__ void barrier_instr(const DevInstr& in, int& w, float*
         res = mx ? team_allreduce<kWarp>(m, MaxF(), red_f) : team_allreduce<kWarp>(m, MinF(), red_f);
       } else {  // LogSumExp
         float m = -HUGE_VALF;
-        for (int i = t; i < w; i += nt) m = nan_max(m, cur[i]);
-        m = team_allreduce<kWarp>(m, MaxF(), red_f);
+        for (int i = t; i < w; i += nt) m = fmaxf(m, cur[i]);
+        m = team_allreduce<kWarp>(m, ShiftMaxF(), red_f);
         const float sh = lse_shift(m);
         double s = 0.0;
         for (int i = t; i < w; i += nt) s += expf(cur[i] - sh);
@@ -379,8 +387,8 @@ __device__ __forceinline__ void barrier_instr(const DevInstr& in, int& w, float*
     }
     case kSoftmax: {
       float m = -HUGE_VALF;
-      for (int i = t; i < w; i += nt) m = nan_max(m, cur[i]);
-      m = team_allreduce<kWarp>(m, MaxF(), red_f);
+      for (int i = t; i < w; i += nt) m = fmaxf(m, cur[i]);
+      m = team_allreduce<kWarp>(m, ShiftMaxF(), red_f);
       double s = 0.0;
       if (op == OpCode::Softmax) {
         for (int i = t; i < w; i += nt) {
@@ -598,27 +606,36 @@ __device__ __forceinline__ float seg_sum(float s, int q) {
   return s;
 }
 
-// Max (kMax) or min of the thread's values of valid chunks, NaN-propagating as PyTorch's.
-template <int VPT, bool kMax>
-__device__ __forceinline__ float thread_extremum(const float (&v)[VPT][4], int t, int nt, int nch) {
-  float m = kMax ? -HUGE_VALF : HUGE_VALF;
+// Chunk k of thread t holds row values: always when the row fills every thread's VPT chunks
+// (kFull, checked at launch), else when k * nt + t < nch.
+template <bool kFull>
+__device__ __forceinline__ bool chunk_valid(int k, int t, int nt, int nch) {
+  return kFull || k * nt + t < nch;
+}
+
+// The extremum `op` (MaxF, MinF, ShiftMaxF) of the thread's values of valid chunks, starting
+// from `init` (op's identity).
+template <int VPT, bool kFull, class Op>
+__device__ __forceinline__ float thread_extremum(const float (&v)[VPT][4], int t, int nt, int nch,
+                                                 float init, Op op) {
+  float m = init;
 #pragma unroll
   for (int k = 0; k < VPT; ++k)
-    if (k * nt + t < nch)
+    if (chunk_valid<kFull>(k, t, nt, nch))
 #pragma unroll
-      for (int j = 0; j < 4; ++j) m = kMax ? nan_max(m, v[k][j]) : nan_min(m, v[k][j]);
+      for (int j = 0; j < 4; ++j) m = op(m, v[k][j]);
   return m;
 }
 
 // Sum of the thread's values of valid chunks in fp32, pairwise (chunk (a+b)+(c+d), then a tree
 // over the chunks): the terms of softmax and logsumexp sums are positive, so this costs at most
 // a few ulps on the thread's share; the team-wide sum is then in fp64.
-template <int VPT>
+template <int VPT, bool kFull>
 __device__ __forceinline__ float thread_tree_sum(const float (&e)[VPT][4], int t, int nt, int nch) {
   float acc[VPT];
 #pragma unroll
   for (int k = 0; k < VPT; ++k)
-    acc[k] = (k * nt + t < nch) ? (e[k][0] + e[k][1]) + (e[k][2] + e[k][3]) : 0.f;
+    acc[k] = chunk_valid<kFull>(k, t, nt, nch) ? (e[k][0] + e[k][1]) + (e[k][2] + e[k][3]) : 0.f;
 #pragma unroll
   for (int s = 1; s < VPT; s <<= 1)
 #pragma unroll
@@ -632,10 +649,12 @@ __device__ __forceinline__ float thread_tree_sum(const float (&e)[VPT][4], int t
 // so did one fed by bulk copies, 3 rows in flight per CTA (+2..6 us on every seed pass). The
 // pass is bound by instruction issue (ncu: IPC 1.7-2.1, 16 warp-cycles per issued instruction,
 // ~60-80 instructions per element), so what helps is more warps: VPT = 4 (512 threads) is
-// capped at 40 registers for 3 CTAs (48 warps) per SM instead of 2 at 59 (no spills for
-// sm_90a; the sm_80 build spills 16 bytes and was not timed;
-// m22 30.7 -> 27.5 us, m99 33.4 -> 30.8 us as bf16 models).
-template <int VPT>
+// capped at 40 registers for 3 CTAs (48 warps) per SM instead of 2 at 59 (24 bytes of
+// loop-invariant values spill to L1; m22 30.7 -> 27.5 us, m99 33.4 -> 30.8 us as bf16
+// models), and fewer instructions: kFull (no per-chunk bounds) and the exponent shift's
+// fmaxf took m99 `fast`'s pass from 19.8M to 17.7M warp instructions (session 22).
+// Launched programmatically (programmatic_launch.h): it waits before its first load.
+template <int VPT, bool kFull>
 __global__ void __launch_bounds__(VPT >= 8 ? 256 : 512, VPT == 4 ? 3 : 1)
     row_register_kernel(const __grid_constant__ DevProgram P) {
   __shared__ double red_d[64];
@@ -646,6 +665,7 @@ __global__ void __launch_bounds__(VPT >= 8 ? 256 : 512, VPT == 4 ? 3 : 1)
   int w = P.win;
   const int nch = w >> 2;
   float v[VPT][4];
+  wait_for_previous_grid();  // launched programmatically: the row is the previous kernel's
   {
     const float* src = P.in + r * static_cast<int64_t>(P.win);
 #pragma unroll
@@ -658,7 +678,7 @@ __global__ void __launch_bounds__(VPT >= 8 ? 256 : 512, VPT == 4 ? 3 : 1)
       }
     }
   }
-  auto valid = [&](int k) { return k * nt + t < nch; };
+  auto valid = [&](int k) { return chunk_valid<kFull>(k, t, nt, nch); };
 
 #pragma unroll 1
   for (int pc = 0; pc < P.n; ++pc) {
@@ -728,10 +748,14 @@ __global__ void __launch_bounds__(VPT >= 8 ? 256 : 512, VPT == 4 ? 3 : 1)
           res = op == OpCode::Sum ? static_cast<float>(s) : static_cast<float>(s / w);
         } else if (op == OpCode::Max || op == OpCode::Min) {
           res = op == OpCode::Max
-                    ? cta_allreduce2(thread_extremum<VPT, true>(v, t, nt, nch), MaxF(), red_f, par_f)
-                    : cta_allreduce2(thread_extremum<VPT, false>(v, t, nt, nch), MinF(), red_f, par_f);
+                    ? cta_allreduce2(thread_extremum<VPT, kFull>(v, t, nt, nch, -HUGE_VALF, MaxF()),
+                                     MaxF(), red_f, par_f)
+                    : cta_allreduce2(thread_extremum<VPT, kFull>(v, t, nt, nch, HUGE_VALF, MinF()),
+                                     MinF(), red_f, par_f);
         } else {  // LogSumExp
-          const float m = cta_allreduce2(thread_extremum<VPT, true>(v, t, nt, nch), MaxF(), red_f, par_f);
+          const float m = cta_allreduce2(
+              thread_extremum<VPT, kFull>(v, t, nt, nch, -HUGE_VALF, ShiftMaxF()), ShiftMaxF(),
+              red_f, par_f);
           const float sh = lse_shift(m);
           // Every exp added in fp64, as the interpreter does (the row's one output value).
           double s = 0.0;
@@ -748,14 +772,16 @@ __global__ void __launch_bounds__(VPT >= 8 ? 256 : 512, VPT == 4 ? 3 : 1)
         break;
       }
       case kSoftmax: {
-        const float m = cta_allreduce2(thread_extremum<VPT, true>(v, t, nt, nch), MaxF(), red_f, par_f);
+        const float m = cta_allreduce2(
+            thread_extremum<VPT, kFull>(v, t, nt, nch, -HUGE_VALF, ShiftMaxF()), ShiftMaxF(), red_f,
+            par_f);
         double s = 0.0;
         if (op == OpCode::Softmax) {
 #pragma unroll
           for (int k = 0; k < VPT; ++k)
 #pragma unroll
             for (int j = 0; j < 4; ++j) v[k][j] = expf(v[k][j] - m);
-          s = cta_allreduce2(static_cast<double>(thread_tree_sum<VPT>(v, t, nt, nch)), SumD(),
+          s = cta_allreduce2(static_cast<double>(thread_tree_sum<VPT, kFull>(v, t, nt, nch)), SumD(),
                              red_d, par_d);
           const float inv = softmax_scale(s);
 #pragma unroll
@@ -768,7 +794,7 @@ __global__ void __launch_bounds__(VPT >= 8 ? 256 : 512, VPT == 4 ? 3 : 1)
           for (int k = 0; k < VPT; ++k)
 #pragma unroll
             for (int j = 0; j < 4; ++j) e[k][j] = expf(v[k][j] - m);
-          s = cta_allreduce2(static_cast<double>(thread_tree_sum<VPT>(e, t, nt, nch)), SumD(),
+          s = cta_allreduce2(static_cast<double>(thread_tree_sum<VPT, kFull>(e, t, nt, nch)), SumD(),
                              red_d, par_d);
           const float ls = logf(static_cast<float>(s));
 #pragma unroll
@@ -832,6 +858,20 @@ __global__ void __launch_bounds__(VPT >= 8 ? 256 : 512, VPT == 4 ? 3 : 1)
 }
 
 // ---- host side ----------------------------------------------------------------------------
+
+// The register kernel for VPT chunks per thread. The variant without bounds checks (`full`:
+// every thread's chunks hold row values) is built for VPT = 4 only, the rows of 2049-8192
+// columns (the seed models' 8192 among them): each variant of this kernel adds ~1.5 MB of
+// code to the library.
+using RegisterKernel = void (*)(DevProgram);
+RegisterKernel register_kernel(int vpt, bool full) {
+  switch (vpt) {
+    case 1: return row_register_kernel<1, false>;
+    case 2: return row_register_kernel<2, false>;
+    case 4: return full ? row_register_kernel<4, true> : row_register_kernel<4, false>;
+    default: return row_register_kernel<8, false>;
+  }
+}
 
 int64_t eff(int64_t w) { return w > 0 ? w : 1; }
 
@@ -937,9 +977,6 @@ void set_register_wide_threads(int threads) {
 }
 bool register_rows() { return g_register_rows.load(); }
 void set_register_one_value(bool on) { g_register_one_value.store(on); }
-
-namespace {
-}  // namespace
 
 size_t row_smem_limit() {
   int dev = 0;
@@ -1141,14 +1178,8 @@ void launch_row_pass(const Plan& plan, const Step& step, const RunArgs& args, ch
   }
   if (reg) {
     const int nt = register_threads(P.win);
-    const unsigned grid = static_cast<unsigned>(plan.M);
-    switch (rc.reg_vpt) {
-      case 1: row_register_kernel<1><<<grid, nt, 0, stream>>>(P); break;
-      case 2: row_register_kernel<2><<<grid, nt, 0, stream>>>(P); break;
-      case 4: row_register_kernel<4><<<grid, nt, 0, stream>>>(P); break;
-      default: row_register_kernel<8><<<grid, nt, 0, stream>>>(P); break;
-    }
-    GF_LAUNCH_CHECK();
+    launch_programmatic(register_kernel(rc.reg_vpt, P.win / 4 == rc.reg_vpt * nt),
+                        dim3(static_cast<unsigned>(plan.M)), dim3(nt), 0, stream, P);
     return;
   }
 

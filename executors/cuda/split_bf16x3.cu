@@ -10,6 +10,7 @@
 
 #include "cuda_check.h"
 #include "device_info.h"
+#include "programmatic_launch.h"
 #include "split.h"
 
 namespace gemmfuse::cuda {
@@ -20,6 +21,7 @@ namespace {
 __global__ void __launch_bounds__(256)
     split_bf16x3_kernel(const float* __restrict__ src, int64_t rows, int64_t K,
                         __nv_bfloat16* __restrict__ parts, RowMarks marks) {
+  wait_for_previous_grid();  // launched programmatically
   const int64_t plane = rows * K;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const float* row = src + r * K;
@@ -72,6 +74,10 @@ __global__ void __launch_bounds__(kFixupThreads)
   const int lane = threadIdx.x & 31;
   const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
+  // Launched programmatically; the row pass after it may be scheduled at once (it waits for
+  // this grid to complete): a fix-up with nothing marked is over in a few loads.
+  wait_for_previous_grid();
+  let_next_grid_start();
   const int64_t n_cols = w_list[0];  // read early: its latency overlaps the flags'
   for (int64_t base = 0; base < M; base += kFlagChunk) {
     const int64_t first = base + kFlagsPerThread * threadIdx.x;
@@ -106,17 +112,16 @@ void launch_split_bf16x3(const float* src, int64_t rows, int64_t K, __nv_bfloat1
     throw std::logic_error("CUDA bf16x3 split: K must be a multiple of 8 and the buffers 16-byte aligned");
   if (rows <= 0 || K <= 0) return;
   const int64_t grid = std::min<int64_t>(rows, int64_t(sm_count()) * 8);
-  split_bf16x3_kernel<<<static_cast<unsigned>(grid), 256, 0, stream>>>(src, rows, K, parts, marks);
-  GF_LAUNCH_CHECK();
+  launch_programmatic(split_bf16x3_kernel, dim3(static_cast<unsigned>(grid)), dim3(256), 0, stream,
+                      src, rows, K, parts, marks);
 }
 
 void launch_fixup_exceptional(const float* x, const float* w, const float* w_scale,
                               const float* bias, float* y, int64_t M, int64_t N, int64_t K,
                               const int* x_flags, const int* w_list, cudaStream_t stream) {
   if (M <= 0 || N <= 0) return;
-  fixup_kernel<<<static_cast<unsigned>(sm_count()) * 2, kFixupThreads, 0, stream>>>(
-      x, w, w_scale, bias, y, M, N, K, x_flags, w_list);
-  GF_LAUNCH_CHECK();
+  launch_programmatic(fixup_kernel, dim3(static_cast<unsigned>(sm_count()) * 2), dim3(kFixupThreads),
+                      0, stream, x, w, w_scale, bias, y, M, N, K, x_flags, w_list);
 }
 
 }  // namespace gemmfuse::cuda

@@ -10,6 +10,7 @@
 
 #include "cuda_check.h"
 #include "device_info.h"
+#include "programmatic_launch.h"
 #include "split.h"
 
 namespace gemmfuse::cuda {
@@ -22,6 +23,7 @@ __global__ void __launch_bounds__(256)
     split_hilo_kernel(const float* __restrict__ src, const float* __restrict__ scale,
                       int64_t rows, int64_t K, int64_t Kh, bool lo_first, bool vec,
                       __nv_bfloat16* __restrict__ out, RowMarks marks) {
+  wait_for_previous_grid();  // launched programmatically
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const float* row = src + r * K;
     const float s = kScaled ? scale[r] : 1.f;
@@ -70,8 +72,8 @@ void launch_split_hilo(const float* src, const float* scale, int64_t rows, int64
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>(rows, int64_t(sm_count()) * 8));
   auto kernel = whole ? (scale ? split_hilo_kernel<true, true> : split_hilo_kernel<true, false>)
                       : (scale ? split_hilo_kernel<false, true> : split_hilo_kernel<false, false>);
-  kernel<<<grid, 256, 0, stream>>>(src, scale, rows, K, Kh, lo_first, vec, out, marks);
-  GF_LAUNCH_CHECK();
+  launch_programmatic(kernel, dim3(grid), dim3(256), 0, stream, src, scale, rows, K, Kh, lo_first,
+                      vec, out, marks);
 }
 
 }  // namespace gemmfuse::cuda

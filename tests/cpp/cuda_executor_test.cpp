@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -487,10 +488,11 @@ struct RegisterRowsOff {
 };
 
 // Register mode, then the interpreter.
-void check_both_row_kernels(const Problem& p, std::mt19937_64& rng, const CudaOptions& o = {}) {
-  check_problem(p, o, rng);
+void check_both_row_kernels(const Problem& p, std::mt19937_64& rng, const CudaOptions& o = {},
+                            const std::function<void(Case&)>& tweak = nullptr) {
+  check_problem(p, o, rng, tweak);
   RegisterRowsOff off;
-  check_problem(p, o, rng);
+  check_problem(p, o, rng, tweak);
 }
 
 TEST(CudaExecutor, RegisterRowsGroupNorm) {
@@ -545,6 +547,36 @@ TEST(CudaExecutor, RegisterRowsSeedChainsWide) {
     check_both_row_kernels({L + "relu\ngroup_norm groups=" + std::to_string(N / 4) + " eps=1e-05",
                             {4}, {}, "", 0},
                            rng, h);
+  }
+}
+
+// NaN and infinities inside otherwise finite rows, through the row kernels' reductions (the
+// exponent shift of softmax, log_softmax and logsumexp drops NaN, which the sum then carries;
+// max and min propagate it): rows with one NaN, one +inf, one -inf, +inf and NaN, +inf and
+// -inf, all -inf, and finite rows. Widths: 8192 and 4096 fill every thread's chunks, 4100 and
+// 1024 do not.
+TEST(CudaExecutor, RegisterRowsNonFinite) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(gftest::test_seed());
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (int64_t N : {8192, 4096, 4100, 1024}) {
+    const int64_t M = 8;
+    auto poison = [&](Case& c) {
+      std::vector<float>& t = c.operands[0];  // [M, N], added to Y
+      t[0 * N + 17] = nan;
+      t[1 * N + N - 1] = inf;
+      t[2 * N + 3] = -inf;
+      t[3 * N + 5] = inf;
+      t[3 * N + N / 2] = nan;
+      t[4 * N + 0] = inf;
+      t[4 * N + N - 2] = -inf;
+      for (int64_t j = 0; j < N; ++j) t[5 * N + j] = -inf;
+    };
+    for (const char* body : {"softmax", "log_softmax", "logsumexp keepdim=1", "max keepdim=1",
+                             "min keepdim=1", "gelu\nsoftmax"})
+      check_both_row_kernels({linear(30, N) + "add b=t0\n" + body, {M}, {{M, N}}, "", 0}, rng, {},
+                             poison);
   }
 }
 

@@ -1,7 +1,11 @@
 """Where a fused call's GPU time goes: each kernel's mean time per call (torch.profiler's CUDA
 activity), for seed models in one precision mode, next to eager's kernels. The times are the
 kernels' own durations; the span printed beside their sum (first kernel's start to last
-kernel's end, per call) adds the GPU's idle time between them.
+kernel's end, per call) adds the GPU's idle time between them. Kernels launched
+programmatically (PDL) are shown from when their CTAs were scheduled, waiting included, and
+under the profiler the span of such calls reads ~100-150 us longer than back-to-back timing
+with CUDA events finds (session 22: 741.6 against ~640 us for `fast` m99): compare spans only
+between builds that launch alike.
     PYTHONPATH=python python3 scripts/kernel_profile.py --models m84 m99 --modes bf16 fast
 With --compile, torch.compile's kernels too (fp32 and bf16 modes).
 """

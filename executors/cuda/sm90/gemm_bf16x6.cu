@@ -150,7 +150,10 @@ bool launch_bf16x6_gemm(const Bf16x6Problem& p, void* workspace, size_t workspac
     throw std::logic_error("bf16x6 GEMM: CUTLASS cannot implement an accepted shape");
   if (gemm.initialize(args, workspace, stream) != cutlass::Status::kSuccess)
     throw std::runtime_error("bf16x6 GEMM: initialize failed");
-  if (gemm.run(stream) != cutlass::Status::kSuccess)
+  // Programmatic (PDL): the kernel is built with CUTLASS_ENABLE_GDC_FOR_SM90, so its load
+  // warps wait for the x split before reading, and it lets the fix-up be scheduled at its
+  // last tile (programmatic_launch.h). No CTA waits for another, so capture is safe too.
+  if (gemm.run(stream, nullptr, /*launch_with_pdl=*/true) != cutlass::Status::kSuccess)
     throw std::runtime_error("bf16x6 GEMM: launch failed");
   GF_LAUNCH_CHECK();
   return true;

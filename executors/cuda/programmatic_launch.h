@@ -1,5 +1,6 @@
 // Programmatic dependent launch (PDL, sm_90+) for the executor's short kernels that follow
-// another kernel in the stream (the split path's fix-up, the row pass): the kernel's CTAs are
+// another kernel in the stream (the splits, the fix-up, the fused column statistics, the
+// register row pass; CUTLASS's kernels have their own switch for it): the kernel's CTAs are
 // scheduled as the previous kernel's CTAs end, instead of after the whole grid has retired
 // and the next launch has been processed, and wait in hardware for that grid's results.
 //

@@ -860,9 +860,9 @@ __global__ void __launch_bounds__(VPT >= 8 ? 256 : 512, VPT == 4 ? 3 : 1)
 // ---- host side ----------------------------------------------------------------------------
 
 // The register kernel for VPT chunks per thread. The variant without bounds checks (`full`:
-// every thread's chunks hold row values) is built for VPT = 4 only, the rows of 2049-8192
-// columns (the seed models' 8192 among them): each variant of this kernel adds ~1.5 MB of
-// code to the library.
+// every thread's chunks hold row values, i.e. rows of exactly 4096 or 8192 columns, the seed
+// models' width) is built for VPT = 4 only: each variant of this kernel adds ~1.5 MB of code
+// to the library.
 using RegisterKernel = void (*)(DevProgram);
 RegisterKernel register_kernel(int vpt, bool full) {
   switch (vpt) {

@@ -4,8 +4,8 @@
 
 #include "column_stats.h"
 #include "gemm_bf16x6.h"
-#include "split.h"
 #include "row_program.h"
+#include "split.h"
 
 namespace gemmfuse::cuda {
 
@@ -57,7 +57,7 @@ PreparedLayout prepared_layout(const Plan& plan) {
     L.bias_dt = c.take(dsz * N);
   if (gemm && fold && !split) L.w_folded = c.take(dsz * N * K);
   if (split) {
-    L.Kh = split_half(K);
+    L.Kh = split_segment_width(K);
     L.w_split = c.take(sizeof(uint16_t) * N * kFastSplitSegments * L.Kh);
   }
   if (bf16x6) L.w_parts = c.take(sizeof(uint16_t) * 3 * N * K);
@@ -77,7 +77,7 @@ WorkspaceLayout workspace_layout(const Plan& plan) {
   c.at = plan.buffers_bytes();
   const bool split = uses_split(plan), bf16x6 = uses_bf16x6(plan);
   if (split) {
-    const int64_t Kh = split_half(plan.K);
+    const int64_t Kh = split_segment_width(plan.K);
     L.x_split = c.take(sizeof(uint16_t) * plan.M * kFastSplitSegments * Kh);
   }
   if (bf16x6) L.x_parts = c.take(sizeof(uint16_t) * 3 * plan.M * plan.K);

@@ -36,7 +36,7 @@ bool fp32_mode_gemm(const Plan& plan);
 bool uses_bf16x6(const Plan& plan);
 // K rounded up to a multiple of 8 (16-byte rows of bf16): the width of one segment of a
 // `fast` split row (split.h).
-inline int64_t split_half(int64_t K) { return (K + 7) / 8 * 8; }
+inline int64_t split_segment_width(int64_t K) { return (K + 7) / 8 * 8; }
 
 // Prepared memory (see prepare.cu):
 //   scale     fp32 [N]        s[n] = gamma / sqrt(running_var + eps)      (fold_batchnorm)
@@ -44,7 +44,7 @@ inline int64_t split_half(int64_t K) { return (K + 7) / 8 * 8; }
 //                             (fold_batchnorm, or a bf16/fp16 bias)
 //   bias_dt   dtype [N]       folded b' in the model dtype (fold, Gemm writes the 16-bit output)
 //   w_folded  dtype [N, K]    W' = W * s[n]                              (fold, Gemm, no split)
-//   w_split   bf16 [N, 3*Kh]  [W'hi | W'lo | W'hi], Kh = split_half(K)  (fast, fp32 model)
+//   w_split   bf16 [N, 3*Kh]  [W'hi | W'lo | W'hi], Kh = split_segment_width(K)  (fast, fp32 model)
 //   w_parts   bf16 [3, N, K]  W' as three bf16 parts (split.h)           (uses_bf16x6)
 //   w_list    int32 [1 + N]   the rows of W' with an exceptional value   (fast, uses_bf16x6)
 //   wsum      fp32 [K]        column sums of W' over N (fp64 accumulation, rounded once)

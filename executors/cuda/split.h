@@ -1,6 +1,6 @@
 // Split precision for fp32 GEMMs on tensor cores.
 // - `fast`: v = hi + lo with hi = bf16(v), lo = bf16(v - hi). Rows are laid out in segments
-//   Kh = split_half(K) wide (zero padded): [lo | hi | hi] for x and [hi | lo | hi] for W, so
+//   Kh = split_segment_width(K) wide (zero padded): [lo | hi | hi] for x and [hi | lo | hi] for W, so
 //   that one GEMM over K' = 3*Kh sums xlo.Whi + xhi.Wlo first, then xhi.Whi (gemm_cublas.cu).
 // - `fp32` on sm90 (sm90/gemm_bf16x6.h): v = v0 + v1 + v2 in bf16, three planes [rows, K].
 // Both splits list the rows holding an exceptional value (split_exceptional) and zero their

@@ -25,9 +25,10 @@ def _current_plan(module, entry, rt):
     return spec, plan
 
 
-def _describe_with_example(module, entry, rt, spec):
+def _describe_with_example(module, entry, rt, spec, x=None):
+    """The plan for spec at the optimize-time shapes, or for input `x` when given."""
     ts = [example_from_record(module, r) for r in rt.example_sources]
-    x = ts[rt.x_idx]
+    x = ts[rt.x_idx] if x is None else x
     ops = [ts[i].to(x.dtype) for i in rt.op_idx]
     return _lib.describe(spec, x, ts[rt.w_idx], None if rt.b_idx is None else ts[rt.b_idx], ops,
                          [ts[i] for i in rt.st_idx], rt.precision)

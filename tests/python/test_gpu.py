@@ -7,6 +7,7 @@ Skips without a GPU. Precision promises (docs/design.md):
 """
 import copy
 import random
+import time
 
 import pytest
 import torch
@@ -216,6 +217,41 @@ def test_non_default_stream():
     torch.cuda.current_stream().wait_stream(s)
     for o in outs:
         assert_close64(o, ref(x.double()), what="side stream")
+
+
+def _returns_before_the_gpu(call, what):
+    """call() only enqueues work: behind ~0.5 s of GPU sleep on the current stream, it returns
+    long before that ends, and the sleep is still running after it (a host sync anywhere in
+    the call, on any stream, would wait for it)."""
+    torch.cuda.synchronize()
+    torch.cuda._sleep(1 << 30)  # ~0.5 s at ~2 GHz
+    t0 = time.perf_counter()
+    call()
+    took = time.perf_counter() - t0
+    done = torch.cuda.Event()
+    done.record()
+    pending = not done.query()
+    torch.cuda.synchronize()
+    slept = time.perf_counter() - t0
+    assert pending and took < 0.5 * slept, f"{what}: the call took {took:.3f} s of {slept:.3f} s"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("mid", seed_ids())
+def test_forward_has_no_host_sync(mid, dtype):
+    """A forward call (not the first: that one plans and prepares the weights) never waits
+    for the GPU: every seed model, every precision mode (and bf16, m99's fused sm90 kernel),
+    training-mode BatchNorm's running statistics included."""
+    model, inputs = _seed_gpu(mid)
+    modes = ["fp32", "fast", "tf32"] if dtype == torch.float32 else ["fp32"]
+    for precision in modes:
+        m = copy.deepcopy(model).to(dtype)
+        x = inputs[0].to(dtype)
+        opt = gemmfuse.optimize(m, (x,), precision=precision)
+        with torch.no_grad():
+            opt(x)
+            _returns_before_the_gpu(lambda: opt(x), f"{mid} {dtype} {precision}")
+        assert gemmfuse.runtimes(opt)[0].fused_calls == 2
 
 
 BF16_MAX = 3.3895313892515355e38  # bf16's largest finite value; fp32 goes to 3.4028e38

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One call on the GPU machine: GPU tests (GoogleTest, tests/python/test_gpu*.py), sanitizers, benchmark.
+# One call on the GPU machine: GPU tests (GoogleTest, every pytest with its GPU cases), sanitizers, benchmark.
 # Uses the build carried from the dev machine (build/lib, build/tests/cpp) and the GPU
 # machine's own python3 + torch. Each part is switched by an env var; logs go to $OUT.
 #   TESTS=1 SANITIZE=1 BENCH=1 BENCH_ARGS="..." PYTEST_ARGS="..." bash scripts/device-run.sh
@@ -26,7 +26,7 @@ if [ "${TESTS:-0}" = 1 ]; then
   build/tests/cpp/gemmfuse_cuda_tests --gtest_brief=1 > "$OUT/cuda_tests.log" 2>&1
   note "cuda gtests rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/cuda_tests.log" | tr '\n' ' ')"
   tail -30 "$OUT/cuda_tests.log"
-  python3 -m pytest tests/python/test_gpu.py tests/python/test_gpu_large_index.py -q ${PYTEST_ARGS:-} > "$OUT/pytest_gpu.log" 2>&1
+  python3 -m pytest tests/python -q ${PYTEST_ARGS:-} > "$OUT/pytest_gpu.log" 2>&1  # every test; those with a GPU case run it
   note "pytest gpu rc=$? $(tail -1 "$OUT/pytest_gpu.log")"
   tail -40 "$OUT/pytest_gpu.log"
 fi

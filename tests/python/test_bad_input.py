@@ -1,12 +1,17 @@
-"""Bad and unusual inputs: errors and results as PyTorch gives them."""
+"""Bad and unusual inputs: errors and results as PyTorch gives them, on the CPU and (where
+there is one) on the GPU."""
+import copy
+
 import pytest
 import torch
 import torch.nn as nn
 
 import gemmfuse
-from conftest import assert_close64, double_ref, make_seed, needs_lib, seed_ids
+from conftest import assert_close64, double_ref, make_seed, needs_cuda, needs_lib, seed_ids
 
 pytestmark = needs_lib
+
+DEVICES = ["cpu", pytest.param("cuda", marks=needs_cuda)]
 
 
 def _pytorch_error(fn):
@@ -18,8 +23,9 @@ def _pytorch_error(fn):
 
 
 @pytest.mark.parametrize("mid", seed_ids())
-def test_wrong_dtype_raises_like_pytorch(mid):
-    model, inputs = make_seed(mid)
+@pytest.mark.parametrize("device", DEVICES)
+def test_wrong_dtype_raises_like_pytorch(mid, device):
+    model, inputs = make_seed(mid, device=device)
     opt = gemmfuse.optimize(model, inputs)
     x = inputs[0].double()
     expect = _pytorch_error(lambda: model(x))
@@ -29,11 +35,27 @@ def test_wrong_dtype_raises_like_pytorch(mid):
     assert str(got.value) == str(expect)
 
 
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_16bit_model_given_fp32_raises_like_pytorch(dtype):
+    """m99 in bf16/fp16 on the GPU called with fp32 x, and the fp32 model with 16-bit x:
+    PyTorch's error, word for word."""
+    model, inputs = make_seed("m99", device="cuda")
+    for m, x in ((copy.deepcopy(model).to(dtype), inputs[0]), (model, inputs[0].to(dtype))):
+        opt = gemmfuse.optimize(m, (x.to(next(m.parameters()).dtype),))
+        expect = _pytorch_error(lambda: m(x))
+        assert expect is not None
+        with torch.no_grad(), pytest.raises(type(expect)) as got:
+            opt(x)
+        assert str(got.value) == str(expect)
+
+
 @pytest.mark.parametrize("mid", seed_ids())
-def test_wrong_last_dim_raises_like_pytorch(mid):
-    model, inputs = make_seed(mid)
+@pytest.mark.parametrize("device", DEVICES)
+def test_wrong_last_dim_raises_like_pytorch(mid, device):
+    model, inputs = make_seed(mid, device=device)
     opt = gemmfuse.optimize(model, inputs)
-    x = torch.rand(16, 95)
+    x = torch.rand(16, 95, device=device)
     expect = _pytorch_error(lambda: model(x))
     with torch.no_grad(), pytest.raises(type(expect)) as got:
         opt(x)
@@ -49,10 +71,11 @@ def test_wrong_device_clear_error():
 
 
 @pytest.mark.parametrize("mid", seed_ids())
-def test_non_contiguous_input(mid):
-    model, inputs = make_seed(mid)
+@pytest.mark.parametrize("device", DEVICES)
+def test_non_contiguous_input(mid, device):
+    model, inputs = make_seed(mid, device=device)
     opt = gemmfuse.optimize(model, inputs)
-    x = torch.rand(96, 16).t()
+    x = torch.rand(96, 16, device=device).t()
     assert not x.is_contiguous()
     with torch.no_grad():
         assert_close64(opt(x), double_ref(model)(x.double()), what=mid)
@@ -60,10 +83,11 @@ def test_non_contiguous_input(mid):
 
 
 @pytest.mark.parametrize("mid", seed_ids())
-def test_empty_batch(mid):
-    model, inputs = make_seed(mid)
+@pytest.mark.parametrize("device", DEVICES)
+def test_empty_batch(mid, device):
+    model, inputs = make_seed(mid, device=device)
     opt = gemmfuse.optimize(model, inputs)
-    x = torch.rand(0, 96)
+    x = torch.rand(0, 96, device=device)
     expect = _pytorch_error(lambda: model(x))
     with torch.no_grad():
         if expect is not None:
@@ -75,12 +99,13 @@ def test_empty_batch(mid):
 
 
 @pytest.mark.parametrize("mid", seed_ids())
-def test_3d_and_1d_inputs(mid):
-    model, inputs = make_seed(mid)
+@pytest.mark.parametrize("device", DEVICES)
+def test_3d_and_1d_inputs(mid, device):
+    model, inputs = make_seed(mid, device=device)
     opt = gemmfuse.optimize(model, inputs)
     ref = double_ref(model)
     for shape in [(2, 8, 96)] + ([(96,)] if mid in ("m22", "m99", "m18") else []):
-        x = torch.rand(*shape)
+        x = torch.rand(*shape, device=device)
         expect = _pytorch_error(lambda: ref(x.double()))
         with torch.no_grad():
             if expect is not None:
@@ -92,8 +117,9 @@ def test_3d_and_1d_inputs(mid):
 
 @pytest.mark.parametrize("mid", seed_ids())
 @pytest.mark.parametrize("special", ["nan", "inf", "-inf"])
-def test_nan_inf_pass_through(mid, special):
-    model, inputs = make_seed(mid)
+@pytest.mark.parametrize("device", DEVICES)
+def test_nan_inf_pass_through(mid, special, device):
+    model, inputs = make_seed(mid, device=device)
     opt = gemmfuse.optimize(model, inputs)
     x = inputs[0].clone()
     x[3, 5] = float(special)
@@ -126,10 +152,11 @@ def test_m18_gemv_rewrite_keeps_infinities_when_weight_signs_agree(special):
     assert torch.equal(out[torch.isinf(ref)], ref[torch.isinf(ref)])
 
 
-def test_training_batchnorm_one_row_raises_valueerror():
-    model, inputs = make_seed("m84")
+@pytest.mark.parametrize("device", DEVICES)
+def test_training_batchnorm_one_row_raises_valueerror(device):
+    model, inputs = make_seed("m84", device=device)
     opt = gemmfuse.optimize(model, inputs)
-    x = torch.rand(1, 96)
+    x = torch.rand(1, 96, device=device)
     expect = _pytorch_error(lambda: model(x))
     assert isinstance(expect, ValueError)
     with torch.no_grad(), pytest.raises(ValueError, match="Expected more than 1 value per channel when training"):

@@ -63,6 +63,21 @@ def double_ref(model):
     return copy.deepcopy(model).double()
 
 
+def rel(out, ref):
+    """Relative error ||out - ref|| / ||ref||, in float64."""
+    out, ref = out.double(), ref.double()
+    return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def is_sm90():
+    """The GPU is an H100/H200 (where fp32 mode's GEMM can take the bf16x6 kernel)."""
+    return torch.cuda.get_device_capability() == (9, 0)
+
+
+# What explain (the plan) says when fp32 mode's GEMM runs on the sm90 bf16x6 kernel.
+BF16X6_TEXT = "runs on bf16 tensor cores"
+
+
 def assert_close64(out, ref, atol=1e-4, rtol=1e-4, what=""):
     """out (any float dtype) against a float64 reference; NaN positions must match."""
     out64 = out.detach().double().cpu()

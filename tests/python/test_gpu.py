@@ -14,14 +14,13 @@ import torch
 import torch.nn as nn
 
 import gemmfuse
-from conftest import HAVE_CUDA, assert_close64, make_seed, needs_lib, seed_ids
+from conftest import BF16X6_TEXT, HAVE_CUDA, assert_close64, is_sm90, make_seed, needs_lib, rel, seed_ids
 
 pytestmark = [needs_lib, pytest.mark.skipif(not HAVE_CUDA, reason="no CUDA device")]
 
 # A shape at which fp32 mode's GEMM takes the sm90 bf16x6 kernel (its cost rule leaves smaller
 # GEMMs, such as 256 x 1024 x 1024, on SGEMM): the tests below cover that path on an H100.
 B, K, N = 512, 1024, 4096
-BF16X6_TEXT = "runs on bf16 tensor cores"
 
 # The fp32 promise (error no worse than 1.25x eager's) is statistical; with one output element
 # (M=1 on m18/m22) either side can be off by an ulp or two, so allow 4 ulps of slack.
@@ -39,11 +38,6 @@ def _no_tf32():
     torch.backends.cudnn.allow_tf32 = False
     yield
     torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
-
-
-def rel(out, ref):
-    out, ref = out.double(), ref.double()
-    return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
 def _seed_gpu(mid, batch=B, k=K, n=N):
@@ -78,7 +72,7 @@ def test_seed_models_cuda(mid, precision):
             assert r <= 2 * rel(e_tf32, ref) + 1e-6, (mid, r)
     rt = gemmfuse.runtimes(opt)[0]
     assert rt.fused_calls == 1 and rt.fallbacks == {}, rt.fallbacks
-    if precision == "fp32" and mid != "m18" and _is_sm90():  # m18 is a GEMV
+    if precision == "fp32" and mid != "m18" and is_sm90():  # m18 is a GEMV
         assert BF16X6_TEXT in gemmfuse.explain(opt, print_it=False)
     if mid == "m84":
         # The running stats come from the batch statistics of this mode's GEMM: TF32's
@@ -309,7 +303,7 @@ def test_values_the_splits_cannot_carry(precision, M, fold):
     if precision == "fast":
         text = gemmfuse.explain(opt, print_it=False)
         assert ("recomputed in fp32" if M == 512 else "GFLOP: the split's launches") in text, text
-    if precision == "fp32" and M == 512 and _is_sm90():
+    if precision == "fp32" and M == 512 and is_sm90():
         assert BF16X6_TEXT in gemmfuse.explain(opt, print_it=False)
     assert torch.equal(torch.isnan(out), torch.isnan(eager)), (precision, torch.isnan(out).sum())
     assert torch.equal(torch.isinf(out), torch.isinf(eager)), (precision, torch.isinf(out).sum())
@@ -318,10 +312,6 @@ def test_values_the_splits_cannot_carry(precision, M, fold):
     assert finite.sum() > M * 4096 // 2
     if precision != "tf32":  # TF32 is as loose as PyTorch's own
         assert_close64(out[finite], ref[finite], what=f"{precision} M={M} fold={fold}")
-
-
-def _is_sm90():
-    return torch.cuda.get_device_capability() == (9, 0)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -336,7 +326,7 @@ def test_fused_gemm_softmax_kernel(M, K, N, dtype):
     x = torch.rand(M, K, device="cuda")
     opt = gemmfuse.optimize(copy.deepcopy(model), (x.to(dtype),))
     text = gemmfuse.explain(opt, print_it=False)
-    if not _is_sm90():
+    if not is_sm90():
         assert "fused sm90 GEMM + softmax kernel is not used" in text, text
     else:
         assert "run as one sm90 kernel" in text, text

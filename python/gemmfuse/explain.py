@@ -2,11 +2,14 @@
 
 For an optimized module: every chain with the PyTorch nodes it replaced, its spec (at the
 module's current training flags), the C++ plan (``describe``: rewrites and steps), why the
-chain ends where it does, and every fallback to PyTorch with its reason and count. For a
+chain ends where it does, every fallback to PyTorch with its reason and count, and the input
+shapes the chain ran fused with, with the plan at each (kernels are chosen by shape). For a
 plain module, it is optimized first with ``example_inputs``.
 """
 from __future__ import annotations
 
+
+import torch
 
 from . import _lib, direct
 from .module import example_from_record, optimize
@@ -27,11 +30,42 @@ def _current_plan(module, entry, rt):
 
 def _describe_with_example(module, entry, rt, spec, x=None):
     """The plan for spec at the optimize-time shapes, or for input `x` when given."""
-    ts = [example_from_record(module, r) for r in rt.example_sources]
+    ts = [None if x is not None and i == rt.x_idx else example_from_record(module, r)
+          for i, r in enumerate(rt.example_sources)]
     x = ts[rt.x_idx] if x is None else x
     ops = [ts[i].to(x.dtype) for i in rt.op_idx]
     return _lib.describe(spec, x, ts[rt.w_idx], None if rt.b_idx is None else ts[rt.b_idx], ops,
                          [ts[i] for i in rt.st_idx], rt.precision)
+
+
+def _plans_by_input(module, entry, rt, shown_spec) -> list:
+    """One line (and the plan, where it differs from the one printed above) per input
+    signature the chain ran fused with: the planner picks kernels by shape, and explain's
+    main plan is at the optimize-time shape."""
+    if not rt.seen:
+        return []
+    kind, info = rt.example_sources[rt.x_idx]
+    example = (tuple(info.shape), info.dtype, info.device) if kind == "info" and info else None
+    lines = ["  fused calls by input (latest last):"]
+    for shape, dtype, device, flags in rt.seen:
+        head = f"    x {list(shape)} {dtype} on {device}"
+        if rt.mode_names:
+            head += " (training: " + ", ".join(
+                f"{q}={f}" for q, f in zip(rt.mode_names, flags)) + ")"
+        spec = rt.specs[flags]
+        if (shape, dtype, device) == example and spec == shown_spec:
+            lines.append(head + ": the plan above")
+            continue
+        # A stand-in with x's metadata and one element of storage: the planner reads only
+        # shapes, dtype and device.
+        x = torch.empty((), dtype=dtype, device=device).expand(shape)
+        try:
+            plan = _describe_with_example(module, entry, rt, spec, x=x)
+        except (RuntimeError, ValueError, TypeError, AttributeError) as e:
+            plan = f"(no plan: {_lib.unsupported_reason(e)})"
+        lines.append(head + ", plan:")
+        lines.append(_indent(plan, " " * 6))
+    return lines
 
 
 def _indent(text: str, pad: str = "    ") -> str:
@@ -69,6 +103,7 @@ def explain_text(module) -> str:
             out.append(_indent(plan))
         if rt is not None:
             out.append(f"  runtime: {rt.fused_calls} fused call(s)")
+            out.extend(_plans_by_input(module, e, rt, spec))
             if rt.fallbacks:
                 out.append("  fallbacks to PyTorch:")
                 for reason, count in rt.fallbacks.items():
@@ -88,6 +123,10 @@ def explain_text(module) -> str:
 def explain(module, example_inputs=None, precision: str = "fp32", print_it: bool = True) -> str:
     """Explain an optimized module (or optimize ``module`` with ``example_inputs`` first).
     Returns the text; prints it too (with rich, when installed) unless ``print_it=False``."""
+    if getattr(module, "_gemmfuse", None) is not None and example_inputs is not None:
+        raise ValueError("gemmfuse.explain: the module is already optimized, so example_inputs "
+                         "would go unused; call it on your inputs, and explain lists the plan "
+                         "at each input shape it ran with")
     if getattr(module, "_gemmfuse", None) is None:
         if example_inputs is None:
             raise ValueError("gemmfuse.explain: a plain module needs example_inputs to optimize it")

@@ -63,6 +63,10 @@ class ChainRuntime:
         self.fused_calls = 0
         self.fallbacks: dict = {}         # reason -> count
         self.refused: dict = {}           # (shape, dtype, device, flags) -> planner's reason
+        # The input signatures of fused calls, latest last (explain prints the plan at each;
+        # plans change with the shape). Recorded off the fast path: a new signature takes the
+        # checked call.
+        self.seen: dict = {}              # (shape, dtype, device, flags) -> None
         self._warned = False
         self._fast = None                 # (shape, dtype, device, flags, spec) of the last fused call
         # The C++ binding behind the OpOverload (its __call__ only forwards to it): one Python
@@ -75,6 +79,14 @@ class ChainRuntime:
 
     def spec(self, flags: tuple) -> str:
         return self.specs[flags]
+
+    SEEN_MAX = 8  # input signatures kept for explain
+
+    def _saw(self, key: tuple):
+        self.seen.pop(key, None)
+        self.seen[key] = None
+        if len(self.seen) > self.SEEN_MAX:
+            del self.seen[next(iter(self.seen))]
 
     def _record(self, reason: str):
         self.fallbacks[reason] = self.fallbacks.get(reason, 0) + 1
@@ -192,6 +204,7 @@ class ChainRuntime:
                 raise ValueError(str(e).splitlines()[0]) from None
             raise
         self.fused_calls += 1
+        self._saw(key)
         if (all(o is inputs[i] for o, i in zip(ops, self.op_idx))
                 and all(t is inputs[i] for t, i in zip(state, self.st_idx))):
             self._fast = (x.shape, x.dtype, x.device, flags, spec)

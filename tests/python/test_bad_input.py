@@ -189,6 +189,15 @@ def test_explain_plain_module_needs_inputs():
         gemmfuse.optimize(gemmfuse.optimize(model, inputs), inputs)
 
 
+def test_explain_optimized_module_refuses_example_inputs():
+    """They would go unused (the module is optimized for its own example); explain says so
+    rather than describing another shape than the one asked about."""
+    model, inputs = make_seed("m99")
+    opt = gemmfuse.optimize(model, inputs)
+    with pytest.raises(ValueError, match="already optimized.*plan at each input shape"):
+        gemmfuse.explain(opt, inputs)
+
+
 def test_untraceable_model_clear_error():
     class M(nn.Module):
         def __init__(self):

@@ -8,6 +8,7 @@ written at a wrapped-around index, shows. The cases need ~40 GB of free device m
 skip where there is less (and everywhere without a GPU).
 """
 import copy
+from itertools import takewhile
 
 import pytest
 import torch
@@ -67,14 +68,16 @@ def _reference_model(mid, model, x):
 
 def _check_ran_fused(opt, x, precision):
     """The call ran on gemmfuse's kernels (no fallback to PyTorch, which would pass vacuously),
-    and its plan at x's shape (explain's is at the optimize-time shape) is printed to the log;
-    fp32 mode on an H100 takes the bf16x6 GEMM there, `fast` its split products."""
-    from gemmfuse.explain import _describe_with_example
+    and its plan at x's shape, as explain lists it, is printed to the log; fp32 mode on an
+    H100 takes the bf16x6 GEMM there, `fast` its split products."""
     rt = gemmfuse.runtimes(opt)[0]
     assert rt.fused_calls >= 1 and rt.fallbacks == {}, rt.fallbacks
-    entry = opt._gemmfuse.entries[0]
-    flags = tuple(bool(opt.get_submodule(q).training) for q in rt.mode_names)
-    plan = _describe_with_example(opt, entry, rt, rt.specs[flags], x=x)
+    text = gemmfuse.explain(opt, print_it=False)
+    head = f"    x {list(x.shape)} {x.dtype} on {x.device}"
+    lines = text.splitlines()
+    at = [i for i, line in enumerate(lines) if line.startswith(head)]
+    assert len(at) == 1 and lines[at[0]].endswith("plan:"), text
+    plan = "\n".join(takewhile(lambda line: line.startswith(" " * 6), lines[at[0] + 1:]))
     print(f"plan at {tuple(x.shape)}:\n{plan}")
     if precision == "fp32" and is_sm90():
         assert BF16X6_TEXT in plan, plan

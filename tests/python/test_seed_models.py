@@ -106,6 +106,57 @@ def test_explain_m22_times_four():
     assert "x*4" in text.replace(" ", "") or "mul b=4" in text, text
 
 
+def _explain_lines_after(text, head):
+    """The line of `text` starting with `head` and the deeper-indented lines under it."""
+    lines = text.splitlines()
+    at = [i for i, line in enumerate(lines) if line.startswith(head)]
+    assert len(at) == 1, f"{head!r} in:\n{text}"
+    depth = len(head) - len(head.lstrip())
+    block = [lines[at[0]]]
+    for line in lines[at[0] + 1:]:
+        if len(line) - len(line.lstrip()) <= depth:
+            break
+        block.append(line)
+    return block
+
+
+def test_explain_gives_the_plan_at_each_input_shape():
+    """Plans depend on the call's shape (and on BatchNorm's mode): explain lists each input
+    signature the chain ran fused with, latest last, with the plan at it, and no more than
+    ChainRuntime.SEEN_MAX of them."""
+    model, inputs = make_seed("m84")
+    opt = gemmfuse.optimize(model, inputs)
+    assert "fused calls by input" not in gemmfuse.explain(opt, print_it=False)
+    rows = inputs[0].shape[0]
+    k = inputs[0].shape[1]
+    with torch.no_grad():
+        opt(*inputs)
+        opt(torch.rand(rows + 5, k))
+        opt.eval()
+        opt(torch.rand(rows + 5, k))
+        opt.train()
+    text = gemmfuse.explain(opt, print_it=False)
+    head = "    x [{}, {}] torch.float32 on cpu (training: bn={})"
+    same = _explain_lines_after(text, head.format(rows, k, True))
+    assert same == [head.format(rows, k, True) + ": the plan above"], same
+    wider = "\n".join(_explain_lines_after(text, head.format(rows + 5, k, True)))
+    assert f"[{rows + 5}x{k}]" in wider and f"over {rows + 5} rows" in wider, wider
+    folded = "\n".join(_explain_lines_after(text, head.format(rows + 5, k, False)))
+    assert "BN folded" in folded and "ColumnStats" not in folded, folded
+    order = [text.index(head.format(r, k, t)) for r, t in
+             ((rows, True), (rows + 5, True), (rows + 5, False))]
+    assert order == sorted(order), text
+
+    limit = gemmfuse.runtimes(opt)[0].SEEN_MAX
+    with torch.no_grad():
+        for extra in range(1, limit + 2):
+            opt(torch.rand(rows + 10 + extra, k))
+    text = gemmfuse.explain(opt, print_it=False)
+    listed = [line for line in text.splitlines() if line.startswith("    x [")]
+    assert len(listed) == limit, listed
+    assert listed[-1].startswith(head.format(rows + 11 + limit, k, True)), listed
+
+
 @pytest.mark.parametrize("mid", seed_ids())
 def test_explain_lists_nodes_and_spec(mid):
     model, inputs = make_seed(mid)

@@ -64,7 +64,9 @@ def _plans_by_input(module, entry, rt, shown_spec) -> list:
         except (RuntimeError, ValueError, TypeError, AttributeError) as e:
             plan = f"(no plan: {_lib.unsupported_reason(e)})"
         lines.append(head + ", plan:")
-        lines.append(_indent(plan, " " * 6))
+        # No blank lines inside one entry of the list (the CUDA plan has one before its
+        # kernels): each entry reads as one indented block.
+        lines.append(_indent("\n".join(line for line in plan.splitlines() if line.strip()), " " * 6))
     return lines
 
 

@@ -9,6 +9,8 @@
 // epilogue with erf costs there.
 //   Built by CMake with -DGEMMFUSE_BUILD_PROBES=ON (target cutlass_gemm_probe).
 //   Run: cutlass_gemm_probe [M N K]   (default 1024 8192 8192)
+//   GEMMFUSE_PROBE_ROUNDS=<n>: then every variant is also timed in n rounds as `gemmfuse bench`
+//   times a model's variants (20 ms of warm-up, 20 calls timed one by one, order alternated).
 //   GEMMFUSE_PROBE_ENERGY_S=<s>: then each variant also runs back to back for s seconds (after
 //   1 s of its own), twice in opposite orders, with the GPU's energy per call from NVML. At
 //   the power cap a kernel's sustained time follows its energy (bench/NOTES.md, session 20).
@@ -446,11 +448,57 @@ int main(int argc, char** argv) {
   std::printf("\nM=%d N=%d K=%d bf16 in/out, fp32 accumulation; median of %d batches of %d calls, "
               "%d input sets\n", M, N, K, kReps, kBatch, kSets);
   const double base = [&] { auto t = ms[0]; std::sort(t.begin(), t.end()); return t[t.size() / 2]; }();
+  std::vector<double> burst_ms(vs.size());
   for (size_t v = 0; v < vs.size(); ++v) {
     std::sort(ms[v].begin(), ms[v].end());
-    const double med = ms[v][ms[v].size() / 2];
+    const double med = burst_ms[v] = ms[v][ms[v].size() / 2];
     std::printf("%-48s %8.1f us  %6.1f TFLOP/s  %.3fx cuBLAS time\n", vs[v].name.c_str(), med * 1e3,
                 flops / (med * 1e-3) / 1e12, med / base);
+  }
+
+  // Rounds as `gemmfuse bench` times them (GEMMFUSE_PROBE_ROUNDS=<n>): per variant and round,
+  // at least 20 ms of untimed calls, then 20 calls each between its own two events; the
+  // variants in turn, reversed in odd rounds. The chip's power state then sits between the
+  // bursts above (5 calls, below the power cap) and the sustained windows below (at it).
+  if (const char* rounds_env = std::getenv("GEMMFUSE_PROBE_ROUNDS")) {
+    const int rounds = std::max(1, std::atoi(rounds_env));
+    constexpr int kTimed = 20;
+    constexpr double kWarmMs = 20;
+    std::vector<cudaEvent_t> ev(2 * kTimed);
+    for (auto& e : ev) CHECK_CUDA(cudaEventCreate(&e));
+    std::vector<std::vector<float>> all(vs.size());
+    std::vector<std::vector<double>> round_med(vs.size());
+    for (int r = 0; r < rounds; ++r) {
+      for (size_t i = 0; i < vs.size(); ++i) {
+        const size_t v = r % 2 ? vs.size() - 1 - i : i;
+        const int warm = std::max(3, static_cast<int>(std::ceil(kWarmMs / burst_ms[v])));
+        for (int j = 0; j < warm; ++j) vs[v].call(j % kSets);
+        CHECK_CUDA(cudaDeviceSynchronize());
+        for (int j = 0; j < kTimed; ++j) {
+          cudaEventRecord(ev[2 * j]);
+          vs[v].call(j % kSets);
+          cudaEventRecord(ev[2 * j + 1]);
+        }
+        CHECK_CUDA(cudaDeviceSynchronize());
+        std::vector<float> t(kTimed);
+        for (int j = 0; j < kTimed; ++j) cudaEventElapsedTime(&t[j], ev[2 * j], ev[2 * j + 1]);
+        all[v].insert(all[v].end(), t.begin(), t.end());
+        std::sort(t.begin(), t.end());
+        round_med[v].push_back(t[kTimed / 2]);
+      }
+    }
+    auto median = [](std::vector<float> t) { std::sort(t.begin(), t.end()); return t[t.size() / 2]; };
+    const double rbase = median(all[0]);
+    std::printf("\nbench-like rounds: %d, each variant >= %.0f ms of untimed calls then %d calls timed "
+                "one by one, order reversed in odd rounds; median over all timed calls\n", rounds,
+                kWarmMs, kTimed);
+    for (size_t v = 0; v < vs.size(); ++v) {
+      const double med = median(all[v]);
+      std::printf("%-48s %8.1f us  %.3fx cuBLAS time  rounds:", vs[v].name.c_str(), med * 1e3, med / rbase);
+      for (double x : round_med[v]) std::printf(" %.1f", x * 1e3);
+      std::printf("\n");
+    }
+    for (auto& e : ev) cudaEventDestroy(e);
   }
 
   // Sustained load: each variant alone for `seconds`, calls queued at most kBatch deep.

@@ -447,11 +447,11 @@ int main(int argc, char** argv) {
   }
   std::printf("\nM=%d N=%d K=%d bf16 in/out, fp32 accumulation; median of %d batches of %d calls, "
               "%d input sets\n", M, N, K, kReps, kBatch, kSets);
-  const double base = [&] { auto t = ms[0]; std::sort(t.begin(), t.end()); return t[t.size() / 2]; }();
+  auto median = [](std::vector<float> t) { std::sort(t.begin(), t.end()); return t[t.size() / 2]; };
+  const double base = median(ms[0]);
   std::vector<double> burst_ms(vs.size());
   for (size_t v = 0; v < vs.size(); ++v) {
-    std::sort(ms[v].begin(), ms[v].end());
-    const double med = burst_ms[v] = ms[v][ms[v].size() / 2];
+    const double med = burst_ms[v] = median(ms[v]);
     std::printf("%-48s %8.1f us  %6.1f TFLOP/s  %.3fx cuBLAS time\n", vs[v].name.c_str(), med * 1e3,
                 flops / (med * 1e-3) / 1e12, med / base);
   }
@@ -483,11 +483,9 @@ int main(int argc, char** argv) {
         std::vector<float> t(kTimed);
         for (int j = 0; j < kTimed; ++j) cudaEventElapsedTime(&t[j], ev[2 * j], ev[2 * j + 1]);
         all[v].insert(all[v].end(), t.begin(), t.end());
-        std::sort(t.begin(), t.end());
-        round_med[v].push_back(t[kTimed / 2]);
+        round_med[v].push_back(median(t));
       }
     }
-    auto median = [](std::vector<float> t) { std::sort(t.begin(), t.end()); return t[t.size() / 2]; };
     const double rbase = median(all[0]);
     std::printf("\nbench-like rounds: %d, each variant >= %.0f ms of untimed calls then %d calls timed "
                 "one by one, order reversed in odd rounds; median over all timed calls\n", rounds,

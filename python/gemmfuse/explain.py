@@ -22,13 +22,13 @@ def _current_plan(module, entry, rt):
     if spec == entry.spec:
         return spec, entry.plan
     try:
-        plan = "(plan at the current training flags)\n" + _describe_with_example(module, entry, rt, spec)
+        plan = "(plan at the current training flags)\n" + _describe_with_example(module, rt, spec)
     except (RuntimeError, ValueError, TypeError, AttributeError) as e:
         plan = f"(no plan at the current training flags: {_lib.unsupported_reason(e)})"
     return spec, plan
 
 
-def _describe_with_example(module, entry, rt, spec, x=None):
+def _describe_with_example(module, rt, spec, x=None):
     """The plan for spec at the optimize-time shapes, or for input `x` when given."""
     ts = [None if x is not None and i == rt.x_idx else example_from_record(module, r)
           for i, r in enumerate(rt.example_sources)]
@@ -38,7 +38,7 @@ def _describe_with_example(module, entry, rt, spec, x=None):
                          [ts[i] for i in rt.st_idx], rt.precision)
 
 
-def _plans_by_input(module, entry, rt, shown_spec) -> list:
+def _plans_by_input(module, rt, shown_spec) -> list:
     """One line (and the plan, where it differs from the one printed above) per input
     signature the chain ran fused with: the planner picks kernels by shape, and explain's
     main plan is at the optimize-time shape."""
@@ -60,7 +60,7 @@ def _plans_by_input(module, entry, rt, shown_spec) -> list:
         # shapes, dtype and device.
         x = torch.empty((), dtype=dtype, device=device).expand(shape)
         try:
-            plan = _describe_with_example(module, entry, rt, spec, x=x)
+            plan = _describe_with_example(module, rt, spec, x=x)
         except (RuntimeError, ValueError, TypeError, AttributeError) as e:
             plan = f"(no plan: {_lib.unsupported_reason(e)})"
         lines.append(head + ", plan:")
@@ -105,7 +105,7 @@ def explain_text(module) -> str:
             out.append(_indent(plan))
         if rt is not None:
             out.append(f"  runtime: {rt.fused_calls} fused call(s)")
-            out.extend(_plans_by_input(module, e, rt, spec))
+            out.extend(_plans_by_input(module, rt, spec))
             if rt.fallbacks:
                 out.append("  fallbacks to PyTorch:")
                 for reason, count in rt.fallbacks.items():
@@ -125,11 +125,12 @@ def explain_text(module) -> str:
 def explain(module, example_inputs=None, precision: str = "fp32", print_it: bool = True) -> str:
     """Explain an optimized module (or optimize ``module`` with ``example_inputs`` first).
     Returns the text; prints it too (with rich, when installed) unless ``print_it=False``."""
-    if getattr(module, "_gemmfuse", None) is not None and example_inputs is not None:
+    optimized = getattr(module, "_gemmfuse", None) is not None
+    if optimized and example_inputs is not None:
         raise ValueError("gemmfuse.explain: the module is already optimized, so example_inputs "
                          "would go unused; call it on your inputs, and explain lists the plan "
                          "at each input shape it ran with")
-    if getattr(module, "_gemmfuse", None) is None:
+    if not optimized:
         if example_inputs is None:
             raise ValueError("gemmfuse.explain: a plain module needs example_inputs to optimize it")
         module = optimize(module, example_inputs, precision=precision)

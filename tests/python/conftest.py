@@ -78,6 +78,21 @@ def is_sm90():
 BF16X6_TEXT = "runs on bf16 tensor cores"
 
 
+def explain_block(text, head):
+    """The one line of explain's `text` starting with `head`, and the deeper-indented lines
+    under it (e.g. an input shape's entry and its plan)."""
+    lines = text.splitlines()
+    at = [i for i, line in enumerate(lines) if line.startswith(head)]
+    assert len(at) == 1, f"{head!r} in:\n{text}"
+    depth = len(head) - len(head.lstrip())
+    block = [lines[at[0]]]
+    for line in lines[at[0] + 1:]:
+        if len(line) - len(line.lstrip()) <= depth:
+            break
+        block.append(line)
+    return block
+
+
 def assert_close64(out, ref, atol=1e-4, rtol=1e-4, what=""):
     """out (any float dtype) against a float64 reference; NaN positions must match."""
     out64 = out.detach().double().cpu()

@@ -8,13 +8,12 @@ written at a wrapped-around index, shows. The cases need ~40 GB of free device m
 skip where there is less (and everywhere without a GPU).
 """
 import copy
-from itertools import takewhile
 
 import pytest
 import torch
 
 import gemmfuse
-from conftest import BF16X6_TEXT, HAVE_CUDA, is_sm90, make_seed, needs_lib, rel
+from conftest import BF16X6_TEXT, HAVE_CUDA, explain_block, is_sm90, make_seed, needs_lib, rel
 
 pytestmark = [needs_lib, pytest.mark.skipif(not HAVE_CUDA, reason="no CUDA device")]
 
@@ -73,11 +72,9 @@ def _check_ran_fused(opt, x, precision):
     rt = gemmfuse.runtimes(opt)[0]
     assert rt.fused_calls >= 1 and rt.fallbacks == {}, rt.fallbacks
     text = gemmfuse.explain(opt, print_it=False)
-    head = f"    x {list(x.shape)} {x.dtype} on {x.device}"
-    lines = text.splitlines()
-    at = [i for i, line in enumerate(lines) if line.startswith(head)]
-    assert len(at) == 1 and lines[at[0]].endswith("plan:"), text
-    plan = "\n".join(takewhile(lambda line: line.startswith(" " * 6), lines[at[0] + 1:]))
+    block = explain_block(text, f"    x {list(x.shape)} {x.dtype} on {x.device}")
+    assert block[0].endswith("plan:"), text
+    plan = "\n".join(block[1:])
     print(f"plan at {tuple(x.shape)}:\n{plan}")
     if precision == "fp32" and is_sm90():
         assert BF16X6_TEXT in plan, plan

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import gemmfuse
-from conftest import assert_close64, double_ref, make_seed, needs_lib, seed_ids
+from conftest import assert_close64, double_ref, explain_block, make_seed, needs_lib, seed_ids
 
 pytestmark = needs_lib
 PRECISIONS = ["fp32", "fast", "tf32"]
@@ -106,20 +106,6 @@ def test_explain_m22_times_four():
     assert "x*4" in text.replace(" ", "") or "mul b=4" in text, text
 
 
-def _explain_lines_after(text, head):
-    """The line of `text` starting with `head` and the deeper-indented lines under it."""
-    lines = text.splitlines()
-    at = [i for i, line in enumerate(lines) if line.startswith(head)]
-    assert len(at) == 1, f"{head!r} in:\n{text}"
-    depth = len(head) - len(head.lstrip())
-    block = [lines[at[0]]]
-    for line in lines[at[0] + 1:]:
-        if len(line) - len(line.lstrip()) <= depth:
-            break
-        block.append(line)
-    return block
-
-
 def test_explain_gives_the_plan_at_each_input_shape():
     """Plans depend on the call's shape (and on BatchNorm's mode): explain lists each input
     signature the chain ran fused with, latest last, with the plan at it, and no more than
@@ -137,11 +123,11 @@ def test_explain_gives_the_plan_at_each_input_shape():
         opt.train()
     text = gemmfuse.explain(opt, print_it=False)
     head = "    x [{}, {}] torch.float32 on cpu (training: bn={})"
-    same = _explain_lines_after(text, head.format(rows, k, True))
+    same = explain_block(text, head.format(rows, k, True))
     assert same == [head.format(rows, k, True) + ": the plan above"], same
-    wider = "\n".join(_explain_lines_after(text, head.format(rows + 5, k, True)))
+    wider = "\n".join(explain_block(text, head.format(rows + 5, k, True)))
     assert f"[{rows + 5}x{k}]" in wider and f"over {rows + 5} rows" in wider, wider
-    folded = "\n".join(_explain_lines_after(text, head.format(rows + 5, k, False)))
+    folded = "\n".join(explain_block(text, head.format(rows + 5, k, False)))
     assert "BN folded" in folded and "ColumnStats" not in folded, folded
     order = [text.index(head.format(r, k, t)) for r, t in
              ((rows, True), (rows + 5, True), (rows + 5, False))]

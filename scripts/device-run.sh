@@ -65,8 +65,9 @@ if [ "${AB:-0}" = 1 ]; then  # same-call A/B: rounds over the libraries, alterna
         ${AB_ARGS:---models m99 --modes tf32 --no-compile} 2>&1 | grep "│ m" | sed "s/^/${nl%%=*} $r /" >> "$OUT/ab.log"
       # the medians to the microsecond (the table rounds to 1 us)
       python3 -c 'import json,sys; d=json.load(open(sys.argv[1]))
-for x in d["records"]: print(sys.argv[2], x["model"], x["mode"], x["dtype"], "%.2f us" % (1e3 * x["ms"]),
-  "(1-call %.2f us; rounds %s)" % (1e3 * x.get("ms_latency", float("nan")), " ".join("%.1f" % (1e3 * r) for r in x.get("ms_rounds", []))))' \
+for x in d["records"]: g = x.get("gpu_state") or {}; print(sys.argv[2], x["model"], x["mode"], x["dtype"], "%.2f us" % (1e3 * x["ms"]),
+  "(1-call %.2f us; rounds %s; SM %s MHz, %s W)" % (1e3 * x.get("ms_latency", float("nan")), " ".join("%.1f" % (1e3 * r) for r in x.get("ms_rounds", [])),
+  g.get("sm_mhz"), g.get("power_w")))' \
         "/tmp/ab-${nl%%=*}-$r.json" "${nl%%=*} $r" >> "$OUT/ab_us.log"
     done
   done

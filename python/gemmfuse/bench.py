@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from .gpu_monitor import GpuMonitor, summarize as summarize_gpu_state
 from .models import MODELS, M99
 
 # H100 SXM ceilings (seed-models.md, /work/shared): cuBLAS bf16 GEMM rate, device copy bandwidth
@@ -105,9 +106,10 @@ class CallTimer:
     inputs still rotated). For longer calls the two agree and `ms` is the per-call median over
     every round."""
 
-    def __init__(self, fn, sets, dev, tick=lambda: None):
+    def __init__(self, fn, sets, dev, tick=lambda: None, monitor=None):
         self.fn, self.sets, self.dev, self.tick = fn, sets, dev, tick
         self.latency, self.batched, self.per, self.round_ms = [], [], None, []
+        self.monitor, self.windows = monitor, []  # GPU state samples: (t0, t1) per round
 
     def _timed(self, per, repeats):
         fn, sets = self.fn, self.sets
@@ -150,6 +152,7 @@ class CallTimer:
         # host stall that a short call would show as its own time).
         gc_on = gc.isenabled()
         gc.disable()
+        t0 = time.time()
         try:
             latency = self._timed(1, repeats)
             if self.per is None:
@@ -159,6 +162,7 @@ class CallTimer:
         finally:
             if gc_on:
                 gc.enable()
+        self.windows.append((t0, time.time()))
         for _ in range(repeats):
             self.tick()
         self.latency += latency
@@ -179,6 +183,10 @@ class CallTimer:
                                                   f"(CUDA events around each batch)" + where))
         if rounds > 1:
             out["ms_rounds"] = self.round_ms
+        if self.monitor is not None:
+            state = summarize_gpu_state([self.monitor.window(a, b) for a, b in self.windows])
+            if state is not None:
+                out["gpu_state"] = state
         return out
 
 
@@ -373,7 +381,7 @@ def _git_commit():
 
 
 # ------------------------------------------------------------------------------ measurement
-def _build(variant, model, sets, dtype, ref, ref_state, dev, tick):
+def _build(variant, model, sets, dtype, ref, ref_state, dev, tick, monitor=None):
     """One variant on a fresh copy of `model`: its record, with the first call (which
     compiles) checked, and a CallTimer for it (None after an error)."""
     rec = {"mode": variant, "dtype": str(dtype).replace("torch.", "")}
@@ -389,7 +397,7 @@ def _build(variant, model, sets, dtype, ref, ref_state, dev, tick):
         rec.update(errors(out, ref))
         rec.update(state_errors([holder, m], ref_state, dtype))
         del out
-        return rec, CallTimer(fn, xs, dev, tick)
+        return rec, CallTimer(fn, xs, dev, tick, monitor)
     except Exception as e:
         _failed(rec, e)
         _free(dev)
@@ -401,7 +409,7 @@ def _failed(rec, e):
                traceback=traceback.format_exc()[-2000:])
 
 
-def _measure_all(variants, model, sets, ref, ref_state, cfg, dev, progress, tasks):
+def _measure_all(variants, model, sets, ref, ref_state, cfg, dev, progress, tasks, monitor=None):
     """Every variant built (and checked) first, then timed in cfg.rounds alternating rounds:
     in each, every variant in turn (reversed in odd rounds) gets its warm-up (see
     CallTimer.round) and cfg.repeats timed calls.
@@ -413,7 +421,7 @@ def _measure_all(variants, model, sets, ref, ref_state, cfg, dev, progress, task
     for v in variants:
         dtype = torch.bfloat16 if v.endswith("bf16") else torch.float32
         tick = lambda t=tasks[v]: _tick(progress, t)  # noqa: E731
-        built.append(_build(v, model, sets, dtype, ref, ref_state, dev, tick))
+        built.append(_build(v, model, sets, dtype, ref, ref_state, dev, tick, monitor))
     for r in range(cfg.rounds):
         # Odd rounds run the variants in reverse (ABBA): each one follows a different
         # predecessor, whose heat and clock it may inherit, in alternate rounds.
@@ -448,7 +456,7 @@ def _input_sets(cls, n, b, k, dev):
     return [cls.get_inputs(b, k, device=dev) for _ in range(n)]
 
 
-def run_models(cfg, dev, shape, progress, base):
+def run_models(cfg, dev, shape, progress, base, monitor=None):
     b, k, n = shape
     variants = variants_for(cfg, dev)
     tasks = {(mid, v): progress.add_task(f"{mid} {v}", total=_calls_per_variant(cfg))
@@ -462,7 +470,7 @@ def run_models(cfg, dev, shape, progress, base):
         ref, ref_state = reference(model, sets)
         fl = floors(spec, b, k, n)
         rows = _measure_all(variants, model, sets, ref, ref_state, cfg, dev, progress,
-                            {v: tasks[(mid, v)] for v in variants})
+                            {v: tasks[(mid, v)] for v in variants}, monitor)
         for rec in rows:
             rec.update(base, model=mid, batch=b, in_features=k, out_features=n,
                        floor_ms=fl["bf16" if rec["dtype"] == "bfloat16" else "fp32"]["floor_ms"],
@@ -477,7 +485,7 @@ def _calls_per_variant(cfg):
     return 1 + cfg.rounds * (cfg.warmup + cfg.repeats)
 
 
-def run_sweep(cfg, dev, k, n, progress, base):
+def run_sweep(cfg, dev, k, n, progress, base, monitor=None):
     """m99's chain at several M: eager, gemmfuse fast and fp32; TFLOP/s and GB/s vs the ceilings."""
     ms_list = cfg.sweep_m or (SWEEP_M_GPU if dev.type == "cuda" else SWEEP_M_CPU)
     variants = ["eager", "gemmfuse-fast", "gemmfuse-fp32"]
@@ -492,7 +500,7 @@ def run_sweep(cfg, dev, k, n, progress, base):
         flops, bytes_ = 2 * m * n * k, 4 * (m * k + n * k + n + m * n)
         floor = max(flops / (CEILINGS["bf16_tflops"] * 1e12), bytes_ / (CEILINGS["copy_tbs"] * 1e12))
         rows = _measure_all(variants, model, sets, ref, {}, cfg, dev, progress,
-                            {v: tasks[(m, v)] for v in variants})
+                            {v: tasks[(m, v)] for v in variants}, monitor)
         for rec in rows:
             rec.update(base, chain="m99", M=m, K=k, N=n, flops=flops, bytes=bytes_,
                        floor_ms=floor * 1e3)
@@ -529,21 +537,27 @@ def sweep_table(sweep):
 
 def main_table(records, header):
     from rich.table import Table
+    clock = any(r.get("gpu_state") for r in records)  # a GPU run with nvidia-smi samples
     t = Table(title=f"gemmfuse bench — {header.get('gpu') or 'CPU'}, "
                     f"M={header['batch']} K={header['in_features']} N={header['out_features']}",
               caption=f"ms: median per call over {header.get('rounds', 1)} rounds alternating "
                       "over each model's variants; calls under 0.5 ms are timed in batches of "
                       "back-to-back calls, '1-call ms' times each alone (launch latency "
                       "included). speedup vs eager of the same dtype; pass: gemmfuse rows their "
-                      "promise (design.md), other rows allclose(1e-4)")
-    for c in ("model", "variant", "ms", "1-call ms", "speedup", "rel err", "max abs", "pass"):
+                      "promise (design.md), other rows allclose(1e-4)"
+                      + ("; SM MHz, W: medians of nvidia-smi's samples over the timed calls "
+                         "(the chip lowers its clock as it warms)" if clock else ""))
+    cols = ("model", "variant", "ms", "1-call ms", "speedup", "rel err", "max abs", "pass")
+    for c in cols + (("SM MHz", "W") if clock else ()):
         t.add_column(c, justify="left" if c in ("model", "variant") else "right")
     for r in records:
         ok = "[green]ok[/]" if r["pass"] else ("[red]error[/]" if r.get("error") else "[red]FAIL[/]")
+        g = r.get("gpu_state") or {}
         t.add_row(r["model"], r["mode"], _fmt(r.get("ms"), ".3f"),
                   _fmt(r.get("ms_latency", r.get("ms")), ".3f"),
                   _fmt(r.get("speedup_vs_eager"), ".2f") + ("×" if r.get("speedup_vs_eager") else ""),
-                  _fmt(r.get("rel_err"), ".1e"), _fmt(r.get("max_abs_err"), ".1e"), ok)
+                  _fmt(r.get("rel_err"), ".1e"), _fmt(r.get("max_abs_err"), ".1e"), ok,
+                  *((_fmt(g.get("sm_mhz"), ".0f"), _fmt(g.get("power_w"), ".0f")) if clock else ()))
     return t
 
 
@@ -599,13 +613,20 @@ def run(cfg: Config, console=None):
     # inside a timed region delays the next launch (seen as 2x outliers on short calls).
     progress = Progress(TextColumn("{task.description:<28}"), BarColumn(), MofNCompleteColumn(),
                         TimeElapsedColumn(), console=console, auto_refresh=False)
+    # The SM clock, power and temperature of each record's timed calls (gpu_monitor.py).
+    monitor = GpuMonitor.for_device(dev).start() if gpu else None
     try:
         with torch.no_grad(), progress:
-            records = run_models(cfg, dev, (b, k, n), progress, base)
-            sweep = run_sweep(cfg, dev, k, n, progress, base) if cfg.sweep else None
+            records = run_models(cfg, dev, (b, k, n), progress, base, monitor)
+            sweep = run_sweep(cfg, dev, k, n, progress, base, monitor) if cfg.sweep else None
     finally:
         torch.backends.cuda.matmul.allow_tf32 = old[0]
         torch.set_float32_matmul_precision(old[1])
+        if monitor is not None:
+            monitor.stop()
+    if monitor is not None:
+        info["gpu_monitor"] = {"fields": monitor.fields, "period_ms": monitor.period_ms,
+                               "samples": len(monitor.samples), "why_not": monitor.why_not}
 
     header = dict(info, batch=b, in_features=k, out_features=n, repeats=cfg.repeats,
                   warmup=cfg.warmup, warmup_ms=cfg.warmup_ms, rounds=cfg.rounds,

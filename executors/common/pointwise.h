@@ -40,12 +40,12 @@ GF_HD float gf_softplus(float x, float beta, float threshold) {
 // Q a degree-9 fit to 0.5 erf(x / sqrt 2) / x (Chebyshev nodes, Lawson-weighted to minimax
 // the absolute error of gelu). Max abs error 6.6e-7 on the range (erff's form in fp32:
 // 2.4e-7); tests/cpp/cpu_pointwise_test.cpp checks it against the exact form. For kernels
-// whose epilogue is bound by instruction issue (sm90/gemm_softmax.cu); callers check the range.
+// whose epilogue is bound by instruction issue (sm90/gemm_softmax_epilogue.cuh); callers check the range.
 constexpr float kGeluPolyRange = 2.8284271247461903f;  // 2 sqrt 2
 // q = C(t) for n values side by side, C's D coefficients highest degree first, the n Horner
 // chains interleaved in the source: one chain alone issues one dependent FMA per FMA
 // latency (4 cycles), and ptxas, short of registers, keeps the source order
-// (sm90/gemm_softmax.cu's rolled epilogue rounds).
+// (sm90/gemm_softmax_epilogue.cuh's rolled epilogue rounds).
 // hook(j, D - 1) runs after Horner step j (0 .. D - 2): independent work placed between the
 // steps in the source, for a caller that wants it interleaved with the chains.
 struct NoHornerHook {

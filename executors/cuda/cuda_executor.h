@@ -5,7 +5,7 @@
 //                rows: six bf16 part products with fp32 promotion (sm90/gemm_bf16x6.cu); up
 //                to 32 rows: gemm_small_m.cu
 //   Gemv         gemv.cu: x . colsum(W) + sum(b)
-//   RowPass      row_program.cu: the row-program interpreter
+//   RowPass      row_program.cu: the register kernel or the row-program interpreter
 //   ColumnStats  column_stats.cu: BatchNorm statistics (batch: two-level reduction, running
 //                stats updated on device; eval: from the running stats)
 //   prepare()    prepare.cu: folded eval BatchNorm, fp32 bias, column sums, W splits

@@ -41,7 +41,7 @@ RowConfig row_config(const Step& step, int64_t M);
 // kernel's static shared memory). Cached per device.
 size_t row_smem_limit();
 
-// Register mode (rows kept in registers, see row_program.cu) on or off for the whole process
+// Register mode (rows kept in registers, see row_register_kernel.cuh) on or off for the whole process
 // (default on). Off: every RowPass runs the shared-memory interpreter. For tests and timing.
 void set_register_rows(bool on);
 bool register_rows();

@@ -1,5 +1,5 @@
 // Where the fused softmax kernel's direct launches exchange row statistics (see
-// publish_row_stats in gemm_softmax.cu): one buffer per stream, kept from launch to launch,
+// publish_row_stats in gemm_softmax_tail.cuh): one buffer per stream, kept from launch to launch,
 // with the next epoch of that buffer for each launch (the stream orders its launches, so no
 // word of an earlier launch can carry it). Allocated, grown and cleared in stream order.
 // At most kMaxRowStatsBuffers are kept per device: beyond that, the least recently used one

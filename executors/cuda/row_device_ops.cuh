@@ -1,0 +1,220 @@
+// Device pieces both row kernels use: reduction operators and team reductions, pointwise
+// math on 4 values with the op dispatched once per 4, operand loads, and the output store in
+// the output's dtype.
+// Part of row_program.cu, included there once (internal linkage: anonymous namespace).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "pointwise.h"
+#include "row_program_format.cuh"
+
+namespace gemmfuse::cuda {
+namespace {
+
+// ---- device helpers ---------------------------------------------------------------------
+
+struct SumD {
+  __device__ __forceinline__ double operator()(double a, double b) const { return a + b; }
+};
+struct SumF {
+  __device__ __forceinline__ float operator()(float a, float b) const { return a + b; }
+};
+struct MaxF {
+  __device__ __forceinline__ float operator()(float a, float b) const { return nan_max(a, b); }
+};
+struct MinF {
+  __device__ __forceinline__ float operator()(float a, float b) const { return nan_min(a, b); }
+};
+// The max that shifts softmax's, log_softmax's and logsumexp's exponents: fmaxf (one
+// instruction, NaN dropped) where a Max reduce needs nan_max (four). Dropping NaN here is
+// exact: a NaN in the row is also in the sum of exponents, so every output is NaN, as in
+// PyTorch; without NaN, fmaxf and nan_max agree (+-inf included).
+struct ShiftMaxF {
+  __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+
+// Softmax's 1 / sum, applied as a product: an IEEE division per element costs ~8
+// instructions (reciprocal, Newton steps, range check) on a pass bound by instruction issue;
+// the product is within 1.5 ulp of the quotient.
+__device__ __forceinline__ float softmax_scale(double sum) {
+  return __frcp_rn(static_cast<float>(sum));
+}
+
+template <bool kWarp>
+__device__ __forceinline__ void team_sync() {
+  if (kWarp) __syncwarp(); else __syncthreads();
+}
+
+template <class T, class Op>
+__device__ __forceinline__ T warp_allreduce(T v, Op op) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Every thread of the team gets the result; fixed combination order (deterministic).
+template <bool kWarp, class T, class Op>
+__device__ __forceinline__ T team_allreduce(T v, Op op, T* red) {
+  v = warp_allreduce(v, op);
+  if (kWarp) return v;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  T r = red[0];
+  for (int i = 1; i < nw; ++i) r = op(r, red[i]);
+  __syncthreads();  // red[] may be reused right away
+  return r;
+}
+
+// Pointwise math on 4 values with the op a compile-time constant: apply_unary/apply_binary
+// (executors/common/pointwise.h, the CPU executor's math) fold to straight-line code, and the
+// runtime dispatch below happens once per 4 elements instead of once per element.
+template <OpCode kOp>
+__device__ __forceinline__ void unary4(float (&v)[4], const PointwiseParams& pp) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j) v[j] = apply_unary(kOp, v[j], pp);
+}
+template <OpCode kOp>
+__device__ __forceinline__ void binary4(float (&v)[4], const float (&b)[4], bool rev) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j) v[j] = apply_binary(kOp, v[j], b[j], rev);
+}
+
+__device__ __forceinline__ void apply_unary4(OpCode op, float (&v)[4], const PointwiseParams& pp) {
+#define GF_UNARY(name) \
+  case OpCode::name: unary4<OpCode::name>(v, pp); break;
+  switch (op) {
+    GF_UNARY(Neg) GF_UNARY(Abs) GF_UNARY(Square) GF_UNARY(Sqrt) GF_UNARY(Rsqrt) GF_UNARY(Exp)
+    GF_UNARY(Log) GF_UNARY(Relu) GF_UNARY(Sigmoid) GF_UNARY(Tanh) GF_UNARY(Silu) GF_UNARY(Mish)
+    GF_UNARY(GeluErf) GF_UNARY(GeluTanh) GF_UNARY(Softplus) GF_UNARY(Elu) GF_UNARY(LeakyRelu)
+    GF_UNARY(Clamp) GF_UNARY(Pow) GF_UNARY(Reciprocal)
+    default: break;  // identity (dropout in eval mode)
+  }
+#undef GF_UNARY
+}
+
+__device__ __forceinline__ void apply_binary4(OpCode op, float (&v)[4], const float (&b)[4],
+                                              bool rev) {
+#define GF_BINARY(name) \
+  case OpCode::name: binary4<OpCode::name>(v, b, rev); break;
+  switch (op) {
+    GF_BINARY(Add) GF_BINARY(Sub) GF_BINARY(Mul) GF_BINARY(Div) GF_BINARY(Minimum)
+    GF_BINARY(Maximum)
+    default: break;
+  }
+#undef GF_BINARY
+}
+
+// The binary operand for the `cnt` (1..4) columns c0.. of row r.
+__device__ __forceinline__ void load_operand4(const DevInstr& in, int64_t r, int c0, int cnt,
+                                              float (&b)[4]) {
+  float s = 0.f;
+  switch (in.opnd) {
+    case kOpImm: s = in.imm; break;
+    case kOpScalar: s = in.b[0]; break;
+    case kOpRow: s = in.b[r]; break;
+    case kOpCol:
+    case kOpFull: {
+      const float* p = in.b + c0 + (in.opnd == kOpFull ? r * static_cast<int64_t>(in.win) : 0);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) b[j] = j < cnt ? p[j] : 0.f;
+      return;
+    }
+    default: break;
+  }
+#pragma unroll
+  for (int j = 0; j < 4; ++j) b[j] = s;
+}
+
+// Apply one elementwise instruction to the `cnt` (1..4) columns c0.. of row r (values past
+// cnt are computed on and never stored).
+__device__ __forceinline__ void apply_elementwise(const DevInstr& in, float (&v)[4], int cnt,
+                                                  int64_t r, int c0) {
+  switch (in.kind) {
+    case kPointwise: {
+      const OpCode op = static_cast<OpCode>(in.op);
+      if (in.flags & kFlagBinary) {
+        float b[4];
+        load_operand4(in, r, c0, cnt, b);
+        apply_binary4(op, v, b, (in.flags & kFlagReversed) != 0);
+      } else {
+        apply_unary4(op, v, in.pp);
+      }
+      break;
+    }
+    case kBnApply: {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        if (j < cnt) {
+          const int c = c0 + j;
+          float y = (v[j] - in.p0[c]) * in.p0[in.win + c];
+          if (in.p1) y *= in.p1[c];
+          if (in.p2) y += in.p2[c];
+          v[j] = y;
+        }
+      }
+      break;
+    }
+    case kSave: {
+      float* dst = in.save + r * static_cast<int64_t>(in.win) + c0;
+      if ((in.flags & kFlagVec) && cnt == 4) {
+        *reinterpret_cast<float4*>(dst) = make_float4(v[0], v[1], v[2], v[3]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+          if (j < cnt) dst[j] = v[j];
+      }
+      break;
+    }
+    default: break;
+  }
+}
+
+// Four values rounded to a 16-bit type (bf16 or fp16): one 8-byte store when `vec`, else
+// the first `cnt` one by one.
+__device__ __forceinline__ __nv_bfloat162 pack2(__nv_bfloat16*, float a, float b) {
+  return __floats2bfloat162_rn(a, b);
+}
+__device__ __forceinline__ __half2 pack2(__half*, float a, float b) { return __floats2half2_rn(a, b); }
+__device__ __forceinline__ __nv_bfloat16 round16(__nv_bfloat16*, float a) { return __float2bfloat16_rn(a); }
+__device__ __forceinline__ __half round16(__half*, float a) { return __float2half_rn(a); }
+
+template <class T>
+__device__ __forceinline__ void store4_16bit(T* dst, const float (&v)[4], int cnt, bool vec) {
+  if (vec) {
+    auto a = pack2(dst, v[0], v[1]), b = pack2(dst, v[2], v[3]);
+    uint2 u;
+    u.x = *reinterpret_cast<uint32_t*>(&a);
+    u.y = *reinterpret_cast<uint32_t*>(&b);
+    *reinterpret_cast<uint2*>(dst) = u;
+  } else {
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      if (j < cnt) dst[j] = round16(dst, v[j]);
+  }
+}
+
+__device__ __forceinline__ void store_out(const DevProgram& P, int64_t r, int c0, int cnt,
+                                          const float (&v)[4]) {
+  const int64_t at = r * static_cast<int64_t>(P.wout) + c0;
+  const bool vec = P.out_vec && cnt == 4;
+  if (P.out_type == kOutF32) {
+    float* dst = static_cast<float*>(P.out) + at;
+    if (vec) {
+      *reinterpret_cast<float4*>(dst) = make_float4(v[0], v[1], v[2], v[3]);
+    } else {
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        if (j < cnt) dst[j] = v[j];
+    }
+  } else if (P.out_type == kOutBF16) {
+    store4_16bit(static_cast<__nv_bfloat16*>(P.out) + at, v, cnt, vec);
+  } else {
+    store4_16bit(static_cast<__half*>(P.out) + at, v, cnt, vec);
+  }
+}
+
+}  // namespace
+}  // namespace gemmfuse::cuda

@@ -1,0 +1,46 @@
+// The row program as the kernels read it: each Instr of a RowPass step resolved against one
+// run's pointers (DevInstr), the whole program passed by value as a kernel parameter
+// (DevProgram). Built on the host by launch_row_pass (row_program.cu).
+// Part of row_program.cu, included there once (internal linkage: anonymous namespace).
+#pragma once
+
+#include <cstdint>
+
+#include "pointwise.h"
+#include "row_program.h"
+
+namespace gemmfuse::cuda {
+namespace {
+
+enum : uint8_t { kPointwise, kReduce, kSoftmax, kGroupNorm, kPool, kBnApply, kSave };
+enum : uint8_t { kOpNone, kOpImm, kOpScalar, kOpCol, kOpRow, kOpFull };
+enum : uint8_t { kFlagBinary = 1, kFlagReversed = 2, kFlagIncludePad = 4, kFlagVec = 8 };
+enum : uint8_t { kOutF32, kOutBF16, kOutF16 };
+
+// One instruction, resolved against this run's pointers (88 bytes).
+struct DevInstr {
+  uint8_t kind, op, opnd, flags;
+  int32_t win, wout;      // widths (>= 1) before and after
+  int32_t i0, i1, i2;     // GroupNorm: groups; Pool: kernel, stride, padding
+  float imm;              // Imm operand; eps of the norms
+  PointwiseParams pp;     // unary attributes
+  const float* b;         // binary operand (Scalar/Col/Row/Full)
+  const float* p0;        // BatchNormApply: stats [2, win] (mean row, invstd row)
+  const float* p1;        // GroupNorm/BatchNormApply: weight [win] or nullptr
+  const float* p2;        // GroupNorm/BatchNormApply: bias [win] or nullptr
+  float* save;            // Save: destination [M, win]
+};
+
+struct DevProgram {
+  const float* in;  // [M, win] fp32
+  void* out;        // [M, wout] in out_type
+  float* scratch;   // global row slots (nullptr: shared memory)
+  int64_t M;
+  int32_t n, win, wout, capA, capB, rows_per_cta;
+  uint8_t out_type, in_vec, out_vec;
+  DevInstr ins[kMaxInstrs];
+};
+static_assert(sizeof(DevProgram) <= 4096, "row program must fit the classic 4 KB parameter limit");
+
+}  // namespace
+}  // namespace gemmfuse::cuda

@@ -1,0 +1,328 @@
+// The register-mode row kernel (row_register_kernel): a row that fits the CTA's registers is
+// read once, run through its program in registers and stored once.
+// Part of row_program.cu, included there once (internal linkage: anonymous namespace).
+#pragma once
+
+#include "programmatic_launch.h"
+#include "row_device_ops.cuh"
+#include "row_program_format.cuh"
+
+namespace gemmfuse::cuda {
+namespace {
+
+// ---- register mode ------------------------------------------------------------------------
+// Rows of width w (w % 4 == 0, 256 < w <= kRegMaxWidth) whose program has no Pool and whose
+// GroupNorms have groups of 4q columns, q a power of two <= 32: the row never leaves
+// registers. Thread t of nt holds the float4 chunks ci = k*nt + t (k < VPT) of its CTA's row:
+// the row is read with one coalesced 16-byte load per chunk (all in flight at once, streaming
+// cache hint), every instruction is applied in registers, and the row is stored once.
+// Barriers: one per team-wide reduction (softmax 2, logsumexp 2, sum/max 1); a GroupNorm has
+// none: a group is q consecutive lanes of one warp (chunk ci belongs to group ci / q and nt is a
+// multiple of 32), its sums are segmented butterfly shuffles (bitwise equal in every lane).
+// After a Reduce the row is one value held by every thread; thread 0 finishes it.
+
+// Every thread gets the reduction of v over the CTA, combined in a fixed order
+// (deterministic). red: two slots of 32 used alternately (`parity`), so no trailing barrier
+// is needed: a slot is rewritten two reductions later, after a barrier every thread reached
+// only once it had read the slot.
+template <class T, class Op>
+__device__ __forceinline__ T cta_allreduce2(T v, Op op, T* red, int& parity) {
+  v = warp_allreduce(v, op);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  T* slot = red + 32 * parity;
+  if (lane == 0) slot[warp] = v;
+  __syncthreads();
+  T r = slot[0];
+  for (int i = 1; i < nw; ++i) r = op(r, slot[i]);
+  parity ^= 1;
+  return r;
+}
+
+__device__ __forceinline__ void ld4(const float* p, float (&v)[4]) {
+  const float4 q = *reinterpret_cast<const float4*>(p);
+  v[0] = q.x; v[1] = q.y; v[2] = q.z; v[3] = q.w;
+}
+
+// Row data is read once: streaming loads (evict-first). Per-column vectors use plain loads.
+// (L1 residency hints for those vectors were tried on H100 — m84 row pass 41.5 us with, 40.5
+// without — and removed: the pass is bound by bytes in flight per SM, not by L2 traffic.)
+__device__ __forceinline__ void ldrow4(const float* p, float (&v)[4]) {
+  const float4 q = __ldcs(reinterpret_cast<const float4*>(p));
+  v[0] = q.x; v[1] = q.y; v[2] = q.z; v[3] = q.w;
+}
+
+// v = v * weight[c..c+4) + bias[c..c+4); either vector may be absent (nullptr).
+__device__ __forceinline__ void affine4(float (&v)[4], const float* weight, const float* bias,
+                                        int c) {
+  float a[4];
+  if (weight) {
+    ld4(weight + c, a);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) v[j] *= a[j];
+  }
+  if (bias) {
+    ld4(bias + c, a);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) v[j] += a[j];
+  }
+}
+
+// Segmented butterfly over q consecutive lanes (q a power of two <= 32).
+__device__ __forceinline__ float seg_sum(float s, int q) {
+  for (int o = 1; o < q; o <<= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  return s;
+}
+
+// Chunk k of thread t holds row values: always when the row fills every thread's VPT chunks
+// (kFull, checked at launch), else when k * nt + t < nch.
+template <bool kFull>
+__device__ __forceinline__ bool chunk_valid(int k, int t, int nt, int nch) {
+  return kFull || k * nt + t < nch;
+}
+
+// The extremum `op` (MaxF, MinF, ShiftMaxF) of the thread's values of valid chunks, starting
+// from `init` (op's identity).
+template <int VPT, bool kFull, class Op>
+__device__ __forceinline__ float thread_extremum(const float (&v)[VPT][4], int t, int nt, int nch,
+                                                 float init, Op op) {
+  float m = init;
+#pragma unroll
+  for (int k = 0; k < VPT; ++k)
+    if (chunk_valid<kFull>(k, t, nt, nch))
+#pragma unroll
+      for (int j = 0; j < 4; ++j) m = op(m, v[k][j]);
+  return m;
+}
+
+// Sum of the thread's values of valid chunks in fp32, pairwise (chunk (a+b)+(c+d), then a tree
+// over the chunks): the terms of softmax and logsumexp sums are positive, so this costs at most
+// a few ulps on the thread's share; the team-wide sum is then in fp64.
+template <int VPT, bool kFull>
+__device__ __forceinline__ float thread_tree_sum(const float (&e)[VPT][4], int t, int nt, int nch) {
+  float acc[VPT];
+#pragma unroll
+  for (int k = 0; k < VPT; ++k)
+    acc[k] = chunk_valid<kFull>(k, t, nt, nch) ? (e[k][0] + e[k][1]) + (e[k][2] + e[k][3]) : 0.f;
+#pragma unroll
+  for (int s = 1; s < VPT; s <<= 1)
+#pragma unroll
+    for (int k = 0; k + s < VPT; k += 2 * s) acc[k] += acc[k + s];
+  return acc[0];
+}
+
+// One row per CTA (grid = M). A persistent variant that prefetched the next row with cp.async
+// into shared memory while computing the current one measured slower on H100 (m94 row pass
+// +13%), so the row is loaded straight into registers (streaming hint, all loads in flight);
+// so did one fed by bulk copies, 3 rows in flight per CTA (+2..6 us on every seed pass). The
+// pass is bound by instruction issue (ncu: IPC 1.7-2.1, 16 warp-cycles per issued instruction,
+// ~60-80 instructions per element), so what helps is more warps: VPT = 4 (512 threads) is
+// capped at 40 registers for 3 CTAs (48 warps) per SM instead of 2 at 59 (24 bytes of
+// loop-invariant values spill to L1; m22 30.7 -> 27.5 us, m99 33.4 -> 30.8 us as bf16
+// models), and fewer instructions: kFull (no per-chunk bounds) and the exponent shift's
+// fmaxf took m99 `fast`'s pass from 19.8M to 17.7M warp instructions (session 22).
+// Launched programmatically (programmatic_launch.h): it waits before its first load.
+template <int VPT, bool kFull>
+__global__ void __launch_bounds__(VPT >= 8 ? 256 : 512, VPT == 4 ? 3 : 1)
+    row_register_kernel(const __grid_constant__ DevProgram P) {
+  __shared__ double red_d[64];
+  __shared__ float red_f[64];
+  int par_d = 0, par_f = 0;
+  const int t = threadIdx.x, nt = blockDim.x;
+  const int64_t r = blockIdx.x;
+  int w = P.win;
+  const int nch = w >> 2;
+  float v[VPT][4];
+  wait_for_previous_grid();  // launched programmatically: the row is the previous kernel's
+  {
+    const float* src = P.in + r * static_cast<int64_t>(P.win);
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+      const int ci = k * nt + t;
+      if (ci < nch) {
+        ldrow4(src + 4 * ci, v[k]);
+      } else {
+        v[k][0] = v[k][1] = v[k][2] = v[k][3] = 0.f;
+      }
+    }
+  }
+  auto valid = [&](int k) { return chunk_valid<kFull>(k, t, nt, nch); };
+
+#pragma unroll 1
+  for (int pc = 0; pc < P.n; ++pc) {
+    const DevInstr& in = P.ins[pc];
+    if (w == 1) {  // after a Reduce (only elementwise instructions follow)
+      if (t == 0) apply_elementwise(in, v[0], 1, r, 0);
+      continue;
+    }
+    const OpCode op = static_cast<OpCode>(in.op);
+    switch (in.kind) {
+      case kPointwise:
+        if (in.flags & kFlagBinary) {
+          const bool rev = (in.flags & kFlagReversed) != 0;
+          if (in.opnd == kOpCol || in.opnd == kOpFull) {
+            const float* base = in.b + (in.opnd == kOpFull ? r * static_cast<int64_t>(w) : 0);
+#pragma unroll
+            for (int k = 0; k < VPT; ++k) {
+              if (valid(k)) {
+                float b[4];
+                if (in.opnd == kOpFull) ldrow4(base + 4 * (k * nt + t), b);
+                else ld4(base + 4 * (k * nt + t), b);
+                apply_binary4(op, v[k], b, rev);
+              }
+            }
+          } else {
+            float b[4];
+            load_operand4(in, r, 0, 4, b);  // one value for the row
+#pragma unroll
+            for (int k = 0; k < VPT; ++k) apply_binary4(op, v[k], b, rev);
+          }
+        } else {
+#pragma unroll
+          for (int k = 0; k < VPT; ++k) apply_unary4(op, v[k], in.pp);
+        }
+        break;
+      case kBnApply:
+#pragma unroll
+        for (int k = 0; k < VPT; ++k) {
+          if (valid(k)) {
+            const int c = 4 * (k * nt + t);
+            float mu[4], is[4];
+            ld4(in.p0 + c, mu);
+            ld4(in.p0 + in.win + c, is);
+#pragma unroll
+            for (int j = 0; j < 4; ++j) v[k][j] = (v[k][j] - mu[j]) * is[j];
+            affine4(v[k], in.p1, in.p2, c);
+          }
+        }
+        break;
+      case kSave:
+#pragma unroll
+        for (int k = 0; k < VPT; ++k)
+          if (valid(k))
+            *reinterpret_cast<float4*>(in.save + r * static_cast<int64_t>(w) + 4 * (k * nt + t)) =
+                make_float4(v[k][0], v[k][1], v[k][2], v[k][3]);
+        break;
+      case kReduce: {
+        float res;
+        if (op == OpCode::Sum || op == OpCode::Mean) {
+          double s = 0.0;
+#pragma unroll
+          for (int k = 0; k < VPT; ++k)
+            if (valid(k))
+#pragma unroll
+              for (int j = 0; j < 4; ++j) s += v[k][j];
+          s = cta_allreduce2(s, SumD(), red_d, par_d);
+          res = op == OpCode::Sum ? static_cast<float>(s) : static_cast<float>(s / w);
+        } else if (op == OpCode::Max || op == OpCode::Min) {
+          res = op == OpCode::Max
+                    ? cta_allreduce2(thread_extremum<VPT, kFull>(v, t, nt, nch, -HUGE_VALF, MaxF()),
+                                     MaxF(), red_f, par_f)
+                    : cta_allreduce2(thread_extremum<VPT, kFull>(v, t, nt, nch, HUGE_VALF, MinF()),
+                                     MinF(), red_f, par_f);
+        } else {  // LogSumExp
+          const float m = cta_allreduce2(
+              thread_extremum<VPT, kFull>(v, t, nt, nch, -HUGE_VALF, ShiftMaxF()), ShiftMaxF(),
+              red_f, par_f);
+          const float sh = lse_shift(m);
+          // Every exp added in fp64, as the interpreter does (the row's one output value).
+          double s = 0.0;
+#pragma unroll
+          for (int k = 0; k < VPT; ++k)
+            if (valid(k))
+#pragma unroll
+              for (int j = 0; j < 4; ++j) s += static_cast<double>(expf(v[k][j] - sh));
+          s = cta_allreduce2(s, SumD(), red_d, par_d);
+          res = logf(static_cast<float>(s)) + sh;
+        }
+        v[0][0] = res;
+        w = 1;
+        break;
+      }
+      case kSoftmax: {
+        const float m = cta_allreduce2(
+            thread_extremum<VPT, kFull>(v, t, nt, nch, -HUGE_VALF, ShiftMaxF()), ShiftMaxF(), red_f,
+            par_f);
+        double s = 0.0;
+        if (op == OpCode::Softmax) {
+#pragma unroll
+          for (int k = 0; k < VPT; ++k)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) v[k][j] = expf(v[k][j] - m);
+          s = cta_allreduce2(static_cast<double>(thread_tree_sum<VPT, kFull>(v, t, nt, nch)), SumD(),
+                             red_d, par_d);
+          const float inv = softmax_scale(s);
+#pragma unroll
+          for (int k = 0; k < VPT; ++k)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) v[k][j] *= inv;
+        } else {  // LogSoftmax
+          float e[VPT][4];
+#pragma unroll
+          for (int k = 0; k < VPT; ++k)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) e[k][j] = expf(v[k][j] - m);
+          s = cta_allreduce2(static_cast<double>(thread_tree_sum<VPT, kFull>(e, t, nt, nch)), SumD(),
+                             red_d, par_d);
+          const float ls = logf(static_cast<float>(s));
+#pragma unroll
+          for (int k = 0; k < VPT; ++k)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) v[k][j] = (v[k][j] - m) - ls;
+        }
+        break;
+      }
+      case kGroupNorm: {  // groups of 4q columns: q lanes of one warp
+        const int q = (w / in.i0) >> 2;
+        const float inv_n = 1.0f / static_cast<float>(4 * q);
+        float mean[VPT], rstd[VPT];
+#pragma unroll
+        for (int k = 0; k < VPT; ++k)
+          mean[k] = seg_sum((v[k][0] + v[k][1]) + (v[k][2] + v[k][3]), q) * inv_n;
+#pragma unroll
+        for (int k = 0; k < VPT; ++k) {
+          float s = 0.f;
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const float d = v[k][j] - mean[k];
+            s = fmaf(d, d, s);
+          }
+          rstd[k] = s;
+        }
+#pragma unroll
+        for (int k = 0; k < VPT; ++k)
+          rstd[k] = 1.0f / sqrtf(seg_sum(rstd[k], q) * inv_n + in.imm);
+#pragma unroll
+        for (int k = 0; k < VPT; ++k) {
+          if (valid(k)) {
+            const int c = 4 * (k * nt + t);
+#pragma unroll
+            for (int j = 0; j < 4; ++j) v[k][j] = (v[k][j] - mean[k]) * rstd[k];
+            affine4(v[k], in.p1, in.p2, c);
+          }
+        }
+        break;
+      }
+      default: break;
+    }
+  }
+
+  if (w == 1) {
+    if (t == 0) store_out(P, r, 0, 1, v[0]);
+    return;
+  }
+#pragma unroll
+  for (int k = 0; k < VPT; ++k) {
+    if (valid(k)) {
+      const int c = 4 * (k * nt + t);
+      if (P.out_type == kOutF32) {
+        __stcs(reinterpret_cast<float4*>(static_cast<float*>(P.out) + r * static_cast<int64_t>(P.wout) + c),
+               make_float4(v[k][0], v[k][1], v[k][2], v[k][3]));
+      } else {
+        store_out(P, r, c, 4, v[k]);
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace gemmfuse::cuda

@@ -65,14 +65,21 @@ class GpuMonitor:
 
     def __init__(self, uuid, period_ms=10, exe=None):
         self.uuid, self.period_ms = uuid, period_ms
-        self.exe = exe or shutil.which("nvidia-smi")
+        self.exe = shutil.which("nvidia-smi") if exe is None else exe
         self.samples, self.fields, self.why_not = [], None, None
         self._proc, self._thread, self._lock = None, None, threading.Lock()
 
     @classmethod
     def for_device(cls, dev, **kw):
+        """The monitor of torch device `dev` (matched by UUID, so CUDA_VISIBLE_DEVICES's
+        renumbering does not matter); one that records nothing if the UUID is unknown."""
         import torch
-        return cls("GPU-" + str(torch.cuda.get_device_properties(dev).uuid), **kw)
+        try:
+            return cls("GPU-" + str(torch.cuda.get_device_properties(dev).uuid), **kw)
+        except (AttributeError, RuntimeError) as e:
+            m = cls("", exe="", **kw)
+            m.why_not = f"no device UUID: {e}"
+            return m
 
     def _query(self, fields, loop):
         cmd = [self.exe, "--query-gpu=" + ",".join(fields), "--format=csv,noheader,nounits",
@@ -81,7 +88,7 @@ class GpuMonitor:
 
     def start(self):
         if not self.exe:
-            self.why_not = "nvidia-smi not found"
+            self.why_not = self.why_not or "nvidia-smi not found"
             return self
         for fields in FIELD_SETS:  # the first set this nvidia-smi answers
             try:

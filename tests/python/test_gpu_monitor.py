@@ -99,3 +99,14 @@ def test_main_table_shows_the_clock_when_sampled():
     assert "SM MHz" not in render([rec])  # CPU runs, or no nvidia-smi
     text = render([dict(rec, gpu_state={"sm_mhz": 1755.0, "power_w": 690.4})])
     assert "SM MHz" in text and "1755" in text and "690" in text
+
+
+def test_monitor_for_a_device_without_uuid(monkeypatch):
+    import torch
+
+    class Props:  # a torch whose device properties have no uuid
+        pass
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda dev: Props())
+    m = GpuMonitor.for_device(torch.device("cuda")).start()
+    assert m.fields is None and "UUID" in m.why_not
+    m.stop()

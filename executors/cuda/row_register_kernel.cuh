@@ -110,6 +110,19 @@ __device__ __forceinline__ float thread_tree_sum(const float (&e)[VPT][4], int t
   return acc[0];
 }
 
+// e = exp(v - m) for every value (e may be v itself) and the CTA's sum of e: the first half
+// of softmax and log_softmax.
+template <int VPT, bool kFull>
+__device__ __forceinline__ double exp_and_sum(const float (&v)[VPT][4], float m, float (&e)[VPT][4],
+                                              int t, int nt, int nch, double* red_d, int& par_d) {
+#pragma unroll
+  for (int k = 0; k < VPT; ++k)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) e[k][j] = expf(v[k][j] - m);
+  return cta_allreduce2(static_cast<double>(thread_tree_sum<VPT, kFull>(e, t, nt, nch)), SumD(),
+                        red_d, par_d);
+}
+
 // One row per CTA (grid = M). A persistent variant that prefetched the next row with cp.async
 // into shared memory while computing the current one measured slower on H100 (m94 row pass
 // +13%), so the row is loaded straight into registers (streaming hint, all loads in flight);
@@ -242,14 +255,8 @@ __global__ void __launch_bounds__(VPT >= 8 ? 256 : 512, VPT == 4 ? 3 : 1)
         const float m = cta_allreduce2(
             thread_extremum<VPT, kFull>(v, t, nt, nch, -HUGE_VALF, ShiftMaxF()), ShiftMaxF(), red_f,
             par_f);
-        double s = 0.0;
         if (op == OpCode::Softmax) {
-#pragma unroll
-          for (int k = 0; k < VPT; ++k)
-#pragma unroll
-            for (int j = 0; j < 4; ++j) v[k][j] = expf(v[k][j] - m);
-          s = cta_allreduce2(static_cast<double>(thread_tree_sum<VPT, kFull>(v, t, nt, nch)), SumD(),
-                             red_d, par_d);
+          const double s = exp_and_sum<VPT, kFull>(v, m, v, t, nt, nch, red_d, par_d);
           const float inv = softmax_scale(s);
 #pragma unroll
           for (int k = 0; k < VPT; ++k)
@@ -257,12 +264,7 @@ __global__ void __launch_bounds__(VPT >= 8 ? 256 : 512, VPT == 4 ? 3 : 1)
             for (int j = 0; j < 4; ++j) v[k][j] *= inv;
         } else {  // LogSoftmax
           float e[VPT][4];
-#pragma unroll
-          for (int k = 0; k < VPT; ++k)
-#pragma unroll
-            for (int j = 0; j < 4; ++j) e[k][j] = expf(v[k][j] - m);
-          s = cta_allreduce2(static_cast<double>(thread_tree_sum<VPT, kFull>(e, t, nt, nch)), SumD(),
-                             red_d, par_d);
+          const double s = exp_and_sum<VPT, kFull>(v, m, e, t, nt, nch, red_d, par_d);
           const float ls = logf(static_cast<float>(s));
 #pragma unroll
           for (int k = 0; k < VPT; ++k)

@@ -106,10 +106,10 @@ class CallTimer:
     inputs still rotated). For longer calls the two agree and `ms` is the per-call median over
     every round."""
 
-    def __init__(self, fn, sets, dev, tick=lambda: None, monitor=None):
+    def __init__(self, fn, sets, dev, tick=lambda: None):
         self.fn, self.sets, self.dev, self.tick = fn, sets, dev, tick
         self.latency, self.batched, self.per, self.round_ms = [], [], None, []
-        self.monitor, self.windows = monitor, []  # GPU state samples: (t0, t1) per round
+        self.windows = []  # GPU: (t0, t1) time.time() around each round's timed calls
 
     def _timed(self, per, repeats):
         fn, sets = self.fn, self.sets
@@ -183,10 +183,8 @@ class CallTimer:
                                                   f"(CUDA events around each batch)" + where))
         if rounds > 1:
             out["ms_rounds"] = self.round_ms
-        if self.monitor is not None:
-            state = summarize_gpu_state([self.monitor.window(a, b) for a, b in self.windows])
-            if state is not None:
-                out["gpu_state"] = state
+        if self.windows:
+            out["timed_windows"] = self.windows  # turned into gpu_state by run()
         return out
 
 
@@ -381,7 +379,7 @@ def _git_commit():
 
 
 # ------------------------------------------------------------------------------ measurement
-def _build(variant, model, sets, dtype, ref, ref_state, dev, tick, monitor=None):
+def _build(variant, model, sets, dtype, ref, ref_state, dev, tick):
     """One variant on a fresh copy of `model`: its record, with the first call (which
     compiles) checked, and a CallTimer for it (None after an error)."""
     rec = {"mode": variant, "dtype": str(dtype).replace("torch.", "")}
@@ -397,7 +395,7 @@ def _build(variant, model, sets, dtype, ref, ref_state, dev, tick, monitor=None)
         rec.update(errors(out, ref))
         rec.update(state_errors([holder, m], ref_state, dtype))
         del out
-        return rec, CallTimer(fn, xs, dev, tick, monitor)
+        return rec, CallTimer(fn, xs, dev, tick)
     except Exception as e:
         _failed(rec, e)
         _free(dev)
@@ -409,7 +407,7 @@ def _failed(rec, e):
                traceback=traceback.format_exc()[-2000:])
 
 
-def _measure_all(variants, model, sets, ref, ref_state, cfg, dev, progress, tasks, monitor=None):
+def _measure_all(variants, model, sets, ref, ref_state, cfg, dev, progress, tasks):
     """Every variant built (and checked) first, then timed in cfg.rounds alternating rounds:
     in each, every variant in turn (reversed in odd rounds) gets its warm-up (see
     CallTimer.round) and cfg.repeats timed calls.
@@ -421,7 +419,7 @@ def _measure_all(variants, model, sets, ref, ref_state, cfg, dev, progress, task
     for v in variants:
         dtype = torch.bfloat16 if v.endswith("bf16") else torch.float32
         tick = lambda t=tasks[v]: _tick(progress, t)  # noqa: E731
-        built.append(_build(v, model, sets, dtype, ref, ref_state, dev, tick, monitor))
+        built.append(_build(v, model, sets, dtype, ref, ref_state, dev, tick))
     for r in range(cfg.rounds):
         # Odd rounds run the variants in reverse (ABBA): each one follows a different
         # predecessor, whose heat and clock it may inherit, in alternate rounds.
@@ -456,7 +454,7 @@ def _input_sets(cls, n, b, k, dev):
     return [cls.get_inputs(b, k, device=dev) for _ in range(n)]
 
 
-def run_models(cfg, dev, shape, progress, base, monitor=None):
+def run_models(cfg, dev, shape, progress, base):
     b, k, n = shape
     variants = variants_for(cfg, dev)
     tasks = {(mid, v): progress.add_task(f"{mid} {v}", total=_calls_per_variant(cfg))
@@ -470,7 +468,7 @@ def run_models(cfg, dev, shape, progress, base, monitor=None):
         ref, ref_state = reference(model, sets)
         fl = floors(spec, b, k, n)
         rows = _measure_all(variants, model, sets, ref, ref_state, cfg, dev, progress,
-                            {v: tasks[(mid, v)] for v in variants}, monitor)
+                            {v: tasks[(mid, v)] for v in variants})
         for rec in rows:
             rec.update(base, model=mid, batch=b, in_features=k, out_features=n,
                        floor_ms=fl["bf16" if rec["dtype"] == "bfloat16" else "fp32"]["floor_ms"],
@@ -485,7 +483,7 @@ def _calls_per_variant(cfg):
     return 1 + cfg.rounds * (cfg.warmup + cfg.repeats)
 
 
-def run_sweep(cfg, dev, k, n, progress, base, monitor=None):
+def run_sweep(cfg, dev, k, n, progress, base):
     """m99's chain at several M: eager, gemmfuse fast and fp32; TFLOP/s and GB/s vs the ceilings."""
     ms_list = cfg.sweep_m or (SWEEP_M_GPU if dev.type == "cuda" else SWEEP_M_CPU)
     variants = ["eager", "gemmfuse-fast", "gemmfuse-fp32"]
@@ -500,7 +498,7 @@ def run_sweep(cfg, dev, k, n, progress, base, monitor=None):
         flops, bytes_ = 2 * m * n * k, 4 * (m * k + n * k + n + m * n)
         floor = max(flops / (CEILINGS["bf16_tflops"] * 1e12), bytes_ / (CEILINGS["copy_tbs"] * 1e12))
         rows = _measure_all(variants, model, sets, ref, {}, cfg, dev, progress,
-                            {v: tasks[(m, v)] for v in variants}, monitor)
+                            {v: tasks[(m, v)] for v in variants})
         for rec in rows:
             rec.update(base, chain="m99", M=m, K=k, N=n, flops=flops, bytes=bytes_,
                        floor_ms=floor * 1e3)
@@ -617,13 +615,21 @@ def run(cfg: Config, console=None):
     monitor = GpuMonitor.for_device(dev).start() if gpu else None
     try:
         with torch.no_grad(), progress:
-            records = run_models(cfg, dev, (b, k, n), progress, base, monitor)
-            sweep = run_sweep(cfg, dev, k, n, progress, base, monitor) if cfg.sweep else None
+            records = run_models(cfg, dev, (b, k, n), progress, base)
+            sweep = run_sweep(cfg, dev, k, n, progress, base) if cfg.sweep else None
     finally:
         torch.backends.cuda.matmul.allow_tf32 = old[0]
         torch.set_float32_matmul_precision(old[1])
         if monitor is not None:
             monitor.stop()
+    # Each record's GPU state from the samples in its timed windows, now that every sample
+    # (the last ones too) has been read.
+    for r in records + (sweep or []):
+        windows = r.pop("timed_windows", None)
+        if monitor is not None and windows:
+            state = summarize_gpu_state([monitor.window(a, b) for a, b in windows])
+            if state is not None:
+                r["gpu_state"] = state
     if monitor is not None:
         info["gpu_monitor"] = {"fields": monitor.fields, "period_ms": monitor.period_ms,
                                "samples": len(monitor.samples), "why_not": monitor.why_not}

@@ -11,6 +11,8 @@ what it can, or nothing; the bench runs the same either way.
 """
 from __future__ import annotations
 
+import functools
+import operator
 import shutil
 import statistics
 import subprocess
@@ -82,9 +84,8 @@ class GpuMonitor:
             return m
 
     def _query(self, fields, loop):
-        cmd = [self.exe, "--query-gpu=" + ",".join(fields), "--format=csv,noheader,nounits",
-               "--id=" + self.uuid] + (["-lms", str(self.period_ms)] if loop else [])
-        return cmd
+        return [self.exe, "--query-gpu=" + ",".join(fields), "--format=csv,noheader,nounits",
+                "--id=" + self.uuid] + (["-lms", str(self.period_ms)] if loop else [])
 
     def start(self):
         if not self.exe:
@@ -130,12 +131,6 @@ class GpuMonitor:
             self._proc = None
         return self
 
-    def __enter__(self):
-        return self.start()
-
-    def __exit__(self, *exc):
-        self.stop()
-
     def window(self, t0, t1):
         """Samples stamped in [t0, t1] (time.time()), widened by half a period each side so
         that a window shorter than the period still meets its nearest sample."""
@@ -159,8 +154,5 @@ def summarize(windows):
     out = {"sm_mhz": med(1, every), "power_w": med(2, every), "temp_c": med(3, every),
            "sm_mhz_rounds": [med(1, w) for w in windows], "samples": len(every)}
     if masks:
-        seen = 0
-        for m in masks:
-            seen |= m
-        out["clock_event_reasons"] = decode_reasons(seen)
+        out["clock_event_reasons"] = decode_reasons(functools.reduce(operator.or_, masks))
     return out

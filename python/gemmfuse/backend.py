@@ -13,11 +13,14 @@ no backward).
 """
 from __future__ import annotations
 
+import weakref
+
 import torch
 import torch.fx as fx
+import torch.nn as nn
 
 from . import _lib
-from .capture import TInfo, find_chains, node_info
+from .capture import TInfo, compile_time_numbers, find_chains, node_info
 from .module import PRECISIONS, ChainEntry, OptimizeReport, rewrite_chain
 
 BACKEND_NAME = "gemmfuse"
@@ -32,13 +35,17 @@ def gemmfuse_backend(gm: fx.GraphModule, example_inputs, options=None, mode=None
     if precision not in PRECISIONS:
         raise ValueError(f"gemmfuse backend: precision must be one of {PRECISIONS}, got {precision!r}")
     report = OptimizeReport(precision=precision, flavor="dynamo")
+    report.graph = weakref.ref(gm)
+    report.params = [weakref.ref(t) for t in list(example_inputs) + list(gm.parameters())
+                     if isinstance(t, nn.Parameter)]
     gm._gemmfuse = report
     REPORTS.append(report)
     del REPORTS[:-_KEEP]
     if not _lib.available():
         report.rejected.append(("*", "the gemmfuse operator library is not available"))
         return gm.forward
-    cap = find_chains(gm, "dynamo", check=_lib.check)
+    cap = find_chains(gm, "dynamo", check=_lib.check,
+                      numbers=compile_time_numbers(gm, example_inputs))
     report.rejected = list(cap.rejected)
     grad = torch.is_grad_enabled()
     remap: dict = {}
@@ -61,6 +68,22 @@ def gemmfuse_backend(gm: fx.GraphModule, example_inputs, options=None, mode=None
     if fused:
         gm.recompile()
     return gm.forward
+
+
+def compiled_graphs(module) -> list:
+    """The graphs the backend rewrote for ``module`` (a torch.compile'd module, or the module
+    it wraps), oldest first: among the most recent compilations (REPORTS), those whose graph
+    is alive and reads one of the module's parameters."""
+    orig = getattr(module, "_orig_mod", module)
+    if not isinstance(orig, nn.Module):
+        return []
+    mine = {id(p) for p in orig.parameters()}
+    out = []
+    for rep in REPORTS:
+        gm = rep.graph() if rep.graph is not None else None
+        if gm is not None and any((p := r()) is not None and id(p) in mine for r in rep.params):
+            out.append(gm)
+    return out
 
 
 def register():

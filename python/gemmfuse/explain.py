@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _lib, direct
+from . import _lib, backend, direct
 from .module import example_from_record, optimize
 
 
@@ -41,7 +41,8 @@ def _describe_with_example(module, rt, spec, x=None):
 def _plans_by_input(module, rt, shown_spec) -> list:
     """One line (and the plan, where it differs from the one printed above) per input
     signature the chain ran fused with: the planner picks kernels by shape, and explain's
-    main plan is at the optimize-time shape."""
+    main plan is at the optimize-time shape (shown_spec: the spec of the plan printed above,
+    None when none was: torch.compile's chains are planned at their first call)."""
     if not rt.seen:
         return []
     kind, info = rt.example_sources[rt.x_idx]
@@ -94,6 +95,10 @@ def explain_text(module) -> str:
         out.append("  replaces these PyTorch nodes:")
         out.extend("    " + n for n in e.nodes)
         out.append(f"  chain ends because: {e.stop or 'end of graph'}")
+        if rt is not None and rt.guards:
+            out.append("  numbers read at compile time, held by the spec (a call that brings "
+                       "another value runs in PyTorch): "
+                       + ", ".join(f"{name} = {v!r}" for _, v, name in rt.guards))
         spec, plan = e.spec, e.plan
         if rt is not None and rt.mode_names:
             spec, plan = _current_plan(module, e, rt)
@@ -105,7 +110,7 @@ def explain_text(module) -> str:
             out.append(_indent(plan))
         if rt is not None:
             out.append(f"  runtime: {rt.fused_calls} fused call(s)")
-            out.extend(_plans_by_input(module, rt, spec))
+            out.extend(_plans_by_input(module, rt, spec if plan else None))
             if rt.fallbacks:
                 out.append("  fallbacks to PyTorch:")
                 for reason, count in rt.fallbacks.items():
@@ -122,19 +127,43 @@ def explain_text(module) -> str:
     return "\n".join(out) + "\n"
 
 
+def compiled_text(graphs) -> str:
+    """explain_text of each graph the torch.compile backend rewrote for one module."""
+    head = (f"torch.compile: {len(graphs)} graph(s) compiled by the gemmfuse backend for this "
+            f"module (oldest first; dynamo compiles again for new guards, e.g. a new input "
+            f"shape or training flag)")
+    parts = [head]
+    for i, gm in enumerate(graphs):
+        parts.append(f"\n=== graph {i + 1} of {len(graphs)} ===")
+        parts.append(explain_text(gm).rstrip("\n"))
+    return "\n".join(parts) + "\n"
+
+
 def explain(module, example_inputs=None, precision: str = "fp32", print_it: bool = True) -> str:
-    """Explain an optimized module (or optimize ``module`` with ``example_inputs`` first).
-    Returns the text; prints it too (with rich, when installed) unless ``print_it=False``."""
+    """Explain an optimized module (or optimize ``module`` with ``example_inputs`` first), or
+    a module compiled with ``torch.compile(module, backend="gemmfuse")`` that has been called
+    (its graphs). Returns the text; prints it too (with rich, when installed) unless
+    ``print_it=False``."""
     optimized = getattr(module, "_gemmfuse", None) is not None
-    if optimized and example_inputs is not None:
-        raise ValueError("gemmfuse.explain: the module is already optimized, so example_inputs "
-                         "would go unused; call it on your inputs, and explain lists the plan "
-                         "at each input shape it ran with")
-    if not optimized:
-        if example_inputs is None:
-            raise ValueError("gemmfuse.explain: a plain module needs example_inputs to optimize it")
-        module = optimize(module, example_inputs, precision=precision)
-    text = explain_text(module)
+    compiled = hasattr(module, "_orig_mod")  # torch.compile's wrapper
+    if (optimized or compiled) and example_inputs is not None:
+        raise ValueError(f"gemmfuse.explain: the module is already "
+                         f"{'optimized' if optimized else 'compiled'}, so example_inputs would "
+                         f"go unused; call it on your inputs, and explain lists the plan at "
+                         f"each input shape it ran with")
+    if optimized:
+        text = explain_text(module)
+    else:
+        graphs = backend.compiled_graphs(module) if example_inputs is None else []
+        if graphs:
+            text = compiled_text(graphs)
+        elif example_inputs is None:
+            raise ValueError(
+                "gemmfuse.explain: no gemmfuse compilation of this module found (a module "
+                "compiled with torch.compile(module, backend='gemmfuse') is explained once it "
+                "has been called); a plain module needs example_inputs to optimize it")
+        else:
+            text = explain_text(optimize(module, example_inputs, precision=precision))
     if print_it:
         try:
             from rich.console import Console

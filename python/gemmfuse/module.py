@@ -48,7 +48,8 @@ class ChainRuntime:
 
     def __init__(self, index: int, specs: dict, x_idx: int, w_idx: int, b_idx: Optional[int],
                  op_idx: list, st_idx: list, mode_idx: list, mode_names: list, precision: str,
-                 fallback: fx.GraphModule, in_features: int, x_rank: Optional[int] = None):
+                 fallback: fx.GraphModule, in_features: int, x_rank: Optional[int] = None,
+                 guards: tuple = ()):
         self.index = index
         self.specs = specs                # training flags tuple -> spec text
         self.x_idx, self.w_idx, self.b_idx = x_idx, w_idx, b_idx
@@ -58,6 +59,10 @@ class ChainRuntime:
         self.fallback = fallback          # the original nodes, inputs as arguments
         self.in_features = in_features
         self.x_rank = x_rank              # dims were normalised for this input rank
+        # (input index, compile-time value, name): numbers the graph passes at run time that
+        # the specs hold as constants (Chain.guards); a call that brings another value runs
+        # in PyTorch.
+        self.guards = tuple(guards)
         self.bn_training = {f: ("batch_norm training=1" in s) for f, s in specs.items()}
         # Statistics (eager calls only).
         self.fused_calls = 0
@@ -87,6 +92,14 @@ class ChainRuntime:
         self.seen[key] = None
         if len(self.seen) > self.SEEN_MAX:
             del self.seen[next(iter(self.seen))]
+
+    def _changed_number(self, inputs):
+        """The name of the first guarded number that differs from its compile-time value."""
+        for i, v, name in self.guards:
+            now = inputs[i]
+            if not (now == v or (now != now and v != v)):  # NaN stays NaN
+                return name
+        return None
 
     def _record(self, reason: str):
         self.fallbacks[reason] = self.fallbacks.get(reason, 0) + 1
@@ -121,7 +134,8 @@ class ChainRuntime:
             x = inputs[self.x_idx]
             if (type(x) is torch.Tensor and x.shape == fast[0] and x.dtype == fast[1]
                     and x.device == fast[2] and not torch.is_grad_enabled()
-                    and (not self.mode_idx or self.flags(inputs) == fast[3])):
+                    and (not self.mode_idx or self.flags(inputs) == fast[3])
+                    and (not self.guards or self._changed_number(inputs) is None)):
                 b = None if self.b_idx is None else inputs[self.b_idx]
                 op_idx, st_idx = self.op_idx, self.st_idx
                 # () for an empty list: no allocation (a list is a GC-tracked object each call)
@@ -146,6 +160,10 @@ class ChainRuntime:
                 f"input or the model with .to(device)")
         if x.dtype != w.dtype or not x.is_floating_point():
             return self._pytorch(inputs, f"input dtype {x.dtype} != weight dtype {w.dtype}")
+        changed = self._changed_number(inputs) if self.guards else None
+        if changed is not None:
+            return self._pytorch(inputs, f"{changed} differs from its value at compile time, "
+                                         f"which the fused chain holds")
         if x.dim() == 0 or x.shape[-1] != self.in_features:
             return self._pytorch(inputs, f"input shape {list(x.shape)} does not end in {self.in_features}")
         if self.x_rank is not None and x.dim() != self.x_rank:
@@ -269,6 +287,7 @@ def rewrite_chain(gm: fx.GraphModule, chain: Chain, precision: str, remap: dict,
     op_idx = [add(s) for s in chain.operands]
     st_idx = [add(s) for s in chain.state]
     mode_idx = [add(AttrRef(q)) for q in chain.mode_modules]
+    guards = [(add(n), v, _number_name(n)) for n, v in chain.guards.items()]
 
     # The fallback: the original nodes as a graph of their own, every input an argument.
     fb = fx.Graph()
@@ -295,7 +314,7 @@ def rewrite_chain(gm: fx.GraphModule, chain: Chain, precision: str, remap: dict,
     xinf = node_info(chain.x)
     rt = ChainRuntime(chain.index, specs, x_idx, w_idx, b_idx, op_idx, st_idx, mode_idx,
                       list(chain.mode_modules), precision, fallback, chain.in_features,
-                      xinf.rank if isinstance(xinf, TInfo) else None)
+                      xinf.rank if isinstance(xinf, TInfo) else None, guards)
     rt.example_sources = [example_record(src) for src in sources]
     setattr(gm, attr_name, rt)
 
@@ -319,6 +338,13 @@ def rewrite_chain(gm: fx.GraphModule, chain: Chain, precision: str, remap: dict,
     for n in reversed(chain_nodes):
         g.erase_node(n)
     return Rewritten(new, rt, sources)
+
+
+def _number_name(node: fx.Node) -> str:
+    """What a guarded number is called in messages: the graph input it is read from."""
+    if node.op == "call_method" and node.target == "item" and isinstance(node.args[0], fx.Node):
+        node = node.args[0]
+    return node.name
 
 
 def example_tensor(gm: fx.GraphModule, src) -> Any:
@@ -377,6 +403,10 @@ class OptimizeReport:
     flavor: str
     entries: list = field(default_factory=list)
     rejected: list = field(default_factory=list)  # (linear node, reason): not captured at all
+    # dynamo flavour: weak references to the rewritten graph and to the parameters it reads
+    # (backend.compiled_graphs finds a compiled module's graphs by them).
+    graph: Any = None
+    params: list = field(default_factory=list)
 
 
 # --------------------------------------------------------------------------------------------
@@ -503,10 +533,12 @@ def optimize(model: nn.Module, example_inputs, precision: str = "fp32") -> fx.Gr
 
 
 def runtimes(module: nn.Module) -> list:
-    """The ChainRuntime objects of an optimized module, by chain index."""
+    """The ChainRuntime objects of an optimized module, by chain index; of a module compiled
+    with backend="gemmfuse", those of every graph compiled for it (backend.compiled_graphs)."""
     rep = getattr(module, "_gemmfuse", None)
     if rep is None:
-        return []
+        from .backend import compiled_graphs
+        return [rt for gm in compiled_graphs(module) for rt in runtimes(gm)]
     return [getattr(module, e.attr) for e in rep.entries if e.attr]
 
 

@@ -6,7 +6,8 @@ import torch
 
 import gemmfuse
 from gemmfuse import backend as gf_backend
-from conftest import assert_close64, double_ref, make_seed, needs_lib, seed_ids
+from gemmfuse.explain import explain_text
+from conftest import SEED_B, assert_close64, double_ref, make_seed, needs_lib, seed_ids
 
 pytestmark = needs_lib
 
@@ -45,6 +46,96 @@ def test_backend_seed_models(mid, precision):
         for name in ("running_mean", "running_var", "num_batches_tracked"):
             torch.testing.assert_close(getattr(model.bn, name), getattr(eager.bn, name),
                                        atol=1e-6, rtol=1e-5)
+
+
+def _spy_backend(graphs):
+    """The gemmfuse backend, keeping each graph it rewrote (its chains' runtimes live on it)."""
+    def backend(gm, example_inputs, **kw):
+        out = gf_backend.gemmfuse_backend(gm, example_inputs, **kw)
+        graphs.append(gm)
+        return out
+    return backend
+
+
+def _runtimes(gm):
+    return [getattr(gm, e.attr) for e in gm._gemmfuse.entries if e.attr]
+
+
+@pytest.mark.parametrize("mid", seed_ids())
+def test_backend_dynamic_shapes_fuse_whole_chains(mid):
+    # torch.compile(dynamic=True) passes float attributes (eps, momentum, clamp bounds, scale
+    # factors) as graph inputs read with .item(); the chain holds their compile-time values.
+    model, inputs = make_seed(mid)
+    ref = double_ref(model)
+    eager = copy.deepcopy(model)
+    static = []
+    with torch.no_grad():
+        torch.compile(copy.deepcopy(model), backend=_spy_backend(static))(inputs[0])
+    static_spec = static[0]._gemmfuse.entries[0].spec
+    graphs = []
+    compiled = torch.compile(model, backend=_spy_backend(graphs), dynamic=True)
+    with torch.no_grad():
+        for batch in (SEED_B, 5, 23):
+            x = torch.rand(batch, inputs[0].shape[1])
+            assert_close64(compiled(x), ref(x.double()), what=f"{mid} batch {batch}")
+            eager(x)
+            ref.load_state_dict(eager.state_dict())  # m84: the running statistics move on
+    assert len(graphs) == 1, "dynamic=True should compile one graph for every batch size"
+    (entry,) = graphs[0]._gemmfuse.entries
+    assert entry.status == "fused" and entry.stop.endswith("is the graph's output"), entry
+    assert entry.spec == static_spec
+    (rt,) = _runtimes(graphs[0])
+    assert rt.fused_calls == 3 and not rt.fallbacks, rt.fallbacks
+    if mid in ("m22", "m84", "m94"):
+        assert rt.guards, "the chain should hold numbers read at compile time"
+    if mid == "m84":
+        for name in ("running_mean", "running_var", "num_batches_tracked"):
+            torch.testing.assert_close(getattr(model.bn, name), getattr(eager.bn, name),
+                                       atol=1e-6, rtol=1e-5)
+
+
+def test_backend_dynamic_number_changed_runs_in_pytorch():
+    # dynamo does not recompile when an unspecialized float changes; the chain must notice.
+    model, inputs = make_seed("m22")
+    graphs = []
+    compiled = torch.compile(model, backend=_spy_backend(graphs), dynamic=True)
+    x = inputs[0]
+    with torch.no_grad():
+        compiled(x)
+        model.scale_factor = 3.0
+        ref = double_ref(model)
+        assert_close64(compiled(x), ref(x.double()), what="m22 after scale_factor = 3")
+        model.scale_factor = 2.0
+        compiled(x)
+    assert len(graphs) == 1
+    (rt,) = _runtimes(graphs[0])
+    assert rt.fused_calls == 2
+    ((reason, count),) = rt.fallbacks.items()
+    assert count == 1 and "scale_factor differs from its value at compile time" in reason
+    text = explain_text(graphs[0])
+    assert "numbers read at compile time" in text and "scale_factor = 2.0" in text
+
+
+def test_explain_compiled_module():
+    model, inputs = make_seed("m84")
+    compiled = torch.compile(model, backend="gemmfuse")
+    with pytest.raises(ValueError, match="no gemmfuse compilation"):
+        gemmfuse.explain(compiled, print_it=False)
+    with torch.no_grad():
+        compiled(inputs[0])
+        model.eval()  # a new training flag: dynamo compiles a second graph
+        compiled(inputs[0])
+    text = gemmfuse.explain(compiled, print_it=False)
+    assert "2 graph(s) compiled by the gemmfuse backend" in text, text
+    assert text.count("FUSED") == 2 and "training=1" in text and "training=0" in text, text
+    assert "ColumnStats" in text and "RowPass" in text, "the plan at the input each graph ran with"
+    assert gemmfuse.explain(model, print_it=False) == text  # the wrapped module: the same graphs
+    assert [(rt.fused_calls, rt.fallbacks) for rt in gemmfuse.runtimes(compiled)] == [(1, {}), (1, {})]
+    other, _ = make_seed("m84")
+    with pytest.raises(ValueError, match="no gemmfuse compilation"):
+        gemmfuse.explain(other, print_it=False)
+    with pytest.raises(ValueError, match="already compiled"):
+        gemmfuse.explain(compiled, inputs, print_it=False)
 
 
 def test_backend_grad_mode_leaves_chain_to_pytorch():

@@ -449,20 +449,26 @@ def test_gpu_fuzz():
     assert stats["fused"] >= 0.9 * n
 
 
+@pytest.mark.parametrize("dynamic", [None, True], ids=["static", "dynamic"])
 @pytest.mark.parametrize("mid", seed_ids())
-def test_compile_backend_cuda(mid):
+def test_compile_backend_cuda(mid, dynamic):
     """torch.compile(backend="gemmfuse") on CUDA: dynamo's graph (modules inlined, parameters
-    as inputs) is captured and runs fused, in `fast` mode within 1e-4 of float64."""
+    as inputs) is captured and runs fused, in `fast` mode within 1e-4 of float64; with
+    dynamic=True too (float attributes arrive as graph inputs, the batch size symbolic)."""
     from gemmfuse import backend as gf_backend
     torch._dynamo.reset()
     model, inputs = _seed_gpu(mid)
     ref = copy.deepcopy(model).double()
-    compiled = torch.compile(model, backend="gemmfuse", options={"precision": "fast"})
+    compiled = torch.compile(model, backend="gemmfuse", options={"precision": "fast"},
+                             dynamic=dynamic)
     with torch.no_grad():
         for step in range(2):
             x = torch.rand_like(inputs[0])
+            if dynamic and step == 1:
+                x = x[: x.shape[0] // 2 + 1]
             out = compiled(x)
             assert_close64(out, ref(x.double()), what=f"{mid} compiled step {step}")
             assert rel(out, ref(x.double())) <= 2e-5
     assert [e.status for e in gf_backend.REPORTS[-1].entries] == ["fused"]
+    assert [(rt.fused_calls, rt.fallbacks) for rt in gemmfuse.runtimes(compiled)] == [(2, {})]
     torch._dynamo.reset()

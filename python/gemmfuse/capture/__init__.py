@@ -20,8 +20,8 @@ for linear nodes it could not start a chain at, why (``CaptureReport.rejected``)
 from __future__ import annotations
 
 from .chain import CaptureReport, Chain, Stage, Unsupported
-from .find import _attr_tensor, capture_spec_texts, find_chains
+from .find import _attr_tensor, capture_spec_texts, compile_time_numbers, find_chains
 from .values import AttrRef, InfoProp, TInfo, node_info, source_key
 
 __all__ = ["AttrRef", "CaptureReport", "Chain", "InfoProp", "Stage", "TInfo", "Unsupported",
-           "capture_spec_texts", "find_chains", "node_info", "source_key", "_attr_tensor"]
+           "capture_spec_texts", "compile_time_numbers", "find_chains", "node_info", "source_key", "_attr_tensor"]

@@ -65,6 +65,9 @@ class Chain:
     operands: list = field(default_factory=list)   # [Source] for t<i>
     state: list = field(default_factory=list)      # [Source] for s<i>
     mode_modules: list = field(default_factory=list)  # [qualname] whose .training picks the spec
+    # Numbers the graph computes at run time that the spec holds as constants: fx.Node ->
+    # compile-time value (see Ref.guard).
+    guards: dict = field(default_factory=dict)
 
     @property
     def nodes(self) -> list:
@@ -90,6 +93,8 @@ class Chain:
                 elif r.kind == "s" and source_key(r.value) not in s_idx:
                     s_idx[source_key(r.value)] = len(s_idx)
                     self.state.append(r.value)
+                elif r.kind == "imm" and r.guard is not None:
+                    self.guards[r.guard] = r.value
         self._t_idx, self._s_idx = t_idx, s_idx
         self.mode_modules = modes
 

@@ -77,11 +77,13 @@ _INPLACE_METHOD_HINT = "in-place tensor methods are not fused"
 class _Ctx:
     """What classify() needs about the chain under construction."""
 
-    def __init__(self, gm: fx.GraphModule, chain: Chain, chain_nodes: set, mode_flags: dict):
+    def __init__(self, gm: fx.GraphModule, chain: Chain, chain_nodes: set, mode_flags: dict,
+                 numbers: Optional[dict] = None):
         self.gm = gm
         self.chain = chain
         self.chain_nodes = chain_nodes
         self.mode_flags = mode_flags   # qualname -> current training flag (for capture decisions)
+        self.numbers = numbers or {}   # graph node -> its number at compile time (find_chains)
         self.cur: fx.Node = chain.linear
         self.rank = 0
         self.has_feat = True
@@ -90,8 +92,17 @@ class _Ctx:
     def module(self, node: fx.Node) -> nn.Module:
         return self.gm.get_submodule(node.target)
 
+    def imm(self, v, what: str) -> Ref:
+        """A number argument: a constant, or a node whose compile-time number the spec holds
+        (guarded: the chain checks it on every call)."""
+        if isinstance(v, fx.Node) and v in self.numbers:
+            return _imm(self.numbers[v], guard=v)
+        return _imm(_number(v, what))
+
     def operand(self, a, what: str, allow_value: bool = False) -> Ref:
         """A binary operand: a number, an outside tensor (t), or an earlier chain value (v)."""
+        if isinstance(a, fx.Node) and a in self.numbers:
+            return self.imm(a, what)
         if isinstance(a, fx.Node):
             if a in self.chain.values:
                 if not allow_value:
@@ -210,8 +221,8 @@ def classify(node: fx.Node, ctx: _Ctx) -> Stage:
     if t is F.softplus:
         first_is_cur()
         a = bind(node, ["input", "beta", "threshold"], {"beta": 1.0, "threshold": 20.0})
-        return Stage([node], _unary("softplus", beta=_imm(_number(a["beta"], "beta")),
-                                    threshold=_imm(_number(a["threshold"], "threshold"))))
+        return Stage([node], _unary("softplus", beta=ctx.imm(a["beta"], "beta"),
+                                    threshold=ctx.imm(a["threshold"], "threshold")))
     if t in (F.elu, torch._C._nn.elu):
         first_is_cur()
         if t is F.elu:
@@ -222,12 +233,12 @@ def classify(node: fx.Node, ctx: _Ctx) -> Stage:
                      {"alpha": 1.0, "scale": 1.0, "input_scale": 1.0})
             if a["scale"] != 1 or a["input_scale"] != 1:
                 raise Unsupported("elu with scale/input_scale")
-        return Stage([node], _unary("elu", alpha=_imm(_number(a["alpha"], "alpha"))))
+        return Stage([node], _unary("elu", alpha=ctx.imm(a["alpha"], "alpha")))
     if t in (F.leaky_relu, torch._C._nn.leaky_relu):
         first_is_cur()
         a = bind(node, ["input", "negative_slope", "inplace"], {"negative_slope": 0.01, "inplace": False})
         _check_inplace(ctx, node, a["inplace"])
-        return Stage([node], _unary("leaky_relu", alpha=_imm(_number(a["negative_slope"], "negative_slope"))))
+        return Stage([node], _unary("leaky_relu", alpha=ctx.imm(a["negative_slope"], "negative_slope")))
     if t in (F.group_norm, torch.group_norm):
         first_is_cur()
         a = bind(node, ["input", "num_groups", "weight", "bias", "eps", "cudnn_enabled"],
@@ -258,13 +269,13 @@ def classify(node: fx.Node, ctx: _Ctx) -> Stage:
             a = bind(node, ["input", "p", "train"], {})
             a["training"], a["inplace"] = a["train"], False
         _check_inplace(ctx, node, a["inplace"])
-        p = _number(a["p"], "dropout p")
+        p = ctx.imm(a["p"], "dropout p")
         training = a["training"]
         if not isinstance(training, bool):
             raise Unsupported("dropout's training flag is not a constant")
-        if training and p > 0:
-            raise Unsupported(f"dropout(p={p}) in training mode runs in PyTorch")
-        return Stage([node], _unary("dropout", p=_imm(p), training=bool(training)))
+        if training and p.value > 0:
+            raise Unsupported(f"dropout(p={p.value}) in training mode runs in PyTorch")
+        return Stage([node], _unary("dropout", p=p, training=bool(training)))
     if t is F.avg_pool1d:
         first_is_cur()
         a = bind(node, ["input", "kernel_size", "stride", "padding", "ceil_mode", "count_include_pad"],
@@ -502,9 +513,9 @@ def _clamp(node, ctx: _Ctx, a: dict) -> Stage:
     if lo is None and hi is None:
         raise Unsupported("clamp without bounds")
     if lo is not None:
-        keys["lo"] = _imm(_number(lo, "clamp min"))
+        keys["lo"] = ctx.imm(lo, "clamp min")
     if hi is not None:
-        keys["hi"] = _imm(_number(hi, "clamp max"))
+        keys["hi"] = ctx.imm(hi, "clamp max")
     ctx.same_shape_out(node, "clamp")
     return Stage([node], _unary("clamp", **keys))
 
@@ -516,17 +527,18 @@ def _pow(node, ctx: _Ctx, args: list, kwargs: dict) -> Stage:
     if a.get("input") is not ctx.cur:
         raise Unsupported("pow with the chain value as the exponent")
     e = a.get("exponent")
-    if isinstance(e, fx.Node) or not isinstance(e, (int, float)) or isinstance(e, bool):
+    if (e not in ctx.numbers if isinstance(e, fx.Node)
+            else not isinstance(e, (int, float)) or isinstance(e, bool)):
         raise Unsupported("pow with a tensor exponent")
     ctx.same_shape_out(node, "pow")
-    return Stage([node], _unary("pow", alpha=_imm(e)))
+    return Stage([node], _unary("pow", alpha=ctx.imm(e, "pow exponent")))
 
 
 def _group_norm(node, ctx: _Ctx, groups, weight, bias, eps) -> Stage:
     ctx.need_rank((2,), "group_norm")
     if not isinstance(groups, int) or isinstance(groups, bool):
         raise Unsupported("group_norm groups is not a constant int")
-    keys = {"groups": groups, "eps": _imm(_number(eps, "eps"))}
+    keys = {"groups": groups, "eps": ctx.imm(eps, "eps")}
     if weight is not None:
         keys["weight"] = ctx.tensor_operand(weight, "group_norm weight")
     if bias is not None:
@@ -543,7 +555,7 @@ def _layer_norm(node, ctx: _Ctx, shape, weight, bias, eps) -> Stage:
         raise Unsupported(f"layer_norm over {shape!r} (only the last dim fuses)")
     if shape[0] != ctx.width:
         raise Unsupported(f"layer_norm normalized_shape {tuple(shape)} on width {ctx.width}")
-    keys = {"groups": 1, "eps": _imm(_number(eps, "eps"))}
+    keys = {"groups": 1, "eps": ctx.imm(eps, "eps")}
     if weight is not None:
         keys["weight"] = ctx.tensor_operand(weight, "layer_norm weight")
     if bias is not None:
@@ -561,12 +573,12 @@ def _batch_norm_functional(node, ctx: _Ctx, a: dict) -> Stage:
         raise Unsupported("batch_norm with only one running statistic")
     if not training and rm is None:
         raise Unsupported("eval batch_norm without running statistics")
-    keys = {"training": training, "eps": _imm(_number(a["eps"], "eps"))}
+    keys = {"training": training, "eps": ctx.imm(a["eps"], "eps")}
     if training and rm is not None:
         mom = a["momentum"]
         if mom is None:
             raise Unsupported("functional batch_norm with momentum=None")
-        keys["momentum"] = _imm(_number(mom, "momentum"))
+        keys["momentum"] = ctx.imm(mom, "momentum")
     if a["weight"] is not None:
         keys["weight"] = ctx.tensor_operand(a["weight"], "batch_norm weight")
     if a["bias"] is not None:

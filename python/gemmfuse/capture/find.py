@@ -56,9 +56,12 @@ def _shape_of_source(gm, src):
     return tuple(inf.shape) if isinstance(inf, TInfo) else None
 
 
-def find_chains(gm: fx.GraphModule, flavor: str = "fx", check: Optional[Callable] = None) -> CaptureReport:
+def find_chains(gm: fx.GraphModule, flavor: str = "fx", check: Optional[Callable] = None,
+                numbers: Optional[dict] = None) -> CaptureReport:
     """Every chain in ``gm``. ``check(spec) -> reason`` (the C++ parser), when given, vets each
-    spec; a spec it refuses is reported in ``rejected`` and not returned as a chain."""
+    spec; a spec it refuses is reported in ``rejected`` and not returned as a chain.
+    ``numbers``: graph nodes that compute a number at run time, with its value at compile time
+    (``compile_time_numbers``); a chain may hold them as constants, guarded (Chain.guards)."""
     report = CaptureReport(flavor=flavor)
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     taken: set = set()
@@ -87,7 +90,7 @@ def find_chains(gm: fx.GraphModule, flavor: str = "fx", check: Optional[Callable
             continue
         chain = Chain(index=len(report.chains), linear=node, x=x, weight=w, bias=b,
                       in_features=int(wshape[1]), out_features=int(wshape[0]), linear_module=q)
-        _grow(chain, gm, order)
+        _grow(chain, gm, order, numbers)
         chain.finish()
         if check is not None:
             bad = None
@@ -104,12 +107,12 @@ def find_chains(gm: fx.GraphModule, flavor: str = "fx", check: Optional[Callable
     return report
 
 
-def _grow(chain: Chain, gm: fx.GraphModule, order: dict):
+def _grow(chain: Chain, gm: fx.GraphModule, order: dict, numbers: Optional[dict] = None):
     lin = chain.linear
     chain.values = {lin: 0}
     chain_nodes = {lin}
     mode_flags = {}
-    ctx = _Ctx(gm, chain, chain_nodes, mode_flags)
+    ctx = _Ctx(gm, chain, chain_nodes, mode_flags, numbers)
     ctx.rank = node_info(lin).rank
     ctx.width = chain.out_features
     stop = ""
@@ -185,6 +188,25 @@ def _grow(chain: Chain, gm: fx.GraphModule, order: dict):
         for n in removed.nodes:
             chain.values.pop(n, None)
         chain.stop = f"{bad[0].name} is also used by {bad[1].name}, outside the chain"
+
+
+def compile_time_numbers(gm: fx.GraphModule, example_inputs) -> dict:
+    """The numbers of a dynamo graph that are inputs rather than constants, with their values
+    in this compilation's (real) example inputs: torch.compile(dynamic=True) passes float
+    attributes and arguments (a BatchNorm's eps, a clamp bound, a scale) as 0-d CPU tensors
+    that the graph reads with ``.item()``, or as float placeholders, and dynamo does not
+    recompile when they change. Maps each ``.item()`` node (or float placeholder) to its value."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    out = {}
+    for ph, v in zip(placeholders, example_inputs):
+        if isinstance(v, float):
+            out[ph] = v
+        elif (type(v) is torch.Tensor and v.dim() == 0 and v.is_floating_point()
+              and v.device.type == "cpu" and not v.requires_grad):
+            for u in ph.users:
+                if u.op == "call_method" and u.target == "item" and len(u.args) == 1 and not u.kwargs:
+                    out[u] = float(v.item())
+    return out
 
 
 def capture_spec_texts(gm: fx.GraphModule, flavor: str = "fx") -> list:

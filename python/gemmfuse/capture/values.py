@@ -76,10 +76,14 @@ Source = Union[fx.Node, AttrRef]
 class Ref:
     kind: str          # 'imm' | 't' | 's' | 'v'
     value: Any         # float for imm, Source for t/s, fx.Node (a chain value) for v
+    # imm only: the graph node that computes this number at run time when the graph has one
+    # (dynamo's unspecialized floats); the spec holds its compile-time value, and the chain
+    # checks on every call that the node still gives it (Chain.guards).
+    guard: Any = None
 
 
-def _imm(x) -> Ref:
-    return Ref("imm", float(x))
+def _imm(x, guard=None) -> Ref:
+    return Ref("imm", float(x), guard)
 
 
 def fmt_number(x: float) -> str:

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from conftest import HAVE_LIB, make_seed, needs_lib, seed_ids
 from gemmfuse import _lib
-from gemmfuse.capture import find_chains
+from gemmfuse.capture import compile_time_numbers, find_chains
 from gemmfuse.module import _propagate, _share_state
 
 E5 = "1.0000000000000001e-05"
@@ -59,16 +59,16 @@ def fx_specs(model, inputs):
     return [c.spec(tuple(gm.get_submodule(q).training for q in c.mode_modules)) for c in rep.chains], rep
 
 
-def dynamo_report(model, inputs):
+def dynamo_report(model, inputs, dynamic=None):
     got = {}
 
     def backend(gm, example_inputs):
         got["gm"] = gm
-        got["rep"] = find_chains(gm, "dynamo")
+        got["rep"] = find_chains(gm, "dynamo", numbers=compile_time_numbers(gm, example_inputs))
         return gm.forward
 
     torch._dynamo.reset()
-    torch.compile(model, backend=backend, fullgraph=True)(*inputs)
+    torch.compile(model, backend=backend, fullgraph=True, dynamic=dynamic)(*inputs)
     torch._dynamo.reset()
     return got["gm"], got["rep"]
 
@@ -82,11 +82,18 @@ def test_seed_spec_symbolic_trace(mid):
     assert "output" in rep.chains[0].stop
 
 
+# The float attributes torch.compile(dynamic=True) turns into graph inputs, per seed model.
+DYNAMIC_NUMBERS = {"m18": set(), "m99": set(), "m84": {"bn_eps", "bn_momentum"},
+                   "m22": {"scale_factor", "clamp_min", "clamp_max"},
+                   "m94": {"hardtanh_min_val", "hardtanh_max_val", "groupnorm_eps"}}
+
+
+@pytest.mark.parametrize("dynamic", [None, True], ids=["static", "dynamic"])
 @pytest.mark.parametrize("mid", seed_ids())
-def test_seed_spec_dynamo(mid):
+def test_seed_spec_dynamo(mid, dynamic):
     model, inputs = make_seed(mid)
-    gm, rep = dynamo_report(model, inputs)
-    assert len(rep.chains) == 1
+    gm, rep = dynamo_report(model, inputs, dynamic)
+    assert len(rep.chains) == 1, rep.chains
     spec = rep.chains[0].spec(())
     expect = SEED_SPECS[mid]
     if mid == "m84":  # dynamo keeps num_batches_tracked.add_(1) as its own node
@@ -94,6 +101,13 @@ def test_seed_spec_dynamo(mid):
     assert spec == expect
     # Parameters arrive as placeholders in dynamo graphs.
     assert rep.chains[0].weight.op in ("placeholder", "get_attr")
+    # Under dynamic=True the float attributes are graph inputs, held at their values.
+    guarded = {n.args[0].name for n in rep.chains[0].guards}
+    if dynamic:
+        assert len(guarded) == len(DYNAMIC_NUMBERS[mid]), guarded
+        assert all(any(name in g for g in guarded) for name in DYNAMIC_NUMBERS[mid]), guarded
+    else:
+        assert not guarded
 
 
 def test_bn_spec_follows_training_flag():

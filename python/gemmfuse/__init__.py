@@ -4,6 +4,7 @@
     fast = gemmfuse.optimize(model, example_inputs, precision="fp32")   # or "fast", "tf32"
     print(gemmfuse.explain(fast))
     compiled = torch.compile(model, backend="gemmfuse")                # options={"precision": ...}
+    print(gemmfuse.explain(compiled))                                  # after a call
 
 Python is the front only: capture (FX graph -> chain spec text), the optimized module and the
 torch.compile backend. Planning and kernels are C++ (``torch.ops.gemmfuse``).

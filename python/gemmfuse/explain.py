@@ -4,7 +4,9 @@ For an optimized module: every chain with the PyTorch nodes it replaced, its spe
 module's current training flags), the C++ plan (``describe``: rewrites and steps), why the
 chain ends where it does, every fallback to PyTorch with its reason and count, and the input
 shapes the chain ran fused with, with the plan at each (kernels are chosen by shape). For a
-plain module, it is optimized first with ``example_inputs``.
+module compiled with ``torch.compile(module, backend="gemmfuse")`` and called, the same for
+each graph the backend rewrote for it. For a plain module, it is optimized first with
+``example_inputs``.
 """
 from __future__ import annotations
 

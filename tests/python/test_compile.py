@@ -48,19 +48,6 @@ def test_backend_seed_models(mid, precision):
                                        atol=1e-6, rtol=1e-5)
 
 
-def _spy_backend(graphs):
-    """The gemmfuse backend, keeping each graph it rewrote (its chains' runtimes live on it)."""
-    def backend(gm, example_inputs, **kw):
-        out = gf_backend.gemmfuse_backend(gm, example_inputs, **kw)
-        graphs.append(gm)
-        return out
-    return backend
-
-
-def _runtimes(gm):
-    return [getattr(gm, e.attr) for e in gm._gemmfuse.entries if e.attr]
-
-
 @pytest.mark.parametrize("mid", seed_ids())
 def test_backend_dynamic_shapes_fuse_whole_chains(mid):
     # torch.compile(dynamic=True) passes float attributes (eps, momentum, clamp bounds, scale
@@ -68,23 +55,23 @@ def test_backend_dynamic_shapes_fuse_whole_chains(mid):
     model, inputs = make_seed(mid)
     ref = double_ref(model)
     eager = copy.deepcopy(model)
-    static = []
+    static = torch.compile(copy.deepcopy(model), backend="gemmfuse")
     with torch.no_grad():
-        torch.compile(copy.deepcopy(model), backend=_spy_backend(static))(inputs[0])
-    static_spec = static[0]._gemmfuse.entries[0].spec
-    graphs = []
-    compiled = torch.compile(model, backend=_spy_backend(graphs), dynamic=True)
+        static(inputs[0])
+    static_spec = gf_backend.compiled_graphs(static)[0]._gemmfuse.entries[0].spec
+    compiled = torch.compile(model, backend="gemmfuse", dynamic=True)
     with torch.no_grad():
         for batch in (SEED_B, 5, 23):
             x = torch.rand(batch, inputs[0].shape[1])
             assert_close64(compiled(x), ref(x.double()), what=f"{mid} batch {batch}")
             eager(x)
             ref.load_state_dict(eager.state_dict())  # m84: the running statistics move on
+    graphs = gf_backend.compiled_graphs(compiled)
     assert len(graphs) == 1, "dynamic=True should compile one graph for every batch size"
     (entry,) = graphs[0]._gemmfuse.entries
     assert entry.status == "fused" and entry.stop.endswith("is the graph's output"), entry
     assert entry.spec == static_spec
-    (rt,) = _runtimes(graphs[0])
+    (rt,) = gemmfuse.runtimes(graphs[0])
     assert rt.fused_calls == 3 and not rt.fallbacks, rt.fallbacks
     if mid in ("m22", "m84", "m94"):
         assert rt.guards, "the chain should hold numbers read at compile time"
@@ -97,8 +84,7 @@ def test_backend_dynamic_shapes_fuse_whole_chains(mid):
 def test_backend_dynamic_number_changed_runs_in_pytorch():
     # dynamo does not recompile when an unspecialized float changes; the chain must notice.
     model, inputs = make_seed("m22")
-    graphs = []
-    compiled = torch.compile(model, backend=_spy_backend(graphs), dynamic=True)
+    compiled = torch.compile(model, backend="gemmfuse", dynamic=True)
     x = inputs[0]
     with torch.no_grad():
         compiled(x)
@@ -107,8 +93,9 @@ def test_backend_dynamic_number_changed_runs_in_pytorch():
         assert_close64(compiled(x), ref(x.double()), what="m22 after scale_factor = 3")
         model.scale_factor = 2.0
         compiled(x)
+    graphs = gf_backend.compiled_graphs(compiled)
     assert len(graphs) == 1
-    (rt,) = _runtimes(graphs[0])
+    (rt,) = gemmfuse.runtimes(graphs[0])
     assert rt.fused_calls == 2
     ((reason, count),) = rt.fallbacks.items()
     assert count == 1 and "scale_factor differs from its value at compile time" in reason

@@ -1,5 +1,6 @@
 // Is the fp32 GEMM on bf16 tensor cores (executors/cuda/sm90/gemm_bf16x6.cu) as faithful
-// as SGEMM, and from how many rows is it faster? In one process, against cuBLAS's SGEMM (what
+// as SGEMM, and from how many rows is it faster? Where its tiles would leave SMs idle, is the
+// split-K kernel faster than the wide one? In one process, against cuBLAS's SGEMM (what
 // eager PyTorch runs for fp32 without TF32):
 // - accuracy over K (M = 1024, N = 8192), at the GPU tests' shape, and on scaled data (x tiny
 //   with W huge: every row exceptional, so recomputed in fp32; x huge with W tiny): rel error
@@ -96,10 +97,27 @@ float median_ms(F&& f, int sets) {
   return t[t.size() / 2];
 }
 
+// The kernel's variants compared, by Bf16x6Problem::splits (0: the shape's choice, 1: the
+// wide kernel, more: the split-K kernel). Session 27's A/B of the products' order
+// (interleaved along K: 10% slower at the seed shape) and of 1x2 clusters for the split-K
+// kernel (no faster) used earlier versions of this probe.
+struct Variant {
+  const char* name;
+  int splits;
+};
+const Variant kVariants[] = {
+    {"chosen", 0},
+};
+const Variant kFewRowsVariants[] = {
+    {"chosen", 0},
+    {"wide", 1},
+};
+
 // One shape: x [M,K] (kSets copies, rotated), W [N,K], both as torch.rand / nn.Linear's
 // init scaled by xs/ws; with `errors`, the float64 reference of set 0 and each variant's error.
-void run_shape(cublasHandle_t h, int M, int N, int K, bool errors, bool timing, float xscale = 1.f,
-               float wscale = 1.f, const char* label = "") {
+template <size_t kN>
+void run_shape(cublasHandle_t h, const Variant (&variants)[kN], int M, int N, int K, bool errors,
+               bool timing, float xscale = 1.f, float wscale = 1.f, const char* label = "") {
   constexpr int kSets = 3;
   const size_t xn = size_t(M) * K, wn = size_t(N) * K, yn = size_t(M) * N;
   std::vector<float*> xs(kSets), ys(kSets);
@@ -121,7 +139,7 @@ void run_shape(cublasHandle_t h, int M, int N, int K, bool errors, bool timing, 
   CHECK_CUDA(cudaMemset(w_list, 0, 4));
   gemmfuse::cuda::launch_split_bf16x3(w, N, K, w_parts, {nullptr, w_list}, nullptr);
   void* ws;
-  const size_t ws_bytes = size_t(32) << 20;
+  const size_t ws_bytes = std::max(size_t(32) << 20, gemmfuse::cuda::sm90::bf16x6_workspace_bytes(M, N, K));
   CHECK_CUDA(cudaMalloc(&ws, ws_bytes));
   const float one = 1.f, zero = 0.f;
   auto sgemm = [&](int s) {
@@ -129,11 +147,12 @@ void run_shape(cublasHandle_t h, int M, int N, int K, bool errors, bool timing, 
                  &zero, ys[s], CUDA_R_32F, N, CUBLAS_COMPUTE_32F_PEDANTIC, CUBLAS_GEMM_DEFAULT);
   };
   // As the executor runs it (executors/cuda/gemm_cublas.cu).
-  auto ours = [&](int s) {
+  auto ours = [&](const Variant& v, int s) {
     gemmfuse::cuda::launch_split_bf16x3(xs[s], M, K, x_parts, {x_flags, nullptr}, nullptr);
     gemmfuse::cuda::sm90::Bf16x6Problem p;
     p.M = M; p.N = N; p.K = K;
     p.x_parts = x_parts; p.w_parts = w_parts; p.bias = nullptr; p.y = ys[s];
+    p.splits = v.splits;
     if (!gemmfuse::cuda::sm90::launch_bf16x6_gemm(p, ws, ws_bytes, nullptr)) {
       std::fprintf(stderr, "bf16x6 GEMM declined\n");
       std::exit(1);
@@ -153,32 +172,40 @@ void run_shape(cublasHandle_t h, int M, int N, int K, bool errors, bool timing, 
     CHECK_CUDA(cudaMemset(ys[0], 0xff, yn * 4));
     sgemm(0);
     const Err e_sgemm = error_of(ys[0], ref, yn, sums);
-    CHECK_CUDA(cudaMemset(ys[0], 0xff, yn * 4));
-    ours(0);
-    const Err e_ours = error_of(ys[0], ref, yn, sums);
-    std::vector<int> flags(M);
-    CHECK_CUDA(cudaMemcpy(flags.data(), x_flags, M * 4, cudaMemcpyDeviceToHost));
-    int rows_fixed = 0;
-    for (int f : flags) rows_fixed += f != 0;
-    std::printf("%-10s M=%5d N=%5d K=%5d  rel: SGEMM %.3e  bf16x6 %.3e (%.2fx)  max abs: %.2e %.2e  rows recomputed %d\n",
-                label, M, N, K, e_sgemm.rel, e_ours.rel, e_ours.rel / e_sgemm.rel, e_sgemm.max_abs,
-                e_ours.max_abs, rows_fixed);
+    for (const Variant& v : variants) {
+      CHECK_CUDA(cudaMemset(ys[0], 0xff, yn * 4));
+      ours(v, 0);
+      const Err e_ours = error_of(ys[0], ref, yn, sums);
+      std::vector<int> flags(M);
+      CHECK_CUDA(cudaMemcpy(flags.data(), x_flags, M * 4, cudaMemcpyDeviceToHost));
+      int rows_fixed = 0;
+      for (int f : flags) rows_fixed += f != 0;
+      std::printf("%-10s M=%5d N=%5d K=%5d  rel: SGEMM %.3e  %-22s %.3e (%.2fx)  max abs: %.2e %.2e  rows recomputed %d\n",
+                  label, M, N, K, e_sgemm.rel, v.name, e_ours.rel, e_ours.rel / e_sgemm.rel, e_sgemm.max_abs,
+                  e_ours.max_abs, rows_fixed);
+    }
     for (void* p : {(void*)x64, (void*)w64, (void*)ref, (void*)sums}) CHECK_CUDA(cudaFree(p));
   }
   if (timing) {
-    // Alternated in rounds so that both see the same clock drift.
-    std::vector<float> t_sgemm, t_ours, t_split;
+    // Alternated in rounds so that all see the same clock drift; the median round.
+    std::vector<float> t_sgemm, t_split;
+    std::vector<std::vector<float>> t_ours(kN);
     for (int round = 0; round < 3; ++round) {
       t_sgemm.push_back(median_ms(sgemm, kSets));
-      t_ours.push_back(median_ms(ours, kSets));
+      for (size_t i = 0; i < kN; ++i) t_ours[i].push_back(median_ms([&](int s) { ours(variants[i], s); }, kSets));
       t_split.push_back(median_ms([&](int s) { gemmfuse::cuda::launch_split_bf16x3(xs[s], M, K, x_parts, {x_flags, nullptr}, nullptr); }, kSets));
     }
     std::sort(t_sgemm.begin(), t_sgemm.end());
-    std::sort(t_ours.begin(), t_ours.end());
     std::sort(t_split.begin(), t_split.end());
     const double flop = 2.0 * M * N * K;
-    std::printf("time       M=%5d N=%5d K=%5d  SGEMM %.4f ms (%.1f TFLOP/s)  bf16x6 %.4f ms (x split alone %.4f)  -> %.2fx\n",
-                M, N, K, t_sgemm[1], flop / t_sgemm[1] * 1e-9, t_ours[1], t_split[1], t_sgemm[1] / t_ours[1]);
+    std::printf("time       M=%5d N=%5d K=%5d  SGEMM %.4f ms (%.1f TFLOP/s)  x split alone %.4f; splits chosen %d\n", M, N,
+                K, t_sgemm[1], flop / t_sgemm[1] * 1e-9, t_split[1],
+                gemmfuse::cuda::sm90::bf16x6_splits(M, N, 132));
+    for (size_t i = 0; i < kN; ++i) {
+      std::sort(t_ours[i].begin(), t_ours[i].end());
+      std::printf("             %-22s %.4f ms  -> %.2fx SGEMM  (rounds %.4f %.4f %.4f)\n", variants[i].name,
+                  t_ours[i][1], t_sgemm[1] / t_ours[i][1], t_ours[i][0], t_ours[i][1], t_ours[i][2]);
+    }
   }
   for (int s = 0; s < kSets; ++s) {
     CHECK_CUDA(cudaFree(xs[s]));
@@ -193,11 +220,19 @@ int main() {
   cublasCreate(&h);
   std::printf("fp32 GEMM: cuBLAS SGEMM against the bf16x6 kernel (executors/cuda/sm90/gemm_bf16x6.cu)\n");
   std::printf("x ~ U[0,1), W ~ U(-1/sqrt(K), 1/sqrt(K)) unless said; rel = ||y - ref|| / ||ref|| against float64\n");
-  for (int K : {64, 256, 1024, 4096, 8192}) run_shape(h, 1024, 8192, K, true, false, 1.f, 1.f, "accuracy");
-  run_shape(h, 256, 1024, 1024, true, false, 1.f, 1.f, "pytest");
-  run_shape(h, 256, 1024, 1024, true, false, 1e-36f, 1e30f, "tiny x");
-  run_shape(h, 256, 1024, 1024, true, false, 1e-30f, 1e30f, "small x");
-  run_shape(h, 256, 1024, 1024, true, false, 1e20f, 1e-20f, "wide");
-  for (int M : {128, 256, 512, 1024, 2048, 4096}) run_shape(h, M, 8192, 8192, M == 1024, true);
+  for (int K : {64, 256, 1024, 4096, 8192}) run_shape(h, kVariants, 1024, 8192, K, true, false, 1.f, 1.f, "accuracy");
+  for (int K : {1000, 8192}) run_shape(h, kFewRowsVariants, 128, 8192, K, true, false, 1.f, 1.f, "accuracy");
+  run_shape(h, kVariants, 256, 1024, 1024, true, false, 1.f, 1.f, "pytest");
+  run_shape(h, kVariants, 256, 1024, 1024, true, false, 1e-36f, 1e30f, "tiny x");
+  run_shape(h, kVariants, 256, 1024, 1024, true, false, 1e-30f, 1e30f, "small x");
+  run_shape(h, kVariants, 256, 1024, 1024, true, false, 1e20f, 1e-20f, "wide");
+  for (int M : {32, 64, 96, 128, 192}) run_shape(h, kFewRowsVariants, M, 8192, 8192, false, true);
+  for (int M : {128, 256}) run_shape(h, kFewRowsVariants, M, 4096, 4096, false, true);
+  run_shape(h, kFewRowsVariants, 256, 2048, 2048, false, true);
+  run_shape(h, kFewRowsVariants, 256, 1024, 1024, false, true);
+  run_shape(h, kFewRowsVariants, 1024, 256, 8192, false, true);
+  run_shape(h, kFewRowsVariants, 4096, 256, 8192, false, true);
+  run_shape(h, kFewRowsVariants, 256, 256, 8192, false, true);
+  for (int M : {256, 1024}) run_shape(h, kVariants, M, 8192, 8192, false, true);
   return 0;
 }

@@ -7,6 +7,7 @@
 
 #include "column_stats.h"
 #include "cuda_check.h"
+#include "device_info.h"
 #include "fused_softmax.h"
 #include "gemm_cublas.h"
 #include "gemm_bf16x6.h"
@@ -128,11 +129,18 @@ std::string CudaExecutor::describe_kernels(const Plan& plan) {
   }
   if (fp32_mode_gemm(plan)) {
     const char* why = sm90::bf16x6_declines(plan.M, plan.N, plan.K);
-    if (why == nullptr)
+    if (why == nullptr) {
+      const int splits = sm90::bf16x6_splits(plan.M, plan.N, sm_count());
       return "cuda: the fp32 Gemm runs on bf16 tensor cores: each value split into three bf16 "
              "parts (exact), the six part products that reach fp32's precision, summed in "
-             "fp32 every 128 of K; rows and columns with inf/NaN or values past bf16's range "
-             "recomputed in fp32 (x, W, bias and out 16-byte aligned, else SGEMM)";
+             "fp32 every 128 of K" +
+             (splits > 1 ? "; each output tile's K cut into " + std::to_string(splits) +
+                               " ranges on as many SMs, their sums added in fp32 (split-K: the "
+                               "tiles alone would leave most SMs idle)"
+                         : std::string()) +
+             "; rows and columns with inf/NaN or values past bf16's range recomputed in fp32 "
+             "(x, W, bias and out 16-byte aligned, else SGEMM)";
+    }
     return std::string("cuda: the fp32 Gemm does not use the bf16x6 kernel: ") + why;
   }
   if (uses_split(plan))

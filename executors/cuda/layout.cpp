@@ -83,7 +83,8 @@ WorkspaceLayout workspace_layout(const Plan& plan) {
   if (bf16x6) L.x_parts = c.take(sizeof(uint16_t) * 3 * plan.M * plan.K);
   if (split || bf16x6) L.x_flags = c.take(sizeof(int32_t) * plan.M);
   if (find_step(plan, Step::Kind::Gemm)) {
-    L.lt_bytes = kLtWorkspaceBytes;
+    L.lt_bytes = kLtWorkspaceBytes;  // the split-K bf16x6 kernel may need more for its partial tiles
+    if (bf16x6) L.lt_bytes = std::max(L.lt_bytes, sm90::bf16x6_workspace_bytes(plan.M, plan.N, plan.K));
     L.lt = c.take(L.lt_bytes);
   }
   for (const Step& s : plan.steps) {

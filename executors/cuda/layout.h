@@ -64,7 +64,7 @@ PreparedLayout prepared_layout(const Plan& plan);
 //   x_split     bf16 [M, 3*Kh]  [xlo | xhi | xhi]                         (fast, fp32 model)
 //   x_parts     bf16 [3, M, K]  x as three bf16 parts                      (uses_bf16x6)
 //   x_flags     int32 [M]       1 where x's row has an exceptional value  (fast, uses_bf16x6)
-//   lt          kLtWorkspaceBytes                                          (Gemm step)
+//   lt          kLtWorkspaceBytes, or the bf16x6 kernel's need if more      (Gemm step)
 //   colstats    fp64 [R, 2, W]  per-chunk shifted sums (max over ColumnStats steps)
 //   row_scratch fp32            rows of row passes too wide for shared memory (max over steps)
 // A plan the fused sm90 kernel takes (fused_softmax.h) has a workspace of its own instead:

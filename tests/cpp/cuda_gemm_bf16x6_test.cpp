@@ -48,8 +48,9 @@ std::vector<float> uniform(size_t n, std::mt19937_64& rng) {
 
 // Y = x W^T (+ b) as the executor runs it (executors/cuda/gemm_cublas.cu): W's parts and
 // exceptional rows, x's, the kernel, the fix-up.
+// `splits` as Bf16x6Problem's (0: the shape's choice).
 std::vector<float> run_gemm(int64_t M, int64_t N, int64_t K, const std::vector<float>& x,
-                            const std::vector<float>& w, const float* bias_host) {
+                            const std::vector<float>& w, const float* bias_host, int splits = 0) {
   DevMem dx(M * K * 4), dxp(M * K * 6), dxf(M * 4), dw(N * K * 4), dwp(N * K * 6),
       dwl((N + 1) * 4), db(N * 4), dy(M * N * 4), ws(size_t(32) << 20);
   CK(cudaMemcpy(dx.p, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
@@ -68,6 +69,7 @@ std::vector<float> run_gemm(int64_t M, int64_t N, int64_t K, const std::vector<f
   p.w_parts = static_cast<const __nv_bfloat16*>(dwp.p);
   p.bias = bias_host ? static_cast<const float*>(db.p) : nullptr;
   p.y = static_cast<float*>(dy.p);
+  p.splits = splits;
   EXPECT_TRUE(launch_bf16x6_gemm(p, ws.p, ws.bytes, nullptr));
   launch_fixup_exceptional(static_cast<float*>(dx.p), static_cast<float*>(dw.p), nullptr, p.bias, p.y, M,
                            N, K, static_cast<int*>(dxf.p), static_cast<int*>(dwl.p), nullptr);
@@ -83,13 +85,13 @@ std::vector<float> run_gemm(int64_t M, int64_t N, int64_t K, const std::vector<f
 // at most 128 of K in 8 steps, each losing at most ~2 u of the partial sum (16 u); the chunks
 // add up in fp32 in 6K/128 steps; the bias, 1. And the norm-wise error below sqrt(K) u / 4
 // (SGEMM's is about sqrt(K) u / 3 at the seed shape: 1.6e-6 at K = 8192).
-void check(int64_t M, int64_t N, int64_t K, bool with_bias, std::mt19937_64& rng) {
+void check(int64_t M, int64_t N, int64_t K, bool with_bias, std::mt19937_64& rng, int splits = 0) {
   std::ostringstream what;
-  what << "M=" << M << " N=" << N << " K=" << K << " bias=" << with_bias;
+  what << "M=" << M << " N=" << N << " K=" << K << " bias=" << with_bias << " splits=" << splits;
   SCOPED_TRACE(what.str());
-  ASSERT_EQ(bf16x6_unfit(M, N, K), nullptr);
+  if (splits == 0) ASSERT_EQ(bf16x6_unfit(M, N, K), nullptr);
   const auto x = uniform(M * K, rng), w = uniform(N * K, rng), b = uniform(N, rng);
-  const std::vector<float> y = run_gemm(M, N, K, x, w, with_bias ? b.data() : nullptr);
+  const std::vector<float> y = run_gemm(M, N, K, x, w, with_bias ? b.data() : nullptr, splits);
   const double u = std::ldexp(1.0, -24), n_round = 1 + 16 + 6.0 * K / 128 + 2;
   double err2 = 0, ref2 = 0;
   int bad = 0;
@@ -108,7 +110,7 @@ void check(int64_t M, int64_t N, int64_t K, bool with_bias, std::mt19937_64& rng
 }
 
 TEST(CudaBf16x6Gemm, Domain) {
-  EXPECT_NE(bf16x6_unfit(255, 128, 128), nullptr);  // few rows: SGEMM or the small-M kernel
+  EXPECT_NE(bf16x6_unfit(95, 128, 128), nullptr);   // few rows: SGEMM or the small-M kernel
   EXPECT_NE(bf16x6_unfit(256, 128, 132), nullptr);  // K % 8 != 0: bf16 rows off 16 bytes
   EXPECT_NE(bf16x6_unfit(256, 126, 128), nullptr);  // N % 4 != 0
   EXPECT_NE(bf16x6_unfit(256, 128, int64_t(1) << 31), nullptr);
@@ -118,28 +120,42 @@ TEST(CudaBf16x6Gemm, Domain) {
     EXPECT_NE(bf16x6_unfit(256, 128, 128), nullptr);
 }
 
-// The cost rule's choices on an H100 (132 SMs) against what session 20 measured
-// (scripts/fp32_path_sweep.py, Linear -> relu, bf16x6 against the SGEMM path, ms).
+// The cost rule's choices on an H100 (132 SMs) against what was measured: session 20
+// (scripts/fp32_path_sweep.py, Linear -> relu, bf16x6 against the SGEMM path, ms) and,
+// marked 27, shapes the split-K kernel takes (bench/micro/bf16x6_probe.cu, the GEMM alone,
+// kernel / SGEMM, ms; -s27-bf16x6-probe-cluster.log).
 TEST(CudaBf16x6Gemm, CostRule) {
   using gemmfuse::cuda::sm90::bf16x6_slower_than_sgemm;
+  using gemmfuse::cuda::sm90::bf16x6_splits;
   const int sms = 132;
   // (M, N, K): the kernel where it was faster ...
   EXPECT_EQ(bf16x6_slower_than_sgemm(1024, 8192, 8192, sms), nullptr);  // the seed GEMM: 1.28 / 2.88
   EXPECT_EQ(bf16x6_slower_than_sgemm(256, 8192, 8192, sms), nullptr);   // 0.376 / 0.691
-  EXPECT_EQ(bf16x6_slower_than_sgemm(256, 4096, 4096, sms), nullptr);   // 0.168 / 0.194
+  EXPECT_EQ(bf16x6_slower_than_sgemm(256, 4096, 4096, sms), nullptr);   // 27: 0.122 / 0.204
   EXPECT_EQ(bf16x6_slower_than_sgemm(4096, 512, 512, sms), nullptr);    // 0.048 / 0.066
   EXPECT_EQ(bf16x6_slower_than_sgemm(4096, 8192, 256, sms), nullptr);   // 0.313 / 0.551
-  // ... SGEMM where the kernel's tiles leave SMs idle or its fixed costs dominate.
+  EXPECT_EQ(bf16x6_slower_than_sgemm(128, 8192, 8192, sms), nullptr);   // 27: 0.250 / 0.378
+  EXPECT_EQ(bf16x6_slower_than_sgemm(96, 8192, 8192, sms), nullptr);    // 27: 0.276 / 0.369
+  EXPECT_EQ(bf16x6_slower_than_sgemm(128, 4096, 4096, sms), nullptr);   // 27: 0.096 / 0.127
+  EXPECT_EQ(bf16x6_slower_than_sgemm(256, 2048, 2048, sms), nullptr);   // 27: 0.059 / 0.075
+  EXPECT_EQ(bf16x6_slower_than_sgemm(1024, 256, 8192, sms), nullptr);   // 27: 0.109 / 0.119
+  EXPECT_EQ(bf16x6_slower_than_sgemm(4096, 256, 8192, sms), nullptr);   // 27: 0.324 / 0.421
+  // ... SGEMM where reading W's six parts, the kernel's tiles leaving SMs idle or its fixed
+  // costs dominate.
+  EXPECT_NE(bf16x6_slower_than_sgemm(64, 8192, 8192, sms), nullptr);    // 27: 0.321 / 0.222
   EXPECT_NE(bf16x6_slower_than_sgemm(256, 1024, 1024, sms), nullptr);   // 0.046 / 0.032
-  EXPECT_NE(bf16x6_slower_than_sgemm(256, 2048, 2048, sms), nullptr);   // 0.082 / 0.064
-  EXPECT_NE(bf16x6_slower_than_sgemm(256, 256, 8192, sms), nullptr);    // 0.285 / 0.047
-  EXPECT_NE(bf16x6_slower_than_sgemm(1024, 256, 8192, sms), nullptr);   // 0.322 / 0.165
-  EXPECT_NE(bf16x6_slower_than_sgemm(4096, 256, 8192, sms), nullptr);   // 0.427 / 0.367
+  EXPECT_NE(bf16x6_slower_than_sgemm(256, 256, 8192, sms), nullptr);    // 27: 0.079 / 0.057
   EXPECT_NE(bf16x6_slower_than_sgemm(4096, 256, 256, sms), nullptr);    // 0.047 / 0.027
   // Host-bound: the kernel's GPU time is the smaller, its host work the larger (0.87x eager).
   EXPECT_NE(bf16x6_slower_than_sgemm(256, 8192, 256, sms), nullptr);
   // Fewer SMs: the same tiles take more waves.
   EXPECT_NE(bf16x6_slower_than_sgemm(256, 4096, 4096, 16), nullptr);
+  // The split-K kernel where the tiles fill less than half the SMs, one CTA per SM.
+  EXPECT_EQ(bf16x6_splits(1024, 8192, sms), 1);
+  EXPECT_EQ(bf16x6_splits(192, 8192, sms), 1);  // 128 tiles
+  EXPECT_EQ(bf16x6_splits(128, 8192, sms), 2);  // 64 tiles
+  EXPECT_EQ(bf16x6_splits(128, 4096, sms), 4);
+  EXPECT_EQ(bf16x6_splits(100, 100, sms), 8);   // at most kBf16x6MaxSplits
 }
 
 TEST(CudaBf16x6Gemm, AgainstFloat64) {
@@ -150,6 +166,20 @@ TEST(CudaBf16x6Gemm, AgainstFloat64) {
   check(384, 136, 8, true, rng);       // K below one k-tile
   check(256, 4, 1088, true, rng);      // N = 4; 17 k-tiles: promoted every k-tile
   check(520, 200, 4160, true, rng);    // 65 k-tiles
+}
+
+// The split-K kernel: each tile's K' (six products of k_tiles(K) k-tiles) cut into ranges that
+// start inside a product and inside a promoted chunk, summed through the workspace; the
+// wide kernel on a shape with a single row of tiles.
+TEST(CudaBf16x6Gemm, SplitKAgainstFloat64) {
+  SKIP_WITHOUT_SM90();
+  std::mt19937_64 rng(gftest::test_seed());
+  check(128, 256, 1024, true, rng, 2);  // 2 tiles, each K' (96 k-tiles) in halves
+  check(100, 260, 1000, false, rng, 3); // M, N and K tails; 3 ranges of 32 k-tiles
+  check(128, 4, 1088, true, rng, 4);    // 17 k-tiles per product (promoted every k-tile): ranges of 25-26
+  check(64, 136, 8, true, rng, 5);      // K below one k-tile: 6 k-tiles in 5 ranges
+  check(77, 128, 4160, true, rng, 8);   // 65 k-tiles per product, 8 ranges
+  check(128, 256, 1024, true, rng, 1);  // the wide kernel: one 2-CTA cluster per column of tiles, half empty
 }
 
 // Values the split cannot carry (NaN, +-inf, past bf16's range, tiny) reach the outputs

@@ -29,14 +29,33 @@ struct Bf16x6Problem {
   const __nv_bfloat16* w_parts = nullptr;  // 3 planes of [N, K]: w0, w1, w2
   const float* bias = nullptr;             // [N], or null
   float* y = nullptr;                      // [M, N] row-major
+  // 1: the wide kernel (2-CTA clusters, one CTA per output tile); more: the split-K kernel with
+  // each tile's K cut into that many ranges; 0: bf16x6_splits's choice. Tests and probes set it.
+  int splits = 0;
 };
+
+// The kernel's output tiles are kBf16x6TileMN x kBf16x6TileMN.
+constexpr int kBf16x6TileMN = 128;
 
 // Whether this build has the kernel (it needs CUTLASS's headers at build time).
 bool bf16x6_built();
 
-// Rows from which the kernel beats SGEMM (M = 128: 0.81x, 256: 1.98x at N = K = 8192;
-// bench/NOTES.md session 18).
-constexpr int64_t kBf16x6MinRows = 256;
+// Rows from which the kernel can beat SGEMM: at N = K = 8192 on an H100, 96 rows 1.34x, 128
+// 1.52x (the split-K kernel), 64 rows 0.69x (bench/NOTES.md, session 27). With fewer rows
+// both are bound by reading W, and the kernel reads six bf16 parts of it, SGEMM fp32 W once.
+constexpr int64_t kBf16x6MinRows = 96;
+
+// The most ranges the split-K kernel cuts K into.
+constexpr int kBf16x6MaxSplits = 8;
+
+// How many ranges each output tile's K is cut into on a GPU with `sms` SMs: 1 (the wide
+// kernel) when the 128x128 tiles fill at least half the SMs, else as many as keep every
+// CTA on an SM of its own (at most kBf16x6MaxSplits).
+int bf16x6_splits(int64_t M, int64_t N, int sms);
+
+// The workspace launch_bf16x6_gemm needs for this shape on the current device (the split-K
+// kernel keeps its partial tiles there).
+size_t bf16x6_workspace_bytes(int64_t M, int64_t N, int64_t K);
 
 // nullptr when the kernel runs this shape on the current device, else why not (a string
 // that lives as long as the process; no allocation per call): an sm_90 GPU, the kernel
@@ -47,9 +66,11 @@ const char* bf16x6_unfit(int64_t M, int64_t N, int64_t K);
 // nullptr when the kernel is expected to beat SGEMM at this shape on an H100-class GPU with
 // `sms` SMs, else why not. A cost model fitted to H100 measurements (bench/NOTES.md, session
 // 20: fp32 mode ran 0.36-0.97x eager at shapes whose tiles leave most SMs idle or whose
-// GEMM is too small for the split's fixed costs). The kernel's time: the x split, 10 bytes
-// per x value at ~2.2 TB/s; one 128x128 tile's six products, ~38 ns per unit of K, per wave
-// of tiles over the SMs; ~5 us of fix-up and launch gaps. SGEMM's: 2MNK at ~45 TFLOP/s.
+// GEMM is too small for the split's fixed costs; session 27 added the split-K kernel and
+// W's reads). The kernel's time: the x split, 10 bytes per x value at ~2.2 TB/s; then the
+// larger of one 128x128 tile's six products, ~38 ns per unit of K divided by the splits,
+// per wave of the tiles' splits over the SMs, and the six reads of W's bf16 parts (12 bytes
+// per W value) at ~3.4 TB/s; ~5 us of fix-up and launch gaps. SGEMM's: 2MNK at ~45 TFLOP/s.
 // GEMMs under kHostBoundGemmFlops (gemmfuse/plan.h) stay on SGEMM: their calls are bound by
 // host work.
 const char* bf16x6_slower_than_sgemm(int64_t M, int64_t N, int64_t K, int sms);

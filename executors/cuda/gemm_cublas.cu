@@ -1,5 +1,5 @@
 // The Gemm step on cuBLASLt (fp32 with at most 32 rows of x: gemm_small_m.cu; fp32 in
-// `fp32` precision on sm90, from 256 rows: sm90/gemm_bf16x6.cu).
+// `fp32` precision on sm90, from 96 rows: sm90/gemm_bf16x6.cu).
 //
 // Row-major Y[M,N] = x[M,K] W[N,K]^T is column-major Y^T[N,M] = W . x^T: cuBLASLt's
 // D[m=N, n=M] = op(A)[N,K] op(B)[K,M] with A = W stored [K,N] (ld K, transa = T) and

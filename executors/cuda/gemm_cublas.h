@@ -1,6 +1,6 @@
 // The Gemm step on cuBLASLt: Y[M,N] = x[M,K] W[N,K]^T (+ bias), row-major, in the plan's
 // precision (fp32 SGEMM, TF32, bf16x3 split for `fast`, or the model's 16-bit type); fp32 on
-// sm90 from 256 rows on sm90/gemm_bf16x6.h, fp32 up to 32 rows on gemm_small_m.h.
+// sm90 from 96 rows on sm90/gemm_bf16x6.h, fp32 up to 32 rows on gemm_small_m.h.
 #pragma once
 
 #include <cuda_runtime.h>

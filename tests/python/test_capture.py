@@ -5,7 +5,7 @@ import torch.fx as fx
 import torch.nn as nn
 import torch.nn.functional as F
 
-from conftest import HAVE_LIB, make_seed, needs_lib, seed_ids
+from conftest import make_seed, needs_lib, seed_ids
 from gemmfuse import _lib
 from gemmfuse.capture import compile_time_numbers, find_chains
 from gemmfuse.module import _propagate, _share_state

@@ -2,8 +2,8 @@
 tensor-core path (sm90, M >= 256) stop paying for its fixed costs (the x split, the fix-up
 launch, the host's TMA descriptors)? Linear(K, N) -> relu, x uniform [0, 1), each shape's
 error against float64 too. Run once as is and once with GEMMFUSE_BF16X6=0 (the SGEMM path)
-to compare the two paths.
-    PYTHONPATH=python python3 scripts/fp32_path_sweep.py [--precision fast] [--out F]
+to compare the two paths (`fast`: GEMMFUSE_FAST_SPLIT_K=0, cuBLAS instead of the split-K kernel).
+    PYTHONPATH=python python3 scripts/fp32_path_sweep.py [--precision fast] [--shapes MxKxN,...] [--out F]
 """
 import argparse
 import json
@@ -22,20 +22,25 @@ SHAPES = [(m, k, n) for m in (256, 1024, 4096) for k, n in
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--precision", default="fp32", help="gemmfuse's mode (fp32, fast or tf32)")
+    ap.add_argument("--shapes", help="MxKxN,... instead of the default grid")
     ap.add_argument("--out")
     args = ap.parse_args()
+    shapes = ([tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+              if args.shapes else SHAPES)
     dev = torch.device("cuda")
     torch.manual_seed(0)
     rows = []
     print(f"{'M':>5} {'K':>5} {'N':>5} {'eager ms':>9} {'gemmfuse ms':>12} {'ratio':>6} "
           f"{'eager rel':>10} {'gemmfuse rel':>13}  gemm", flush=True)
-    for m, k, n in SHAPES:
+    for m, k, n in shapes:
         model = nn.Sequential(nn.Linear(k, n), nn.ReLU()).to(dev)
         sets = [(torch.rand(m, k, device=dev),) for _ in range(4)]
         opt = gemmfuse.optimize(model, sets[0], precision=args.precision)
         text = gemmfuse.explain(opt, print_it=False)
         gemm = ("bf16x6" if "runs on bf16 tensor cores" in text else
                 "fast split" if "fast Gemm splits" in text else "cuBLAS")
+        if "ranges on as many SMs" in text:
+            gemm += " split-K"
         with torch.no_grad():
             ref = model.double()(sets[0][0].double())
             model.float()

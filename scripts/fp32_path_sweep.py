@@ -2,7 +2,7 @@
 tensor-core path (sm90, M >= 256) stop paying for its fixed costs (the x split, the fix-up
 launch, the host's TMA descriptors)? Linear(K, N) -> relu, x uniform [0, 1), each shape's
 error against float64 too. Run once as is and once with GEMMFUSE_BF16X6=0 (the SGEMM path)
-to compare the two paths (`fast`: GEMMFUSE_FAST_SPLIT_K=0, cuBLAS instead of the split-K kernel).
+to compare the two paths.
     PYTHONPATH=python python3 scripts/fp32_path_sweep.py [--precision fast] [--shapes MxKxN,...] [--out F]
 """
 import argparse

@@ -143,13 +143,6 @@ std::string CudaExecutor::describe_kernels(const Plan& plan) {
     }
     return std::string("cuda: the fp32 Gemm does not use the bf16x6 kernel: ") + why;
   }
-  if (uses_fast_split_k(plan))
-    return "cuda: the fast Gemm splits x and W into bf16 hi + lo parts, one GEMM summing "
-           "xlo.Whi + xhi.Wlo first, then xhi.Whi, in fp32 every 128 of K; each output tile's "
-           "K cut into " +
-           std::to_string(sm90::bf16x6_splits(plan.M, plan.N, sm_count())) +
-           " ranges on as many SMs (split-K: the tiles alone would leave most SMs idle); rows "
-           "and columns with inf/NaN or values past bf16's range recomputed in fp32";
   if (uses_split(plan))
     return "cuda: the fast Gemm splits x and W into bf16 hi + lo parts, one GEMM summing "
            "xlo.Whi + xhi.Wlo first, then xhi.Whi; rows and columns with inf/NaN or values past "

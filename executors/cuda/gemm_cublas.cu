@@ -28,7 +28,6 @@
 #include "cuda_check.h"
 #include "gemm_small_m.h"
 #include "gemm_bf16x6.h"
-#include "gemm_split_k.h"
 #include "layout.h"
 #include "split.h"
 
@@ -277,27 +276,15 @@ void run_gemm(const Plan& plan, const Step& step, const RunArgs& args, const cha
     auto* xs = reinterpret_cast<__nv_bfloat16*>(workspace + W.x_split);
     auto* x_flags = reinterpret_cast<int*>(workspace + W.x_flags);
     launch_split_hilo(x, nullptr, M, K, Kh, HiLoOrder::LoHiHi, xs, RowMarks{x_flags, nullptr}, stream);
-    // With few rows on sm90, our split-K kernel of the same three products (its tiles would
-    // leave most SMs idle, and cuBLAS's GEMM does too: gemm_split_k.h).
-    sm90::FastSplitProblem fp;
-    fp.M = M;
-    fp.N = N;
-    fp.Kh = Kh;
-    fp.x_split = xs;
-    fp.w_split = reinterpret_cast<const __nv_bfloat16*>(prepared + P.w_split);
-    fp.bias = static_cast<const float*>(bias);
-    fp.y = static_cast<float*>(y);
-    if (!(uses_fast_split_k(plan) && sm90::launch_fast_split_k(fp, lt_ws, W.lt_bytes, stream))) {
-      g.ab_type = CUDA_R_16BF;
-      g.compute = CUBLAS_COMPUTE_32F;
-      g.A = prepared + P.w_split;
-      g.lda = kFastSplitSegments * Kh;
-      g.B = xs;
-      g.ldb = kFastSplitSegments * Kh;
-      g.k = kFastSplitSegments * Kh;
-      g.bias = bias;
-      last_gemm(g, lt_ws, W.lt_bytes, stream);
-    }
+    g.ab_type = CUDA_R_16BF;
+    g.compute = CUBLAS_COMPUTE_32F;
+    g.A = prepared + P.w_split;
+    g.lda = kFastSplitSegments * Kh;
+    g.B = xs;
+    g.ldb = kFastSplitSegments * Kh;
+    g.k = kFastSplitSegments * Kh;
+    g.bias = bias;
+    last_gemm(g, lt_ws, W.lt_bytes, stream);
     const float* scale = P.scale != kAbsent ? reinterpret_cast<const float*>(prepared + P.scale) : nullptr;
     launch_fixup_exceptional(x, static_cast<const float*>(args.weight), scale,
                              static_cast<const float*>(bias), static_cast<float*>(y), M, N, K,

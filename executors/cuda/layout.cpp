@@ -4,7 +4,6 @@
 
 #include "column_stats.h"
 #include "gemm_bf16x6.h"
-#include "gemm_split_k.h"
 #include "row_program.h"
 #include "split.h"
 
@@ -26,11 +25,6 @@ bool uses_split(const Plan& plan) {
 bool fp32_mode_gemm(const Plan& plan) {
   return plan.dtype == DType::F32 && plan.precision == Precision::FP32 &&
          find_step(plan, Step::Kind::Gemm) != nullptr;
-}
-
-bool uses_fast_split_k(const Plan& plan) {
-  return uses_split(plan) &&
-         sm90::fast_split_k_declines(plan.M, plan.N, split_segment_width(plan.K)) == nullptr;
 }
 
 bool uses_bf16x6(const Plan& plan) {
@@ -89,11 +83,8 @@ WorkspaceLayout workspace_layout(const Plan& plan) {
   if (bf16x6) L.x_parts = c.take(sizeof(uint16_t) * 3 * plan.M * plan.K);
   if (split || bf16x6) L.x_flags = c.take(sizeof(int32_t) * plan.M);
   if (find_step(plan, Step::Kind::Gemm)) {
-    L.lt_bytes = kLtWorkspaceBytes;  // the split-K kernels may need more for their partial tiles
+    L.lt_bytes = kLtWorkspaceBytes;  // the split-K bf16x6 kernel may need more for its partial tiles
     if (bf16x6) L.lt_bytes = std::max(L.lt_bytes, sm90::bf16x6_workspace_bytes(plan.M, plan.N, plan.K));
-    if (uses_fast_split_k(plan))
-      L.lt_bytes = std::max(L.lt_bytes, sm90::fast_split_k_workspace_bytes(plan.M, plan.N,
-                                                                           split_segment_width(plan.K)));
     L.lt = c.take(L.lt_bytes);
   }
   for (const Step& s : plan.steps) {

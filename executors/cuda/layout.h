@@ -34,9 +34,6 @@ bool fp32_mode_gemm(const Plan& plan);
 // fp32 mode's GEMM runs on bf16 tensor cores (sm90/gemm_bf16x6.h) for this plan on the
 // current device: an fp32_mode_gemm plan whose shape the kernel takes.
 bool uses_bf16x6(const Plan& plan);
-// `fast`'s GEMM runs on our split-K kernel (sm90/gemm_split_k.h) rather than cuBLAS: a
-// uses_split plan with few enough rows on an sm_90 GPU.
-bool uses_fast_split_k(const Plan& plan);
 // K rounded up to a multiple of 8 (16-byte rows of bf16): the width of one segment of a
 // `fast` split row (split.h).
 inline int64_t split_segment_width(int64_t K) { return (K + 7) / 8 * 8; }

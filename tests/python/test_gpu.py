@@ -284,38 +284,25 @@ def _exceptional_case(M, k, n, fold):
     return model, x
 
 
-@pytest.mark.parametrize("precision", ["fp32", "fast"])
-@pytest.mark.parametrize("mid", ["m84", "m94", "m99"])
-def test_split_k_gemm(mid, precision):
-    """128 rows at K = N = 4096: on an H100/H200 the GEMM's 32 output tiles of 128x128 would
-    leave most SMs idle, so `fp32`'s bf16x6 GEMM and `fast`'s three products run on our
-    split-K kernel (each tile's K in sms // 32 ranges, 4 on 132 SMs, the partial sums added
-    in fp32 through the workspace); each mode keeps its promise on fresh inputs per call and
-    under CUDA-graph replay."""
+@pytest.mark.parametrize("mid", ["m94", "m99"])
+def test_fp32_split_k_gemm(mid):
+    """fp32 mode with 128 rows at K = N = 4096: on an H100/H200 the bf16x6 GEMM's 32 output
+    tiles would leave most SMs idle, so it runs split-K (each tile's K in sms // 32 ranges, 4
+    on 132 SMs, the partial sums added in fp32 through the workspace); as faithful as eager
+    fp32, on fresh inputs per call and under CUDA-graph replay."""
     model, inputs = _seed_gpu(mid, batch=128, k=4096, n=4096)
     ref_model = copy.deepcopy(model).double()
     eager = copy.deepcopy(model)
-    opt = gemmfuse.optimize(model, inputs, precision=precision)
+    opt = gemmfuse.optimize(model, inputs, precision="fp32")
     if is_sm90():
         ranges = min(torch.cuda.get_device_properties(0).multi_processor_count // 32, 8)
         text = gemmfuse.explain(opt, print_it=False)
-        assert f"cut into {ranges} ranges" in text, text
-        assert precision != "fp32" or BF16X6_TEXT in text, text
-
-    def keeps_promise(out, x):
-        ref = ref_model(x.double())
-        if precision == "fast":
-            assert_close64(out, ref, what=f"{mid} fast split-K")
-            assert rel(out, ref) <= 2e-5, rel(out, ref)
-        else:
-            assert rel(out, ref) <= 1.25 * rel(eager(x), ref) + FP32_ULPS, (rel(out, ref), rel(eager(x), ref))
-
+        assert BF16X6_TEXT in text and f"cut into {ranges} ranges" in text, text
     with torch.no_grad():
         for _ in range(2):
             x = torch.rand_like(inputs[0])
-            keeps_promise(opt(x), x)
-        if mid == "m84":  # training-mode BatchNorm: graph replay would update its stats again
-            return
+            out, ref, e32 = opt(x), ref_model(x.double()), eager(x)
+            assert rel(out, ref) <= 1.25 * rel(e32, ref) + FP32_ULPS, (rel(out, ref), rel(e32, ref))
         static_x = torch.rand_like(inputs[0])
         opt(static_x)  # warm: plans and prepared weights exist before capture
         torch.cuda.synchronize()
@@ -327,7 +314,8 @@ def test_split_k_gemm(mid, precision):
             static_out.fill_(float("nan"))
             graph.replay()
             torch.cuda.synchronize()
-            keeps_promise(static_out, static_x)
+            ref = ref_model(static_x.double())
+            assert rel(static_out, ref) <= 1.25 * rel(eager(static_x), ref) + FP32_ULPS
     rt = gemmfuse.runtimes(opt)[0]
     assert rt.fallbacks == {}, rt.fallbacks
 

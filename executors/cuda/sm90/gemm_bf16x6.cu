@@ -1,6 +1,6 @@
 // The fp32 GEMM on bf16 tensor cores (see gemm_bf16x6.h): which shapes it takes, how many
-// ranges K is split into, and the wide kernel (split_products_kernel.cuh; the split-K kernel
-// is instantiated in gemm_split_k.cu).
+// ranges K is split into, and the wide kernel (bf16x6_kernel.cuh; the split-K kernel is
+// instantiated in gemm_bf16x6_split_k.cu).
 #include "gemm_bf16x6.h"
 
 #include <algorithm>
@@ -12,8 +12,8 @@
 #include "layout.h"
 
 #if defined(GEMMFUSE_WITH_SM90_KERNELS)
-#include "gemm_split_k.h"
-#include "split_products_kernel.cuh"
+#include "bf16x6_kernel.cuh"
+#include "gemm_bf16x6_split_k.h"
 #endif
 
 namespace gemmfuse::cuda::sm90 {
@@ -21,8 +21,6 @@ namespace gemmfuse::cuda::sm90 {
 #if defined(GEMMFUSE_WITH_SM90_KERNELS)
 
 namespace {
-
-using Bf16x6Wide = WideKernel<3, 6>;
 
 int splits_of(const Bf16x6Problem& p) {
   return p.splits > 0 ? p.splits : bf16x6_splits(p.M, p.N, sm_count());
@@ -51,8 +49,7 @@ size_t bf16x6_workspace_bytes(int64_t M, int64_t N, int64_t K) {
   p.N = N;
   p.K = K;
   const int splits = splits_of(p);
-  return splits > 1 ? bf16x6_split_k_workspace_bytes(p, splits)
-                    : workspace_size<Bf16x6Wide>(bf16x6_operands(p), 1);
+  return splits > 1 ? bf16x6_split_k_workspace_bytes(p, splits) : workspace_size<Wide>(p, 1);
 }
 
 bool launch_bf16x6_gemm(const Bf16x6Problem& p, void* workspace, size_t workspace_bytes,
@@ -65,7 +62,7 @@ bool launch_bf16x6_gemm(const Bf16x6Problem& p, void* workspace, size_t workspac
   // Programmatic (PDL): this file is built with CUTLASS_ENABLE_GDC_FOR_SM90, so the kernel's
   // load warps wait for the x split before reading, and it lets the fix-up be scheduled at
   // its last tile (programmatic_launch.h). No CTA waits for another, so capture is safe too.
-  return launch<Bf16x6Wide>(bf16x6_operands(p), 1, workspace, workspace_bytes, stream, /*pdl=*/true);
+  return launch<Wide>(p, 1, workspace, workspace_bytes, stream, /*pdl=*/true);
 }
 
 #else  // built without the sm90 kernels (no CUTLASS headers)

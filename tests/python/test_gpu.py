@@ -284,18 +284,21 @@ def _exceptional_case(M, k, n, fold):
     return model, x
 
 
-@pytest.mark.parametrize("mid", ["m94", "m99"])
-def test_fp32_split_k_gemm(mid):
-    """fp32 mode with 128 rows at K = N = 4096: on an H100/H200 the bf16x6 GEMM's 32 output
-    tiles would leave most SMs idle, so it runs split-K (each tile's K in sms // 32 ranges, 4
-    on 132 SMs, the partial sums added in fp32 through the workspace); as faithful as eager
-    fp32, on fresh inputs per call and under CUDA-graph replay."""
-    model, inputs = _seed_gpu(mid, batch=128, k=4096, n=4096)
+@pytest.mark.parametrize("mid, M, K, N", [("m94", 128, 4096, 4096), ("m99", 128, 4096, 4096),
+                                          ("m99", 100, 4104, 4100)])
+def test_fp32_split_k_gemm(mid, M, K, N):
+    """fp32 mode with 128 rows at K = N = 4096 (and with M, N and K tails, none a multiple of
+    16): on an H100/H200 the bf16x6 GEMM's 32 (33) output tiles would leave most SMs idle, so
+    it runs split-K (each tile's K in sms // tiles ranges, 4 on 132 SMs, the partial sums
+    added in fp32 through the workspace); as faithful as eager fp32, on fresh inputs per call
+    and under CUDA-graph replay."""
+    model, inputs = _seed_gpu(mid, batch=M, k=K, n=N)
     ref_model = copy.deepcopy(model).double()
     eager = copy.deepcopy(model)
     opt = gemmfuse.optimize(model, inputs, precision="fp32")
     if is_sm90():
-        ranges = min(torch.cuda.get_device_properties(0).multi_processor_count // 32, 8)
+        tiles = -(-M // 128) * -(-N // 128)
+        ranges = min(torch.cuda.get_device_properties(0).multi_processor_count // tiles, 8)
         text = gemmfuse.explain(opt, print_it=False)
         assert BF16X6_TEXT in text and f"cut into {ranges} ranges" in text, text
     with torch.no_grad():

@@ -228,6 +228,7 @@ int main() {
   run_shape(h, kVariants, 256, 1024, 1024, true, false, 1e20f, 1e-20f, "wide");
   for (int M : {32, 64, 96, 128, 192}) run_shape(h, kFewRowsVariants, M, 8192, 8192, false, true);
   for (int M : {128, 256}) run_shape(h, kFewRowsVariants, M, 4096, 4096, false, true);
+  run_shape(h, kFewRowsVariants, 100, 16384, 8192, false, true);
   run_shape(h, kFewRowsVariants, 256, 2048, 2048, false, true);
   run_shape(h, kFewRowsVariants, 256, 1024, 1024, false, true);
   run_shape(h, kFewRowsVariants, 1024, 256, 8192, false, true);

@@ -156,6 +156,7 @@ TEST(CudaBf16x6Gemm, CostRule) {
   EXPECT_EQ(bf16x6_splits(128, 8192, sms), 2);  // 64 tiles
   EXPECT_EQ(bf16x6_splits(128, 4096, sms), 4);
   EXPECT_EQ(bf16x6_splits(100, 100, sms), 8);   // at most kBf16x6MaxSplits
+  EXPECT_EQ(bf16x6_splits(100, 16384, sms), 2); // one row of 128 tiles: 2-CTA clusters would idle half
 }
 
 TEST(CudaBf16x6Gemm, AgainstFloat64) {

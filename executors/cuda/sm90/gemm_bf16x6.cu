@@ -82,16 +82,19 @@ bool launch_bf16x6_gemm(const Bf16x6Problem&, void*, size_t, cudaStream_t) {
 #endif
 
 int bf16x6_splits(int64_t M, int64_t N, int sms) {
-  const int64_t tiles = ((M + kBf16x6TileMN - 1) / kBf16x6TileMN) * ((N + kBf16x6TileMN - 1) / kBf16x6TileMN);
-  if (2 * tiles > sms) return 1;
-  return static_cast<int>(std::min<int64_t>(sms / tiles, kBf16x6MaxSplits));
+  const int64_t m_tiles = (M + kBf16x6TileMN - 1) / kBf16x6TileMN;
+  const int64_t tiles = m_tiles * ((N + kBf16x6TileMN - 1) / kBf16x6TileMN);
+  if (2 * tiles > sms && m_tiles > 1) return 1;
+  return static_cast<int>(std::clamp<int64_t>(sms / tiles, 2, kBf16x6MaxSplits));
 }
 
 const char* bf16x6_slower_than_sgemm(int64_t M, int64_t N, int64_t K, int sms) {
   const double m = double(M), n = double(N), k = double(K);
-  const double tiles = std::ceil(m / kBf16x6TileMN) * std::ceil(n / kBf16x6TileMN);
+  const double m_tiles = std::ceil(m / kBf16x6TileMN), n_tiles = std::ceil(n / kBf16x6TileMN);
   const int splits = bf16x6_splits(M, N, sms);
-  const double waves = std::ceil(tiles * splits / std::max(sms, 1));
+  // The wide kernel's 2-CTA clusters pad M to an even number of tiles.
+  const double ctas = splits > 1 ? m_tiles * n_tiles * splits : std::ceil(m_tiles / 2) * 2 * n_tiles;
+  const double waves = std::ceil(ctas / std::max(sms, 1));
   const double products_s = waves * k * 38e-9 / splits, w_reads_s = 12 * n * k / 3.4e12;
   const double bf16x6_s = 10 * m * k / 2.2e12 + std::max(products_s, w_reads_s) + 5e-6;
   const double flops = 2 * m * n * k, sgemm_s = flops / 45e12;

@@ -50,7 +50,8 @@ constexpr int kBf16x6MaxSplits = 8;
 
 // How many ranges each output tile's K is cut into on a GPU with `sms` SMs: 1 (the wide
 // kernel) when the 128x128 tiles fill at least half the SMs, else as many as keep every
-// CTA on an SM of its own (at most kBf16x6MaxSplits).
+// CTA on an SM of its own (at most kBf16x6MaxSplits); and at least 2 where all tiles are in
+// one row (M <= 128), whose 2-CTA clusters would leave half the wide kernel's CTAs empty.
 int bf16x6_splits(int64_t M, int64_t N, int sms);
 
 // The workspace launch_bf16x6_gemm needs for this shape on the current device (the split-K
@@ -69,7 +70,7 @@ const char* bf16x6_unfit(int64_t M, int64_t N, int64_t K);
 // GEMM is too small for the split's fixed costs; session 27 added the split-K kernel and
 // W's reads). The kernel's time: the x split, 10 bytes per x value at ~2.2 TB/s; then the
 // larger of one 128x128 tile's six products, ~38 ns per unit of K divided by the splits,
-// per wave of the tiles' splits over the SMs, and the six reads of W's bf16 parts (12 bytes
+// per wave of the CTAs over the SMs, and the six reads of W's bf16 parts (12 bytes
 // per W value) at ~3.4 TB/s; ~5 us of fix-up and launch gaps. SGEMM's: 2MNK at ~45 TFLOP/s.
 // GEMMs under kHostBoundGemmFlops (gemmfuse/plan.h) stay on SGEMM: their calls are bound by
 // host work.

@@ -140,6 +140,7 @@ TEST(CudaBf16x6Gemm, CostRule) {
   EXPECT_EQ(bf16x6_slower_than_sgemm(256, 2048, 2048, sms), nullptr);   // 27: 0.059 / 0.075
   EXPECT_EQ(bf16x6_slower_than_sgemm(1024, 256, 8192, sms), nullptr);   // 27: 0.109 / 0.119
   EXPECT_EQ(bf16x6_slower_than_sgemm(4096, 256, 8192, sms), nullptr);   // 27: 0.324 / 0.421
+  EXPECT_EQ(bf16x6_slower_than_sgemm(100, 16384, 8192, sms), nullptr);  // 27: 0.598 / 0.716 (split 2)
   // ... SGEMM where reading W's six parts, the kernel's tiles leaving SMs idle or its fixed
   // costs dominate.
   EXPECT_NE(bf16x6_slower_than_sgemm(64, 8192, 8192, sms), nullptr);    // 27: 0.321 / 0.222

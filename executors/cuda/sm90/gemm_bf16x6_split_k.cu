@@ -19,7 +19,7 @@ size_t bf16x6_split_k_workspace_bytes(const Bf16x6Problem& p, int splits) {
 
 // The CTAs of one tile add their partial sums into the workspace in K order, each waiting
 // only for the ranges before its own, which run on CTAs of lower index (scheduled first:
-// CUTLASS's stream-K design). bf16x6_splits sizes the grid to one CTA per SM besides.
+// CUTLASS's stream-K design; its persistent grid has at most one CTA per SM).
 bool launch_bf16x6_split_k(const Bf16x6Problem& p, int splits, void* workspace,
                            size_t workspace_bytes, cudaStream_t stream) {
   return launch<SplitK>(p, splits, workspace, workspace_bytes, stream, /*pdl=*/false);

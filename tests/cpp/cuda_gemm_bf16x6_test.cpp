@@ -182,6 +182,9 @@ TEST(CudaBf16x6Gemm, SplitKAgainstFloat64) {
   check(64, 136, 8, true, rng, 5);      // K below one k-tile: 6 k-tiles in 5 ranges
   check(77, 128, 4160, true, rng, 8);   // 65 k-tiles per product, 8 ranges
   check(128, 256, 1024, true, rng, 1);  // the wide kernel: one 2-CTA cluster per column of tiles, half empty
+  // The shape's own choice for one row of 128 tiles: 2 ranges, 256 units on at most one CTA
+  // per SM, so CTAs take a second unit while others still wait on their first.
+  check(100, 16384, 64, true, rng);
 }
 
 // Values the split cannot carry (NaN, +-inf, past bf16's range, tiny) reach the outputs

@@ -99,8 +99,9 @@ float median_ms(F&& f, int sets) {
 
 // The kernel's variants compared, by Bf16x6Problem::splits (0: the shape's choice, 1: the
 // wide kernel, more: the split-K kernel). Session 27's A/B of the products' order
-// (interleaved along K: 10% slower at the seed shape) and of 1x2 clusters for the split-K
-// kernel (no faster) used earlier versions of this probe.
+// (interleaved along K: 10% slower at the seed shape), of 1x2 clusters for the split-K
+// kernel (no faster) and of its stages (every part's k-tile per stage against product-major:
+// -s27-bf16x6-probe-staged.log) used earlier versions of this probe.
 struct Variant {
   const char* name;
   int splits;
@@ -221,7 +222,7 @@ int main() {
   std::printf("fp32 GEMM: cuBLAS SGEMM against the bf16x6 kernel (executors/cuda/sm90/gemm_bf16x6.cu)\n");
   std::printf("x ~ U[0,1), W ~ U(-1/sqrt(K), 1/sqrt(K)) unless said; rel = ||y - ref|| / ||ref|| against float64\n");
   for (int K : {64, 256, 1024, 4096, 8192}) run_shape(h, kVariants, 1024, 8192, K, true, false, 1.f, 1.f, "accuracy");
-  for (int K : {1000, 8192}) run_shape(h, kFewRowsVariants, 128, 8192, K, true, false, 1.f, 1.f, "accuracy");
+  for (int K : {1000, 1088, 8192}) run_shape(h, kFewRowsVariants, 128, 8192, K, true, false, 1.f, 1.f, "accuracy");
   run_shape(h, kVariants, 256, 1024, 1024, true, false, 1.f, 1.f, "pytest");
   run_shape(h, kVariants, 256, 1024, 1024, true, false, 1e-36f, 1e30f, "tiny x");
   run_shape(h, kVariants, 256, 1024, 1024, true, false, 1e-30f, 1e30f, "small x");

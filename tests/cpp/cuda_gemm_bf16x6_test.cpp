@@ -110,7 +110,7 @@ void check(int64_t M, int64_t N, int64_t K, bool with_bias, std::mt19937_64& rng
 }
 
 TEST(CudaBf16x6Gemm, Domain) {
-  EXPECT_NE(bf16x6_unfit(95, 128, 128), nullptr);   // few rows: SGEMM or the small-M kernel
+  EXPECT_NE(bf16x6_unfit(32, 128, 128), nullptr);   // few rows: the small-M kernel or SGEMM
   EXPECT_NE(bf16x6_unfit(256, 128, 132), nullptr);  // K % 8 != 0: bf16 rows off 16 bytes
   EXPECT_NE(bf16x6_unfit(256, 126, 128), nullptr);  // N % 4 != 0
   EXPECT_NE(bf16x6_unfit(256, 128, int64_t(1) << 31), nullptr);
@@ -123,7 +123,7 @@ TEST(CudaBf16x6Gemm, Domain) {
 // The cost rule's choices on an H100 (132 SMs) against what was measured: session 20
 // (scripts/fp32_path_sweep.py, Linear -> relu, bf16x6 against the SGEMM path, ms) and,
 // marked 27, shapes the split-K kernel takes (bench/micro/bf16x6_probe.cu, the GEMM alone,
-// kernel / SGEMM, ms; -s27-bf16x6-probe-cluster.log).
+// kernel / SGEMM, ms; -s27-bf16x6-probe-staged.log).
 TEST(CudaBf16x6Gemm, CostRule) {
   using gemmfuse::cuda::sm90::bf16x6_slower_than_sgemm;
   using gemmfuse::cuda::sm90::bf16x6_splits;
@@ -131,21 +131,22 @@ TEST(CudaBf16x6Gemm, CostRule) {
   // (M, N, K): the kernel where it was faster ...
   EXPECT_EQ(bf16x6_slower_than_sgemm(1024, 8192, 8192, sms), nullptr);  // the seed GEMM: 1.28 / 2.88
   EXPECT_EQ(bf16x6_slower_than_sgemm(256, 8192, 8192, sms), nullptr);   // 0.376 / 0.691
-  EXPECT_EQ(bf16x6_slower_than_sgemm(256, 4096, 4096, sms), nullptr);   // 27: 0.122 / 0.204
+  EXPECT_EQ(bf16x6_slower_than_sgemm(256, 4096, 4096, sms), nullptr);   // 27: 0.091 / 0.195
   EXPECT_EQ(bf16x6_slower_than_sgemm(4096, 512, 512, sms), nullptr);    // 0.048 / 0.066
   EXPECT_EQ(bf16x6_slower_than_sgemm(4096, 8192, 256, sms), nullptr);   // 0.313 / 0.551
-  EXPECT_EQ(bf16x6_slower_than_sgemm(128, 8192, 8192, sms), nullptr);   // 27: 0.250 / 0.378
-  EXPECT_EQ(bf16x6_slower_than_sgemm(96, 8192, 8192, sms), nullptr);    // 27: 0.276 / 0.369
-  EXPECT_EQ(bf16x6_slower_than_sgemm(128, 4096, 4096, sms), nullptr);   // 27: 0.096 / 0.127
-  EXPECT_EQ(bf16x6_slower_than_sgemm(256, 2048, 2048, sms), nullptr);   // 27: 0.059 / 0.075
-  EXPECT_EQ(bf16x6_slower_than_sgemm(1024, 256, 8192, sms), nullptr);   // 27: 0.109 / 0.119
-  EXPECT_EQ(bf16x6_slower_than_sgemm(4096, 256, 8192, sms), nullptr);   // 27: 0.324 / 0.421
-  EXPECT_EQ(bf16x6_slower_than_sgemm(100, 16384, 8192, sms), nullptr);  // 27: 0.598 / 0.716 (split 2)
-  // ... SGEMM where reading W's six parts, the kernel's tiles leaving SMs idle or its fixed
-  // costs dominate.
-  EXPECT_NE(bf16x6_slower_than_sgemm(64, 8192, 8192, sms), nullptr);    // 27: 0.321 / 0.222
+  EXPECT_EQ(bf16x6_slower_than_sgemm(128, 8192, 8192, sms), nullptr);   // 27: 0.186 / 0.383
+  EXPECT_EQ(bf16x6_slower_than_sgemm(96, 8192, 8192, sms), nullptr);    // 27: 0.183 / 0.365
+  EXPECT_EQ(bf16x6_slower_than_sgemm(128, 4096, 4096, sms), nullptr);   // 27: 0.072 / 0.122
+  EXPECT_EQ(bf16x6_slower_than_sgemm(256, 2048, 2048, sms), nullptr);   // 27: 0.048 / 0.069
+  EXPECT_EQ(bf16x6_slower_than_sgemm(1024, 256, 8192, sms), nullptr);   // 27: 0.092 / 0.112
+  EXPECT_EQ(bf16x6_slower_than_sgemm(4096, 256, 8192, sms), nullptr);   // 27: 0.269 / 0.370
+  EXPECT_EQ(bf16x6_slower_than_sgemm(64, 8192, 8192, sms), nullptr);    // 27: 0.179 / 0.208
+  EXPECT_EQ(bf16x6_slower_than_sgemm(100, 16384, 8192, sms), nullptr);  // 27: 0.336 / 0.720 (split 2)
+  // ... SGEMM where reading W's parts, the kernel's tiles leaving SMs idle or its fixed costs
+  // dominate.
+  EXPECT_NE(bf16x6_slower_than_sgemm(40, 8192, 8192, sms), nullptr);    // W's parts alone: 0.118 ms
   EXPECT_NE(bf16x6_slower_than_sgemm(256, 1024, 1024, sms), nullptr);   // 0.046 / 0.032
-  EXPECT_NE(bf16x6_slower_than_sgemm(256, 256, 8192, sms), nullptr);    // 27: 0.079 / 0.057
+  EXPECT_NE(bf16x6_slower_than_sgemm(256, 256, 8192, sms), nullptr);    // 27: 0.067 / 0.050
   EXPECT_NE(bf16x6_slower_than_sgemm(4096, 256, 256, sms), nullptr);    // 0.047 / 0.027
   // Host-bound: the kernel's GPU time is the smaller, its host work the larger (0.87x eager).
   EXPECT_NE(bf16x6_slower_than_sgemm(256, 8192, 256, sms), nullptr);

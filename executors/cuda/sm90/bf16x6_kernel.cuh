@@ -3,14 +3,18 @@
 // gemm_bf16x6.cu (wide) and gemm_bf16x6_split_k.cu (split-K), only when the build has
 // CUTLASS's headers.
 //
-// Tiles: 128x128x64. Two kernels from the one mainloop and epilogue:
-// - wide: 2-CTA clusters along M (W tiles multicast), persistent over the output tiles;
-// - split-K: 1-CTA clusters, each tile's K' cut into `splits` ranges run by different CTAs
+// Tiles: 128x128x64. Two kernels with the one epilogue:
+// - wide: 2-CTA clusters along M (W tiles multicast), persistent over the output tiles, the
+//   products one after another (SplitProductsMainloop, as many stages as fit);
+// - split-K: 1-CTA clusters, each tile's K cut into `splits` ranges run by different CTAs
 //   and summed in fp32 through the workspace (CUTLASS's stream-K scheduler in split-K mode),
-//   for GEMMs whose tiles would leave most SMs idle (128 rows x 8192 columns: 64 tiles).
-// The promoting mainloop keeps two accumulators per thread, so a consumer warpgroup holds at
+//   for GEMMs whose tiles would leave most SMs idle (128 rows x 8192 columns: 64 tiles); its
+//   stages hold every part's k-tile and run all six products on them
+//   (StagedProductsMainloop), so each W part is read once, not once per product using it.
+// The promoting mainloops keep two accumulators per thread, so a consumer warpgroup holds at
 // most 64x128 of each (the 128x256 tiles of the bf16 GEMMs would need 256 registers for them
-// alone). CUTLASS's epilogue adds the bias per column.
+// alone). CUTLASS's epilogue adds the bias per column; it has no source C (ElementC void),
+// which leaves its shared memory to the mainloop's stages.
 //
 // The products, smallest first (each promoted chunk is one product's; the large ones then
 // add onto a sum that already holds the small ones): x1.w1, x0.w2, x2.w0, x0.w1, x1.w0, x0.w0.
@@ -31,6 +35,7 @@
 #include "device_info.h"
 #include "gemm_bf16x6.h"
 #include "split_products_mainloop.h"
+#include "staged_products_mainloop.h"
 
 namespace gemmfuse::cuda::sm90 {
 namespace {  // each including file instantiates its own variant
@@ -47,28 +52,32 @@ constexpr int kParts = 3, kProducts = 6;
 constexpr int8_t kPartA[kProducts] = {1, 0, 2, 0, 1, 0};
 constexpr int8_t kPartB[kProducts] = {1, 2, 0, 1, 0, 0};
 
-template <class ClusterShape, class TileScheduler>
+// kStaged: StagedProductsMainloop (each stage every part's k-tile; two stages of three
+// slots), else SplitProductsMainloop (product after product; as many stages as fit).
+template <class ClusterShape, class TileScheduler, bool kStaged>
 struct Bf16x6Kernel {
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
-      cutlass::epilogue::collective::EpilogueTileAuto, float, float, float, RowMajor, kAlignOut,
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, RowMajor, kAlignOut,
       float, RowMajor, kAlignOut, EpilogueSchedule,
       cutlass::epilogue::fusion::LinCombPerColBias<float, float, float>>::CollectiveOp;
   // x [M,K] row-major is A K-major; W [N,K] row-major is B K-major ("column-major" K x N).
   using Built = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Bf16, RowMajor, kAlignIn, Bf16,
       ColumnMajor, kAlignIn, float, TileShape, ClusterShape,
-      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
-          sizeof(typename Epilogue::SharedStorage))>,
+      std::conditional_t<kStaged, cutlass::gemm::collective::StageCount<2 * kParts>,
+                         cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
+                             sizeof(typename Epilogue::SharedStorage))>>,
       Schedule>::CollectiveOp;
-  using Mainloop = SplitProductsMainloop<Built, Schedule, kParts, kProducts>;
+  using Mainloop = std::conditional_t<kStaged, StagedProductsMainloop<Built, Schedule, kParts, kProducts>,
+                                      SplitProductsMainloop<Built, Schedule, kParts, kProducts>>;
   using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue,
                                                       TileScheduler>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 };
 // The wide kernel (gemm_bf16x6.cu) and the split-K one (gemm_bf16x6_split_k.cu).
-using Wide = Bf16x6Kernel<Shape<_2, _1, _1>, void>;
-using SplitK = Bf16x6Kernel<Shape<_1, _1, _1>, cutlass::gemm::StreamKScheduler>;
+using Wide = Bf16x6Kernel<Shape<_2, _1, _1>, void, false>;
+using SplitK = Bf16x6Kernel<Shape<_1, _1, _1>, cutlass::gemm::StreamKScheduler, true>;
 using Mainloop = Wide::Mainloop;  // k-tile arithmetic, the same for both
 
 // wgmma k-blocks per k-tile (bf16 wgmma takes 16 of K).
@@ -99,7 +108,7 @@ typename Variant::Gemm::Arguments arguments(const Bf16x6Problem& p, int splits) 
   typename Variant::Gemm::Arguments args;
   args.mode = cutlass::gemm::GemmUniversalMode::kGemm;
   args.hw_info.sm_count = sm_count();  // CUTLASS would query device 0 on every call
-  args.problem_shape = {M, N, Mainloop::k_prime(K), 1};
+  args.problem_shape = {M, N, Variant::Mainloop::k_prime(K), 1};
   const auto* xp = reinterpret_cast<const Bf16*>(p.x_parts);
   const auto* wp = reinterpret_cast<const Bf16*>(p.w_parts);
   for (int i = 0; i < kParts; ++i) {

@@ -33,9 +33,10 @@ bool bf16x6_built() { return true; }
 const char* bf16x6_unfit(int64_t M, int64_t N, int64_t K) {
   // GEMMFUSE_BF16X6=0 in the environment leaves fp32 GEMMs on SGEMM (A/B timing).
   static const bool enabled = !env_switched_off("GEMMFUSE_BF16X6");
-  static_assert(kBf16x6MinRows == 96, "update the message below");
+  static_assert(kBf16x6MinRows == 33, "update the message below");
   if (!enabled) return "switched off (GEMMFUSE_BF16X6=0)";
-  if (M < kBf16x6MinRows) return "fewer than 96 rows (bound by reading W: SGEMM is faster there)";
+  if (M < kBf16x6MinRows)
+    return "at most 32 rows (bound by reading W: the small-M GEMM reads it once in fp32)";
   if (K % 8 != 0 || N % 4 != 0) return "K must be a multiple of 8 and N of 4 (16-byte TMA rows)";
   if (M > INT32_MAX || N > INT32_MAX || K > INT32_MAX / 8)  // K' = 6K (rounded up) is an int
     return "a dimension past the kernel's 32-bit problem shape";
@@ -95,7 +96,7 @@ const char* bf16x6_slower_than_sgemm(int64_t M, int64_t N, int64_t K, int sms) {
   // The wide kernel's 2-CTA clusters pad M to an even number of tiles.
   const double ctas = splits > 1 ? m_tiles * n_tiles * splits : std::ceil(m_tiles / 2) * 2 * n_tiles;
   const double waves = std::ceil(ctas / std::max(sms, 1));
-  const double products_s = waves * k * 38e-9 / splits, w_reads_s = 12 * n * k / 3.4e12;
+  const double products_s = waves * k * 38e-9 / splits, w_reads_s = (splits > 1 ? 6 : 12) * n * k / 3.4e12;
   const double bf16x6_s = 10 * m * k / 2.2e12 + std::max(products_s, w_reads_s) + 5e-6;
   const double flops = 2 * m * n * k, sgemm_s = flops / 45e12;
   // Smaller GEMMs are bound by host work, and the kernel's (three launches, CUTLASS's TMA

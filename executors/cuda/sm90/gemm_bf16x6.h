@@ -40,10 +40,11 @@ constexpr int kBf16x6TileMN = 128;
 // Whether this build has the kernel (it needs CUTLASS's headers at build time).
 bool bf16x6_built();
 
-// Rows from which the kernel can beat SGEMM: at N = K = 8192 on an H100, 96 rows 1.34x, 128
-// 1.52x (the split-K kernel), 64 rows 0.69x (bench/NOTES.md, session 27). With fewer rows
-// both are bound by reading W, and the kernel reads six bf16 parts of it, SGEMM fp32 W once.
-constexpr int64_t kBf16x6MinRows = 96;
+// Rows from which the kernel may run; bf16x6_slower_than_sgemm decides above it. With up to
+// 32 rows fp32 GEMMs run on gemm_small_m.h's kernel, which reads W once in fp32. At N = K =
+// 8192 on an H100 the split-K kernel ran 1.16x SGEMM at 64 rows, 2.05x at 128 (bench/NOTES.md,
+// session 27).
+constexpr int64_t kBf16x6MinRows = 33;
 
 // The most ranges the split-K kernel cuts K into.
 constexpr int kBf16x6MaxSplits = 8;
@@ -70,8 +71,9 @@ const char* bf16x6_unfit(int64_t M, int64_t N, int64_t K);
 // GEMM is too small for the split's fixed costs; session 27 added the split-K kernel and
 // W's reads). The kernel's time: the x split, 10 bytes per x value at ~2.2 TB/s; then the
 // larger of one 128x128 tile's six products, ~38 ns per unit of K divided by the splits,
-// per wave of the CTAs over the SMs, and the six reads of W's bf16 parts (12 bytes
-// per W value) at ~3.4 TB/s; ~5 us of fix-up and launch gaps. SGEMM's: 2MNK at ~45 TFLOP/s.
+// per wave of the CTAs over the SMs, and the reads of W's bf16 parts at ~3.4 TB/s (the wide
+// kernel reads them once per product, 12 bytes per W value; the split-K one once, 6 bytes);
+// ~5 us of fix-up and launch gaps. SGEMM's: 2MNK at ~45 TFLOP/s.
 // GEMMs under kHostBoundGemmFlops (gemmfuse/plan.h) stay on SGEMM: their calls are bound by
 // host work.
 const char* bf16x6_slower_than_sgemm(int64_t M, int64_t N, int64_t K, int sms);

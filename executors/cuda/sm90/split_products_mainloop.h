@@ -116,6 +116,30 @@ struct SplitProductsMainloop : PromotingMainloop<Built, KernelSchedule> {
     }
   }
 
+  // Part i's TMA descriptors.
+  CUTLASS_DEVICE static auto const& tma_a_of(Params const& p, int i) { return i == 0 ? p.tma_load_a : p.tma_a[i - 1]; }
+  CUTLASS_DEVICE static auto const& tma_b_of(Params const& p, int i) { return i == 0 ? p.tma_load_b : p.tma_b[i - 1]; }
+
+  // One tile's TMA views, (global k-tiles, shared-memory slots) of x then W, and where the
+  // loads go in the cluster. Every part's descriptor tiles the same coordinates: partitioned
+  // with part 0's.
+  template <class TensorA, class TensorB, class BlockCoord>
+  CUTLASS_DEVICE static auto tile_loads(Params const& params, cute::tuple<TensorA, TensorB> const& load_inputs,
+                                        BlockCoord const& blk_coord, uint32_t block_rank_in_cluster,
+                                        TensorStorage& shared_tensors) {
+    using namespace cute;
+    Tensor sA = make_tensor(make_smem_ptr(shared_tensors.smem_A.data()), SmemLayoutA{});
+    Tensor sB = make_tensor(make_smem_ptr(shared_tensors.smem_B.data()), SmemLayoutB{});
+    const ClusterLoads<ClusterShape, GmemTiledCopyA, GmemTiledCopyB> at(block_rank_in_cluster);
+    auto tma_a = params.tma_load_a.get_slice(at.block_y);
+    auto tma_b = params.tma_load_b.get_slice(at.block_x);
+    auto [m_coord, n_coord, k_coord, l_coord] = blk_coord;
+    return cute::make_tuple(tma_a.partition_S(get<0>(load_inputs)(_, _, m_coord, _, l_coord)),  // (TMA,TMA_M,TMA_K,k)
+                            tma_a.partition_D(sA),                                              // (TMA,TMA_M,TMA_K,slot)
+                            tma_b.partition_S(get<1>(load_inputs)(_, _, n_coord, _, l_coord)),
+                            tma_b.partition_D(sB), at);
+  }
+
   // The producer: the collective's load() with each k-tile's descriptors chosen by product.
   template <class TensorA, class TensorB, class KTileIterator, class BlockCoord>
   CUTLASS_DEVICE void load(Params const& params, MainloopPipeline pipeline,
@@ -124,19 +148,10 @@ struct SplitProductsMainloop : PromotingMainloop<Built, KernelSchedule> {
                            BlockCoord const& blk_coord, KTileIterator k_tile_iter, int k_tile_count,
                            int /*thread_idx*/, uint32_t block_rank_in_cluster,
                            TensorStorage& shared_tensors) {
-    using namespace cute;
     if (!cute::elect_one_sync()) return;
-    Tensor sA = make_tensor(make_smem_ptr(shared_tensors.smem_A.data()), SmemLayoutA{});
-    Tensor sB = make_tensor(make_smem_ptr(shared_tensors.smem_B.data()), SmemLayoutB{});
-    const ClusterLoads<ClusterShape, GmemTiledCopyA, GmemTiledCopyB> at(block_rank_in_cluster);
-    // Every part's descriptor tiles the same coordinates: partition with part 0's.
-    auto tma_a = params.tma_load_a.get_slice(at.block_y);
-    auto tma_b = params.tma_load_b.get_slice(at.block_x);
-    auto [m_coord, n_coord, k_coord, l_coord] = blk_coord;
-    Tensor tAgA = tma_a.partition_S(get<0>(load_inputs)(_, _, m_coord, _, l_coord));  // (TMA,TMA_M,TMA_K,k)
-    Tensor tAsA = tma_a.partition_D(sA);
-    Tensor tBgB = tma_b.partition_S(get<1>(load_inputs)(_, _, n_coord, _, l_coord));
-    Tensor tBsB = tma_b.partition_D(sB);
+    auto [tAgA, tAsA, tBgB, tBsB, at] =
+        tile_loads(params, load_inputs, blk_coord, block_rank_in_cluster, shared_tensors);
+    using cute::_;
     CUTLASS_PRAGMA_NO_UNROLL
     for (; k_tile_count > 0; --k_tile_count, ++k_tile_iter, ++smem_pipe_write) {
       const int kp = *k_tile_iter;
@@ -145,10 +160,8 @@ struct SplitProductsMainloop : PromotingMainloop<Built, KernelSchedule> {
       pipeline.producer_acquire(smem_pipe_write);
       auto* barrier = pipeline.producer_get_barrier(smem_pipe_write);
       const int stage = smem_pipe_write.index();
-      const auto& a = pa == 0 ? params.tma_load_a : params.tma_a[pa - 1];
-      const auto& b = pb == 0 ? params.tma_load_b : params.tma_b[pb - 1];
-      copy(a.with(*barrier, at.mcast_a), tAgA(_, _, _, k), tAsA(_, _, _, stage));
-      copy(b.with(*barrier, at.mcast_b), tBgB(_, _, _, k), tBsB(_, _, _, stage));
+      cute::copy(tma_a_of(params, pa).with(*barrier, at.mcast_a), tAgA(_, _, _, k), tAsA(_, _, _, stage));
+      cute::copy(tma_b_of(params, pb).with(*barrier, at.mcast_b), tBgB(_, _, _, k), tBsB(_, _, _, stage));
     }
   }
 };

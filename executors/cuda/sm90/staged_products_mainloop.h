@@ -78,18 +78,10 @@ struct StagedProductsMainloop : SplitProductsMainloop<Built, KernelSchedule, kPa
                            BlockCoord const& blk_coord, KTileIterator k_tile_iter, int k_tile_count,
                            int /*thread_idx*/, uint32_t block_rank_in_cluster,
                            TensorStorage& shared_tensors) {
-    using namespace cute;
     if (!cute::elect_one_sync()) return;
-    Tensor sA = make_tensor(make_smem_ptr(shared_tensors.smem_A.data()), SmemLayoutA{});  // (BLK_M,BLK_K,slot)
-    Tensor sB = make_tensor(make_smem_ptr(shared_tensors.smem_B.data()), SmemLayoutB{});
-    const ClusterLoads<ClusterShape, GmemTiledCopyA, GmemTiledCopyB> at(block_rank_in_cluster);
-    auto tma_a = params.tma_load_a.get_slice(at.block_y);
-    auto tma_b = params.tma_load_b.get_slice(at.block_x);
-    auto [m_coord, n_coord, k_coord, l_coord] = blk_coord;
-    Tensor tAgA = tma_a.partition_S(get<0>(load_inputs)(_, _, m_coord, _, l_coord));
-    Tensor tAsA = tma_a.partition_D(sA);
-    Tensor tBgB = tma_b.partition_S(get<1>(load_inputs)(_, _, n_coord, _, l_coord));
-    Tensor tBsB = tma_b.partition_D(sB);
+    auto [tAgA, tAsA, tBgB, tBsB, at] =
+        Split::tile_loads(params, load_inputs, blk_coord, block_rank_in_cluster, shared_tensors);
+    using cute::_;
     CUTLASS_PRAGMA_NO_UNROLL
     for (; k_tile_count > 0; --k_tile_count, ++k_tile_iter, ++smem_pipe_write) {
       const int k = *k_tile_iter;
@@ -98,10 +90,8 @@ struct StagedProductsMainloop : SplitProductsMainloop<Built, KernelSchedule, kPa
       const int slot = smem_pipe_write.index() * kParts;
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < kParts; ++i) {
-        const auto& a = i == 0 ? params.tma_load_a : params.tma_a[i - 1];
-        const auto& b = i == 0 ? params.tma_load_b : params.tma_b[i - 1];
-        copy(a.with(*barrier, at.mcast_a), tAgA(_, _, _, k), tAsA(_, _, _, slot + i));
-        copy(b.with(*barrier, at.mcast_b), tBgB(_, _, _, k), tBsB(_, _, _, slot + i));
+        cute::copy(Split::tma_a_of(params, i).with(*barrier, at.mcast_a), tAgA(_, _, _, k), tAsA(_, _, _, slot + i));
+        cute::copy(Split::tma_b_of(params, i).with(*barrier, at.mcast_b), tBgB(_, _, _, k), tBsB(_, _, _, slot + i));
       }
     }
   }

@@ -100,8 +100,8 @@ float median_ms(F&& f, int sets) {
 // The kernel's variants compared, by Bf16x6Problem::splits (0: the shape's choice, 1: the
 // wide kernel, more: the split-K kernel). Session 27's A/B of the products' order
 // (interleaved along K: 10% slower at the seed shape), of 1x2 clusters for the split-K
-// kernel (no faster) and of its stages (every part's k-tile per stage against product-major:
-// -s27-bf16x6-probe-staged.log) used earlier versions of this probe.
+// kernel (no faster) and of the stages (every part's k-tile per stage against the products
+// one after another: -s27-bf16x6-probe-staged.log, -wide-staged.log) used earlier versions.
 struct Variant {
   const char* name;
   int splits;
@@ -235,6 +235,6 @@ int main() {
   run_shape(h, kFewRowsVariants, 1024, 256, 8192, false, true);
   run_shape(h, kFewRowsVariants, 4096, 256, 8192, false, true);
   run_shape(h, kFewRowsVariants, 256, 256, 8192, false, true);
-  for (int M : {256, 1024}) run_shape(h, kVariants, M, 8192, 8192, false, true);
+  for (int M : {192, 256, 512, 1024, 2048, 4096}) run_shape(h, kVariants, M, 8192, 8192, false, true);
   return 0;
 }

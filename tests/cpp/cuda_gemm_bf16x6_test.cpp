@@ -3,7 +3,7 @@
 // printed; GEMMFUSE_SEED=<n> repeats one), output poisoned with NaN, every element within the
 // worst-case bound of the method and the norm-wise error below a plain fp32 dot product's
 // typical one. Shapes cover M, N and K tails (K not a multiple of the 64-wide k-tile, K below
-// it, promoted chunks of 2 and 1 k-tiles), bias or none; and the values the split cannot
+// it, odd and even k-tile counts), bias or none; and the values the split cannot
 // carry (NaN, infinities, values past bf16's range, tiny values), whose rows and columns are
 // recomputed in fp32 and must come out as float64 has them.
 #include <cuda_runtime.h>
@@ -81,9 +81,11 @@ std::vector<float> run_gemm(int64_t M, int64_t N, int64_t K, const std::vector<f
 
 // Every element within the method's worst-case bound, in units of u = 2^-24 times
 // sum_k |x w| (+ |b|): the split is exact and the three products left out are below
-// 2^-9 2^-18 + 2^-18 2^-9 + 2^-18 2^-18 of each |x w| (1 u); the tensor core sums a chunk of
-// at most 128 of K in 8 steps, each losing at most ~2 u of the partial sum (16 u); the chunks
-// add up in fp32 in 6K/128 steps; the bias, 1. And the norm-wise error below sqrt(K) u / 4
+// 2^-9 2^-18 + 2^-18 2^-9 + 2^-18 2^-18 of each |x w| (1 u); per 64 of K the tensor core sums
+// the large product in 4 steps, each losing at most ~2 u of the partial sum, and the small ones
+// in 20 steps on a sum below 2^-7 of it (under 9 u; 16 u allowed, the bound of an earlier
+// order's chains of 128); the chains add up in fp32 in K/32 steps (6K/128 allowed); the bias,
+// 1. And the norm-wise error below sqrt(K) u / 4
 // (SGEMM's is about sqrt(K) u / 3 at the seed shape: 1.6e-6 at K = 8192).
 void check(int64_t M, int64_t N, int64_t K, bool with_bias, std::mt19937_64& rng, int splits = 0) {
   std::ostringstream what;
@@ -164,24 +166,24 @@ TEST(CudaBf16x6Gemm, CostRule) {
 TEST(CudaBf16x6Gemm, AgainstFloat64) {
   SKIP_WITHOUT_SM90();
   std::mt19937_64 rng(gftest::test_seed());
-  check(256, 128, 128, true, rng);     // one 2-CTA cluster; promoted every 2 k-tiles
+  check(256, 128, 128, true, rng);     // one 2-CTA cluster, 2 k-tiles
   check(300, 260, 1000, false, rng);   // M, N tails; K tail inside the last k-tile (16 k-tiles)
   check(384, 136, 8, true, rng);       // K below one k-tile
-  check(256, 4, 1088, true, rng);      // N = 4; 17 k-tiles: promoted every k-tile
+  check(256, 4, 1088, true, rng);      // N = 4; 17 k-tiles
   check(520, 200, 4160, true, rng);    // 65 k-tiles
 }
 
-// The split-K kernel: each tile's K' (six products of k_tiles(K) k-tiles) cut into ranges that
-// start inside a product and inside a promoted chunk, summed through the workspace; the
-// wide kernel on a shape with a single row of tiles.
+// The split-K kernel: each tile's k-tiles (each all six products of one k-tile of K) cut into
+// ranges of odd and even lengths, as many as there are k-tiles, summed through the workspace;
+// the wide kernel on a shape with a single row of tiles.
 TEST(CudaBf16x6Gemm, SplitKAgainstFloat64) {
   SKIP_WITHOUT_SM90();
   std::mt19937_64 rng(gftest::test_seed());
-  check(128, 256, 1024, true, rng, 2);  // 2 tiles, each K' (96 k-tiles) in halves
-  check(100, 260, 1000, false, rng, 3); // M, N and K tails; 3 ranges of 32 k-tiles
-  check(128, 4, 1088, true, rng, 4);    // 17 k-tiles per product (promoted every k-tile): ranges of 25-26
-  check(64, 136, 8, true, rng, 5);      // K below one k-tile: 6 k-tiles in 5 ranges
-  check(77, 128, 4160, true, rng, 8);   // 65 k-tiles per product, 8 ranges
+  check(128, 256, 1024, true, rng, 2);  // 2 tiles, each of 16 k-tiles in halves
+  check(100, 260, 1000, false, rng, 3); // M, N and K tails; 16 k-tiles in 3 ranges of 5-6
+  check(128, 4, 1088, true, rng, 4);    // 17 k-tiles in 4 ranges of 4-5
+  check(64, 136, 8, true, rng, 5);      // K below one k-tile: 1 k-tile (CUTLASS keeps 1 range)
+  check(77, 128, 4160, true, rng, 8);   // 65 k-tiles, 8 ranges
   check(128, 256, 1024, true, rng, 1);  // the wide kernel: one 2-CTA cluster per column of tiles, half empty
   // The shape's own choice for one row of 128 tiles: 2 ranges, 256 units on at most one CTA
   // per SM, so CTAs take a second unit while others still wait on their first.

@@ -3,21 +3,19 @@
 // gemm_bf16x6.cu (wide) and gemm_bf16x6_split_k.cu (split-K), only when the build has
 // CUTLASS's headers.
 //
-// Tiles: 128x128x64. Two kernels with the one epilogue:
-// - wide: 2-CTA clusters along M (W tiles multicast), persistent over the output tiles, the
-//   products one after another (SplitProductsMainloop, as many stages as fit);
+// Tiles: 128x128x64; the mainloop (split_products_mainloop.h) holds one k-tile of every
+// part per stage, two stages, and runs all six products on it. Two kernels:
+// - wide: 2-CTA clusters along M (W tiles multicast), persistent over the output tiles;
 // - split-K: 1-CTA clusters, each tile's K cut into `splits` ranges run by different CTAs
 //   and summed in fp32 through the workspace (CUTLASS's stream-K scheduler in split-K mode),
-//   for GEMMs whose tiles would leave most SMs idle (128 rows x 8192 columns: 64 tiles); its
-//   stages hold every part's k-tile and run all six products on them
-//   (StagedProductsMainloop), so each W part is read once, not once per product using it.
-// The promoting mainloops keep two accumulators per thread, so a consumer warpgroup holds at
+//   for GEMMs whose tiles would leave most SMs idle (128 rows x 8192 columns: 64 tiles).
+// The promoting mainloop keeps two accumulators per thread, so a consumer warpgroup holds at
 // most 64x128 of each (the 128x256 tiles of the bf16 GEMMs would need 256 registers for them
 // alone). CUTLASS's epilogue adds the bias per column; it has no source C (ElementC void),
-// which leaves its shared memory to the mainloop's stages.
+// which leaves the mainloop room for two stages of three slots.
 //
-// The products, smallest first (each promoted chunk is one product's; the large ones then
-// add onto a sum that already holds the small ones): x1.w1, x0.w2, x2.w0, x0.w1, x1.w0, x0.w0.
+// The products, smallest first (the large one last, summed apart: split_products_mainloop.h):
+// x1.w1, x0.w2, x2.w0, x0.w1, x1.w0, x0.w0.
 #pragma once
 
 #include <cstdint>
@@ -35,7 +33,6 @@
 #include "device_info.h"
 #include "gemm_bf16x6.h"
 #include "split_products_mainloop.h"
-#include "staged_products_mainloop.h"
 
 namespace gemmfuse::cuda::sm90 {
 namespace {  // each including file instantiates its own variant
@@ -52,9 +49,7 @@ constexpr int kParts = 3, kProducts = 6;
 constexpr int8_t kPartA[kProducts] = {1, 0, 2, 0, 1, 0};
 constexpr int8_t kPartB[kProducts] = {1, 2, 0, 1, 0, 0};
 
-// kStaged: StagedProductsMainloop (each stage every part's k-tile; two stages of three
-// slots), else SplitProductsMainloop (product after product; as many stages as fit).
-template <class ClusterShape, class TileScheduler, bool kStaged>
+template <class ClusterShape, class TileScheduler>
 struct Bf16x6Kernel {
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
@@ -62,30 +57,20 @@ struct Bf16x6Kernel {
       float, RowMajor, kAlignOut, EpilogueSchedule,
       cutlass::epilogue::fusion::LinCombPerColBias<float, float, float>>::CollectiveOp;
   // x [M,K] row-major is A K-major; W [N,K] row-major is B K-major ("column-major" K x N).
+  // Two stages of kParts slots (the mainloop's layout of the builder's stages).
   using Built = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Bf16, RowMajor, kAlignIn, Bf16,
       ColumnMajor, kAlignIn, float, TileShape, ClusterShape,
-      std::conditional_t<kStaged, cutlass::gemm::collective::StageCount<2 * kParts>,
-                         cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
-                             sizeof(typename Epilogue::SharedStorage))>>,
-      Schedule>::CollectiveOp;
-  using Mainloop = std::conditional_t<kStaged, StagedProductsMainloop<Built, Schedule, kParts, kProducts>,
-                                      SplitProductsMainloop<Built, Schedule, kParts, kProducts>>;
+      cutlass::gemm::collective::StageCount<2 * kParts>, Schedule>::CollectiveOp;
+  using Mainloop = SplitProductsMainloop<Built, Schedule, kParts, kProducts>;
   using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue,
                                                       TileScheduler>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+  static_assert(sizeof(typename Kernel::SharedStorage) <= 227 * 1024, "an sm90 CTA's shared memory");
 };
 // The wide kernel (gemm_bf16x6.cu) and the split-K one (gemm_bf16x6_split_k.cu).
-using Wide = Bf16x6Kernel<Shape<_2, _1, _1>, void, false>;
-using SplitK = Bf16x6Kernel<Shape<_1, _1, _1>, cutlass::gemm::StreamKScheduler, true>;
-using Mainloop = Wide::Mainloop;  // k-tile arithmetic, the same for both
-
-// wgmma k-blocks per k-tile (bf16 wgmma takes 16 of K).
-constexpr int kMmasPerKTile = size<2>(TileShape{}) / 16;
-
-// Promote every 2 k-tiles (128 of K: the least error among 32 to 512 in the TF32 probe,
-// bench/NOTES.md session 18), or every k-tile so that chunks end where a product's k-tiles do.
-int promotion_k_tiles(int k) { return Mainloop::k_tiles(k) % 2 == 0 ? 2 : 1; }
+using Wide = Bf16x6Kernel<Shape<_2, _1, _1>, void>;
+using SplitK = Bf16x6Kernel<Shape<_1, _1, _1>, cutlass::gemm::StreamKScheduler>;
 
 // The stride of a packed row-major [rows, cols] operand (batch of one): (cols, 1, rows*cols).
 template <class Stride>
@@ -122,7 +107,6 @@ typename Variant::Gemm::Arguments arguments(const Bf16x6Problem& p, int splits) 
     args.mainloop.part_b[i] = kPartB[i];
   }
   args.mainloop.k = K;
-  args.mainloop.mma_promotion_interval = static_cast<uint32_t>(promotion_k_tiles(K) * kMmasPerKTile);
   args.epilogue.ptr_C = nullptr;
   args.epilogue.dC = packed<SC>(M, N);
   args.epilogue.ptr_D = p.y;

@@ -96,7 +96,7 @@ const char* bf16x6_slower_than_sgemm(int64_t M, int64_t N, int64_t K, int sms) {
   // The wide kernel's 2-CTA clusters pad M to an even number of tiles.
   const double ctas = splits > 1 ? m_tiles * n_tiles * splits : std::ceil(m_tiles / 2) * 2 * n_tiles;
   const double waves = std::ceil(ctas / std::max(sms, 1));
-  const double products_s = waves * k * 38e-9 / splits, w_reads_s = (splits > 1 ? 6 : 12) * n * k / 3.4e12;
+  const double products_s = waves * k * 38e-9 / splits, w_reads_s = 6 * n * k / 3.4e12;
   const double bf16x6_s = 10 * m * k / 2.2e12 + std::max(products_s, w_reads_s) + 5e-6;
   const double flops = 2 * m * n * k, sgemm_s = flops / 45e12;
   // Smaller GEMMs are bound by host work, and the kernel's (three launches, CUTLASS's TMA

@@ -3,8 +3,8 @@
 // parts, v = v0 + v1 + v2 (split.h: exact for all but the exceptional values below), and Y is
 // the sum of the six part products x_i.w_j with i + j <= 2 (the three left out are below
 // 2^-24 of each term), the tensor-core accumulator added into fp32 registers every 128 of K
-// or less (split_products_mainloop.h, staged_products_mainloop.h). Six bf16 products are the
-// tensor-core time of three TF32 ones.
+// or less (split_products_mainloop.h). Six bf16 products are the tensor-core time of three
+// TF32 ones.
 //
 // Why: fp32 mode ran cuBLAS's SGEMM, 2.7 ms of the seed models' ~2.75 ms on an H100,
 // bound by the FP32 cores (bench/NOTES.md, session 18).
@@ -72,9 +72,8 @@ const char* bf16x6_unfit(int64_t M, int64_t N, int64_t K);
 // GEMM is too small for the split's fixed costs; session 27 added the split-K kernel and
 // W's reads). The kernel's time: the x split, 10 bytes per x value at ~2.2 TB/s; then the
 // larger of one 128x128 tile's six products, ~38 ns per unit of K divided by the splits,
-// per wave of the CTAs over the SMs, and the reads of W's bf16 parts at ~3.4 TB/s (the wide
-// kernel reads them once per product, 12 bytes per W value; the split-K one once, 6 bytes);
-// ~5 us of fix-up and launch gaps. SGEMM's: 2MNK at ~45 TFLOP/s.
+// per wave of the CTAs over the SMs, and one read of W's bf16 parts (6 bytes per W value) at
+// ~3.4 TB/s; ~5 us of fix-up and launch gaps. SGEMM's: 2MNK at ~45 TFLOP/s.
 // GEMMs under kHostBoundGemmFlops (gemmfuse/plan.h) stay on SGEMM: their calls are bound by
 // host work.
 const char* bf16x6_slower_than_sgemm(int64_t M, int64_t N, int64_t K, int sms);

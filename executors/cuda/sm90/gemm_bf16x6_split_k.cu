@@ -13,10 +13,6 @@
 
 namespace gemmfuse::cuda::sm90 {
 
-// Two stages of three slots (192 KB) and the epilogue's 34 KB fit in the 227 KB an sm90 CTA
-// may have.
-static_assert(sizeof(SplitK::Kernel::SharedStorage) <= 227 * 1024, "the staged kernel's shared memory");
-
 size_t bf16x6_split_k_workspace_bytes(const Bf16x6Problem& p, int splits) {
   return workspace_size<SplitK>(p, splits);
 }

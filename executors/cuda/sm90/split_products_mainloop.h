@@ -1,22 +1,30 @@
 // The mainloop of the fp32 GEMM on bf16 tensor cores (gemm_bf16x6.cu): CUTLASS's sm90
-// TMA + wgmma warp-specialized collective with two changes.
+// TMA + wgmma warp-specialized collective for FP8, on bf16 operands, with its stages and
+// consumer rewritten.
 //
 // 1. Promotion. The tensor core's fp32 accumulator loses low bits on every k-step (cuBLAS
 //    TF32 on inputs exact in TF32: 1.9e-5 relative error against SGEMM's 1.6e-6,
 //    seed-models.md). CUTLASS's FP8 mainloop adds the tensor-core accumulator into a second,
-//    fp32 register accumulator every few k-steps ("promotion"); it is used here as is, on
-//    bf16 operands, so each chain the tensor core sums is at most 128 of K long.
-// 2. Several products over one pipeline. With x = x0 + x1 + x2 and W = w0 + w1 + w2 in bf16
-//    (split.h), Y is the sum of kProducts part products x_i.w_j: the kernel's K' is
-//    kProducts * k_tiles(K) * BLK_K, product p taking the p-th run of k_tiles(K) k-tiles, and
-//    the producer picks the parts' TMA descriptors per k-tile. The consumer runs the
-//    collective's own mma() over all of them; promoted chunks never straddle two products
-//    when a product's k-tile count is a multiple of the chunk (gemm_bf16x6.cu).
+//    fp32 register accumulator ("promotion", GmmaFP8Accumulation); here after every chain
+//    below, so each chain the tensor core sums is at most 64 of K per product.
+// 2. Several products per stage. With x = x0 + x1 + x2 and W = w0 + w1 + w2 in bf16
+//    (split.h), Y is the sum of kProducts part products x_i.w_j. Each pipeline stage holds
+//    one k-tile of every part of x and of W (kParts shared-memory slots each), and the
+//    consumer runs all products on it: per stage, the small products (all but the last) as
+//    one tensor-core chain, then the last, large one as its own, each promoted. Each W part is
+//    read once per call (at N = K = 8192 three 128 MB parts, against six reads when the
+//    products ran one after another: 10-25% faster on the seed GEMM's shapes, 1.5x at 128
+//    rows; bench/NOTES.md session 27). The kernel's K' is k_tiles(K) * BLK_K.
+// The products must come smallest first, the large one last (gemm_bf16x6.cu). `Built` must be
+// the builder's collective with kParts * kStages pipeline stages: its shared memory is
+// reused as kParts slots per stage of this mainloop's kStages-stage pipeline.
 #pragma once
 
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
 #include "cutlass/gemm/collective/collective_builder.hpp"
+#include "cutlass/gemm/collective/fp8_accumulation.hpp"
+#include "cutlass/pipeline/pipeline.hpp"
 
 #include "mainloop.h"  // ClusterLoads
 
@@ -33,7 +41,7 @@ using PromotingMainloop = cutlass::gemm::collective::CollectiveMma<
     typename Built::TransformA, typename Built::GmemTiledCopyB, typename Built::SmemLayoutAtomB,
     typename Built::SmemCopyAtomB, typename Built::TransformB>;
 
-// kProducts products of parts: product p is x_{kPartA[p]} . w_{kPartB[p]}.
+// kProducts products of parts: product p is x_{part_a[p]} . w_{part_b[p]}.
 template <class Built, class KernelSchedule, int kParts, int kProducts>
 struct SplitProductsMainloop : PromotingMainloop<Built, KernelSchedule> {
   using Base = PromotingMainloop<Built, KernelSchedule>;
@@ -42,15 +50,22 @@ struct SplitProductsMainloop : PromotingMainloop<Built, KernelSchedule> {
   using typename Base::StrideA;
   using typename Base::StrideB;
   using typename Base::TileShape;
-  using typename Base::MainloopPipeline;
-  using typename Base::PipelineState;
   using typename Base::TensorStorage;
   using typename Base::SmemLayoutA;
   using typename Base::SmemLayoutB;
   using typename Base::GmemTiledCopyA;
   using typename Base::GmemTiledCopyB;
+  using typename Base::TiledMma;
   using ClusterShape = typename Base::DispatchPolicy::ClusterShape;
   static constexpr int kBlockK = cute::size<2>(TileShape{});
+  static constexpr int kSlots = Built::DispatchPolicy::Stages;
+  static_assert(kSlots % kParts == 0 && kSlots / kParts >= 2, "kParts slots per stage, two stages at least");
+  static constexpr int kStages = kSlots / kParts;
+
+  using MainloopPipeline = cutlass::PipelineTmaAsync<kStages>;
+  using PipelineState = cutlass::PipelineState<kStages>;
+  using PipelineParams = typename MainloopPipeline::Params;
+  using PipelineStorage = typename MainloopPipeline::SharedStorage;
 
   // The kernel's problem shape has K' = k_prime(k); `k` is the real K.
   struct Arguments {
@@ -58,10 +73,9 @@ struct SplitProductsMainloop : PromotingMainloop<Built, KernelSchedule> {
     StrideA dA;
     const ElementB* w[kParts];  // [N, K] each, strides dB
     StrideB dB;
-    int8_t part_a[kProducts];   // product p = x[part_a[p]] . w[part_b[p]]
+    int8_t part_a[kProducts];   // product p = x[part_a[p]] . w[part_b[p]], smallest first
     int8_t part_b[kProducts];
     int k = 0;
-    uint32_t mma_promotion_interval = 8;  // wgmma k-blocks per promoted chunk
   };
 
   struct Params : Base::Params {
@@ -69,23 +83,26 @@ struct SplitProductsMainloop : PromotingMainloop<Built, KernelSchedule> {
     typename Base::Params::TMA_B tma_b[kParts - 1];
     int8_t part_a[kProducts];
     int8_t part_b[kProducts];
-    int k_tiles = 0;  // per product
   };
 
   static int k_tiles(int k) { return (k + kBlockK - 1) / kBlockK; }
-  static int k_prime(int k) { return kProducts * k_tiles(k) * kBlockK; }
+  static int k_prime(int k) { return k_tiles(k) * kBlockK; }
 
+  // The base's arguments for part i (its promotion interval is not used: mma() below).
+  static typename Base::Arguments part_arguments(Arguments const& a, int i) {
+    return typename Base::Arguments{a.x[i], a.dA, a.w[i], a.dB, /*mma_promotion_interval=*/4};
+  }
+
+  // Each stage's transaction bytes are those of kParts tiles of x and of W.
   template <class ProblemShape>
   static Params to_underlying_arguments(ProblemShape const& shape, Arguments const& a, void* ws) {
     auto [M, N, Kp, L] = cute::append<4>(shape, 1);
     (void)Kp;
     const auto part = cute::make_shape(M, N, a.k, L);
     Params p;
-    static_cast<typename Base::Params&>(p) = Base::to_underlying_arguments(
-        part, typename Base::Arguments{a.x[0], a.dA, a.w[0], a.dB, a.mma_promotion_interval}, ws);
+    static_cast<typename Base::Params&>(p) = Base::to_underlying_arguments(part, part_arguments(a, 0), ws);
     for (int i = 1; i < kParts; ++i) {
-      const auto s = Base::to_underlying_arguments(
-          part, typename Base::Arguments{a.x[i], a.dA, a.w[i], a.dB, a.mma_promotion_interval}, ws);
+      const auto s = Base::to_underlying_arguments(part, part_arguments(a, i), ws);
       p.tma_a[i - 1] = s.tma_load_a;
       p.tma_b[i - 1] = s.tma_load_b;
     }
@@ -93,7 +110,9 @@ struct SplitProductsMainloop : PromotingMainloop<Built, KernelSchedule> {
       p.part_a[i] = a.part_a[i];
       p.part_b[i] = a.part_b[i];
     }
-    p.k_tiles = k_tiles(a.k);
+    p.tma_transaction_bytes = kParts * Base::TmaTransactionBytes;
+    p.tma_transaction_bytes_mk = kParts * Base::TmaTransactionBytesMK;
+    p.tma_transaction_bytes_nk = kParts * Base::TmaTransactionBytesNK;
     return p;
   }
 
@@ -101,8 +120,7 @@ struct SplitProductsMainloop : PromotingMainloop<Built, KernelSchedule> {
   static bool can_implement(ProblemShape const& shape, Arguments const& a) {
     auto [M, N, Kp, L] = cute::append<4>(shape, 1);
     const auto part = cute::make_shape(M, N, a.k, L);
-    const typename Base::Arguments b{a.x[0], a.dA, a.w[0], a.dB, a.mma_promotion_interval};
-    bool ok = a.k > 0 && int(Kp) == k_prime(a.k) && Base::can_implement(part, b);
+    bool ok = a.k > 0 && int(Kp) == k_prime(a.k) && Base::can_implement(part, part_arguments(a, 0));
     for (int i = 0; i < kProducts; ++i)
       ok = ok && a.part_a[i] >= 0 && a.part_a[i] < kParts && a.part_b[i] >= 0 && a.part_b[i] < kParts;
     return ok;
@@ -116,31 +134,9 @@ struct SplitProductsMainloop : PromotingMainloop<Built, KernelSchedule> {
     }
   }
 
-  // Part i's TMA descriptors.
-  CUTLASS_DEVICE static auto const& tma_a_of(Params const& p, int i) { return i == 0 ? p.tma_load_a : p.tma_a[i - 1]; }
-  CUTLASS_DEVICE static auto const& tma_b_of(Params const& p, int i) { return i == 0 ? p.tma_load_b : p.tma_b[i - 1]; }
-
-  // One tile's TMA views, (global k-tiles, shared-memory slots) of x then W, and where the
-  // loads go in the cluster. Every part's descriptor tiles the same coordinates: partitioned
-  // with part 0's.
-  template <class TensorA, class TensorB, class BlockCoord>
-  CUTLASS_DEVICE static auto tile_loads(Params const& params, cute::tuple<TensorA, TensorB> const& load_inputs,
-                                        BlockCoord const& blk_coord, uint32_t block_rank_in_cluster,
-                                        TensorStorage& shared_tensors) {
-    using namespace cute;
-    Tensor sA = make_tensor(make_smem_ptr(shared_tensors.smem_A.data()), SmemLayoutA{});
-    Tensor sB = make_tensor(make_smem_ptr(shared_tensors.smem_B.data()), SmemLayoutB{});
-    const ClusterLoads<ClusterShape, GmemTiledCopyA, GmemTiledCopyB> at(block_rank_in_cluster);
-    auto tma_a = params.tma_load_a.get_slice(at.block_y);
-    auto tma_b = params.tma_load_b.get_slice(at.block_x);
-    auto [m_coord, n_coord, k_coord, l_coord] = blk_coord;
-    return cute::make_tuple(tma_a.partition_S(get<0>(load_inputs)(_, _, m_coord, _, l_coord)),  // (TMA,TMA_M,TMA_K,k)
-                            tma_a.partition_D(sA),                                              // (TMA,TMA_M,TMA_K,slot)
-                            tma_b.partition_S(get<1>(load_inputs)(_, _, n_coord, _, l_coord)),
-                            tma_b.partition_D(sB), at);
-  }
-
-  // The producer: the collective's load() with each k-tile's descriptors chosen by product.
+  // The producer: for each k-tile, every part of x and of W into the stage's slots (x tiles
+  // multicast along the cluster's N, W tiles along its M). Every part's descriptor tiles the
+  // same coordinates: partitioned with part 0's.
   template <class TensorA, class TensorB, class KTileIterator, class BlockCoord>
   CUTLASS_DEVICE void load(Params const& params, MainloopPipeline pipeline,
                            PipelineState smem_pipe_write,
@@ -148,22 +144,95 @@ struct SplitProductsMainloop : PromotingMainloop<Built, KernelSchedule> {
                            BlockCoord const& blk_coord, KTileIterator k_tile_iter, int k_tile_count,
                            int /*thread_idx*/, uint32_t block_rank_in_cluster,
                            TensorStorage& shared_tensors) {
+    using namespace cute;
     if (!cute::elect_one_sync()) return;
-    auto [tAgA, tAsA, tBgB, tBsB, at] =
-        tile_loads(params, load_inputs, blk_coord, block_rank_in_cluster, shared_tensors);
-    using cute::_;
+    Tensor sA = make_tensor(make_smem_ptr(shared_tensors.smem_A.data()), SmemLayoutA{});  // (BLK_M,BLK_K,slot)
+    Tensor sB = make_tensor(make_smem_ptr(shared_tensors.smem_B.data()), SmemLayoutB{});
+    const ClusterLoads<ClusterShape, GmemTiledCopyA, GmemTiledCopyB> at(block_rank_in_cluster);
+    auto tma_a = params.tma_load_a.get_slice(at.block_y);
+    auto tma_b = params.tma_load_b.get_slice(at.block_x);
+    auto [m_coord, n_coord, k_coord, l_coord] = blk_coord;
+    Tensor tAgA = tma_a.partition_S(get<0>(load_inputs)(_, _, m_coord, _, l_coord));  // (TMA,TMA_M,TMA_K,k)
+    Tensor tAsA = tma_a.partition_D(sA);                                              // (TMA,TMA_M,TMA_K,slot)
+    Tensor tBgB = tma_b.partition_S(get<1>(load_inputs)(_, _, n_coord, _, l_coord));
+    Tensor tBsB = tma_b.partition_D(sB);
     CUTLASS_PRAGMA_NO_UNROLL
     for (; k_tile_count > 0; --k_tile_count, ++k_tile_iter, ++smem_pipe_write) {
-      const int kp = *k_tile_iter;
-      const int product = kp / params.k_tiles, k = kp - product * params.k_tiles;
-      const int pa = params.part_a[product], pb = params.part_b[product];
+      const int k = *k_tile_iter;
       pipeline.producer_acquire(smem_pipe_write);
       auto* barrier = pipeline.producer_get_barrier(smem_pipe_write);
-      const int stage = smem_pipe_write.index();
-      cute::copy(tma_a_of(params, pa).with(*barrier, at.mcast_a), tAgA(_, _, _, k), tAsA(_, _, _, stage));
-      cute::copy(tma_b_of(params, pb).with(*barrier, at.mcast_b), tBgB(_, _, _, k), tBsB(_, _, _, stage));
+      const int slot = smem_pipe_write.index() * kParts;
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < kParts; ++i) {
+        const auto& a = i == 0 ? params.tma_load_a : params.tma_a[i - 1];
+        const auto& b = i == 0 ? params.tma_load_b : params.tma_b[i - 1];
+        copy(a.with(*barrier, at.mcast_a), tAgA(_, _, _, k), tAsA(_, _, _, slot + i));
+        copy(b.with(*barrier, at.mcast_b), tBgB(_, _, _, k), tBsB(_, _, _, slot + i));
+      }
     }
   }
+
+  CUTLASS_DEVICE void load_tail(MainloopPipeline pipeline, PipelineState smem_pipe_write) {
+    if (cute::elect_one_sync()) pipeline.producer_tail(smem_pipe_write);
+  }
+
+  // The consumer: per stage, the small products in order (each a run of BLK_K / 16 wgmma
+  // k-blocks reading its parts' slots) into the tensor-core accumulator, added into the fp32
+  // one (which waits for the batch); then the last, large product alone, added the same way;
+  // then the stage is released. As in product-major order, the tensor core never adds the
+  // small products onto the large one's sum (its adds truncate: 1.2x SGEMM's error at K = 8
+  // when they shared one chain), and each chain is at most BLK_K long per product.
+  template <class FrgTensorC>
+  CUTLASS_DEVICE void mma(MainloopPipeline pipeline, PipelineState smem_pipe_read, FrgTensorC& accum,
+                          int k_tile_count, int thread_idx, TensorStorage& shared_tensors,
+                          Params const& params) {
+    using namespace cute;
+    Tensor sA = make_tensor(make_smem_ptr(shared_tensors.smem_A.data()), SmemLayoutA{});
+    Tensor sB = make_tensor(make_smem_ptr(shared_tensors.smem_B.data()), SmemLayoutB{});
+    constexpr int kWarpGroups = size(TiledMma{}) / cutlass::NumThreadsPerWarpGroup;
+    const Layout warp_groups = make_layout(Int<kWarpGroups>{}, Int<cutlass::NumThreadsPerWarpGroup>{});
+    const int warp_group = __shfl_sync(0xFFFFFFFF, thread_idx / cutlass::NumThreadsPerWarpGroup, 0);
+    TiledMma tiled_mma;
+    auto thread_mma = tiled_mma.get_slice(warp_groups(warp_group));
+    Tensor tCrA = thread_mma.make_fragment_A(thread_mma.partition_A(sA));  // (MMA,MMA_M,MMA_K,slot)
+    Tensor tCrB = thread_mma.make_fragment_B(thread_mma.partition_B(sB));
+    constexpr int kBlocks = size<2>(tCrA);
+
+    // Products [first, last) of this stage's slots into a fresh tensor-core sum, then into accum.
+    using Accumulation = cutlass::gemm::collective::GmmaFP8Accumulation<typename FrgTensorC::engine_type,
+                                                                        typename FrgTensorC::layout_type>;
+    auto run = [&](Accumulation& acc, int slot, int first, int last) {
+      tiled_mma.accumulate_ = GMMA::ScaleOut::Zero;
+      warpgroup_fence_operand(acc());
+      warpgroup_arrive();
+      CUTLASS_PRAGMA_UNROLL
+      for (int p = first; p < last; ++p) {
+        const int sa = slot + params.part_a[p], sb = slot + params.part_b[p];
+        CUTLASS_PRAGMA_UNROLL
+        for (int kb = 0; kb < kBlocks; ++kb) {
+          cute::gemm(tiled_mma, tCrA(_, _, kb, sa), tCrB(_, _, kb, sb), acc());
+          tiled_mma.accumulate_ = GMMA::ScaleOut::One;
+        }
+      }
+      warpgroup_commit_batch();
+      acc.promote_if_needed();  // an interval of one call: waits for the batch, adds it into accum
+      warpgroup_fence_operand(acc());
+    };
+    Accumulation accumulation(accum, 1, 1);
+    CUTLASS_PRAGMA_NO_UNROLL
+    for (; k_tile_count > 0; --k_tile_count) {
+      pipeline.consumer_wait(smem_pipe_read, pipeline.consumer_try_wait(smem_pipe_read));
+      const int slot = smem_pipe_read.index() * kParts;
+      run(accumulation, slot, 0, kProducts - 1);
+      run(accumulation, slot, kProducts - 1, kProducts);
+      pipeline.consumer_release(smem_pipe_read);
+      ++smem_pipe_read;
+    }
+    warpgroup_fence_operand(accumulation());
+  }
+
+  // mma() released every stage it read.
+  CUTLASS_DEVICE void mma_tail(MainloopPipeline, PipelineState, int) { cute::warpgroup_wait<0>(); }
 };
 
 }  // namespace gemmfuse::cuda::sm90

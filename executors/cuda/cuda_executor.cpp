@@ -133,10 +133,10 @@ std::string CudaExecutor::describe_kernels(const Plan& plan) {
       const int splits = sm90::bf16x6_splits(plan.M, plan.N, sm_count());
       return "cuda: the fp32 Gemm runs on bf16 tensor cores: each value split into three bf16 "
              "parts (exact), the six part products that reach fp32's precision, summed in "
-             "fp32 every 128 of K" +
-             (splits > 1 ? " or less; each output tile's K cut into " + std::to_string(splits) +
-                               " ranges on as many SMs, their sums added in fp32, each W part "
-                               "read once (split-K: the tiles alone would leave most SMs idle)"
+             "fp32 every 64 of K, each W part read once" +
+             (splits > 1 ? "; each output tile's K cut into " + std::to_string(splits) +
+                               " ranges on as many SMs, their sums added in fp32 (split-K: the "
+                               "tiles alone would leave most SMs idle)"
                          : std::string()) +
              "; rows and columns with inf/NaN or values past bf16's range recomputed in fp32 "
              "(x, W, bias and out 16-byte aligned, else SGEMM)";

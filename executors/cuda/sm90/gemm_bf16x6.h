@@ -2,9 +2,8 @@
 // Y[M,N] = x[M,K] W[N,K]^T + bias[N], fp32 in and out. Each value is split into three bf16
 // parts, v = v0 + v1 + v2 (split.h: exact for all but the exceptional values below), and Y is
 // the sum of the six part products x_i.w_j with i + j <= 2 (the three left out are below
-// 2^-24 of each term), the tensor-core accumulator added into fp32 registers every 128 of K
-// or less (split_products_mainloop.h). Six bf16 products are the tensor-core time of three
-// TF32 ones.
+// 2^-24 of each term), the tensor-core accumulator added into fp32 registers every 64 of K
+// (split_products_mainloop.h). Six bf16 products are the tensor-core time of three TF32 ones.
 //
 // Why: fp32 mode ran cuBLAS's SGEMM, 2.7 ms of the seed models' ~2.75 ms on an H100,
 // bound by the FP32 cores (bench/NOTES.md, session 18).

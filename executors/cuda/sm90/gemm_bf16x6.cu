@@ -38,7 +38,7 @@ const char* bf16x6_unfit(int64_t M, int64_t N, int64_t K) {
   if (M < kBf16x6MinRows)
     return "at most 32 rows (bound by reading W: the small-M GEMM reads it once in fp32)";
   if (K % 8 != 0 || N % 4 != 0) return "K must be a multiple of 8 and N of 4 (16-byte TMA rows)";
-  if (M > INT32_MAX || N > INT32_MAX || K > INT32_MAX / 8)  // K' = 6K (rounded up) is an int
+  if (M > INT32_MAX || N > INT32_MAX || K > INT32_MAX / 8)  // CUTLASS's int problem shape
     return "a dimension past the kernel's 32-bit problem shape";
   if (compute_capability() != 90) return "needs an sm_90 GPU (an H100 or H200)";
   return nullptr;
@@ -102,8 +102,8 @@ const char* bf16x6_slower_than_sgemm(int64_t M, int64_t N, int64_t K, int sms) {
   // Smaller GEMMs are bound by host work, and the kernel's (three launches, CUTLASS's TMA
   // descriptors) is the larger: 0.87x eager at 256 x 8192 x 256 on an H100.
   if (bf16x6_s < sgemm_s && flops > kHostBoundGemmFlops) return nullptr;
-  return "SGEMM is faster at this shape (the kernel's 128x128 tiles would leave SMs idle, its six "
-         "reads of W's parts outweigh the products, or its split of x, launches and host work "
+  return "SGEMM is faster at this shape (the kernel's 128x128 tiles would leave SMs idle, reading "
+         "W's three bf16 parts outweighs the products, or its split of x, launches and host work "
          "outweigh the GEMM)";
 }
 

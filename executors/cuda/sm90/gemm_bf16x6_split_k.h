@@ -12,7 +12,7 @@ namespace gemmfuse::cuda::sm90 {
 
 size_t bf16x6_split_k_workspace_bytes(const Bf16x6Problem& p, int splits);
 
-// As launch_bf16x6_gemm, with each output tile's K' cut into `splits` (> 1) ranges.
+// As launch_bf16x6_gemm, with each output tile's K cut into `splits` (> 1) ranges.
 bool launch_bf16x6_split_k(const Bf16x6Problem& p, int splits, void* workspace,
                            size_t workspace_bytes, cudaStream_t stream);
 

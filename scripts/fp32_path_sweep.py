@@ -1,7 +1,7 @@
-"""fp32 mode against eager fp32 over GEMM shapes away from the seed's: where does the bf16x6
-tensor-core path (sm90, M >= 256) stop paying for its fixed costs (the x split, the fix-up
+"""fp32 mode against eager fp32 over GEMM shapes away from the seed's: where does the f16x3
+tensor-core path (sm90; from 33 rows and K = 128, where its cost rule says so) stop paying for its fixed costs (the x split, the fix-up
 launch, the host's TMA descriptors)? Linear(K, N) -> relu, x uniform [0, 1), each shape's
-error against float64 too. Run once as is and once with GEMMFUSE_BF16X6=0 (the SGEMM path)
+error against float64 too. Run once as is and once with GEMMFUSE_F16X3=0 (the SGEMM path)
 to compare the two paths.
     PYTHONPATH=python python3 scripts/fp32_path_sweep.py [--precision fast] [--shapes MxKxN,...] [--out F]
 """
@@ -37,7 +37,7 @@ def main():
         sets = [(torch.rand(m, k, device=dev),) for _ in range(4)]
         opt = gemmfuse.optimize(model, sets[0], precision=args.precision)
         text = gemmfuse.explain(opt, print_it=False)
-        gemm = ("bf16x6" if "runs on bf16 tensor cores" in text else
+        gemm = ("f16x3" if "runs on fp16 tensor cores" in text else
                 "fast split" if "fast Gemm splits" in text else "cuBLAS")
         if "ranges on as many SMs" in text:
             gemm += " split-K"

@@ -10,7 +10,7 @@
 #include "device_info.h"
 #include "fused_softmax.h"
 #include "gemm_cublas.h"
-#include "gemm_bf16x6.h"
+#include "gemm_f16x3.h"
 #include "gemv.h"
 #include "layout.h"
 #include "prepare.h"
@@ -128,20 +128,21 @@ std::string CudaExecutor::describe_kernels(const Plan& plan) {
     return "cuda: the fused sm90 GEMM + softmax kernel is not used: " + why;
   }
   if (fp32_mode_gemm(plan)) {
-    const char* why = sm90::bf16x6_declines(plan.M, plan.N, plan.K);
+    const char* why = sm90::f16x3_declines(plan.M, plan.N, plan.K);
     if (why == nullptr) {
-      const int splits = sm90::bf16x6_splits(plan.M, plan.N, sm_count());
-      return "cuda: the fp32 Gemm runs on bf16 tensor cores: each value split into three bf16 "
-             "parts (exact), the six part products that reach fp32's precision, summed in "
-             "fp32 every 64 of K, each W part read once" +
+      const int splits = sm90::f16x3_splits(plan.M, plan.N, sm_count());
+      return "cuda: the fp32 Gemm runs on fp16 tensor cores: each row of x and W scaled by a "
+             "power of two and split into two fp16 parts (22 bits), the three part products "
+             "that reach fp32's precision, the large one summed in fp32 every 64 of K, each W "
+             "part read once" +
              (splits > 1 ? "; each output tile's K cut into " + std::to_string(splits) +
                                " ranges on as many SMs, their sums added in fp32 (split-K: the "
                                "tiles alone would leave most SMs idle)"
                          : std::string()) +
-             "; rows and columns with inf/NaN or values past bf16's range recomputed in fp32 "
-             "(x, W, bias and out 16-byte aligned, else SGEMM)";
+             "; rows and columns with inf/NaN recomputed in fp32 (x, W, bias and out 16-byte "
+             "aligned, else SGEMM)";
     }
-    return std::string("cuda: the fp32 Gemm does not use the bf16x6 kernel: ") + why;
+    return std::string("cuda: the fp32 Gemm does not use the f16x3 kernel: ") + why;
   }
   if (uses_split(plan))
     return "cuda: the fast Gemm splits x and W into bf16 hi + lo parts, one GEMM summing "

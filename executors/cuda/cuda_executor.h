@@ -1,9 +1,9 @@
 // The CUDA executor: runs a Plan on one GPU, asynchronously on args.stream.
 //
-//   Gemm         cuBLASLt (gemm_cublas.cu): fp32 SGEMM / TF32 / bf16x3 split (`fast`) /
-//                the model's 16-bit type; bias as the GEMM epilogue. fp32 on sm90 from 256
-//                rows: six bf16 part products with fp32 promotion (sm90/gemm_bf16x6.cu); up
-//                to 32 rows: gemm_small_m.cu
+//   Gemm         cuBLASLt (gemm_cublas.cu): fp32 SGEMM / TF32 / bf16 hi + lo split (`fast`) /
+//                the model's 16-bit type; bias as the GEMM epilogue. fp32 on sm90 where its
+//                cost rule says so: three fp16 part products of row-scaled operands with fp32
+//                promotion (sm90/gemm_f16x3.cu); up to 32 rows: gemm_small_m.cu
 //   Gemv         gemv.cu: x . colsum(W) + sum(b)
 //   RowPass      row_program.cu: the register kernel or the row-program interpreter
 //   ColumnStats  column_stats.cu: BatchNorm statistics (batch: two-level reduction, running

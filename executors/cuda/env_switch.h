@@ -1,4 +1,4 @@
-// The executor's environment switches (GEMMFUSE_FUSED_SOFTMAX, GEMMFUSE_BF16X6,
+// The executor's environment switches (GEMMFUSE_FUSED_SOFTMAX, GEMMFUSE_F16X3,
 // GEMMFUSE_SM90_PDL, GEMMFUSE_SM90_DEFER): a path is on unless its variable is "0". Callers
 // read each once, at first use, for A/B timing without a rebuild.
 #pragma once

@@ -1,5 +1,5 @@
 // The Gemm step on cuBLASLt (fp32 with at most 32 rows of x: gemm_small_m.cu; fp32 in
-// `fp32` precision on sm90, from 96 rows: sm90/gemm_bf16x6.cu).
+// `fp32` precision on sm90 where its cost rule takes the shape: sm90/gemm_f16x3.cu).
 //
 // Row-major Y[M,N] = x[M,K] W[N,K]^T is column-major Y^T[N,M] = W . x^T: cuBLASLt's
 // D[m=N, n=M] = op(A)[N,K] op(B)[K,M] with A = W stored [K,N] (ld K, transa = T) and
@@ -27,7 +27,7 @@
 
 #include "cuda_check.h"
 #include "gemm_small_m.h"
-#include "gemm_bf16x6.h"
+#include "gemm_f16x3.h"
 #include "layout.h"
 #include "split.h"
 
@@ -294,24 +294,27 @@ void run_gemm(const Plan& plan, const Step& step, const RunArgs& args, const cha
 
   const void* w = args.weight;
   if (P.w_folded != kAbsent) w = prepared + P.w_folded;
-  if (uses_bf16x6(plan) && aligned16(args.x) && aligned16(w) && aligned16(y) &&
-      (bias == nullptr || aligned16(bias))) {  // fp32 on bf16 tensor cores (split.h)
+  if (uses_f16x3(plan) && aligned16(args.x) && aligned16(w) && aligned16(y) &&
+      (bias == nullptr || aligned16(bias))) {  // fp32 on fp16 tensor cores (split.h)
     if (P.w_parts == kAbsent || W.x_parts == kAbsent || P.w_list == kAbsent || W.x_flags == kAbsent)
-      throw std::logic_error("CUDA gemm: bf16x6 without its split buffers");
+      throw std::logic_error("CUDA gemm: f16x3 without its split buffers");
     const auto* x = static_cast<const float*>(args.x);
-    auto* x_parts = reinterpret_cast<__nv_bfloat16*>(workspace + W.x_parts);
+    auto* x_parts = reinterpret_cast<__half*>(workspace + W.x_parts);
+    auto* x_exps = reinterpret_cast<float*>(workspace + W.x_exps);
     auto* x_flags = reinterpret_cast<int*>(workspace + W.x_flags);
-    launch_split_bf16x3(x, M, K, x_parts, RowMarks{x_flags, nullptr}, stream);
-    sm90::Bf16x6Problem p;
+    launch_split_f16x2(x, M, K, x_parts, x_exps, RowMarks{x_flags, nullptr}, stream);
+    sm90::F16x3Problem p;
     p.M = M;
     p.N = N;
     p.K = K;
     p.x_parts = x_parts;
-    p.w_parts = reinterpret_cast<const __nv_bfloat16*>(prepared + P.w_parts);
+    p.w_parts = reinterpret_cast<const __half*>(prepared + P.w_parts);
+    p.x_exps = x_exps;
+    p.w_exps = reinterpret_cast<const float*>(prepared + P.w_exps);
     p.bias = static_cast<const float*>(bias);
     p.y = static_cast<float*>(y);
-    if (!sm90::launch_bf16x6_gemm(p, lt_ws, W.lt_bytes, stream))
-      throw std::logic_error("CUDA gemm: the bf16x6 GEMM declined an accepted call");
+    if (!sm90::launch_f16x3_gemm(p, lt_ws, W.lt_bytes, stream))
+      throw std::logic_error("CUDA gemm: the f16x3 GEMM declined an accepted call");
     launch_fixup_exceptional(x, static_cast<const float*>(w), nullptr, p.bias, p.y, M, N, K, x_flags,
                              reinterpret_cast<const int*>(prepared + P.w_list), stream);
     return;

@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "column_stats.h"
-#include "gemm_bf16x6.h"
+#include "gemm_f16x3.h"
 #include "row_program.h"
 #include "split.h"
 
@@ -27,8 +27,8 @@ bool fp32_mode_gemm(const Plan& plan) {
          find_step(plan, Step::Kind::Gemm) != nullptr;
 }
 
-bool uses_bf16x6(const Plan& plan) {
-  return fp32_mode_gemm(plan) && sm90::bf16x6_declines(plan.M, plan.N, plan.K) == nullptr;
+bool uses_f16x3(const Plan& plan) {
+  return fp32_mode_gemm(plan) && sm90::f16x3_declines(plan.M, plan.N, plan.K) == nullptr;
 }
 
 namespace {
@@ -48,7 +48,7 @@ PreparedLayout prepared_layout(const Plan& plan) {
   const size_t dsz = dtype_size(plan.dtype);
   const Step* gemm = find_step(plan, Step::Kind::Gemm);
   const bool fold = plan.prep.fold_batchnorm;
-  const bool split = uses_split(plan), bf16x6 = uses_bf16x6(plan);
+  const bool split = uses_split(plan), f16x3 = uses_f16x3(plan);
   Cursor c;
   if (fold) L.scale = c.take(sizeof(float) * N);
   if (fold || (plan.chain.has_bias && plan.dtype != DType::F32))
@@ -60,8 +60,11 @@ PreparedLayout prepared_layout(const Plan& plan) {
     L.Kh = split_segment_width(K);
     L.w_split = c.take(sizeof(uint16_t) * N * kFastSplitSegments * L.Kh);
   }
-  if (bf16x6) L.w_parts = c.take(sizeof(uint16_t) * 3 * N * K);
-  if (split || bf16x6) L.w_list = c.take(sizeof(int32_t) * (1 + N));
+  if (f16x3) {
+    L.w_parts = c.take(sizeof(uint16_t) * 2 * N * K);
+    L.w_exps = c.take(sizeof(float) * N);
+  }
+  if (split || f16x3) L.w_list = c.take(sizeof(int32_t) * (1 + N));
   if (plan.prep.column_sums) {
     L.wsum = c.take(sizeof(float) * K);
     L.bsum = c.take(sizeof(float));
@@ -75,16 +78,19 @@ WorkspaceLayout workspace_layout(const Plan& plan) {
   WorkspaceLayout L;
   Cursor c;
   c.at = plan.buffers_bytes();
-  const bool split = uses_split(plan), bf16x6 = uses_bf16x6(plan);
+  const bool split = uses_split(plan), f16x3 = uses_f16x3(plan);
   if (split) {
     const int64_t Kh = split_segment_width(plan.K);
     L.x_split = c.take(sizeof(uint16_t) * plan.M * kFastSplitSegments * Kh);
   }
-  if (bf16x6) L.x_parts = c.take(sizeof(uint16_t) * 3 * plan.M * plan.K);
-  if (split || bf16x6) L.x_flags = c.take(sizeof(int32_t) * plan.M);
+  if (f16x3) {
+    L.x_parts = c.take(sizeof(uint16_t) * 2 * plan.M * plan.K);
+    L.x_exps = c.take(sizeof(float) * plan.M);
+  }
+  if (split || f16x3) L.x_flags = c.take(sizeof(int32_t) * plan.M);
   if (find_step(plan, Step::Kind::Gemm)) {
-    L.lt_bytes = kLtWorkspaceBytes;  // the split-K bf16x6 kernel may need more for its partial tiles
-    if (bf16x6) L.lt_bytes = std::max(L.lt_bytes, sm90::bf16x6_workspace_bytes(plan.M, plan.N, plan.K));
+    L.lt_bytes = kLtWorkspaceBytes;  // the split-K f16x3 kernel may need more for its partial tiles
+    if (f16x3) L.lt_bytes = std::max(L.lt_bytes, sm90::f16x3_workspace_bytes(plan.M, plan.N, plan.K));
     L.lt = c.take(L.lt_bytes);
   }
   for (const Step& s : plan.steps) {

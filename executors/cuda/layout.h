@@ -29,11 +29,11 @@ const Step* find_step(const Plan& plan, Step::Kind kind);
 
 // Split precision is used for fp32 models in `fast` mode.
 bool uses_split(const Plan& plan);
-// An fp32 model in `fp32` precision with a Gemm step: the plans the bf16x6 kernel is for.
+// An fp32 model in `fp32` precision with a Gemm step: the plans the f16x3 kernel is for.
 bool fp32_mode_gemm(const Plan& plan);
-// fp32 mode's GEMM runs on bf16 tensor cores (sm90/gemm_bf16x6.h) for this plan on the
+// fp32 mode's GEMM runs on fp16 tensor cores (sm90/gemm_f16x3.h) for this plan on the
 // current device: an fp32_mode_gemm plan whose shape the kernel takes.
-bool uses_bf16x6(const Plan& plan);
+bool uses_f16x3(const Plan& plan);
 // K rounded up to a multiple of 8 (16-byte rows of bf16): the width of one segment of a
 // `fast` split row (split.h).
 inline int64_t split_segment_width(int64_t K) { return (K + 7) / 8 * 8; }
@@ -45,15 +45,16 @@ inline int64_t split_segment_width(int64_t K) { return (K + 7) / 8 * 8; }
 //   bias_dt   dtype [N]       folded b' in the model dtype (fold, Gemm writes the 16-bit output)
 //   w_folded  dtype [N, K]    W' = W * s[n]                              (fold, Gemm, no split)
 //   w_split   bf16 [N, 3*Kh]  [W'hi | W'lo | W'hi], Kh = split_segment_width(K)  (fast, fp32 model)
-//   w_parts   bf16 [3, N, K]  W' as three bf16 parts (split.h)           (uses_bf16x6)
-//   w_list    int32 [1 + N]   the rows of W' with an exceptional value   (fast, uses_bf16x6)
+//   w_parts   fp16 [2, N, K]  W' as two scaled fp16 parts (split.h)      (uses_f16x3)
+//   w_exps    fp32 [N]        their rows' scale exponents                (uses_f16x3)
+//   w_list    int32 [1 + N]   the rows of W' with an exceptional value   (fast, uses_f16x3)
 //   wsum      fp32 [K]        column sums of W' over N (fp64 accumulation, rounded once)
 //   bsum      fp32 [1]        sum of the (folded) bias                    (column_sums)
 //   colsign   fp32 [K]        +1 / -1 where every W'[:,k] is > 0 / < 0, else NaN: rows with
 //                             inf/NaN inputs (executors/common/gemv_nonfinite.h) (column_sums)
 struct PreparedLayout {
   size_t scale = kAbsent, bias_f32 = kAbsent, bias_dt = kAbsent, w_folded = kAbsent,
-         w_split = kAbsent, w_parts = kAbsent, w_list = kAbsent, wsum = kAbsent, bsum = kAbsent, colsign = kAbsent;
+         w_split = kAbsent, w_parts = kAbsent, w_exps = kAbsent, w_list = kAbsent, wsum = kAbsent, bsum = kAbsent, colsign = kAbsent;
   int64_t Kh = 0;
   size_t total = 0;
 };
@@ -62,15 +63,16 @@ PreparedLayout prepared_layout(const Plan& plan);
 // Workspace of one run:
 //   [0, plan.buffers_bytes())   the plan's fp32 buffers (Plan::buffer_offset)
 //   x_split     bf16 [M, 3*Kh]  [xlo | xhi | xhi]                         (fast, fp32 model)
-//   x_parts     bf16 [3, M, K]  x as three bf16 parts                      (uses_bf16x6)
-//   x_flags     int32 [M]       1 where x's row has an exceptional value  (fast, uses_bf16x6)
-//   lt          kLtWorkspaceBytes, or the bf16x6 kernel's need if more      (Gemm step)
+//   x_parts     fp16 [2, M, K]  x as two scaled fp16 parts                 (uses_f16x3)
+//   x_exps      fp32 [M]        their rows' scale exponents                (uses_f16x3)
+//   x_flags     int32 [M]       1 where x's row has an exceptional value  (fast, uses_f16x3)
+//   lt          kLtWorkspaceBytes, or the f16x3 kernel's need if more      (Gemm step)
 //   colstats    fp64 [R, 2, W]  per-chunk shifted sums (max over ColumnStats steps)
 //   row_scratch fp32            rows of row passes too wide for shared memory (max over steps)
 // A plan the fused sm90 kernel takes (fused_softmax.h) has a workspace of its own instead:
 // the kernel's row partials alone (CudaExecutor::workspace_bytes).
 struct WorkspaceLayout {
-  size_t x_split = kAbsent, x_parts = kAbsent, x_flags = kAbsent, lt = kAbsent, colstats = kAbsent, row_scratch = kAbsent;
+  size_t x_split = kAbsent, x_parts = kAbsent, x_exps = kAbsent, x_flags = kAbsent, lt = kAbsent, colstats = kAbsent, row_scratch = kAbsent;
   size_t lt_bytes = 0, colstats_bytes = 0, row_scratch_bytes = 0;
   size_t total = 0;
 };

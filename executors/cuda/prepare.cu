@@ -164,13 +164,13 @@ void prepare_typed(const Plan& plan, const RunArgs& args, char* prepared, cudaSt
                       stream);
   }
   if (L.w_parts != kAbsent) {
-    if (plan.dtype != DType::F32) throw std::logic_error("CUDA prepare: bf16x3 split of a 16-bit W");
+    if (plan.dtype != DType::F32) throw std::logic_error("CUDA prepare: fp16 split of a 16-bit W");
     const T* wp = L.w_folded != kAbsent ? reinterpret_cast<const T*>(prepared + L.w_folded) : w;
     int* list = reinterpret_cast<int*>(prepared + L.w_list);
     GF_CUDA_CHECK(cudaMemsetAsync(list, 0, sizeof(int), stream));
-    launch_split_bf16x3(reinterpret_cast<const float*>(wp), N, K,
-                        reinterpret_cast<__nv_bfloat16*>(prepared + L.w_parts),
-                        RowMarks{nullptr, list}, stream);
+    launch_split_f16x2(reinterpret_cast<const float*>(wp), N, K,
+                       reinterpret_cast<__half*>(prepared + L.w_parts),
+                       reinterpret_cast<float*>(prepared + L.w_exps), RowMarks{nullptr, list}, stream);
   }
   if (L.wsum != kAbsent) {
     if (K > 0) {

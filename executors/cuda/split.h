@@ -2,12 +2,16 @@
 // - `fast`: v = hi + lo with hi = bf16(v), lo = bf16(v - hi). Rows are laid out in segments
 //   Kh = split_segment_width(K) wide (zero padded): [lo | hi | hi] for x and [hi | lo | hi] for W, so
 //   that one GEMM over K' = 3*Kh sums xlo.Whi + xhi.Wlo first, then xhi.Whi (gemm_cublas.cu).
-// - `fp32` on sm90 (sm90/gemm_bf16x6.h): v = v0 + v1 + v2 in bf16, three planes [rows, K].
-// Both splits list the rows holding an exceptional value (split_exceptional) and zero their
-// parts; launch_fixup_exceptional recomputes those rows and columns of Y in fp32.
+// - `fp32` on sm90 (sm90/gemm_f16x3.h): each row scaled by a power of two, then
+//   v 2^e = p0 + 2^-11 p1 in fp16, two planes [rows, K] and the rows' exponents.
+// Both splits list the rows holding a value they cannot carry and zero their parts;
+// launch_fixup_exceptional recomputes those rows and columns of Y in fp32. For `fast` that is
+// split_exceptional below; for `fp32`, NaN and infinities only (the row scale keeps every
+// finite value in fp16's range).
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -57,22 +61,6 @@ __device__ __forceinline__ bool split_bf16(float v, __nv_bfloat16& hi, __nv_bflo
   return true;
 }
 
-// v = p0 + p1 + p2, each part the bf16 rounding of what the earlier ones leave (the
-// subtractions are exact): 24 significant bits, all of a normal fp32 v, as long as v2 is
-// not subnormal. False, with zero parts, for an exceptional v.
-__device__ __forceinline__ bool split_bf16x3(float v, __nv_bfloat16& p0, __nv_bfloat16& p1,
-                                             __nv_bfloat16& p2) {
-  if (split_exceptional(v)) {
-    p0 = p1 = p2 = __float2bfloat16_rn(0.f);
-    return false;
-  }
-  p0 = __float2bfloat16_rn(v);
-  const float r1 = v - __bfloat162float(p0);
-  p1 = __float2bfloat16_rn(r1);
-  p2 = __float2bfloat16_rn(r1 - __bfloat162float(p1));
-  return true;
-}
-
 // The end of a CTA's row r in the splits: marks the row if any thread saw an exceptional
 // value (every thread of the CTA calls it).
 __device__ __forceinline__ void mark_row(bool exceptional, int64_t r, RowMarks marks) {
@@ -85,10 +73,17 @@ __device__ __forceinline__ void mark_row(bool exceptional, int64_t r, RowMarks m
 
 #endif  // __CUDACC__
 
-// src [rows, K] fp32 (K a multiple of 8, src 16-byte aligned) -> parts, three bf16 planes of
-// [rows, K] (x per call, W' once per weight version).
-void launch_split_bf16x3(const float* src, int64_t rows, int64_t K, __nv_bfloat16* parts,
-                         RowMarks marks, cudaStream_t stream);
+// The fp32 mode's split (sm90/gemm_f16x3.h), x per call and W' once per weight version: each
+// row r of src [rows, K] fp32 (K a multiple of 8, src 16-byte aligned) scaled by 2^e[r],
+// e[r] = 14 - floor(log2 max_k |src[r, k]|) (0 for a zero row), so that its largest value lies
+// in [2^14, 2^15), below fp16's largest; then v 2^e = p0 + 2^-11 p1 with p0 = fp16(v 2^e) and
+// p1 = fp16((v 2^e - p0) 2^11): 22 significant bits, |v 2^e - p0 - 2^-11 p1| <= 2^-22 |v 2^e|,
+// for every value above 2^-24 of the row's largest (below it p0 and then p1 turn subnormal:
+// an absolute error under 2^-50 of the row's largest). parts: two fp16 planes [rows, K];
+// exps[r] = e[r] as a float. Rows holding a NaN or an infinity are marked (RowMarks) and get
+// zero parts and e = 0.
+void launch_split_f16x2(const float* src, int64_t rows, int64_t K, __half* parts, float* exps,
+                        RowMarks marks, cudaStream_t stream);
 
 // Y[m, :] for the rows m of x with x_flags[m] != 0 and Y[:, n] for the rows n of W' in w_list
 // (as the splits mark them) recomputed as fp32 dot products (+ bias[n]), W'[n, k] = w[n, k] *
@@ -102,7 +97,7 @@ void launch_fixup_exceptional(const float* x, const float* w, const float* w_sca
 // The `fast` split of src [rows, K] fp32 (times scale[r] per row when scale is not nullptr)
 // into out [rows, 3 * Kh] bf16, three segments of the row's parts, each zero padded to Kh, in
 // the order named: [lo | hi | hi] (x, per call) or [hi | lo | hi] (W', once per weight
-// version). Rows with an exceptional value are marked as launch_split_bf16x3 does.
+// version). Rows with an exceptional value are marked (RowMarks).
 enum class HiLoOrder { LoHiHi, HiLoHi };
 constexpr int kFastSplitSegments = 3;
 void launch_split_hilo(const float* src, const float* scale, int64_t rows, int64_t K, int64_t Kh,

@@ -1,10 +1,13 @@
-// The bf16 splits of fp32 operands (executors/cuda/split.h: `fast`'s hi + lo, `fp32`'s three
-// parts) and the fp32 fix-up: parts exact against the host's bf16 rounding, zero parts and
-// marked rows for the values no split can carry (NaN, infinities, past bf16's range, nonzero
-// below 2^-110), every row's flag written (the buffer starts poisoned), the list form, the
-// padding of `fast`'s halves zero; the fix-up rewrites exactly the marked rows and columns,
-// as float64 has them (with a per-row W scale and a bias), across more than one chunk of x flags.
+// The splits of fp32 operands (executors/cuda/split.h: `fast`'s bf16 hi + lo, `fp32`'s
+// row-scaled fp16 parts) and the fp32 fix-up: `fast`'s parts exact against the host's bf16
+// rounding, zero parts and marked rows for the values it cannot carry (NaN, infinities, past
+// bf16's range, nonzero below 2^-110), every row's flag written (the buffer starts poisoned),
+// the list form, the padding of `fast`'s halves zero; `fp32`'s parts within their bound, its
+// row exponents, its marks for NaN and infinities only; the fix-up rewrites exactly the
+// marked rows and columns, as float64 has them (with a per-row W scale and a bias), across
+// more than one chunk of x flags.
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -128,28 +131,54 @@ TEST(CudaSplit, HiLoPartsAndMarks) {
   }
 }
 
-TEST(CudaSplit, ThreePartsExactAndMarks) {
+// `fp32`'s split: each row's exponent puts its largest magnitude in [2^14, 2^15); the two
+// fp16 parts give v 2^e within 2^-22 of it (or 2^-36 absolute: values far below the row's
+// largest); rows with NaN or an infinity (only those) marked, with zero parts and e = 0.
+// Rows: ordinary, at the ends of fp32's range (near its largest, subnormal), spread over
+// 2^-100..2^100, all zero; K = 72 (the row in 9 steps of 8 per thread, most threads idle).
+TEST(CudaSplit, RowScaledFp16PartsAndMarks) {
   SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(12);
-  const int64_t rows = 9, K = 72;
-  std::vector<float> src = with_exceptions(rows, K, rng);
-  for (int64_t k = 0; k < K; ++k) src[8 * K + k] = std::ldexp(src[8 * K + k], -100 + k % 200);
-  DevMem dsrc(src.size() * 4), dparts(3 * rows * K * 2), dflags(rows * 4);
+  const int64_t rows = 12, K = 72;
+  std::vector<float> src = with_exceptions(rows, K, rng);  // rows 1 (inf), 3, 5 (NaN), 7
+  for (int64_t k = 0; k < K; ++k) {
+    src[8 * K + k] = std::ldexp(src[8 * K + k], -100 + k % 200);
+    src[9 * K + k] = 0.f;
+    src[10 * K + k] = std::ldexp(src[10 * K + k], -140);  // fp32 subnormals
+    src[11 * K + k] = std::ldexp(src[11 * K + k], 127);   // near fp32's largest
+  }
+  DevMem dsrc(src.size() * 4), dparts(2 * rows * K * 2), dexps(rows * 4), dflags(rows * 4);
   CK(cudaMemcpy(dsrc.p, src.data(), src.size() * 4, cudaMemcpyHostToDevice));
-  gemmfuse::cuda::launch_split_bf16x3(static_cast<float*>(dsrc.p), rows, K,
-                                      static_cast<__nv_bfloat16*>(dparts.p),
-                                      RowMarks{static_cast<int*>(dflags.p), nullptr}, nullptr);
+  CK(cudaMemset(dflags.p, 0x7f, rows * 4));  // poisoned: every row's flag must be written
+  gemmfuse::cuda::launch_split_f16x2(static_cast<float*>(dsrc.p), rows, K, static_cast<__half*>(dparts.p),
+                                     static_cast<float*>(dexps.p),
+                                     RowMarks{static_cast<int*>(dflags.p), nullptr}, nullptr);
   CK(cudaDeviceSynchronize());
-  const auto parts = download<uint16_t>(dparts, 3 * rows * K);
+  const auto parts = download<__half>(dparts, 2 * rows * K);
+  const auto exps = download<float>(dexps, rows);
   const auto flags = download<int>(dflags, rows);
-  const std::vector<int> want = marked_rows(src, rows, K, {});
   for (int64_t r = 0; r < rows; ++r) {
-    EXPECT_EQ(flags[r], std::count(want.begin(), want.end(), r) > 0 ? 1 : 0) << "row " << r;
+    bool nonfinite = false;
+    float top = 0.f;
     for (int64_t k = 0; k < K; ++k) {
-      const float v = src[r * K + k];
-      double sum = 0.0;
-      for (int i = 0; i < 3; ++i) sum += bf16_value(parts[i * rows * K + r * K + k]);
-      ASSERT_EQ(sum, exceptional(v) ? 0.0 : static_cast<double>(v)) << "row " << r << " col " << k;
+      nonfinite |= !std::isfinite(src[r * K + k]);
+      if (std::isfinite(src[r * K + k])) top = std::max(top, std::fabs(src[r * K + k]));
+    }
+    EXPECT_EQ(flags[r], nonfinite ? 1 : 0) << "row " << r;
+    const int e = nonfinite || top == 0.f ? 0 : 14 - std::ilogb(top);
+    ASSERT_EQ(exps[r], static_cast<float>(e)) << "row " << r;
+    for (int64_t k = 0; k < K; ++k) {
+      const double p0 = __half2float(parts[r * K + k]), p1 = __half2float(parts[rows * K + r * K + k]);
+      const double got = p0 + std::ldexp(p1, -11);
+      if (nonfinite) {
+        ASSERT_EQ(p0, 0.0) << "row " << r << " col " << k;
+        ASSERT_EQ(p1, 0.0) << "row " << r << " col " << k;
+        continue;
+      }
+      const double want = std::ldexp(static_cast<double>(src[r * K + k]), e);
+      ASSERT_LE(std::fabs(p0), 32768.0);
+      ASSERT_LE(std::fabs(got - want), std::max(std::ldexp(std::fabs(want), -22), std::ldexp(1.0, -36)))
+          << "row " << r << " col " << k << ": " << src[r * K + k];
     }
   }
 }

@@ -70,12 +70,12 @@ def rel(out, ref):
 
 
 def is_sm90():
-    """The GPU is an H100/H200 (where fp32 mode's GEMM can take the bf16x6 kernel)."""
+    """The GPU is an H100/H200 (where fp32 mode's GEMM can take the f16x3 kernel)."""
     return torch.cuda.get_device_capability() == (9, 0)
 
 
-# What explain (the plan) says when fp32 mode's GEMM runs on the sm90 bf16x6 kernel.
-BF16X6_TEXT = "runs on bf16 tensor cores"
+# What explain (the plan) says when fp32 mode's GEMM runs on the sm90 f16x3 kernel.
+F16X3_TEXT = "runs on fp16 tensor cores"
 
 
 def explain_block(text, head):

@@ -14,11 +14,11 @@ import torch
 import torch.nn as nn
 
 import gemmfuse
-from conftest import BF16X6_TEXT, HAVE_CUDA, assert_close64, is_sm90, make_seed, needs_lib, rel, seed_ids
+from conftest import F16X3_TEXT, HAVE_CUDA, assert_close64, is_sm90, make_seed, needs_lib, rel, seed_ids
 
 pytestmark = [needs_lib, pytest.mark.skipif(not HAVE_CUDA, reason="no CUDA device")]
 
-# A shape at which fp32 mode's GEMM takes the sm90 bf16x6 kernel (its cost rule leaves smaller
+# A shape at which fp32 mode's GEMM takes the sm90 f16x3 kernel (its cost rule leaves smaller
 # GEMMs, such as 256 x 1024 x 1024, on SGEMM): the tests below cover that path on an H100.
 B, K, N = 512, 1024, 4096
 
@@ -73,7 +73,7 @@ def test_seed_models_cuda(mid, precision):
     rt = gemmfuse.runtimes(opt)[0]
     assert rt.fused_calls == 1 and rt.fallbacks == {}, rt.fallbacks
     if precision == "fp32" and mid != "m18" and is_sm90():  # m18 is a GEMV
-        assert BF16X6_TEXT in gemmfuse.explain(opt, print_it=False)
+        assert F16X3_TEXT in gemmfuse.explain(opt, print_it=False)
     if mid == "m84":
         # The running stats come from the batch statistics of this mode's GEMM: TF32's
         # ~3e-4 relative GEMM error moves the batch means by up to ~1e-4 absolute.
@@ -253,9 +253,10 @@ BF16_MAX = 3.3895313892515355e38  # bf16's largest finite value; fp32 goes to 3.
 
 def _exceptional_case(M, k, n, fold):
     """A Linear (then an eval BatchNorm, folded into W at prepare, when `fold`) whose x and W
-    hold values exact in bf16 (a zero low part: times an infinite part, a split would make NaN
-    where fp32 gives an infinity) and, in a few rows, inf, -inf, NaN, values past bf16's range
-    and nonzero values below 2^-110."""
+    hold values exact in bf16 and fp16 (a zero low part: times an infinite part, a split would
+    make NaN where fp32 gives an infinity) and, in a few rows, inf, -inf, NaN, values past
+    bf16's range and nonzero values below 2^-110 (which `fast`'s split cannot carry; `fp32`'s
+    row scales carry them)."""
     lin = nn.Linear(k, n)
     with torch.no_grad():
         lin.weight.copy_(lin.weight.bfloat16().float())
@@ -288,7 +289,7 @@ def _exceptional_case(M, k, n, fold):
                                           ("m99", 100, 4104, 4100)])
 def test_fp32_split_k_gemm(mid, M, K, N):
     """fp32 mode with 128 rows at K = N = 4096 (and with M, N and K tails, none a multiple of
-    16): on an H100/H200 the bf16x6 GEMM's 32 (33) output tiles would leave most SMs idle, so
+    16): on an H100/H200 the f16x3 GEMM's 32 (33) output tiles would leave most SMs idle, so
     it runs split-K (each tile's K in sms // tiles ranges, 4 on 132 SMs, the partial sums
     added in fp32 through the workspace); as faithful as eager fp32, on fresh inputs per call
     and under CUDA-graph replay."""
@@ -300,7 +301,7 @@ def test_fp32_split_k_gemm(mid, M, K, N):
         tiles = -(-M // 128) * -(-N // 128)
         ranges = min(torch.cuda.get_device_properties(0).multi_processor_count // tiles, 8)
         text = gemmfuse.explain(opt, print_it=False)
-        assert BF16X6_TEXT in text and f"cut into {ranges} ranges" in text, text
+        assert F16X3_TEXT in text and f"cut into {ranges} ranges" in text, text
     with torch.no_grad():
         for _ in range(2):
             x = torch.rand_like(inputs[0])
@@ -329,8 +330,9 @@ def test_fp32_split_k_gemm(mid, M, K, N):
 def test_values_the_splits_cannot_carry(precision, M, fold):
     """inf, NaN, values past bf16's range and tiny ones in x and W reach Y as in eager fp32:
     the same NaN and infinity positions, the same signs, the finite values within 1e-4 of
-    float64 (`fast` and `fp32` list such rows and recompute them in fp32; M = 512 takes the
-    sm90 bf16x6 GEMM in `fp32` and the split in `fast`; at M = 64 both run cuBLASLt's SGEMM,
+    float64 (`fast` and `fp32` list the rows they cannot carry and recompute them in fp32,
+    `fp32` only those with inf or NaN; M = 512 takes the
+    sm90 f16x3 GEMM in `fp32` and the split in `fast`; at M = 64 both run cuBLASLt's SGEMM,
     `fast` because its GEMM is too small for the split to pay)."""
     model, x = _exceptional_case(M, 1024, 4096, fold)
     ref64 = copy.deepcopy(model).double()
@@ -343,7 +345,7 @@ def test_values_the_splits_cannot_carry(precision, M, fold):
         text = gemmfuse.explain(opt, print_it=False)
         assert ("recomputed in fp32" if M == 512 else "GFLOP: the split's launches") in text, text
     if precision == "fp32" and M == 512 and is_sm90():
-        assert BF16X6_TEXT in gemmfuse.explain(opt, print_it=False)
+        assert F16X3_TEXT in gemmfuse.explain(opt, print_it=False)
     assert torch.equal(torch.isnan(out), torch.isnan(eager)), (precision, torch.isnan(out).sum())
     assert torch.equal(torch.isinf(out), torch.isinf(eager)), (precision, torch.isinf(out).sum())
     assert torch.equal(out[torch.isinf(eager)], eager[torch.isinf(eager)])

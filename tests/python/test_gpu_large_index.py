@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import gemmfuse
-from conftest import BF16X6_TEXT, HAVE_CUDA, explain_block, is_sm90, make_seed, needs_lib, rel
+from conftest import F16X3_TEXT, HAVE_CUDA, explain_block, is_sm90, make_seed, needs_lib, rel
 
 pytestmark = [needs_lib, pytest.mark.skipif(not HAVE_CUDA, reason="no CUDA device")]
 
@@ -68,7 +68,7 @@ def _reference_model(mid, model, x):
 def _check_ran_fused(opt, x, precision):
     """The call ran on gemmfuse's kernels (no fallback to PyTorch, which would pass vacuously),
     and its plan at x's shape, as explain lists it, is printed to the log; fp32 mode on an
-    H100 takes the bf16x6 GEMM there, `fast` its split products."""
+    H100 takes the f16x3 GEMM there, `fast` its split products."""
     rt = gemmfuse.runtimes(opt)[0]
     assert rt.fused_calls >= 1 and rt.fallbacks == {}, rt.fallbacks
     text = gemmfuse.explain(opt, print_it=False)
@@ -77,7 +77,7 @@ def _check_ran_fused(opt, x, precision):
     plan = "\n".join(block[1:])
     print(f"plan at {tuple(x.shape)}:\n{plan}")
     if precision == "fp32" and is_sm90():
-        assert BF16X6_TEXT in plan, plan
+        assert F16X3_TEXT in plan, plan
     if precision == "fast":
         assert "splits x and W into bf16 hi + lo parts" in plan, plan
 
@@ -103,9 +103,10 @@ def _check_chunks(out, ref_model, x, what, eager=None, atol=1e-4, rtol=1e-4):
             assert err <= 1.25 * err_e + 1e-4, (what, i, err, err_e)
 
 
-# (model, M, K, N, precision): M x N > 2^31 at K = 64 (fp32 mode on an H100 takes the bf16x6
-# kernel here, `fast` the split products), and, for the x splits, M x K > 2^31 at N = 256.
-WIDE_M, WIDE_K, WIDE_N = TWO_31 // 4096 + 64, 64, 4096
+# (model, M, K, N, precision): M x N > 2^31 at K = 128 (fp32 mode on an H100 takes the f16x3
+# kernel here, from its least K, `fast` the split products), and, for the x splits,
+# M x K > 2^31 at N = 256.
+WIDE_M, WIDE_K, WIDE_N = TWO_31 // 4096 + 64, 128, 4096
 DEEP_M, DEEP_K, DEEP_N = TWO_31 // 4096 + 64, 4096, 256
 CASES = [(mid, WIDE_M, WIDE_K, WIDE_N, p) for mid in ("m22", "m84", "m94", "m99") for p in ("fp32", "fast")]
 CASES += [("m99", DEEP_M, DEEP_K, DEEP_N, p) for p in ("fp32", "fast")]

@@ -139,7 +139,7 @@ struct Plan {
 
 // GEMMs of fewer flops (2MNK) take under ~30 us on SGEMM (H100, ~45 TFLOP/s): their calls are
 // bound by launches and host work, where the tensor-core split paths (`fast`'s split, `fp32`'s
-// bf16x6 kernel) do not pay (bench/NOTES.md, session 20).
+// split-product kernel) do not pay (bench/NOTES.md, session 20).
 constexpr double kHostBoundGemmFlops = 1.35e9;
 
 // What the planner needs to know beyond the chain.

@@ -1,29 +1,27 @@
-// The mainloop of the fp32 GEMM on bf16 tensor cores (gemm_bf16x6.cu): CUTLASS's sm90
-// TMA + wgmma warp-specialized collective for FP8, on bf16 operands, with its stages and
+// The mainloop of the fp32 GEMM on fp16 tensor cores (gemm_f16x3.cu): CUTLASS's sm90
+// TMA + wgmma warp-specialized collective for FP8, on 16-bit operands, with its stages and
 // consumer rewritten.
 //
 // 1. Promotion. The tensor core's fp32 accumulator loses low bits on every k-step (cuBLAS
 //    TF32 on inputs exact in TF32: 1.9e-5 relative error against SGEMM's 1.6e-6,
-//    seed-models.md). CUTLASS's FP8 mainloop adds the tensor-core accumulator into a second,
-//    fp32 register accumulator ("promotion", GmmaFP8Accumulation); here after every chain
-//    below, so each chain the tensor core sums is at most 64 of K per product.
-// 2. Several products per stage. With x = x0 + x1 + x2 and W = w0 + w1 + w2 in bf16
-//    (split.h), Y is the sum of kProducts part products x_i.w_j. Each pipeline stage holds
-//    one k-tile of every part of x and of W (kParts shared-memory slots each), and the
-//    consumer runs all products on it: per stage, the small products (all but the last) as
-//    one tensor-core chain, then the last, large one as its own, each promoted. Each W part is
-//    read once per call (at N = K = 8192 three 128 MB parts, against six reads when the
-//    products ran one after another: 10-25% faster on the seed GEMM's shapes, 1.5x at 128
-//    rows; bench/NOTES.md session 27). The kernel's K' is k_tiles(K) * BLK_K.
-// The products must come smallest first, the large one last (gemm_bf16x6.cu). `Built` must be
-// the builder's collective with kParts * kStages pipeline stages: its shared memory is
-// reused as kParts slots per stage of this mainloop's kStages-stage pipeline.
+//    seed-models.md). As CUTLASS's FP8 mainloop does, the large product's tensor-core sum is
+//    added into a second, fp32 register accumulator ("promotion") after every 64 of K.
+// 2. Several products per stage. With x and W split into parts (split.h), Y is the sum of
+//    kProducts part products x_i.w_j. Each pipeline stage holds one k-tile of every part of
+//    x and of W (kParts shared-memory slots each), and the consumer runs all products on it,
+//    so each W part is read once per call (against once per product when the products ran
+//    one after another: 10-25% faster on the seed GEMM's shapes, 1.5x at 128 rows;
+//    bench/NOTES.md session 27). The kernel's K' is k_tiles(K) * BLK_K.
+// 3. The small products (all but the last) carry a factor (the split's 2^11) that
+//    `small_scale` undoes when their sum joins the fp32 accumulator at the end (mma()).
+// The large product must come last (f16x3_kernel.cuh). `Built` must be the builder's
+// collective with kParts * kStages pipeline stages: its shared memory is reused as kParts
+// slots per stage of this mainloop's kStages-stage pipeline.
 #pragma once
 
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
 #include "cutlass/gemm/collective/collective_builder.hpp"
-#include "cutlass/gemm/collective/fp8_accumulation.hpp"
 #include "cutlass/pipeline/pipeline.hpp"
 
 #include "mainloop.h"  // ClusterLoads
@@ -75,6 +73,7 @@ struct SplitProductsMainloop : PromotingMainloop<Built, KernelSchedule> {
     StrideB dB;
     int8_t part_a[kProducts];   // product p = x[part_a[p]] . w[part_b[p]], smallest first
     int8_t part_b[kProducts];
+    float small_scale = 1.f;    // the small products' chain is added into fp32 times this
     int k = 0;
   };
 
@@ -83,6 +82,7 @@ struct SplitProductsMainloop : PromotingMainloop<Built, KernelSchedule> {
     typename Base::Params::TMA_B tma_b[kParts - 1];
     int8_t part_a[kProducts];
     int8_t part_b[kProducts];
+    float small_scale;
   };
 
   static int k_tiles(int k) { return (k + kBlockK - 1) / kBlockK; }
@@ -110,6 +110,7 @@ struct SplitProductsMainloop : PromotingMainloop<Built, KernelSchedule> {
       p.part_a[i] = a.part_a[i];
       p.part_b[i] = a.part_b[i];
     }
+    p.small_scale = a.small_scale;
     p.tma_transaction_bytes = kParts * Base::TmaTransactionBytes;
     p.tma_transaction_bytes_mk = kParts * Base::TmaTransactionBytesMK;
     p.tma_transaction_bytes_nk = kParts * Base::TmaTransactionBytesNK;
@@ -176,12 +177,17 @@ struct SplitProductsMainloop : PromotingMainloop<Built, KernelSchedule> {
     if (cute::elect_one_sync()) pipeline.producer_tail(smem_pipe_write);
   }
 
-  // The consumer: per stage, the small products in order (each a run of BLK_K / 16 wgmma
-  // k-blocks reading its parts' slots) into the tensor-core accumulator, added into the fp32
-  // one (which waits for the batch); then the last, large product alone, added the same way;
-  // then the stage is released. The tensor core never adds the small products onto the large
-  // one's sum (its adds truncate: one shared chain missed the test's norm bound at K = 8,
-  // 5.0e-8 against 4.2e-8), and each chain is at most BLK_K long per product.
+  // The consumer. Per stage: the large product (the last) as a chain of BLK_K / 16 wgmma
+  // k-blocks into a fresh tensor-core sum `large`, then the small products continuing one
+  // tensor-core sum `small` that runs over all of K; then, once `large` is done (the small
+  // chain may still run), `large` is added into the fp32 accumulator and the previous stage
+  // released. At the end accum += small * small_scale.
+  // Why this way: the tensor core's adds truncate, so the large product's sum is promoted
+  // every BLK_K of K (session 27's bf16 parts in one shared chain per stage missed the test's
+  // norm bound at K = 8). The small products' sum is ~2^-11 of the large one's, so its
+  // truncation over all of K stays far below 2^-24 of Y; keeping it out of the per-stage wait
+  // lets each promotion overlap tensor-core work (the seed GEMM 0.581 ms against 0.602 with
+  // both chains promoted and waited on per stage; bench/NOTES.md, session 28).
   template <class FrgTensorC>
   CUTLASS_DEVICE void mma(MainloopPipeline pipeline, PipelineState smem_pipe_read, FrgTensorC& accum,
                           int k_tile_count, int thread_idx, TensorStorage& shared_tensors,
@@ -197,42 +203,56 @@ struct SplitProductsMainloop : PromotingMainloop<Built, KernelSchedule> {
     Tensor tCrA = thread_mma.make_fragment_A(thread_mma.partition_A(sA));  // (MMA,MMA_M,MMA_K,slot)
     Tensor tCrB = thread_mma.make_fragment_B(thread_mma.partition_B(sB));
     constexpr int kBlocks = size<2>(tCrA);
+    Tensor large = make_fragment_like(accum);
+    Tensor small = make_fragment_like(accum);
 
-    // Products [first, last) of this stage's slots into a fresh tensor-core sum, then into accum.
-    using Accumulation = cutlass::gemm::collective::GmmaFP8Accumulation<typename FrgTensorC::engine_type,
-                                                                        typename FrgTensorC::layout_type>;
-    auto run = [&](Accumulation& acc, int slot, int first, int last) {
-      tiled_mma.accumulate_ = GMMA::ScaleOut::Zero;
-      warpgroup_fence_operand(acc());
+    // Products [first, last) of the stage at `slot` into `acc`, as one wgmma batch.
+    auto chain = [&](auto& acc, int slot, int first, int last, bool fresh) {
+      tiled_mma.accumulate_ = fresh ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
+      warpgroup_fence_operand(acc);
       warpgroup_arrive();
       CUTLASS_PRAGMA_UNROLL
       for (int p = first; p < last; ++p) {
         const int sa = slot + params.part_a[p], sb = slot + params.part_b[p];
         CUTLASS_PRAGMA_UNROLL
         for (int kb = 0; kb < kBlocks; ++kb) {
-          cute::gemm(tiled_mma, tCrA(_, _, kb, sa), tCrB(_, _, kb, sb), acc());
+          cute::gemm(tiled_mma, tCrA(_, _, kb, sa), tCrB(_, _, kb, sb), acc);
           tiled_mma.accumulate_ = GMMA::ScaleOut::One;
         }
       }
       warpgroup_commit_batch();
-      acc.promote_if_needed();  // an interval of one call: waits for the batch, adds it into accum
-      warpgroup_fence_operand(acc());
+      warpgroup_fence_operand(acc);
     };
-    Accumulation accumulation(accum, 1, 1);
+    PipelineState smem_pipe_release = smem_pipe_read;
+    bool first = true;
     CUTLASS_PRAGMA_NO_UNROLL
     for (; k_tile_count > 0; --k_tile_count) {
       pipeline.consumer_wait(smem_pipe_read, pipeline.consumer_try_wait(smem_pipe_read));
       const int slot = smem_pipe_read.index() * kParts;
-      run(accumulation, slot, 0, kProducts - 1);
-      run(accumulation, slot, kProducts - 1, kProducts);
-      pipeline.consumer_release(smem_pipe_read);
+      chain(large, slot, kProducts - 1, kProducts, true);
+      chain(small, slot, 0, kProducts - 1, first);
+      warpgroup_wait<1>();  // this stage's large chain, and every earlier batch
+      warpgroup_fence_operand(large);
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < size(accum); ++i) accum(i) += large(i);
+      warpgroup_fence_operand(large);
+      if (!first) {  // the previous stage's small chain is done
+        pipeline.consumer_release(smem_pipe_release);
+        ++smem_pipe_release;
+      }
+      first = false;
       ++smem_pipe_read;
     }
-    warpgroup_fence_operand(accumulation());
+    warpgroup_wait<0>();
+    if (!first) pipeline.consumer_release(smem_pipe_release);
+    warpgroup_fence_operand(small);
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < size(accum); ++i) accum(i) += small(i) * params.small_scale;
+    warpgroup_fence_operand(accum);
   }
 
   // mma() released every stage it read.
-  CUTLASS_DEVICE void mma_tail(MainloopPipeline, PipelineState, int) { cute::warpgroup_wait<0>(); }
+  CUTLASS_DEVICE void mma_tail(MainloopPipeline, PipelineState, int) {}
 };
 
 }  // namespace gemmfuse::cuda::sm90

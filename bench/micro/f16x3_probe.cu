@@ -1,16 +1,16 @@
-// Is the fp32 GEMM on bf16 tensor cores (executors/cuda/sm90/gemm_bf16x6.cu) as faithful
-// as SGEMM, and from how many rows is it faster? Where its tiles would leave SMs idle, is the
-// split-K kernel faster than the wide one? In one process, against cuBLAS's SGEMM (what
-// eager PyTorch runs for fp32 without TF32):
-// - accuracy over K (M = 1024, N = 8192), at the GPU tests' shape, and on scaled data (x tiny
-//   with W huge: every row exceptional, so recomputed in fp32; x huge with W tiny): rel error
-//   against a float64 GEMM;
-// - time over M at N = K = 8192: SGEMM against the whole fp32 path (x's split, the kernel,
-//   the fix-up launch), alternated in 3 rounds (median of 21 calls each, 3 x sets rotated).
-// Earlier versions: at commit 6139444, CUTLASS's promoting mainloop on K-concatenated TF32
-// operands (-s18-split-tf32-probe-concat.log); then the same three TF32 products as a kernel
-// (-s18-split-tf32-probe-kernel.log, not kept: 1.3-1.8x SGEMM's error at K <= 256).
-//   Built by CMake with -DGEMMFUSE_BUILD_PROBES=ON (target bf16x6_probe).
+// Is the fp32 GEMM on fp16 tensor cores (executors/cuda/sm90/gemm_f16x3.cu) as faithful
+// as SGEMM, from which K, and from how many rows is it faster? Where its tiles would leave SMs
+// idle, is the split-K kernel faster than the wide one? In one process, against cuBLAS's
+// SGEMM (what eager PyTorch runs for fp32 without TF32):
+// - accuracy over K (M = 1024, N = 8192; K = 8..8192: the parts' fixed rounding against
+//   SGEMM's error, which grows with K), at the GPU tests' shape, and on scaled data (x tiny
+//   with W huge, x huge with W tiny: the row exponents): rel error against a float64 GEMM;
+// - time over M at N = K = 8192 and other shapes: SGEMM against the whole fp32 path (x's
+//   split, the kernel, the fix-up launch), alternated in 3 rounds (median of 21 calls each,
+//   3 x sets rotated).
+// Earlier versions: the six-product bf16 kernel of sessions 18-27 (-s27-bf16x6-probe*.log);
+// TF32 splits (-s18-split-tf32-probe-*.log, not kept).
+//   Built by CMake with -DGEMMFUSE_BUILD_PROBES=ON (target f16x3_probe).
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -22,10 +22,10 @@
 #include <string>
 #include <vector>
 
-#include "gemm_bf16x6.h"  // executors/cuda/sm90
+#include "gemm_f16x3.h"  // executors/cuda/sm90
 #include "probe_check.h"
 #include "split.h"        // executors/cuda
-#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 __global__ void fill(float* p, size_t n, unsigned seed, float lo, float hi) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
@@ -97,7 +97,7 @@ float median_ms(F&& f, int sets) {
   return t[t.size() / 2];
 }
 
-// The kernel's variants compared, by Bf16x6Problem::splits (0: the shape's choice, 1: the
+// The kernel's variants compared, by F16x3Problem::splits (0: the shape's choice, 1: the
 // wide kernel, more: the split-K kernel). Session 27's A/B of the products' order
 // (interleaved along K: 10% slower at the seed shape), of 1x2 clusters for the split-K
 // kernel (no faster) and of the stages (every part's k-tile per stage against the products
@@ -129,18 +129,21 @@ void run_shape(cublasHandle_t h, const Variant (&variants)[kN], int M, int N, in
   }
   const float bound = wscale / std::sqrt(float(K));
   float* w;
-  __nv_bfloat16 *x_parts, *w_parts;
+  __half *x_parts, *w_parts;
+  float *x_exps, *w_exps;
   int *x_flags, *w_list;
   CHECK_CUDA(cudaMalloc(&w, wn * 4));
-  CHECK_CUDA(cudaMalloc(&w_parts, wn * 6));
-  CHECK_CUDA(cudaMalloc(&x_parts, xn * 6));
+  CHECK_CUDA(cudaMalloc(&w_parts, wn * 4));
+  CHECK_CUDA(cudaMalloc(&x_parts, xn * 4));
+  CHECK_CUDA(cudaMalloc(&x_exps, M * 4));
+  CHECK_CUDA(cudaMalloc(&w_exps, N * 4));
   CHECK_CUDA(cudaMalloc(&x_flags, M * 4));
   CHECK_CUDA(cudaMalloc(&w_list, (N + 1) * 4));
   fill<<<1024, 256>>>(w, wn, 99u, -bound, bound);
   CHECK_CUDA(cudaMemset(w_list, 0, 4));
-  gemmfuse::cuda::launch_split_bf16x3(w, N, K, w_parts, {nullptr, w_list}, nullptr);
+  gemmfuse::cuda::launch_split_f16x2(w, N, K, w_parts, w_exps, {nullptr, w_list}, nullptr);
   void* ws;
-  const size_t ws_bytes = std::max(size_t(32) << 20, gemmfuse::cuda::sm90::bf16x6_workspace_bytes(M, N, K));
+  const size_t ws_bytes = std::max(size_t(32) << 20, gemmfuse::cuda::sm90::f16x3_workspace_bytes(M, N, K));
   CHECK_CUDA(cudaMalloc(&ws, ws_bytes));
   const float one = 1.f, zero = 0.f;
   auto sgemm = [&](int s) {
@@ -149,13 +152,14 @@ void run_shape(cublasHandle_t h, const Variant (&variants)[kN], int M, int N, in
   };
   // As the executor runs it (executors/cuda/gemm_cublas.cu).
   auto ours = [&](const Variant& v, int s) {
-    gemmfuse::cuda::launch_split_bf16x3(xs[s], M, K, x_parts, {x_flags, nullptr}, nullptr);
-    gemmfuse::cuda::sm90::Bf16x6Problem p;
+    gemmfuse::cuda::launch_split_f16x2(xs[s], M, K, x_parts, x_exps, {x_flags, nullptr}, nullptr);
+    gemmfuse::cuda::sm90::F16x3Problem p;
     p.M = M; p.N = N; p.K = K;
     p.x_parts = x_parts; p.w_parts = w_parts; p.bias = nullptr; p.y = ys[s];
+    p.x_exps = x_exps; p.w_exps = w_exps;
     p.splits = v.splits;
-    if (!gemmfuse::cuda::sm90::launch_bf16x6_gemm(p, ws, ws_bytes, nullptr)) {
-      std::fprintf(stderr, "bf16x6 GEMM declined\n");
+    if (!gemmfuse::cuda::sm90::launch_f16x3_gemm(p, ws, ws_bytes, nullptr)) {
+      std::fprintf(stderr, "f16x3 GEMM declined\n");
       std::exit(1);
     }
     gemmfuse::cuda::launch_fixup_exceptional(xs[s], w, nullptr, nullptr, ys[s], M, N, K, x_flags, w_list, nullptr);
@@ -194,14 +198,14 @@ void run_shape(cublasHandle_t h, const Variant (&variants)[kN], int M, int N, in
     for (int round = 0; round < 3; ++round) {
       t_sgemm.push_back(median_ms(sgemm, kSets));
       for (size_t i = 0; i < kN; ++i) t_ours[i].push_back(median_ms([&](int s) { ours(variants[i], s); }, kSets));
-      t_split.push_back(median_ms([&](int s) { gemmfuse::cuda::launch_split_bf16x3(xs[s], M, K, x_parts, {x_flags, nullptr}, nullptr); }, kSets));
+      t_split.push_back(median_ms([&](int s) { gemmfuse::cuda::launch_split_f16x2(xs[s], M, K, x_parts, x_exps, {x_flags, nullptr}, nullptr); }, kSets));
     }
     std::sort(t_sgemm.begin(), t_sgemm.end());
     std::sort(t_split.begin(), t_split.end());
     const double flop = 2.0 * M * N * K;
     std::printf("time       M=%5d N=%5d K=%5d  SGEMM %.4f ms (%.1f TFLOP/s)  x split alone %.4f; splits chosen %d\n", M, N,
                 K, t_sgemm[1], flop / t_sgemm[1] * 1e-9, t_split[1],
-                gemmfuse::cuda::sm90::bf16x6_splits(M, N, 132));
+                gemmfuse::cuda::sm90::f16x3_splits(M, N, 132));
     for (size_t i = 0; i < kN; ++i) {
       std::sort(t_ours[i].begin(), t_ours[i].end());
       std::printf("             %-22s %.4f ms  -> %.2fx SGEMM  (rounds %.4f %.4f %.4f)\n", variants[i].name,
@@ -212,16 +216,18 @@ void run_shape(cublasHandle_t h, const Variant (&variants)[kN], int M, int N, in
     CHECK_CUDA(cudaFree(xs[s]));
     CHECK_CUDA(cudaFree(ys[s]));
   }
-  for (void* p : {(void*)w, (void*)w_parts, (void*)x_parts, (void*)x_flags, (void*)w_list, ws})
+  for (void* p : {(void*)w, (void*)w_parts, (void*)x_parts, (void*)x_exps, (void*)w_exps, (void*)x_flags,
+                  (void*)w_list, ws})
     CHECK_CUDA(cudaFree(p));
 }
 
 int main() {
   cublasHandle_t h;
   cublasCreate(&h);
-  std::printf("fp32 GEMM: cuBLAS SGEMM against the bf16x6 kernel (executors/cuda/sm90/gemm_bf16x6.cu)\n");
+  std::printf("fp32 GEMM: cuBLAS SGEMM against the f16x3 kernel (executors/cuda/sm90/gemm_f16x3.cu)\n");
   std::printf("x ~ U[0,1), W ~ U(-1/sqrt(K), 1/sqrt(K)) unless said; rel = ||y - ref|| / ||ref|| against float64\n");
-  for (int K : {64, 256, 1024, 4096, 8192}) run_shape(h, kVariants, 1024, 8192, K, true, false, 1.f, 1.f, "accuracy");
+  for (int K : {8, 16, 32, 64, 128, 256, 1024, 4096, 8192})
+    run_shape(h, kVariants, 1024, 8192, K, true, false, 1.f, 1.f, "accuracy");
   for (int K : {1000, 1088, 8192}) run_shape(h, kFewRowsVariants, 128, 8192, K, true, false, 1.f, 1.f, "accuracy");
   run_shape(h, kVariants, 256, 1024, 1024, true, false, 1.f, 1.f, "pytest");
   run_shape(h, kVariants, 256, 1024, 1024, true, false, 1e-36f, 1e30f, "tiny x");

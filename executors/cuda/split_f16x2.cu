@@ -1,11 +1,13 @@
-// The three-part bf16 split of fp32 operands for the sm90 fp32 GEMM (split.h,
-// sm90/gemm_bf16x6.h), and the fp32 recompute of the rows and columns of Y whose inputs the
-// split cannot carry.
-#include <cuda_bf16.h>
+// The row-scaled two-part fp16 split of fp32 operands for the sm90 fp32 GEMM (split.h,
+// sm90/gemm_f16x3.h), and the fp32 recompute of the rows and columns of Y whose inputs a
+// split cannot carry (this one's and `fast`'s).
+#include <cuda_fp16.h>
 
+#include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 
 #include <algorithm>
+#include <cfloat>
 #include <stdexcept>
 
 #include "cuda_check.h"
@@ -16,28 +18,55 @@
 namespace gemmfuse::cuda {
 namespace {
 
-// A CTA per row (grid-stride over rows), 8 values a thread per step: two 16-byte loads, one
-// 16-byte store per part plane. Memory bound.
+// A CTA per row (grid-stride over rows), 8 values a thread per step: the row's largest
+// finite magnitude first (the row is read again for the split, from L2), then one 16-byte
+// store per part plane. Memory bound.
 __global__ void __launch_bounds__(256)
-    split_bf16x3_kernel(const float* __restrict__ src, int64_t rows, int64_t K,
-                        __nv_bfloat16* __restrict__ parts, RowMarks marks) {
+    split_f16x2_kernel(const float* __restrict__ src, int64_t rows, int64_t K,
+                       __half* __restrict__ parts, float* __restrict__ exps, RowMarks marks) {
+  using Reduce = cub::BlockReduce<float, 256>;
+  __shared__ typename Reduce::TempStorage reduce;
+  __shared__ float row_max;
   wait_for_previous_grid();  // launched programmatically
   const int64_t plane = rows * K;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const float* row = src + r * K;
+    float top = 0.f;
     bool exceptional = false;
     for (int64_t c = 8 * static_cast<int64_t>(threadIdx.x); c < K; c += 8 * blockDim.x) {
       const float4 a = __ldg(reinterpret_cast<const float4*>(row + c));
       const float4 b = __ldg(reinterpret_cast<const float4*>(row + c + 4));
       const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-      __nv_bfloat16 p[3][8];
 #pragma unroll
-      for (int j = 0; j < 8; ++j) exceptional |= !split_bf16x3(v[j], p[0][j], p[1][j], p[2][j]);
-#pragma unroll
-      for (int i = 0; i < 3; ++i)
-        *reinterpret_cast<uint4*>(parts + i * plane + r * K + c) = pack_bf16x8(p[i]);
+      for (int j = 0; j < 8; ++j) {
+        const float m = fabsf(v[j]);
+        exceptional |= !(m <= FLT_MAX);  // NaN or infinite
+        top = fmaxf(top, m);             // fmaxf drops a NaN operand
+      }
     }
-    mark_row(exceptional, r, marks);
+    const float block_top = Reduce(reduce).Reduce(top, [](float a, float b) { return fmaxf(a, b); });
+    exceptional = __syncthreads_or(exceptional);  // also orders reduce's storage for reuse
+    if (threadIdx.x == 0) row_max = block_top;
+    __syncthreads();
+    const float m = row_max;
+    const int e = exceptional || m == 0.f ? 0 : 14 - ilogbf(m);
+    for (int64_t c = 8 * static_cast<int64_t>(threadIdx.x); c < K; c += 8 * blockDim.x) {
+      const float4 a = __ldg(reinterpret_cast<const float4*>(row + c));
+      const float4 b = __ldg(reinterpret_cast<const float4*>(row + c + 4));
+      const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+      __half p[2][8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const float s = exceptional ? 0.f : ldexpf(v[j], e);
+        p[0][j] = __float2half_rn(s);
+        p[1][j] = __float2half_rn((s - __half2float(p[0][j])) * 0x1p11f);  // the difference is exact
+      }
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+        *reinterpret_cast<uint4*>(parts + i * plane + r * K + c) = *reinterpret_cast<const uint4*>(p[i]);
+    }
+    if (threadIdx.x == 0) exps[r] = static_cast<float>(e);
+    mark_row(exceptional, r, marks);  // its __syncthreads also guards row_max for the next row
   }
 }
 
@@ -105,15 +134,15 @@ __global__ void __launch_bounds__(kFixupThreads)
 
 }  // namespace
 
-void launch_split_bf16x3(const float* src, int64_t rows, int64_t K, __nv_bfloat16* parts,
-                         RowMarks marks, cudaStream_t stream) {
+void launch_split_f16x2(const float* src, int64_t rows, int64_t K, __half* parts, float* exps,
+                        RowMarks marks, cudaStream_t stream) {
   if (K % 8 != 0 || reinterpret_cast<uintptr_t>(src) % 16 != 0 ||
       reinterpret_cast<uintptr_t>(parts) % 16 != 0)
-    throw std::logic_error("CUDA bf16x3 split: K must be a multiple of 8 and the buffers 16-byte aligned");
-  if (rows <= 0 || K <= 0) return;
+    throw std::logic_error("CUDA fp16 split: K must be a multiple of 8 and the buffers 16-byte aligned");
+  if (rows <= 0) return;
   const int64_t grid = std::min<int64_t>(rows, int64_t(sm_count()) * 8);
-  launch_programmatic(split_bf16x3_kernel, dim3(static_cast<unsigned>(grid)), dim3(256), 0, stream,
-                      src, rows, K, parts, marks);
+  launch_programmatic(split_f16x2_kernel, dim3(static_cast<unsigned>(grid)), dim3(256), 0, stream,
+                      src, rows, K, parts, exps, marks);
 }
 
 void launch_fixup_exceptional(const float* x, const float* w, const float* w_scale,

@@ -1,0 +1,267 @@
+// The fp32 GEMM on fp16 tensor cores (executors/cuda/sm90/gemm_f16x3.cu, with the split and
+// the fp32 fix-up of split.h) against a float64 reference: fresh random inputs per test (seed
+// printed; GEMMFUSE_SEED=<n> repeats one), output poisoned with NaN, every element within the
+// worst-case bound of the method and, from the K the executor gives the kernel, the
+// norm-wise error below a plain fp32 dot product's typical one. Shapes cover M, N and K tails
+// (K not a multiple of the 64-wide k-tile, K below it, odd and even k-tile counts), bias or
+// none; rows of x and W at scales 2^-40..2^40 (the split's row exponents); the values the
+// split cannot carry (NaN, infinities), whose rows and columns are recomputed in fp32, and
+// the ends of fp32's range, which the row scales carry: all must come out as float64 has them.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <sstream>
+#include <vector>
+
+#include "cpu_test_util.h"
+#include "cuda_test_util.h"
+#include "gemm_f16x3.h"
+#include "split.h"
+
+namespace {
+
+using gemmfuse::cuda::launch_fixup_exceptional;
+using gemmfuse::cuda::launch_split_f16x2;
+using gemmfuse::cuda::RowMarks;
+using gemmfuse::cuda::sm90::f16x3_unfit;
+using gemmfuse::cuda::sm90::F16x3Problem;
+using gemmfuse::cuda::sm90::launch_f16x3_gemm;
+using gftest::DevMem;
+
+#define SKIP_WITHOUT_SM90()                                                     \
+  do {                                                                          \
+    SKIP_WITHOUT_GPU();                                                         \
+    if (!gftest::is_sm90()) GTEST_SKIP() << "the f16x3 GEMM needs an sm_90 GPU";       \
+    if (!gemmfuse::cuda::sm90::f16x3_built()) GTEST_SKIP() << "not built";     \
+  } while (0)
+
+std::vector<float> uniform(size_t n, std::mt19937_64& rng) {
+  std::uniform_real_distribution<float> d(-1.f, 1.f);
+  std::vector<float> v(n);
+  for (float& e : v) e = d(rng);
+  return v;
+}
+
+// Each row of v [rows, cols] times 2^s (s uniform in -40..40), each value also times 2^-t
+// (t uniform in 0..12): rows far apart in scale, values spread inside a row. Exact in fp32.
+void scale_rows(std::vector<float>& v, int64_t cols, std::mt19937_64& rng) {
+  std::uniform_int_distribution<int> row_exp(-40, 40), spread(0, 12);
+  for (size_t r = 0; r * cols < v.size(); ++r) {
+    const int s = row_exp(rng);
+    for (int64_t c = 0; c < cols; ++c) v[r * cols + c] = std::ldexp(v[r * cols + c], s - spread(rng));
+  }
+}
+
+// Y = x W^T (+ b) as the executor runs it (executors/cuda/gemm_cublas.cu): W's parts and
+// exceptional rows, x's, the kernel, the fix-up.
+// `splits` as F16x3Problem's (0: the shape's choice).
+std::vector<float> run_gemm(int64_t M, int64_t N, int64_t K, const std::vector<float>& x,
+                            const std::vector<float>& w, const float* bias_host, int splits = 0) {
+  DevMem dx(M * K * 4), dxp(M * K * 4), dxe(M * 4), dxf(M * 4), dw(N * K * 4), dwp(N * K * 4),
+      dwe(N * 4), dwl((N + 1) * 4), db(N * 4), dy(M * N * 4), ws(size_t(32) << 20);
+  CK(cudaMemcpy(dx.p, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(dw.p, w.data(), w.size() * 4, cudaMemcpyHostToDevice));
+  if (bias_host) CK(cudaMemcpy(db.p, bias_host, N * 4, cudaMemcpyHostToDevice));
+  CK(cudaMemset(dwl.p, 0, 4));  // x's flags stay poisoned: the split writes every row's
+  launch_split_f16x2(static_cast<float*>(dx.p), M, K, static_cast<__half*>(dxp.p),
+                     static_cast<float*>(dxe.p), RowMarks{static_cast<int*>(dxf.p), nullptr}, nullptr);
+  launch_split_f16x2(static_cast<float*>(dw.p), N, K, static_cast<__half*>(dwp.p),
+                     static_cast<float*>(dwe.p), RowMarks{nullptr, static_cast<int*>(dwl.p)}, nullptr);
+  F16x3Problem p;
+  p.M = M;
+  p.N = N;
+  p.K = K;
+  p.x_parts = static_cast<const __half*>(dxp.p);
+  p.w_parts = static_cast<const __half*>(dwp.p);
+  p.x_exps = static_cast<const float*>(dxe.p);
+  p.w_exps = static_cast<const float*>(dwe.p);
+  p.bias = bias_host ? static_cast<const float*>(db.p) : nullptr;
+  p.y = static_cast<float*>(dy.p);
+  p.splits = splits;
+  EXPECT_TRUE(launch_f16x3_gemm(p, ws.p, ws.bytes, nullptr));
+  launch_fixup_exceptional(static_cast<float*>(dx.p), static_cast<float*>(dw.p), nullptr, p.bias, p.y, M,
+                           N, K, static_cast<int*>(dxf.p), static_cast<int*>(dwl.p), nullptr);
+  CK(cudaDeviceSynchronize());
+  std::vector<float> y(M * N);
+  CK(cudaMemcpy(y.data(), dy.p, y.size() * 4, cudaMemcpyDeviceToHost));
+  return y;
+}
+
+// Every element within the method's worst-case bound, in units of u = 2^-24 times
+// sum_k |x w| (+ |b|): each part pair is within 2^-22 of its value (4 u each for x and W) and
+// the product left out, 2^-22 x1.w1, below 4 u of |x w|: 12 u; per 64 of K the tensor core
+// sums the large product in 4 steps, each losing at most ~2 u of the partial sum (8 u); the
+// small products' sum, below 2^-10 of it, in K/8 such steps (K/4096 u); the large chains add
+// up in fp32 in K/64 steps; the small sum, the row scales (exact) and the bias, 3. And, from
+// kF16x3MinK, the norm-wise error below sqrt(K) u / 4 (SGEMM's is about sqrt(K) u / 3 at the
+// seed shape: 1.6e-6 at K = 8192); below it the parts' fixed rounding (~2 u) is not under
+// that, which is why the executor keeps such K on SGEMM.
+void check(int64_t M, int64_t N, int64_t K, bool with_bias, std::mt19937_64& rng, int splits = 0,
+           bool scaled = false) {
+  std::ostringstream what;
+  what << "M=" << M << " N=" << N << " K=" << K << " bias=" << with_bias << " splits=" << splits
+       << " scaled=" << scaled;
+  SCOPED_TRACE(what.str());
+  const bool executor_k = K >= gemmfuse::cuda::sm90::kF16x3MinK;
+  if (splits == 0 && executor_k) ASSERT_EQ(f16x3_unfit(M, N, K), nullptr);
+  auto x = uniform(M * K, rng), w = uniform(N * K, rng);
+  const auto b = uniform(N, rng);
+  if (scaled) {
+    scale_rows(x, K, rng);
+    scale_rows(w, K, rng);
+  }
+  const std::vector<float> y = run_gemm(M, N, K, x, w, with_bias ? b.data() : nullptr, splits);
+  const double u = std::ldexp(1.0, -24), n_round = 12 + 8 + K / 4096.0 + K / 64.0 + 3;
+  double err2 = 0, ref2 = 0;
+  int bad = 0;
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n) {
+      const auto [ref, mag] = gftest::dot_ref(x, w, with_bias ? &b[n] : nullptr, m, n, K);
+      const double got = y[m * N + n];
+      err2 += (got - ref) * (got - ref);
+      ref2 += ref * ref;
+      if (!(std::fabs(got - ref) <= n_round * u * mag) && bad++ < 5)
+        ADD_FAILURE() << "Y[" << m << ", " << n << "] = " << got << ", float64 " << ref
+                      << " (bound " << n_round * u * mag << ")";
+    }
+  EXPECT_EQ(bad, 0);
+  if (executor_k) EXPECT_LE(std::sqrt(err2 / ref2), std::sqrt(static_cast<double>(K)) * u / 4);
+}
+
+TEST(CudaF16x3Gemm, Domain) {
+  EXPECT_NE(f16x3_unfit(32, 128, 128), nullptr);   // few rows: the small-M kernel or SGEMM
+  EXPECT_NE(f16x3_unfit(256, 128, 132), nullptr);  // K % 8 != 0: fp16 rows off 16 bytes
+  EXPECT_NE(f16x3_unfit(256, 128, 120), nullptr);  // K below kF16x3MinK
+  EXPECT_NE(f16x3_unfit(256, 126, 128), nullptr);  // N % 4 != 0
+  EXPECT_NE(f16x3_unfit(256, 128, int64_t(1) << 31), nullptr);
+  if (gftest::gpu_present() && gftest::is_sm90() && gemmfuse::cuda::sm90::f16x3_built())
+    EXPECT_EQ(f16x3_unfit(256, 128, 128), nullptr);
+  else
+    EXPECT_NE(f16x3_unfit(256, 128, 128), nullptr);
+}
+
+// The cost rule's choices on an H100 (132 SMs) against what was measured: session 28
+// (bench/micro/f16x3_probe.cu: the x split, the kernel and the fix-up against SGEMM, ms;
+// -s28-f16x3-probe.log) and, marked 20, session 20's (scripts/fp32_path_sweep.py, Linear ->
+// relu, the six-product kernel then, which was slower than this one, against SGEMM).
+TEST(CudaF16x3Gemm, CostRule) {
+  using gemmfuse::cuda::sm90::f16x3_slower_than_sgemm;
+  using gemmfuse::cuda::sm90::f16x3_splits;
+  const int sms = 132;
+  // (M, N, K): the kernel where it was faster ...
+  EXPECT_EQ(f16x3_slower_than_sgemm(1024, 8192, 8192, sms), nullptr);  // the seed GEMM: 0.581 / 2.842
+  EXPECT_EQ(f16x3_slower_than_sgemm(4096, 8192, 8192, sms), nullptr);  // 2.52 / 10.94
+  EXPECT_EQ(f16x3_slower_than_sgemm(256, 8192, 8192, sms), nullptr);   // 0.176 / 0.720
+  EXPECT_EQ(f16x3_slower_than_sgemm(256, 4096, 4096, sms), nullptr);   // 0.070 / 0.199
+  EXPECT_EQ(f16x3_slower_than_sgemm(4096, 512, 512, sms), nullptr);    // 20: 0.048 / 0.066
+  EXPECT_EQ(f16x3_slower_than_sgemm(4096, 8192, 256, sms), nullptr);   // 20: 0.313 / 0.551
+  EXPECT_EQ(f16x3_slower_than_sgemm(128, 8192, 8192, sms), nullptr);   // 0.136 / 0.366 (split 2)
+  EXPECT_EQ(f16x3_slower_than_sgemm(96, 8192, 8192, sms), nullptr);    // 0.133 / 0.360
+  EXPECT_EQ(f16x3_slower_than_sgemm(64, 8192, 8192, sms), nullptr);    // 0.136 / 0.219
+  EXPECT_EQ(f16x3_slower_than_sgemm(40, 8192, 8192, sms), nullptr);    // 32 and 64 rows: 0.13 / 0.22
+  EXPECT_EQ(f16x3_slower_than_sgemm(128, 4096, 4096, sms), nullptr);   // 0.064 / 0.118
+  EXPECT_EQ(f16x3_slower_than_sgemm(256, 2048, 2048, sms), nullptr);   // 0.043 / 0.071
+  EXPECT_EQ(f16x3_slower_than_sgemm(1024, 256, 8192, sms), nullptr);   // 0.083 / 0.117
+  EXPECT_EQ(f16x3_slower_than_sgemm(4096, 256, 8192, sms), nullptr);   // 0.215 / 0.373
+  EXPECT_EQ(f16x3_slower_than_sgemm(100, 16384, 8192, sms), nullptr);  // 0.237 / 0.700
+  // ... SGEMM where the kernel's fixed costs dominate.
+  EXPECT_NE(f16x3_slower_than_sgemm(256, 1024, 1024, sms), nullptr);   // 0.046 / 0.036
+  EXPECT_NE(f16x3_slower_than_sgemm(256, 256, 8192, sms), nullptr);    // 0.057 / 0.055
+  EXPECT_NE(f16x3_slower_than_sgemm(4096, 256, 256, sms), nullptr);    // 20: 0.047 / 0.027
+  // Host-bound: the kernel's GPU time is the smaller, its host work the larger (0.87x eager).
+  EXPECT_NE(f16x3_slower_than_sgemm(256, 8192, 256, sms), nullptr);
+  // Fewer SMs: the same tiles take more waves.
+  EXPECT_NE(f16x3_slower_than_sgemm(256, 4096, 4096, 16), nullptr);
+  // The split-K kernel where the tiles fill less than half the SMs, one CTA per SM.
+  EXPECT_EQ(f16x3_splits(1024, 8192, sms), 1);
+  EXPECT_EQ(f16x3_splits(192, 8192, sms), 1);  // 128 tiles
+  EXPECT_EQ(f16x3_splits(128, 8192, sms), 2);  // 64 tiles
+  EXPECT_EQ(f16x3_splits(128, 4096, sms), 4);
+  EXPECT_EQ(f16x3_splits(100, 100, sms), 8);   // at most kF16x3MaxSplits
+  EXPECT_EQ(f16x3_splits(100, 16384, sms), 2); // one row of 128 tiles: 2-CTA clusters would idle half
+}
+
+TEST(CudaF16x3Gemm, AgainstFloat64) {
+  SKIP_WITHOUT_SM90();
+  std::mt19937_64 rng(gftest::test_seed());
+  check(256, 128, 128, true, rng);     // one 2-CTA cluster, 2 k-tiles
+  check(300, 260, 1000, false, rng);   // M, N tails; K tail inside the last k-tile (16 k-tiles)
+  check(384, 136, 8, true, rng);       // K below one k-tile (the kernel's; the executor's from 128)
+  check(256, 4, 1088, true, rng);      // N = 4; 17 k-tiles
+  check(520, 200, 4160, true, rng);    // 65 k-tiles
+}
+
+// Rows of x and W 2^-40..2^40 apart, values spread 2^12 inside a row: the split's row
+// exponents, undone in the epilogue; with the wide kernel and split-K.
+TEST(CudaF16x3Gemm, RowScalesAgainstFloat64) {
+  SKIP_WITHOUT_SM90();
+  std::mt19937_64 rng(gftest::test_seed());
+  check(300, 260, 1000, true, rng, 0, true);
+  check(100, 260, 1000, false, rng, 3, true);
+  check(256, 136, 8, true, rng, 0, true);
+}
+
+// The split-K kernel: each tile's k-tiles (each the three products of one k-tile of K) cut into
+// ranges of odd and even lengths, as many as there are k-tiles, summed through the workspace;
+// the wide kernel on a shape with a single row of tiles.
+TEST(CudaF16x3Gemm, SplitKAgainstFloat64) {
+  SKIP_WITHOUT_SM90();
+  std::mt19937_64 rng(gftest::test_seed());
+  check(128, 256, 1024, true, rng, 2);  // 2 tiles, each of 16 k-tiles in halves
+  check(100, 260, 1000, false, rng, 3); // M, N and K tails; 16 k-tiles in 3 ranges of 5-6
+  check(128, 4, 1088, true, rng, 4);    // 17 k-tiles in 4 ranges of 4-5
+  check(64, 136, 8, true, rng, 5);      // K below one k-tile: 1 k-tile (CUTLASS keeps 1 range)
+  check(77, 128, 4160, true, rng, 8);   // 65 k-tiles, 8 ranges
+  check(128, 256, 1024, true, rng, 1);  // the wide kernel: one 2-CTA cluster per column of tiles, half empty
+  // The shape's own choice for one row of 128 tiles: 2 ranges, 256 units on at most one CTA
+  // per SM, so CTAs take a second unit while others still wait on their first.
+  check(100, 16384, 64, true, rng);
+}
+
+// Values the split cannot carry (NaN, +-inf) reach the outputs they touch as in float64
+// evaluated in fp32: NaN where it is NaN, the same infinity where it is one; and the ends of
+// fp32's range (one value near its largest, one tiny value in an ordinary row, a whole tiny
+// row), which the row scales carry, within fp32's error.
+TEST(CudaF16x3Gemm, ExceptionalInputs) {
+  SKIP_WITHOUT_SM90();
+  std::mt19937_64 rng(gftest::test_seed());
+  const int64_t M = 256, N = 64, K = 96;
+  auto x = uniform(M * K, rng), w = uniform(N * K, rng);
+  for (float& v : x) v = std::fabs(v);  // x >= 0, so an infinite W entry keeps one sign
+  x[3 * K + 5] = std::numeric_limits<float>::quiet_NaN();
+  x[11 * K + 2] = std::numeric_limits<float>::infinity();
+  x[12 * K + 2] = -std::numeric_limits<float>::infinity();
+  x[13 * K + 7] = 3.4e38f;   // near fp32's largest: the row's other values vanish beside it
+  x[14 * K + 7] = 1e-35f;    // tiny beside its row's other values
+  for (int64_t k = 0; k < K; ++k) x[15 * K + k] = 1e-36f * (1 + k % 3);  // a whole tiny row
+  w[5 * K + 40] = std::numeric_limits<float>::infinity();
+  w[9 * K + 2] = 0.5f;  // exact in fp16 (a zero small part) under an infinite x: must give inf
+  std::vector<float> b(N, 0.25f);
+  const std::vector<float> y = run_gemm(M, N, K, x, w, b.data());
+  int bad = 0;
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n) {
+      double ref = b[n], mag = std::fabs(b[n]);
+      float ref32 = 0.f;  // fp32 evaluation, for overflow to infinity
+      for (int64_t k = 0; k < K; ++k) {
+        const double p = static_cast<double>(x[m * K + k]) * w[n * K + k];
+        ref += p;
+        mag += std::fabs(p);
+        ref32 = std::fmaf(x[m * K + k], w[n * K + k], ref32);
+      }
+      const float got = y[m * N + n];
+      const bool inf32 = std::isinf(ref32) && !std::isnan(ref);
+      const bool ok = std::isnan(ref)            ? std::isnan(got)
+                      : std::isinf(ref) || inf32 ? got == (std::isinf(ref) ? static_cast<float>(ref) : ref32)
+                                                 : std::fabs(got - ref) <= 64 * std::ldexp(1.0, -24) * mag;
+      if (!ok && bad++ < 5) ADD_FAILURE() << "Y[" << m << ", " << n << "] = " << got << ", float64 " << ref;
+    }
+  EXPECT_EQ(bad, 0);
+}
+
+}  // namespace

@@ -139,8 +139,8 @@ std::string CudaExecutor::describe_kernels(const Plan& plan) {
                                " ranges on as many SMs, their sums added in fp32 (split-K: the "
                                "tiles alone would leave most SMs idle)"
                          : std::string()) +
-             "; rows and columns with inf/NaN recomputed in fp32 (x, W, bias and out 16-byte "
-             "aligned, else SGEMM)";
+             "; rows and columns with inf/NaN, or a value over 2^28 below their largest, "
+             "recomputed in fp32 (x, W, bias and out 16-byte aligned, else SGEMM)";
     }
     return std::string("cuda: the fp32 Gemm does not use the f16x3 kernel: ") + why;
   }

@@ -6,8 +6,8 @@
 //   v 2^e = p0 + 2^-11 p1 in fp16, two planes [rows, K] and the rows' exponents.
 // Both splits list the rows holding a value they cannot carry and zero their parts;
 // launch_fixup_exceptional recomputes those rows and columns of Y in fp32. For `fast` that is
-// split_exceptional below; for `fp32`, NaN and infinities only (the row scale keeps every
-// finite value in fp16's range).
+// split_exceptional below; for `fp32`, NaN, infinities and nonzero values more than ~2^29
+// below their row's largest (the row scale keeps every other value in fp16's normal range).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -77,11 +77,13 @@ __device__ __forceinline__ void mark_row(bool exceptional, int64_t r, RowMarks m
 // row r of src [rows, K] fp32 (K a multiple of 8, src 16-byte aligned) scaled by 2^e[r],
 // e[r] = 14 - floor(log2 max_k |src[r, k]|) (0 for a zero row), so that its largest value lies
 // in [2^14, 2^15), below fp16's largest; then v 2^e = p0 + 2^-11 p1 with p0 = fp16(v 2^e) and
-// p1 = fp16((v 2^e - p0) 2^11): 22 significant bits, |v 2^e - p0 - 2^-11 p1| <= 2^-22 |v 2^e|,
-// for every value above 2^-24 of the row's largest (below it p0 and then p1 turn subnormal:
-// an absolute error under 2^-50 of the row's largest). parts: two fp16 planes [rows, K];
-// exps[r] = e[r] as a float. Rows holding a NaN or an infinity are marked (RowMarks) and get
-// zero parts and e = 0.
+// p1 = fp16((v 2^e - p0) 2^11): 22 significant bits, |v 2^e - p0 - 2^-11 p1| <= 2^-22 |v 2^e|
+// for every |v 2^e| >= 2^-14 (fp16's least normal value). parts: two fp16 planes [rows, K];
+// exps[r] = e[r] as a float. Marked (RowMarks): rows holding a NaN or an infinity (their parts
+// zero, e = 0), and rows holding a nonzero |v 2^e| < 2^-14, more than 2^28-2^29 below the
+// row's largest (their parts unused: the fix-up rewrites the row's outputs). Such a value
+// would lose its low bits, which matters where the other operand is large at its k (x = [1e30,
+// 1] against w = [0, 1]: the 1 would vanish beside 1e30).
 void launch_split_f16x2(const float* src, int64_t rows, int64_t K, __half* parts, float* exps,
                         RowMarks marks, cudaStream_t stream);
 

@@ -50,6 +50,7 @@ __global__ void __launch_bounds__(256)
     __syncthreads();
     const float m = row_max;
     const int e = exceptional || m == 0.f ? 0 : 14 - ilogbf(m);
+    bool tiny = false;  // a nonzero value below fp16's normal range once scaled
     for (int64_t c = 8 * static_cast<int64_t>(threadIdx.x); c < K; c += 8 * blockDim.x) {
       const float4 a = __ldg(reinterpret_cast<const float4*>(row + c));
       const float4 b = __ldg(reinterpret_cast<const float4*>(row + c + 4));
@@ -58,6 +59,7 @@ __global__ void __launch_bounds__(256)
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         const float s = exceptional ? 0.f : ldexpf(v[j], e);
+        tiny |= s != 0.f && fabsf(s) < 0x1p-14f;
         p[0][j] = __float2half_rn(s);
         p[1][j] = __float2half_rn((s - __half2float(p[0][j])) * 0x1p11f);  // the difference is exact
       }
@@ -66,7 +68,7 @@ __global__ void __launch_bounds__(256)
         *reinterpret_cast<uint4*>(parts + i * plane + r * K + c) = *reinterpret_cast<const uint4*>(p[i]);
     }
     if (threadIdx.x == 0) exps[r] = static_cast<float>(e);
-    mark_row(exceptional, r, marks);  // its __syncthreads also guards row_max for the next row
+    mark_row(exceptional || tiny, r, marks);  // its __syncthreads also guards row_max for the next row
   }
 }
 

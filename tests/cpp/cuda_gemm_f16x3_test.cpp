@@ -223,10 +223,10 @@ TEST(CudaF16x3Gemm, SplitKAgainstFloat64) {
   check(100, 16384, 64, true, rng);
 }
 
-// Values the split cannot carry (NaN, +-inf) reach the outputs they touch as in float64
-// evaluated in fp32: NaN where it is NaN, the same infinity where it is one; and the ends of
-// fp32's range (one value near its largest, one tiny value in an ordinary row, a whole tiny
-// row), which the row scales carry, within fp32's error.
+// Values the split cannot carry (NaN, +-inf; values over 2^28 below their row's largest)
+// reach the outputs they touch as in float64 evaluated in fp32: NaN where it is NaN, the same
+// infinity where it is one, finite values within fp32's error; a whole tiny row, which the
+// row scales carry, too.
 TEST(CudaF16x3Gemm, ExceptionalInputs) {
   SKIP_WITHOUT_SM90();
   std::mt19937_64 rng(gftest::test_seed());
@@ -236,8 +236,12 @@ TEST(CudaF16x3Gemm, ExceptionalInputs) {
   x[3 * K + 5] = std::numeric_limits<float>::quiet_NaN();
   x[11 * K + 2] = std::numeric_limits<float>::infinity();
   x[12 * K + 2] = -std::numeric_limits<float>::infinity();
-  x[13 * K + 7] = 3.4e38f;   // near fp32's largest: the row's other values vanish beside it
+  x[13 * K + 7] = 3.4e38f;   // near fp32's largest: the row's other values are marked tiny
   x[14 * K + 7] = 1e-35f;    // tiny beside its row's other values
+  x[16 * K + 0] = 1e30f;     // against W rows with 0 at k = 0 (below), its other values decide Y
+  w[10 * K + 0] = 0.f;
+  w[11 * K + 0] = 0.f;
+  w[12 * K + 3] = 1e30f;     // a W row marked tiny: its small values meet x's ordinary ones
   for (int64_t k = 0; k < K; ++k) x[15 * K + k] = 1e-36f * (1 + k % 3);  // a whole tiny row
   w[5 * K + 40] = std::numeric_limits<float>::infinity();
   w[9 * K + 2] = 0.5f;  // exact in fp16 (a zero small part) under an infinite x: must give inf

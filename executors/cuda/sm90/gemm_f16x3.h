@@ -16,12 +16,13 @@
 // bound by the FP32 cores (bench/NOTES.md, session 18); six bf16 products (sessions 18-27)
 // took 1.06 ms at the seed shape, these three 0.58.
 //
-// Values the split cannot carry (NaN, infinities): a part product would make 0 * inf = NaN
-// where fp32 gives inf. The split passes mark the rows of x and of W that hold one (their
-// parts are zeroed), and launch_fixup_exceptional recomputes those rows and columns of Y in
-// plain fp32, as SGEMM does (split.h). Values more than 2^24 below their row's largest keep
-// an absolute error under 2^-50 of it, not their own 24 bits: a row's dot product loses
-// nothing a fp32 sum of that row would keep.
+// Values the split cannot carry: NaN and infinities (a part product would make 0 * inf = NaN
+// where fp32 gives inf), and nonzero values more than ~2^29 below their row's largest (scaled,
+// they fall below fp16's normal range and lose their low bits, which matters where the other
+// operand is large at their k). The split passes mark the rows of x and of W that hold one,
+// and launch_fixup_exceptional recomputes those rows and columns of Y in plain fp32, as SGEMM
+// does (split.h). Data with many such rows runs slower than SGEMM (the fix-up is a dot
+// product per output); torch.rand's and nn.Linear's grids never reach that range (2^-24).
 #pragma once
 
 #include <cuda_fp16.h>

@@ -609,8 +609,12 @@ TEST(CudaExecutor, BatchNormVariants) {
                    {M}, {{N}, {N}}, "ffi", N}, {}, rng);
     check_problem({L + "relu\nbatch_norm training=1 eps=0.001" + run + "\nsigmoid\nmul b=v1",
                    {M}, {}, "ff", N}, {}, rng);
+    // Affine weights in [0.5, 1]: with 2 rows the second batch_norm normalises
+    // tanh(b + g s) - tanh(b - g s), and a weight g near 0 makes that a difference of two
+    // nearly equal fp32 values, which no fp32 order reproduces to 1e-5 (1 run in 15 failed
+    // with weights in [-1, 1]: bench/NOTES.md, session 28).
     check_problem({L + "batch_norm training=1\ntanh\nbatch_norm training=1" + aff, {M},
-                   {{N}, {N}}, "", N}, {}, rng);
+                   {{N}, {N}}, "", N, 0.5f, 1.f}, {}, rng);
   }
   for (int64_t M : {1, 7}) {
     // Eval: folded into W (then Gemm or Gemv), or applied from the running stats.

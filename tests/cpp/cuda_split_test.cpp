@@ -173,7 +173,7 @@ TEST(CudaSplit, RowScaledFp16PartsAndMarks) {
       tiny |= s != 0.0 && std::fabs(s) < std::ldexp(1.0, -14);
     }
     EXPECT_EQ(flags[r], nonfinite || tiny ? 1 : 0) << "row " << r;
-    EXPECT_EQ(tiny, r == 8) << "row " << r << ": the test's rows are not what it means them to be";
+    EXPECT_EQ(tiny, r == 3 || r == 7 || r == 8) << "row " << r << ": not the rows the test means";
     if (tiny) continue;  // its parts are not used: the fix-up rewrites its outputs
     for (int64_t k = 0; k < K; ++k) {
       const double p0 = __half2float(parts[r * K + k]), p1 = __half2float(parts[rows * K + r * K + k]);

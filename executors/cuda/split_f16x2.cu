@@ -18,30 +18,53 @@
 namespace gemmfuse::cuda {
 namespace {
 
-// A CTA per row (grid-stride over rows), 8 values a thread per step: the row's largest
-// finite magnitude first (the row is read again for the split, from L2), then one 16-byte
-// store per part plane. Memory bound.
-__global__ void __launch_bounds__(256)
+constexpr int kSplitThreads = 256;
+
+// Eight values of a row from c on (two 16-byte loads).
+__device__ __forceinline__ void load8(const float* __restrict__ row, int64_t c, float (&v)[8]) {
+  const float4 a = __ldg(reinterpret_cast<const float4*>(row + c));
+  const float4 b = __ldg(reinterpret_cast<const float4*>(row + c + 4));
+  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+
+// A CTA per row (grid-stride over rows), 8 values a thread per step: the row's largest finite
+// magnitude first, then one 16-byte store per part plane. With kSteps > 0 the row stays in
+// registers between the two (K <= kSteps * 8 * kSplitThreads): one read of x; with 0 the row
+// is read again for the split, from L2. Memory bound.
+template <int kSteps>
+__global__ void __launch_bounds__(kSplitThreads)
     split_f16x2_kernel(const float* __restrict__ src, int64_t rows, int64_t K,
                        __half* __restrict__ parts, float* __restrict__ exps, RowMarks marks) {
-  using Reduce = cub::BlockReduce<float, 256>;
+  using Reduce = cub::BlockReduce<float, kSplitThreads>;
   __shared__ typename Reduce::TempStorage reduce;
   __shared__ float row_max;
+  constexpr int64_t kStride = 8 * kSplitThreads;
+  float held[kSteps > 0 ? kSteps : 1][8];
   wait_for_previous_grid();  // launched programmatically
-  const int64_t plane = rows * K;
+  const int64_t plane = rows * K, first = 8 * static_cast<int64_t>(threadIdx.x);
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const float* row = src + r * K;
     float top = 0.f;
     bool exceptional = false;
-    for (int64_t c = 8 * static_cast<int64_t>(threadIdx.x); c < K; c += 8 * blockDim.x) {
-      const float4 a = __ldg(reinterpret_cast<const float4*>(row + c));
-      const float4 b = __ldg(reinterpret_cast<const float4*>(row + c + 4));
-      const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+    auto see = [&](const float (&v)[8]) {
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         const float m = fabsf(v[j]);
         exceptional |= !(m <= FLT_MAX);  // NaN or infinite
         top = fmaxf(top, m);             // fmaxf drops a NaN operand
+      }
+    };
+    if constexpr (kSteps > 0) {
+#pragma unroll
+      for (int i = 0; i < kSteps; ++i)  // every load in flight before the first use
+        if (first + i * kStride < K) load8(row, first + i * kStride, held[i]);
+#pragma unroll
+      for (int i = 0; i < kSteps; ++i)
+        if (first + i * kStride < K) see(held[i]);
+    } else {
+      for (int64_t c = first; c < K; c += kStride) {
+        load8(row, c, held[0]);
+        see(held[0]);
       }
     }
     const float block_top = Reduce(reduce).Reduce(top, [](float a, float b) { return fmaxf(a, b); });
@@ -51,10 +74,7 @@ __global__ void __launch_bounds__(256)
     const float m = row_max;
     const int e = exceptional || m == 0.f ? 0 : 14 - ilogbf(m);
     bool tiny = false;  // a nonzero value below fp16's normal range once scaled
-    for (int64_t c = 8 * static_cast<int64_t>(threadIdx.x); c < K; c += 8 * blockDim.x) {
-      const float4 a = __ldg(reinterpret_cast<const float4*>(row + c));
-      const float4 b = __ldg(reinterpret_cast<const float4*>(row + c + 4));
-      const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+    auto split = [&](const float (&v)[8], int64_t c) {
       __half p[2][8];
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
@@ -66,6 +86,16 @@ __global__ void __launch_bounds__(256)
 #pragma unroll
       for (int i = 0; i < 2; ++i)
         *reinterpret_cast<uint4*>(parts + i * plane + r * K + c) = *reinterpret_cast<const uint4*>(p[i]);
+    };
+    if constexpr (kSteps > 0) {
+#pragma unroll
+      for (int i = 0; i < kSteps; ++i)
+        if (first + i * kStride < K) split(held[i], first + i * kStride);
+    } else {
+      for (int64_t c = first; c < K; c += kStride) {
+        load8(row, c, held[0]);
+        split(held[0], c);
+      }
     }
     if (threadIdx.x == 0) exps[r] = static_cast<float>(e);
     mark_row(exceptional || tiny, r, marks);  // its __syncthreads also guards row_max for the next row
@@ -143,8 +173,14 @@ void launch_split_f16x2(const float* src, int64_t rows, int64_t K, __half* parts
     throw std::logic_error("CUDA fp16 split: K must be a multiple of 8 and the buffers 16-byte aligned");
   if (rows <= 0) return;
   const int64_t grid = std::min<int64_t>(rows, int64_t(sm_count()) * 8);
-  launch_programmatic(split_f16x2_kernel, dim3(static_cast<unsigned>(grid)), dim3(256), 0, stream,
-                      src, rows, K, parts, exps, marks);
+  const dim3 blocks(static_cast<unsigned>(grid)), threads(kSplitThreads);
+  constexpr int64_t kRowStep = 8 * kSplitThreads;  // values a CTA takes per step
+  if (K <= 4 * kRowStep)  // the seed's K = 8192: 32 values a thread
+    launch_programmatic(split_f16x2_kernel<4>, blocks, threads, 0, stream, src, rows, K, parts, exps, marks);
+  else if (K <= 8 * kRowStep)
+    launch_programmatic(split_f16x2_kernel<8>, blocks, threads, 0, stream, src, rows, K, parts, exps, marks);
+  else
+    launch_programmatic(split_f16x2_kernel<0>, blocks, threads, 0, stream, src, rows, K, parts, exps, marks);
 }
 
 void launch_fixup_exceptional(const float* x, const float* w, const float* w_scale,

@@ -18,6 +18,7 @@
 #include <limits>
 #include <random>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "cuda_test_util.h"
@@ -135,12 +136,12 @@ TEST(CudaSplit, HiLoPartsAndMarks) {
 // fp16 parts give v 2^e within 2^-22 of it; marked: rows with NaN or an infinity (zero parts,
 // e = 0) and rows with a nonzero |v 2^e| below 2^-14 (fp16's least normal value), only those.
 // Rows: ordinary, at the ends of fp32's range (near its largest, subnormal), spread over
-// 2^-100..2^100 (marked), all zero; K = 72 (the row in 9 steps of 8 per thread, most threads
-// idle).
-TEST(CudaSplit, RowScaledFp16PartsAndMarks) {
-  SKIP_WITHOUT_GPU();
-  std::mt19937_64 rng(12);
-  const int64_t rows = 12, K = 72;
+// 2^-100..2^100 (marked), all zero. K = 72 (most threads idle), 8200 and 16392: the kernel
+// keeps a row in registers in 4 and in 8 steps of 8 values per thread, and reads it twice
+// beyond that.
+void check_row_scaled_split(int64_t K, std::mt19937_64& rng) {
+  SCOPED_TRACE("K=" + std::to_string(K));
+  const int64_t rows = 12;
   std::vector<float> src = with_exceptions(rows, K, rng);  // rows 1 (inf), 3, 5 (NaN), 7
   for (int64_t k = 0; k < K; ++k) {
     src[8 * K + k] = std::ldexp(src[8 * K + k], -100 + k % 200);
@@ -189,6 +190,12 @@ TEST(CudaSplit, RowScaledFp16PartsAndMarks) {
           << "row " << r << " col " << k << ": " << src[r * K + k];
     }
   }
+}
+
+TEST(CudaSplit, RowScaledFp16PartsAndMarks) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(12);
+  for (const int64_t K : {72, 8200, 16392}) check_row_scaled_split(K, rng);
 }
 
 TEST(CudaSplit, FixupRewritesExactlyTheMarkedRowsAndColumns) {

@@ -26,8 +26,8 @@
 #include <vector>
 
 #include "cuda_check.h"
-#include "gemm_small_m.h"
 #include "gemm_f16x3.h"
+#include "gemm_small_m.h"
 #include "layout.h"
 #include "split.h"
 

@@ -9,9 +9,9 @@
 // - split-K: 1-CTA clusters, each tile's K cut into `splits` ranges run by different CTAs
 //   and summed in fp32 through the workspace (CUTLASS's stream-K scheduler in split-K mode),
 //   for GEMMs whose tiles would leave most SMs idle (128 rows x 8192 columns: 64 tiles).
-// The promoting mainloop keeps three accumulators per thread (fp32, the large chain's, the
-// small chains'), so a consumer warpgroup holds 64x128 of each (192 registers; the 128x256
-// tiles of the bf16 GEMMs would need 384). The epilogue (an EVT: Unscale below) undoes the
+// The promoting mainloop keeps three accumulators per thread (the fp32 sum, the large
+// product's chain, the small products' sum), so a consumer warpgroup holds 64x128 of each
+// (192 registers; the 128x256 tiles of the bf16 GEMMs would need 384). The epilogue (an EVT: Unscale below) undoes the
 // row scales and adds the bias per column; it has no source C (ElementC void), which leaves
 // the mainloop room for three stages of two slots.
 //

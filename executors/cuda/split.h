@@ -40,7 +40,7 @@ __device__ __forceinline__ uint4 pack_bf16x8(const __nv_bfloat16 (&p)[8]) {
                     pack_bf16x2(p[6], p[7]));
 }
 
-// A value the bf16 splits cannot carry: NaN, infinite, past bf16's largest finite value (the
+// A value `fast`'s bf16 split cannot carry: NaN, infinite, past bf16's largest finite value (the
 // leading part would round to infinity) or nonzero below 2^-110 (the last part would be
 // subnormal). Its parts are zero and its row is recomputed in fp32 (launch_fixup_exceptional):
 // a zero part times an infinite one would be NaN where fp32 gives an infinity.

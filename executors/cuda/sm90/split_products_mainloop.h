@@ -28,7 +28,7 @@
 
 namespace gemmfuse::cuda::sm90 {
 
-// The builder's bf16 collective `Built`, re-dispatched to the promoting (FP8) mainloop.
+// The builder's 16-bit collective `Built`, re-dispatched to the promoting (FP8) mainloop.
 template <class Built, class KernelSchedule>
 using PromotingMainloop = cutlass::gemm::collective::CollectiveMma<
     cutlass::gemm::MainloopSm90TmaGmmaWarpSpecializedFP8<
@@ -71,9 +71,9 @@ struct SplitProductsMainloop : PromotingMainloop<Built, KernelSchedule> {
     StrideA dA;
     const ElementB* w[kParts];  // [N, K] each, strides dB
     StrideB dB;
-    int8_t part_a[kProducts];   // product p = x[part_a[p]] . w[part_b[p]], smallest first
+    int8_t part_a[kProducts];   // product p = x[part_a[p]] . w[part_b[p]], the large one last
     int8_t part_b[kProducts];
-    float small_scale = 1.f;    // the small products' chain is added into fp32 times this
+    float small_scale = 1.f;    // the small products' sum is added into fp32 times this
     int k = 0;
   };
 

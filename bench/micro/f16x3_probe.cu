@@ -8,6 +8,9 @@
 // - time over M at N = K = 8192 and other shapes: SGEMM against the whole fp32 path (x's
 //   split, the kernel, the fix-up launch), alternated in 3 rounds (median of 21 calls each,
 //   3 x sets rotated).
+// - with GEMMFUSE_PROBE_TINY=1 instead: the seed shape with tiny values planted in x (1e-10
+//   beside U[0,1): more than 2^28 below the row's largest), which the split leaves out and the
+//   fix-up corrects (a few a row) or recomputes (many): error and time per case.
 // Earlier versions: the six-product bf16 kernel of sessions 18-27 (-s27-bf16x6-probe*.log);
 // TF32 splits (-s18-split-tf32-probe-*.log, not kept).
 //   Built by CMake with -DGEMMFUSE_BUILD_PROBES=ON (target f16x3_probe).
@@ -36,6 +39,17 @@ __global__ void fill(float* p, size_t n, unsigned seed, float lo, float hi) {
     p[i] = lo + (hi - lo) * (h >> 8) * (1.0f / 16777216.0f);
   }
 }
+
+// In every `every`-th row of x [M, K], `per_row` values set to 1e-10 (at spread k).
+__global__ void plant_tiny(float* x, int M, int K, int every, int per_row) {
+  for (int r = blockIdx.x * every; r < M; r += gridDim.x * every)
+    for (int j = threadIdx.x; j < per_row; j += blockDim.x)
+      x[size_t(r) * K + (size_t(j) * 7919 + r) % K] = 1e-10f * (1 + j % 3);
+}
+
+struct Plant {
+  int every = 0, per_row = 0;  // 0: nothing planted
+};
 
 __global__ void widen(const float* s, double* d, size_t n) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
@@ -118,7 +132,8 @@ const Variant kFewRowsVariants[] = {
 // init scaled by xs/ws; with `errors`, the float64 reference of set 0 and each variant's error.
 template <size_t kN>
 void run_shape(cublasHandle_t h, const Variant (&variants)[kN], int M, int N, int K, bool errors,
-               bool timing, float xscale = 1.f, float wscale = 1.f, const char* label = "") {
+               bool timing, float xscale = 1.f, float wscale = 1.f, const char* label = "",
+               Plant plant = {}) {
   constexpr int kSets = 3;
   const size_t xn = size_t(M) * K, wn = size_t(N) * K, yn = size_t(M) * N;
   std::vector<float*> xs(kSets), ys(kSets);
@@ -126,12 +141,13 @@ void run_shape(cublasHandle_t h, const Variant (&variants)[kN], int M, int N, in
     CHECK_CUDA(cudaMalloc(&xs[s], xn * 4));
     CHECK_CUDA(cudaMalloc(&ys[s], yn * 4));
     fill<<<1024, 256>>>(xs[s], xn, 17u + s, 0.f, xscale);
+    if (plant.every > 0) plant_tiny<<<1024, 256>>>(xs[s], M, K, plant.every, plant.per_row);
   }
   const float bound = wscale / std::sqrt(float(K));
   float* w;
   __half *x_parts, *w_parts;
   float *x_exps, *w_exps;
-  int *x_flags, *w_list;
+  int *x_flags, *w_list, *w_flags;
   CHECK_CUDA(cudaMalloc(&w, wn * 4));
   CHECK_CUDA(cudaMalloc(&w_parts, wn * 4));
   CHECK_CUDA(cudaMalloc(&x_parts, xn * 4));
@@ -139,9 +155,10 @@ void run_shape(cublasHandle_t h, const Variant (&variants)[kN], int M, int N, in
   CHECK_CUDA(cudaMalloc(&w_exps, N * 4));
   CHECK_CUDA(cudaMalloc(&x_flags, M * 4));
   CHECK_CUDA(cudaMalloc(&w_list, (N + 1) * 4));
+  CHECK_CUDA(cudaMalloc(&w_flags, N * 4));
   fill<<<1024, 256>>>(w, wn, 99u, -bound, bound);
   CHECK_CUDA(cudaMemset(w_list, 0, 4));
-  gemmfuse::cuda::launch_split_f16x2(w, N, K, w_parts, w_exps, {nullptr, w_list}, nullptr);
+  gemmfuse::cuda::launch_split_f16x2(w, N, K, w_parts, w_exps, {w_flags, w_list}, nullptr);
   void* ws;
   const size_t ws_bytes = std::max(size_t(32) << 20, gemmfuse::cuda::sm90::f16x3_workspace_bytes(M, N, K));
   CHECK_CUDA(cudaMalloc(&ws, ws_bytes));
@@ -162,7 +179,8 @@ void run_shape(cublasHandle_t h, const Variant (&variants)[kN], int M, int N, in
       std::fprintf(stderr, "f16x3 GEMM declined\n");
       std::exit(1);
     }
-    gemmfuse::cuda::launch_fixup_exceptional(xs[s], w, nullptr, nullptr, ys[s], M, N, K, x_flags, w_list, nullptr);
+    gemmfuse::cuda::launch_fixup_exceptional(xs[s], w, nullptr, nullptr, ys[s], M, N, K, x_exps, x_flags,
+                                             w_list, w_flags, nullptr);
   };
   if (errors) {
     double *x64, *w64, *ref, *sums;
@@ -183,11 +201,14 @@ void run_shape(cublasHandle_t h, const Variant (&variants)[kN], int M, int N, in
       const Err e_ours = error_of(ys[0], ref, yn, sums);
       std::vector<int> flags(M);
       CHECK_CUDA(cudaMemcpy(flags.data(), x_flags, M * 4, cudaMemcpyDeviceToHost));
-      int rows_fixed = 0;
-      for (int f : flags) rows_fixed += f != 0;
-      std::printf("%-10s M=%5d N=%5d K=%5d  rel: SGEMM %.3e  %-22s %.3e (%.2fx)  max abs: %.2e %.2e  rows recomputed %d\n",
+      int recomputed = 0, corrected = 0;
+      for (int f : flags) {
+        recomputed += f == gemmfuse::cuda::kRowRecompute;
+        corrected += f == gemmfuse::cuda::kRowCorrect;
+      }
+      std::printf("%-10s M=%5d N=%5d K=%5d  rel: SGEMM %.3e  %-22s %.3e (%.2fx)  max abs: %.2e %.2e  rows recomputed %d, corrected %d\n",
                   label, M, N, K, e_sgemm.rel, v.name, e_ours.rel, e_ours.rel / e_sgemm.rel, e_sgemm.max_abs,
-                  e_ours.max_abs, rows_fixed);
+                  e_ours.max_abs, recomputed, corrected);
     }
     for (void* p : {(void*)x64, (void*)w64, (void*)ref, (void*)sums}) CHECK_CUDA(cudaFree(p));
   }
@@ -217,7 +238,7 @@ void run_shape(cublasHandle_t h, const Variant (&variants)[kN], int M, int N, in
     CHECK_CUDA(cudaFree(ys[s]));
   }
   for (void* p : {(void*)w, (void*)w_parts, (void*)x_parts, (void*)x_exps, (void*)w_exps, (void*)x_flags,
-                  (void*)w_list, ws})
+                  (void*)w_list, (void*)w_flags, ws})
     CHECK_CUDA(cudaFree(p));
 }
 
@@ -226,6 +247,18 @@ int main() {
   cublasCreate(&h);
   std::printf("fp32 GEMM: cuBLAS SGEMM against the f16x3 kernel (executors/cuda/sm90/gemm_f16x3.cu)\n");
   std::printf("x ~ U[0,1), W ~ U(-1/sqrt(K), 1/sqrt(K)) unless said; rel = ||y - ref|| / ||ref|| against float64\n");
+  if (const char* t = std::getenv("GEMMFUSE_PROBE_TINY"); t && std::string(t) == "1") {
+    // (every, per_row): none; two rows with one tiny value (corrected); every row with 36, 256
+    // and 1024 (corrected: 1024 = K/8 is the most a row corrects); two rows and 16 rows with
+    // 1025 (recomputed).
+    const Plant cases[] = {{0, 0}, {512, 1}, {1, 36}, {1, 256}, {1, 1024}, {512, 1025}, {64, 1025}};
+    for (const Plant& c : cases) {
+      char label[32];
+      std::snprintf(label, sizeof label, "tiny %d/%d", c.every, c.per_row);
+      run_shape(h, kVariants, 1024, 8192, 8192, true, true, 1.f, 1.f, label, c);
+    }
+    return 0;
+  }
   for (int K : {8, 16, 32, 64, 128, 256, 1024, 4096, 8192})
     run_shape(h, kVariants, 1024, 8192, K, true, false, 1.f, 1.f, "accuracy");
   for (int K : {1000, 1088, 8192}) run_shape(h, kFewRowsVariants, 128, 8192, K, true, false, 1.f, 1.f, "accuracy");

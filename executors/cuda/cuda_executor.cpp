@@ -139,8 +139,10 @@ std::string CudaExecutor::describe_kernels(const Plan& plan) {
                                " ranges on as many SMs, their sums added in fp32 (split-K: the "
                                "tiles alone would leave most SMs idle)"
                          : std::string()) +
-             "; rows and columns with inf/NaN, or a value over 2^28 below their largest, "
-             "recomputed in fp32 (x, W, bias and out 16-byte aligned, else SGEMM)";
+             "; values over 2^28 below their row's largest left out of the parts and their "
+             "products added in fp32 (a few in a row of x), rows and columns with inf/NaN or "
+             "more such values recomputed in fp32 (x, W, bias and out 16-byte aligned, else "
+             "SGEMM)";
     }
     return std::string("cuda: the fp32 Gemm does not use the f16x3 kernel: ") + why;
   }

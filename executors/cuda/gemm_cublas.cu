@@ -288,7 +288,8 @@ void run_gemm(const Plan& plan, const Step& step, const RunArgs& args, const cha
     const float* scale = P.scale != kAbsent ? reinterpret_cast<const float*>(prepared + P.scale) : nullptr;
     launch_fixup_exceptional(x, static_cast<const float*>(args.weight), scale,
                              static_cast<const float*>(bias), static_cast<float*>(y), M, N, K,
-                             x_flags, reinterpret_cast<const int*>(prepared + P.w_list), stream);
+                             nullptr, x_flags, reinterpret_cast<const int*>(prepared + P.w_list),
+                             nullptr, stream);
     return;
   }
 
@@ -296,7 +297,8 @@ void run_gemm(const Plan& plan, const Step& step, const RunArgs& args, const cha
   if (P.w_folded != kAbsent) w = prepared + P.w_folded;
   if (uses_f16x3(plan) && aligned16(args.x) && aligned16(w) && aligned16(y) &&
       (bias == nullptr || aligned16(bias))) {  // fp32 on fp16 tensor cores (split.h)
-    if (P.w_parts == kAbsent || W.x_parts == kAbsent || P.w_list == kAbsent || W.x_flags == kAbsent)
+    if (P.w_parts == kAbsent || W.x_parts == kAbsent || P.w_list == kAbsent || P.w_flags == kAbsent ||
+        W.x_flags == kAbsent)
       throw std::logic_error("CUDA gemm: f16x3 without its split buffers");
     const auto* x = static_cast<const float*>(args.x);
     auto* x_parts = reinterpret_cast<__half*>(workspace + W.x_parts);
@@ -315,8 +317,9 @@ void run_gemm(const Plan& plan, const Step& step, const RunArgs& args, const cha
     p.y = static_cast<float*>(y);
     if (!sm90::launch_f16x3_gemm(p, lt_ws, W.lt_bytes, stream))
       throw std::logic_error("CUDA gemm: the f16x3 GEMM declined an accepted call");
-    launch_fixup_exceptional(x, static_cast<const float*>(w), nullptr, p.bias, p.y, M, N, K, x_flags,
-                             reinterpret_cast<const int*>(prepared + P.w_list), stream);
+    launch_fixup_exceptional(x, static_cast<const float*>(w), nullptr, p.bias, p.y, M, N, K, x_exps,
+                             x_flags, reinterpret_cast<const int*>(prepared + P.w_list),
+                             reinterpret_cast<const int*>(prepared + P.w_flags), stream);
     return;
   }
   g.A = w;

@@ -63,6 +63,7 @@ PreparedLayout prepared_layout(const Plan& plan) {
   if (f16x3) {
     L.w_parts = c.take(sizeof(uint16_t) * 2 * N * K);
     L.w_exps = c.take(sizeof(float) * N);
+    L.w_flags = c.take(sizeof(int32_t) * N);
   }
   if (split || f16x3) L.w_list = c.take(sizeof(int32_t) * (1 + N));
   if (plan.prep.column_sums) {

@@ -47,14 +47,15 @@ inline int64_t split_segment_width(int64_t K) { return (K + 7) / 8 * 8; }
 //   w_split   bf16 [N, 3*Kh]  [W'hi | W'lo | W'hi], Kh = split_segment_width(K)  (fast, fp32 model)
 //   w_parts   fp16 [2, N, K]  W' as two scaled fp16 parts (split.h)      (uses_f16x3)
 //   w_exps    fp32 [N]        their rows' scale exponents                (uses_f16x3)
-//   w_list    int32 [1 + N]   the rows of W' with an exceptional value   (fast, uses_f16x3)
+//   w_flags   int32 [N]       W' rows' RowMark (split.h)                 (uses_f16x3)
+//   w_list    int32 [1 + N]   the rows of W' the split marks (split.h)   (fast, uses_f16x3)
 //   wsum      fp32 [K]        column sums of W' over N (fp64 accumulation, rounded once)
 //   bsum      fp32 [1]        sum of the (folded) bias                    (column_sums)
 //   colsign   fp32 [K]        +1 / -1 where every W'[:,k] is > 0 / < 0, else NaN: rows with
 //                             inf/NaN inputs (executors/common/gemv_nonfinite.h) (column_sums)
 struct PreparedLayout {
   size_t scale = kAbsent, bias_f32 = kAbsent, bias_dt = kAbsent, w_folded = kAbsent,
-         w_split = kAbsent, w_parts = kAbsent, w_exps = kAbsent, w_list = kAbsent, wsum = kAbsent, bsum = kAbsent, colsign = kAbsent;
+         w_split = kAbsent, w_parts = kAbsent, w_exps = kAbsent, w_flags = kAbsent, w_list = kAbsent, wsum = kAbsent, bsum = kAbsent, colsign = kAbsent;
   int64_t Kh = 0;
   size_t total = 0;
 };
@@ -65,7 +66,7 @@ PreparedLayout prepared_layout(const Plan& plan);
 //   x_split     bf16 [M, 3*Kh]  [xlo | xhi | xhi]                         (fast, fp32 model)
 //   x_parts     fp16 [2, M, K]  x as two scaled fp16 parts                 (uses_f16x3)
 //   x_exps      fp32 [M]        their rows' scale exponents                (uses_f16x3)
-//   x_flags     int32 [M]       1 where x's row has an exceptional value  (fast, uses_f16x3)
+//   x_flags     int32 [M]       x rows' RowMark (split.h)                  (fast, uses_f16x3)
 //   lt          kLtWorkspaceBytes, or the f16x3 kernel's need if more      (Gemm step)
 //   colstats    fp64 [R, 2, W]  per-chunk shifted sums (max over ColumnStats steps)
 //   row_scratch fp32            rows of row passes too wide for shared memory (max over steps)

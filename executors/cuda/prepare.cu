@@ -170,7 +170,8 @@ void prepare_typed(const Plan& plan, const RunArgs& args, char* prepared, cudaSt
     GF_CUDA_CHECK(cudaMemsetAsync(list, 0, sizeof(int), stream));
     launch_split_f16x2(reinterpret_cast<const float*>(wp), N, K,
                        reinterpret_cast<__half*>(prepared + L.w_parts),
-                       reinterpret_cast<float*>(prepared + L.w_exps), RowMarks{nullptr, list}, stream);
+                       reinterpret_cast<float*>(prepared + L.w_exps),
+                       RowMarks{reinterpret_cast<int*>(prepared + L.w_flags), list}, stream);
   }
   if (L.wsum != kAbsent) {
     if (K > 0) {

@@ -4,10 +4,13 @@
 //   that one GEMM over K' = 3*Kh sums xlo.Whi + xhi.Wlo first, then xhi.Whi (gemm_cublas.cu).
 // - `fp32` on sm90 (sm90/gemm_f16x3.h): each row scaled by a power of two, then
 //   v 2^e = p0 + 2^-11 p1 in fp16, two planes [rows, K] and the rows' exponents.
-// Both splits list the rows holding a value they cannot carry and zero their parts;
-// launch_fixup_exceptional recomputes those rows and columns of Y in fp32. For `fast` that is
-// split_exceptional below; for `fp32`, NaN, infinities and nonzero values more than ~2^29
-// below their row's largest (the row scale keeps every other value in fp16's normal range).
+// Both splits mark the rows holding a value they cannot carry; launch_fixup_exceptional then
+// mends those rows and columns of Y in fp32. For `fast` that is split_exceptional below (the
+// row is recomputed); for `fp32`, NaN and infinities (recomputed) and nonzero values more than
+// ~2^28 below their row's largest (the row scale keeps every other value in fp16's normal
+// range): those values are left out of the parts and, while a row has at most
+// correctable_tiny_values(K) of them, the fix-up adds their products to Y (else it recomputes
+// the row).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -18,13 +21,29 @@
 
 namespace gemmfuse::cuda {
 
-// Where the splits mark the rows holding an exceptional value (either may be nullptr):
-// `flags[r]` is written for every row, 1 or 0 (no zeroing needed: x, per call); `list` gets
-// the marked rows appended, list[0] counting them (zeroed by the caller: W', at prepare).
+// What the splits write for a row of x (flags) and whether W's rows enter the list.
+enum RowMark : int {
+  kRowKept = 0,       // the parts carry the row
+  kRowRecompute = 1,  // the fix-up recomputes the row's outputs
+  kRowCorrect = 2,    // `fp32` only: the parts leave out a few tiny values, whose products
+                      // the fix-up adds to the row's outputs
+};
+
+// Where the splits mark rows (either may be nullptr): `flags[r]` is written for every row, a
+// RowMark (no zeroing needed); `list` gets every marked row appended, list[0] counting them
+// (zeroed by the caller: W', at prepare). The fix-up recomputes Y's columns for W's listed rows.
 struct RowMarks {
   int* flags = nullptr;
   int* list = nullptr;
 };
+
+// The most tiny values a row of `fp32`'s split may hold and still be kRowCorrect: K/8, at most
+// 1024 (the fix-up's list). Measured at the seed shape (bench/NOTES.md, session 29), a
+// corrected row costs ~6 us with 1 value, ~11 us with 36 and ~14 us with 256, a recomputed
+// one ~135 us.
+__host__ __device__ constexpr int64_t correctable_tiny_values(int64_t K) {
+  return K / 8 < 1024 ? K / 8 : 1024;
+}
 
 #if defined(__CUDACC__)  // the per-value splits (the launchers below are host-callable)
 
@@ -61,14 +80,18 @@ __device__ __forceinline__ bool split_bf16(float v, __nv_bfloat16& hi, __nv_bflo
   return true;
 }
 
-// The end of a CTA's row r in the splits: marks the row if any thread saw an exceptional
-// value (every thread of the CTA calls it).
-__device__ __forceinline__ void mark_row(bool exceptional, int64_t r, RowMarks marks) {
-  const bool any = __syncthreads_or(exceptional);
+// Thread 0 of a split's CTA records row r's mark (block-uniform).
+__device__ __forceinline__ void record_mark(int mark, int64_t r, RowMarks marks) {
   if (threadIdx.x == 0) {
-    if (marks.flags) marks.flags[r] = any;
-    if (marks.list && any) marks.list[1 + atomicAdd(marks.list, 1)] = static_cast<int>(r);
+    if (marks.flags) marks.flags[r] = mark;
+    if (marks.list && mark != kRowKept) marks.list[1 + atomicAdd(marks.list, 1)] = static_cast<int>(r);
   }
+}
+
+// The end of a CTA's row r in `fast`'s split: the row is recomputed if any thread saw an
+// exceptional value (every thread of the CTA calls it; it is a barrier).
+__device__ __forceinline__ void mark_row(bool exceptional, int64_t r, RowMarks marks) {
+  record_mark(__syncthreads_or(exceptional) ? kRowRecompute : kRowKept, r, marks);
 }
 
 #endif  // __CUDACC__
@@ -79,22 +102,29 @@ __device__ __forceinline__ void mark_row(bool exceptional, int64_t r, RowMarks m
 // in [2^14, 2^15), below fp16's largest; then v 2^e = p0 + 2^-11 p1 with p0 = fp16(v 2^e) and
 // p1 = fp16((v 2^e - p0) 2^11): 22 significant bits, |v 2^e - p0 - 2^-11 p1| <= 2^-22 |v 2^e|
 // for every |v 2^e| >= 2^-14 (fp16's least normal value). parts: two fp16 planes [rows, K];
-// exps[r] = e[r] as a float. Marked (RowMarks): rows holding a NaN or an infinity (their parts
-// zero, e = 0), and rows holding a nonzero |v 2^e| < 2^-14, more than 2^28-2^29 below the
-// row's largest (their parts unused: the fix-up rewrites the row's outputs). Such a value
-// would lose its low bits, which matters where the other operand is large at its k (x = [1e30,
-// 1] against w = [0, 1]: the 1 would vanish beside 1e30).
+// exps[r] = e[r] as a float. A nonzero v with |v 2^e| < 2^-14 (more than 2^28-2^29 below the
+// row's largest, or lost to fp32's range when scaled) is "tiny": its parts are zero. Such a
+// value would lose its low bits, which matters where the other operand is large at its k
+// (x = [1e30, 1] against w = [0, 1]: the 1 would vanish beside 1e30). Marks (RowMarks):
+// kRowRecompute for rows holding a NaN or an infinity (their parts zero, e = 0) or more than
+// correctable_tiny_values(K) tiny values, kRowCorrect for rows holding fewer.
 void launch_split_f16x2(const float* src, int64_t rows, int64_t K, __half* parts, float* exps,
                         RowMarks marks, cudaStream_t stream);
 
-// Y[m, :] for the rows m of x with x_flags[m] != 0 and Y[:, n] for the rows n of W' in w_list
-// (as the splits mark them) recomputed as fp32 dot products (+ bias[n]), W'[n, k] = w[n, k] *
-// w_scale[n] (w_scale may be nullptr: W' = w): the values the split cannot carry reach Y as in
-// SGEMM (inf, NaN, overflow, tiny values). Nothing to do costs one launch whose CTAs read the
-// M flags and the list's count.
+// Mends Y after a split GEMM, as the splits mark (fp32 FMA, so the values a split cannot
+// carry reach Y as in SGEMM: inf, NaN, overflow, tiny values), W'[n, k] = w[n, k] * w_scale[n]
+// (w_scale may be nullptr: W' = w):
+// - rows m of x marked kRowRecompute and the columns n of W's listed rows (w_list):
+//   Y[m, n] = x[m, :] . W'[n, :] (+ bias[n]);
+// - rows m marked kRowCorrect (`fp32` only; x_exps and w_flags then given): Y[m, n] +=
+//   sum over the row's tiny values (launch_split_f16x2, found again from x_exps[m]) of
+//   x[m, k] W'[n, k], in k order, for every n not in w_list (w_flags[n] == kRowKept; those
+//   columns are recomputed whole).
+// Nothing to do costs one launch whose CTAs read the M flags and the list's count.
 void launch_fixup_exceptional(const float* x, const float* w, const float* w_scale,
                               const float* bias, float* y, int64_t M, int64_t N, int64_t K,
-                              const int* x_flags, const int* w_list, cudaStream_t stream);
+                              const float* x_exps, const int* x_flags, const int* w_list,
+                              const int* w_flags, cudaStream_t stream);
 
 // The `fast` split of src [rows, K] fp32 (times scale[r] per row when scale is not nullptr)
 // into out [rows, 3 * Kh] bf16, three segments of the row's parts, each zero padded to Kh, in

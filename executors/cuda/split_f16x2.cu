@@ -36,7 +36,9 @@ __global__ void __launch_bounds__(kSplitThreads)
     split_f16x2_kernel(const float* __restrict__ src, int64_t rows, int64_t K,
                        __half* __restrict__ parts, float* __restrict__ exps, RowMarks marks) {
   using Reduce = cub::BlockReduce<float, kSplitThreads>;
+  using ReduceInt = cub::BlockReduce<int, kSplitThreads>;
   __shared__ typename Reduce::TempStorage reduce;
+  __shared__ typename ReduceInt::TempStorage reduce_int;
   __shared__ float row_max;
   constexpr int64_t kStride = 8 * kSplitThreads;
   float held[kSteps > 0 ? kSteps : 1][8];
@@ -73,13 +75,16 @@ __global__ void __launch_bounds__(kSplitThreads)
     __syncthreads();
     const float m = row_max;
     const int e = exceptional || m == 0.f ? 0 : 14 - ilogbf(m);
-    bool tiny = false;  // a nonzero value below fp16's normal range once scaled
+    int tiny = 0;  // nonzero values below fp16's normal range once scaled: left out of the parts
     auto split = [&](const float (&v)[8], int64_t c) {
       __half p[2][8];
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
-        const float s = exceptional ? 0.f : ldexpf(v[j], e);
-        tiny |= s != 0.f && fabsf(s) < 0x1p-14f;
+        float s = exceptional ? 0.f : ldexpf(v[j], e);
+        if (v[j] != 0.f && fabsf(s) < 0x1p-14f) {  // also a value that scaling took to zero
+          ++tiny;
+          s = 0.f;
+        }
         p[0][j] = __float2half_rn(s);
         p[1][j] = __float2half_rn((s - __half2float(p[0][j])) * 0x1p11f);  // the difference is exact
       }
@@ -97,14 +102,23 @@ __global__ void __launch_bounds__(kSplitThreads)
         split(held[0], c);
       }
     }
-    if (threadIdx.x == 0) exps[r] = static_cast<float>(e);
-    mark_row(exceptional || tiny, r, marks);  // its __syncthreads also guards row_max for the next row
+    const int row_tiny = ReduceInt(reduce_int).Sum(tiny);  // valid in thread 0
+    if (threadIdx.x == 0) {
+      exps[r] = static_cast<float>(e);
+      record_mark(exceptional || row_tiny > correctable_tiny_values(K) ? kRowRecompute
+                  : row_tiny > 0                                     ? kRowCorrect
+                                                                      : kRowKept,
+                  r, marks);
+    }
+    __syncthreads();  // row_max and the reductions' storage are reused by the next row
   }
 }
 
 constexpr int kFixupThreads = 256;
 constexpr int kFlagsPerThread = 4;
 constexpr int kFlagChunk = kFixupThreads * kFlagsPerThread;  // x rows listed per step
+constexpr int kCorrectCols = 4 * kFixupThreads;              // Y columns per correction item
+constexpr int kTinyListMax = correctable_tiny_values(int64_t{1} << 40);
 
 // Y[m, n] = x[m, :] . W'[n, :] (+ bias[n]) by one warp: lanes take every 32nd k, fp32 FMA,
 // then a warp tree.
@@ -121,17 +135,128 @@ __device__ __forceinline__ void recompute(const float* __restrict__ x, const flo
   if (lane == 0) y[m * N + n] = bias ? acc + bias[n] : acc;
 }
 
-// Outputs are spread over every warp of the grid. x's marked rows are listed a chunk of
-// kFlagChunk rows at a time, by every CTA in the same (ascending) order; W's come as a list.
-// An output in both a marked row and a marked column is written twice with the same value.
+struct TinyList {
+  int k[kTinyListMax];
+  float v[kTinyListMax];
+};
+
+// The tiny values of x's row m (launch_split_f16x2's rule, from the row's exponent), listed in
+// k order by the whole CTA; their count (at most kTinyListMax: the split marked the row
+// kRowCorrect).
+template <typename Scan>
+__device__ int list_tiny_values(const float* __restrict__ xr, float e, int64_t K, TinyList& list,
+                                typename Scan::TempStorage& scan, int& total) {
+  int listed = 0;
+  for (int64_t base = 0; base < K; base += 8 * kFixupThreads) {
+    const int64_t c = base + 8 * static_cast<int64_t>(threadIdx.x);
+    float v[8];
+    int mine = 0;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      v[j] = c + j < K ? __ldg(xr + c + j) : 0.f;
+      mine += v[j] != 0.f && fabsf(ldexpf(v[j], static_cast<int>(e))) < 0x1p-14f;
+    }
+    int at = 0;
+    Scan(scan).ExclusiveSum(mine, at, total);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      if (v[j] != 0.f && fabsf(ldexpf(v[j], static_cast<int>(e))) < 0x1p-14f) {
+        const int i = listed + at++;
+        if (i < kTinyListMax) list.k[i] = static_cast<int>(c + j), list.v[i] = v[j];
+      }
+    }
+    listed += total;
+    __syncthreads();  // the scan's storage is reused
+  }
+  return min(listed, kTinyListMax);
+}
+
+// Y[m, n0 .. n0 + kCorrectCols) += the row's tiny values times W' at their k: four columns a
+// thread, each sum in k order (a 32-byte sector of W' per value and column). For short lists.
+__device__ __forceinline__ void correct(const TinyList& list, int count, const float* __restrict__ w,
+                                        const float* __restrict__ w_scale,
+                                        const int* __restrict__ w_flags, float* __restrict__ y,
+                                        int64_t m, int64_t n0, int64_t N, int64_t K) {
+  constexpr int kCols = kCorrectCols / kFixupThreads;
+  int64_t n[kCols];
+  bool live[kCols];
+  float acc[kCols];
+#pragma unroll
+  for (int i = 0; i < kCols; ++i) {
+    n[i] = n0 + threadIdx.x + i * kFixupThreads;
+    live[i] = n[i] < N && w_flags[n[i]] == kRowKept;  // W's listed columns are recomputed whole
+    acc[i] = 0.f;
+  }
+#pragma unroll 4
+  for (int j = 0; j < count; ++j) {
+    const int64_t k = list.k[j];
+    const float v = list.v[j];
+#pragma unroll
+    for (int i = 0; i < kCols; ++i)
+      if (live[i]) acc[i] = fmaf(v, __ldg(w + n[i] * K + k), acc[i]);
+  }
+#pragma unroll
+  for (int i = 0; i < kCols; ++i) {
+    if (live[i]) y[m * N + n[i]] += w_scale ? acc[i] * w_scale[n[i]] : acc[i];
+  }
+}
+
+// The same for lists of kWarpListFrom values or more: a warp takes kWarpCols columns at once,
+// lanes over the list, then a warp tree per column, so a warp's loads fall in kWarpCols rows
+// of W'. At the seed shape, every row of x corrected: 11.4 ms with 36 values a row, 14.0 with
+// 256, against 13.1 and 47.8 a thread per column; with 1 value in 2 rows, 0.699 ms against
+// 0.574 (bench/NOTES.md, session 29).
+constexpr int kWarpCols = 4;
+constexpr int kWarpListFrom = 8;
+__device__ __forceinline__ void correct_by_warp(const TinyList& list, int count, const float* __restrict__ w,
+                                                const float* __restrict__ w_scale,
+                                                const int* __restrict__ w_flags, float* __restrict__ y,
+                                                int64_t m, int64_t n0, int64_t N, int64_t K) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
+  constexpr int kStep = kWarpCols * (kFixupThreads / 32);
+  for (int64_t nb = n0 + warp * kWarpCols; nb < min(N, n0 + kCorrectCols); nb += kStep) {
+    // lane i < kWarpCols owns column nb + i: its flag and Y value, loaded before the gathers
+    const int64_t own = nb + lane;
+    const bool live_own = lane < kWarpCols && own < N && w_flags[own] == kRowKept;
+    const float y_own = live_own ? y[m * N + own] : 0.f;
+    float acc[kWarpCols];
+    const float* wr[kWarpCols];
+#pragma unroll
+    for (int i = 0; i < kWarpCols; ++i) {
+      acc[i] = 0.f;
+      wr[i] = w + min(nb + i, N - 1) * K;  // a column past N reads row N - 1, unused
+    }
+    for (int j = lane; j < count; j += 32) {
+      const float v = list.v[j];
+      const int64_t k = list.k[j];
+#pragma unroll
+      for (int i = 0; i < kWarpCols; ++i) acc[i] = fmaf(v, __ldg(wr[i] + k), acc[i]);
+    }
+    float mine = 0.f;
+#pragma unroll
+    for (int i = 0; i < kWarpCols; ++i) {
+      for (int o = 16; o > 0; o >>= 1) acc[i] += __shfl_xor_sync(0xffffffffu, acc[i], o);
+      if (lane == i) mine = acc[i];
+    }
+    if (live_own) y[m * N + own] = y_own + (w_scale ? mine * w_scale[own] : mine);
+  }
+}
+
+// x's marked rows are listed a chunk of kFlagChunk rows at a time, by every CTA in the same
+// (ascending) order: recomputed rows' outputs spread over every warp of the grid, corrected
+// rows in items of kCorrectCols columns, one per CTA. W's listed rows are recomputed as
+// columns; an output in both a recomputed row and a listed column is written twice with the
+// same value.
 __global__ void __launch_bounds__(kFixupThreads)
     fixup_kernel(const float* __restrict__ x, const float* __restrict__ w,
                  const float* __restrict__ w_scale, const float* __restrict__ bias,
                  float* __restrict__ y, int64_t M, int64_t N, int64_t K,
-                 const int* __restrict__ x_flags, const int* __restrict__ w_list) {
+                 const float* __restrict__ x_exps, const int* __restrict__ x_flags,
+                 const int* __restrict__ w_list, const int* __restrict__ w_flags) {
   using Scan = cub::BlockScan<int, kFixupThreads>;
   __shared__ typename Scan::TempStorage scan;
-  __shared__ int rows[kFlagChunk];
+  __shared__ int rows[2][kFlagChunk];  // [0] recomputed, [1] corrected
+  __shared__ TinyList tiny;
   const int lane = threadIdx.x & 31;
   const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
@@ -140,24 +265,39 @@ __global__ void __launch_bounds__(kFixupThreads)
   wait_for_previous_grid();
   let_next_grid_start();
   const int64_t n_cols = w_list[0];  // read early: its latency overlaps the flags'
+  const int64_t items_per_row = (N + kCorrectCols - 1) / kCorrectCols;
   for (int64_t base = 0; base < M; base += kFlagChunk) {
     const int64_t first = base + kFlagsPerThread * threadIdx.x;
-    bool f[kFlagsPerThread];
-    int count = 0;
+    int f[kFlagsPerThread];
+    int count = 0;  // recomputed rows in the low half, corrected ones in the high half
 #pragma unroll
     for (int j = 0; j < kFlagsPerThread; ++j) {
-      f[j] = first + j < M && x_flags[first + j] != 0;
-      count += f[j];
+      f[j] = first + j < M ? x_flags[first + j] : kRowKept;
+      count += f[j] == kRowRecompute ? 1 : f[j] == kRowCorrect ? 1 << 16 : 0;
     }
     if (__syncthreads_or(count) == 0) continue;  // the common case: nothing marked
     int at = 0, marked = 0;
-    Scan(scan).ExclusiveSum(count, at, marked);
+    Scan(scan).ExclusiveSum(count, at, marked);  // each half stays below 2^16
+    int at_r = at & 0xffff, at_c = at >> 16;
 #pragma unroll
-    for (int j = 0; j < kFlagsPerThread; ++j)
-      if (f[j]) rows[at++] = static_cast<int>(first + j);
+    for (int j = 0; j < kFlagsPerThread; ++j) {
+      if (f[j] == kRowRecompute) rows[0][at_r++] = static_cast<int>(first + j);
+      if (f[j] == kRowCorrect) rows[1][at_c++] = static_cast<int>(first + j);
+    }
     __syncthreads();
-    for (int64_t i = warp; i < marked * N; i += warps)
-      recompute(x, w, w_scale, bias, y, rows[i / N], i % N, N, K, lane);
+    const int64_t recomputed = marked & 0xffff, corrected = marked >> 16;
+    for (int64_t i = warp; i < recomputed * N; i += warps)
+      recompute(x, w, w_scale, bias, y, rows[0][i / N], i % N, N, K, lane);
+    for (int64_t item = blockIdx.x; item < corrected * items_per_row; item += gridDim.x) {
+      const int64_t m = rows[1][item / items_per_row];
+      int total = 0;
+      const int count_m = list_tiny_values<Scan>(x + m * K, x_exps[m], K, tiny, scan, total);
+      if (count_m >= kWarpListFrom)
+        correct_by_warp(tiny, count_m, w, w_scale, w_flags, y, m, (item % items_per_row) * kCorrectCols, N, K);
+      else
+        correct(tiny, count_m, w, w_scale, w_flags, y, m, (item % items_per_row) * kCorrectCols, N, K);
+      __syncthreads();  // the list is rebuilt by the next item
+    }
     __syncthreads();  // rows and the scan storage are reused by the next chunk
   }
   for (int64_t i = warp; i < n_cols * M; i += warps)
@@ -185,10 +325,11 @@ void launch_split_f16x2(const float* src, int64_t rows, int64_t K, __half* parts
 
 void launch_fixup_exceptional(const float* x, const float* w, const float* w_scale,
                               const float* bias, float* y, int64_t M, int64_t N, int64_t K,
-                              const int* x_flags, const int* w_list, cudaStream_t stream) {
+                              const float* x_exps, const int* x_flags, const int* w_list,
+                              const int* w_flags, cudaStream_t stream) {
   if (M <= 0 || N <= 0) return;
   launch_programmatic(fixup_kernel, dim3(static_cast<unsigned>(sm_count()) * 2), dim3(kFixupThreads),
-                      0, stream, x, w, w_scale, bias, y, M, N, K, x_flags, w_list);
+                      0, stream, x, w, w_scale, bias, y, M, N, K, x_exps, x_flags, w_list, w_flags);
 }
 
 }  // namespace gemmfuse::cuda

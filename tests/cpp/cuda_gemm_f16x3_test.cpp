@@ -63,7 +63,7 @@ void scale_rows(std::vector<float>& v, int64_t cols, std::mt19937_64& rng) {
 std::vector<float> run_gemm(int64_t M, int64_t N, int64_t K, const std::vector<float>& x,
                             const std::vector<float>& w, const float* bias_host, int splits = 0) {
   DevMem dx(M * K * 4), dxp(M * K * 4), dxe(M * 4), dxf(M * 4), dw(N * K * 4), dwp(N * K * 4),
-      dwe(N * 4), dwl((N + 1) * 4), db(N * 4), dy(M * N * 4), ws(size_t(32) << 20);
+      dwe(N * 4), dwf(N * 4), dwl((N + 1) * 4), db(N * 4), dy(M * N * 4), ws(size_t(32) << 20);
   CK(cudaMemcpy(dx.p, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
   CK(cudaMemcpy(dw.p, w.data(), w.size() * 4, cudaMemcpyHostToDevice));
   if (bias_host) CK(cudaMemcpy(db.p, bias_host, N * 4, cudaMemcpyHostToDevice));
@@ -71,7 +71,8 @@ std::vector<float> run_gemm(int64_t M, int64_t N, int64_t K, const std::vector<f
   launch_split_f16x2(static_cast<float*>(dx.p), M, K, static_cast<__half*>(dxp.p),
                      static_cast<float*>(dxe.p), RowMarks{static_cast<int*>(dxf.p), nullptr}, nullptr);
   launch_split_f16x2(static_cast<float*>(dw.p), N, K, static_cast<__half*>(dwp.p),
-                     static_cast<float*>(dwe.p), RowMarks{nullptr, static_cast<int*>(dwl.p)}, nullptr);
+                     static_cast<float*>(dwe.p),
+                     RowMarks{static_cast<int*>(dwf.p), static_cast<int*>(dwl.p)}, nullptr);
   F16x3Problem p;
   p.M = M;
   p.N = N;
@@ -85,7 +86,8 @@ std::vector<float> run_gemm(int64_t M, int64_t N, int64_t K, const std::vector<f
   p.splits = splits;
   EXPECT_TRUE(launch_f16x3_gemm(p, ws.p, ws.bytes, nullptr));
   launch_fixup_exceptional(static_cast<float*>(dx.p), static_cast<float*>(dw.p), nullptr, p.bias, p.y, M,
-                           N, K, static_cast<int*>(dxf.p), static_cast<int*>(dwl.p), nullptr);
+                           N, K, static_cast<float*>(dxe.p), static_cast<int*>(dxf.p),
+                           static_cast<int*>(dwl.p), static_cast<int*>(dwf.p), nullptr);
   CK(cudaDeviceSynchronize());
   std::vector<float> y(M * N);
   CK(cudaMemcpy(y.data(), dy.p, y.size() * 4, cudaMemcpyDeviceToHost));
@@ -223,10 +225,11 @@ TEST(CudaF16x3Gemm, SplitKAgainstFloat64) {
   check(100, 16384, 64, true, rng);
 }
 
-// Values the split cannot carry (NaN, +-inf; values over 2^28 below their row's largest)
-// reach the outputs they touch as in float64 evaluated in fp32: NaN where it is NaN, the same
-// infinity where it is one, finite values within fp32's error; a whole tiny row, which the
-// row scales carry, too.
+// Values the split cannot carry (NaN, +-inf; values over 2^28 below their row's largest, in
+// rows recomputed or corrected) reach the outputs they touch as in float64 evaluated in fp32:
+// NaN where it is NaN, the same infinity where it is one, finite values within fp32's error;
+// a whole tiny row, which the row scales carry, too. K = 96: a row corrects up to 12 tiny
+// values.
 TEST(CudaF16x3Gemm, ExceptionalInputs) {
   SKIP_WITHOUT_SM90();
   std::mt19937_64 rng(gftest::test_seed());
@@ -245,6 +248,17 @@ TEST(CudaF16x3Gemm, ExceptionalInputs) {
   for (int64_t k = 0; k < K; ++k) x[15 * K + k] = 1e-36f * (1 + k % 3);  // a whole tiny row
   w[5 * K + 40] = std::numeric_limits<float>::infinity();
   w[9 * K + 2] = 0.5f;  // exact in fp16 (a zero small part) under an infinite x: must give inf
+  // Corrected rows: a few tiny values where a W row is 1e7 times its other values (not
+  // marked itself): their products are ~1e-4 of Y's, which the correction must add.
+  for (int64_t k = 0; k < K; ++k) w[20 * K + k] *= 1e-3f;
+  for (int64_t k : {50, 51, 52}) {
+    w[20 * K + k] = 1e4f;
+    x[17 * K + k] = 1e-9f * static_cast<float>(k - 49);
+    x[18 * K + k] = -2e-12f;
+  }
+  x[18 * K + 60] = 1e-45f;  // scaled to zero: still a tiny value
+  for (int64_t k = 0; k < 12; ++k) x[19 * K + 7 * k] = 1e-10f;  // the most a row corrects
+  for (int64_t k = 0; k < 13; ++k) x[21 * K + 7 * k] = 1e-10f;  // one more: recomputed
   std::vector<float> b(N, 0.25f);
   const std::vector<float> y = run_gemm(M, N, K, x, w, b.data());
   int bad = 0;

@@ -3,9 +3,10 @@
 // rounding, zero parts and marked rows for the values it cannot carry (NaN, infinities, past
 // bf16's range, nonzero below 2^-110), every row's flag written (the buffer starts poisoned),
 // the list form, the padding of `fast`'s halves zero; `fp32`'s parts within their bound, its
-// row exponents, its marks for NaN and infinities only; the fix-up rewrites exactly the
-// marked rows and columns, as float64 has them (with a per-row W scale and a bias), across
-// more than one chunk of x flags.
+// row exponents, its tiny values left out and its marks; the fix-up rewrites exactly the
+// recomputed rows and the listed columns, as float64 has them (with a per-row W scale and a
+// bias), and adds the tiny values' products to exactly the corrected rows, across more than
+// one chunk of x flags and more than one item of columns.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -133,8 +134,10 @@ TEST(CudaSplit, HiLoPartsAndMarks) {
 }
 
 // `fp32`'s split: each row's exponent puts its largest magnitude in [2^14, 2^15); the two
-// fp16 parts give v 2^e within 2^-22 of it; marked: rows with NaN or an infinity (zero parts,
-// e = 0) and rows with a nonzero |v 2^e| below 2^-14 (fp16's least normal value), only those.
+// fp16 parts give v 2^e within 2^-22 of it, and zero for a tiny value (nonzero, |v 2^e| below
+// 2^-14, fp16's least normal value); marks: recompute for rows with NaN or an infinity (zero
+// parts, e = 0) or more than correctable_tiny_values(K) tiny values, correct for rows with
+// fewer, none for the rest.
 // Rows: ordinary, at the ends of fp32's range (near its largest, subnormal), spread over
 // 2^-100..2^100 (marked), all zero. K = 72 (most threads idle), 8200 and 16392: the kernel
 // keeps a row in registers in 4 and in 8 steps of 8 values per thread, and reads it twice
@@ -168,18 +171,24 @@ void check_row_scaled_split(int64_t K, std::mt19937_64& rng) {
     }
     const int e = nonfinite || top == 0.f ? 0 : 14 - std::ilogb(top);
     ASSERT_EQ(exps[r], static_cast<float>(e)) << "row " << r;
-    bool tiny = false;
-    for (int64_t k = 0; k < K && !nonfinite; ++k) {
-      const double s = std::ldexp(static_cast<double>(src[r * K + k]), e);
-      tiny |= s != 0.0 && std::fabs(s) < std::ldexp(1.0, -14);
-    }
-    EXPECT_EQ(flags[r], nonfinite || tiny ? 1 : 0) << "row " << r;
-    EXPECT_EQ(tiny, r == 3 || r == 7 || r == 8) << "row " << r << ": not the rows the test means";
-    if (tiny) continue;  // its parts are not used: the fix-up rewrites its outputs
+    auto is_tiny = [&](float v) {  // nonzero, below fp16's normal range once scaled
+      return v != 0.f && std::fabs(std::ldexp(static_cast<double>(v), e)) < std::ldexp(1.0, -14);
+    };
+    int64_t tiny = 0;
+    for (int64_t k = 0; k < K && !nonfinite; ++k) tiny += is_tiny(src[r * K + k]);
+    const int want_mark = nonfinite || tiny > gemmfuse::cuda::correctable_tiny_values(K)
+                              ? gemmfuse::cuda::kRowRecompute
+                          : tiny > 0 ? gemmfuse::cuda::kRowCorrect
+                                     : gemmfuse::cuda::kRowKept;
+    EXPECT_EQ(flags[r], want_mark) << "row " << r << " (" << tiny << " tiny values)";
+    // the rows the test means: 3 (3.4e38 beside ordinary values) and 8 (2^-100..2^100) hold
+    // many tiny values, 7 (3e-36 beside ordinary values) one
+    EXPECT_EQ(tiny > 1, r == 3 || r == 8) << "row " << r;
+    EXPECT_EQ(tiny == 1, r == 7) << "row " << r;
     for (int64_t k = 0; k < K; ++k) {
       const double p0 = __half2float(parts[r * K + k]), p1 = __half2float(parts[rows * K + r * K + k]);
       const double got = p0 + std::ldexp(p1, -11);
-      if (nonfinite) {
+      if (nonfinite || is_tiny(src[r * K + k])) {  // left out of the parts
         ASSERT_EQ(p0, 0.0) << "row " << r << " col " << k;
         ASSERT_EQ(p1, 0.0) << "row " << r << " col " << k;
         continue;
@@ -200,35 +209,51 @@ TEST(CudaSplit, RowScaledFp16PartsAndMarks) {
 
 TEST(CudaSplit, FixupRewritesExactlyTheMarkedRowsAndColumns) {
   SKIP_WITHOUT_GPU();
+  using gemmfuse::cuda::kRowCorrect;
+  using gemmfuse::cuda::kRowKept;
+  using gemmfuse::cuda::kRowRecompute;
   std::mt19937_64 rng(13);
   std::uniform_real_distribution<float> d(-1.f, 1.f);
-  // M past one chunk of flags (1024 rows a step)
-  const int64_t M = 1100, N = 24, K = 40;
-  std::vector<float> x(M * K), w(N * K), scale(N), bias(N);
+  // M past one chunk of flags (1024 rows a step), N past one correction item (1024 columns)
+  const int64_t M = 1100, N = 1300, K = 40;
+  std::vector<float> x(M * K), w(N * K), scale(N), bias(N), exps(M, 14.f);  // |x| < 1: e = 14
   for (float& e : x) e = d(rng);
   for (float& e : w) e = d(rng);
   for (float& e : scale) e = 0.5f + (d(rng) + 1.f);
   for (float& e : bias) e = d(rng);
   x[1050 * K + 3] = std::numeric_limits<float>::infinity();
-  const std::vector<int> x_rows = {2, 1023, 1024, 1050}, w_cols = {3, 17};
-  std::vector<int> flags(M, 0), list = {static_cast<int>(w_cols.size())};
-  for (int r : x_rows) flags[r] = 1;
+  // corrected rows: tiny values (|v 2^14| < 2^-14) at a few k, one scaled to zero
+  const std::vector<int> correct_rows = {5, 1023, 1099};
+  for (int r : correct_rows) {
+    x[r * K + 0] = 3e-9f;
+    x[r * K + 17] = -1e-12f;
+    x[r * K + 39] = 1e-44f;
+  }
+  const std::vector<int> x_rows = {2, 1023 - 1, 1024, 1050}, w_cols = {3, 17, 1200};
+  std::vector<int> flags(M, kRowKept), w_flags(N, kRowKept), list = {static_cast<int>(w_cols.size())};
+  for (int r : x_rows) flags[r] = kRowRecompute;
+  for (int r : correct_rows) flags[r] = kRowCorrect;
+  for (int c : w_cols) w_flags[c] = kRowRecompute;
   list.insert(list.end(), w_cols.begin(), w_cols.end());
   const float sentinel = 12345.f;
   std::vector<float> y(M * N, sentinel);
+  for (int r : correct_rows)  // 0 there: the correction must show
+    for (int64_t n = 0; n < N; ++n) y[r * N + n] = 0.f;
   DevMem dx(x.size() * 4), dw(w.size() * 4), ds(N * 4), db(N * 4), dy(y.size() * 4),
-      dflags(M * 4), dlist(list.size() * 4);
+      dexps(M * 4), dflags(M * 4), dlist(list.size() * 4), dwflags(N * 4);
   CK(cudaMemcpy(dx.p, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
   CK(cudaMemcpy(dw.p, w.data(), w.size() * 4, cudaMemcpyHostToDevice));
   CK(cudaMemcpy(ds.p, scale.data(), N * 4, cudaMemcpyHostToDevice));
   CK(cudaMemcpy(db.p, bias.data(), N * 4, cudaMemcpyHostToDevice));
   CK(cudaMemcpy(dy.p, y.data(), y.size() * 4, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(dexps.p, exps.data(), M * 4, cudaMemcpyHostToDevice));
   CK(cudaMemcpy(dflags.p, flags.data(), M * 4, cudaMemcpyHostToDevice));
   CK(cudaMemcpy(dlist.p, list.data(), list.size() * 4, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(dwflags.p, w_flags.data(), N * 4, cudaMemcpyHostToDevice));
   gemmfuse::cuda::launch_fixup_exceptional(
       static_cast<float*>(dx.p), static_cast<float*>(dw.p), static_cast<float*>(ds.p),
-      static_cast<float*>(db.p), static_cast<float*>(dy.p), M, N, K, static_cast<int*>(dflags.p),
-      static_cast<int*>(dlist.p), nullptr);
+      static_cast<float*>(db.p), static_cast<float*>(dy.p), M, N, K, static_cast<float*>(dexps.p),
+      static_cast<int*>(dflags.p), static_cast<int*>(dlist.p), static_cast<int*>(dwflags.p), nullptr);
   CK(cudaDeviceSynchronize());
   y = download<float>(dy, M * N);
   std::vector<float> w_scaled(w.size());  // W' as the fix-up forms it, rounded once
@@ -236,18 +261,27 @@ TEST(CudaSplit, FixupRewritesExactlyTheMarkedRowsAndColumns) {
     for (int64_t k = 0; k < K; ++k) w_scaled[n * K + k] = w[n * K + k] * scale[n];
   for (int64_t m = 0; m < M; ++m) {
     for (int64_t n = 0; n < N; ++n) {
-      const bool marked = std::count(x_rows.begin(), x_rows.end(), m) ||
-                          std::count(w_cols.begin(), w_cols.end(), n);
+      const bool whole = std::count(x_rows.begin(), x_rows.end(), m) ||
+                         std::count(w_cols.begin(), w_cols.end(), n);
+      const bool corrected = std::count(correct_rows.begin(), correct_rows.end(), m) > 0;
       const float got = y[m * N + n];
-      if (!marked) {
-        ASSERT_EQ(got, sentinel) << m << "," << n;
-        continue;
-      }
-      const auto [ref, mag] = gftest::dot_ref(x, w_scaled, &bias[n], m, n, K);
-      if (std::isinf(ref)) {
-        ASSERT_EQ(got, static_cast<float>(ref)) << m << "," << n;
+      if (whole) {
+        const auto [ref, mag] = gftest::dot_ref(x, w_scaled, &bias[n], m, n, K);
+        if (std::isinf(ref)) {
+          ASSERT_EQ(got, static_cast<float>(ref)) << m << "," << n;
+        } else {
+          ASSERT_NEAR(got, ref, 4 * K * std::ldexp(mag, -24)) << m << "," << n;
+        }
+      } else if (corrected) {
+        double add = 0, mag = 0;  // the tiny values' products, W' as float64 has it
+        for (int k : {0, 17, 39}) {
+          add += static_cast<double>(x[m * K + k]) * w[n * K + k] * scale[n];
+          mag += std::fabs(static_cast<double>(x[m * K + k]) * w[n * K + k] * scale[n]);
+        }
+        ASSERT_NE(add, 0.0);
+        ASSERT_NEAR(got, add, 8 * std::ldexp(mag, -24)) << m << "," << n;
       } else {
-        ASSERT_NEAR(got, ref, 4 * K * std::ldexp(mag, -24)) << m << "," << n;
+        ASSERT_EQ(got, sentinel) << m << "," << n;
       }
     }
   }

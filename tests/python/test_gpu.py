@@ -255,8 +255,8 @@ def _exceptional_case(M, k, n, fold):
     """A Linear (then an eval BatchNorm, folded into W at prepare, when `fold`) whose x and W
     hold values exact in bf16 and fp16 (a zero low part: times an infinite part, a split would
     make NaN where fp32 gives an infinity) and, in a few rows, inf, -inf, NaN, values past
-    bf16's range and nonzero values below 2^-110 (which `fast`'s split cannot carry; `fp32`'s
-    row scales carry them)."""
+    bf16's range (whose rows' other values `fp32`'s split then cannot carry) and nonzero
+    values below 2^-110 (which `fast`'s split cannot carry; `fp32`'s row scales carry them)."""
     lin = nn.Linear(k, n)
     with torch.no_grad():
         lin.weight.copy_(lin.weight.bfloat16().float())
@@ -330,8 +330,8 @@ def test_fp32_split_k_gemm(mid, M, K, N):
 def test_values_the_splits_cannot_carry(precision, M, fold):
     """inf, NaN, values past bf16's range and tiny ones in x and W reach Y as in eager fp32:
     the same NaN and infinity positions, the same signs, the finite values within 1e-4 of
-    float64 (`fast` and `fp32` list the rows they cannot carry and recompute them in fp32,
-    `fp32` only those with inf or NaN; M = 512 takes the
+    float64 (`fast` and `fp32` mark the rows they cannot carry and recompute them in fp32;
+    M = 512 takes the
     sm90 f16x3 GEMM in `fp32` and the split in `fast`; at M = 64 both run cuBLASLt's SGEMM,
     `fast` because its GEMM is too small for the split to pay)."""
     model, x = _exceptional_case(M, 1024, 4096, fold)
@@ -353,6 +353,36 @@ def test_values_the_splits_cannot_carry(precision, M, fold):
     assert finite.sum() > M * 4096 // 2
     if precision != "tf32":  # TF32 is as loose as PyTorch's own
         assert_close64(out[finite], ref[finite], what=f"{precision} M={M} fold={fold}")
+
+
+def test_fp32_tiny_values_beside_large_weights():
+    """fp32 mode on values more than 2^28 below their row's largest (softmax-like inputs),
+    which the f16x3 split leaves out of its parts: in every row of x three such values (1e-10
+    beside U[0,1)) where W's columns are 1e7 times its other values (not marked themselves),
+    so their products are ~1e3 ulps of Y and must be added back (the fix-up's correction); in a
+    few rows more of them than a row corrects (K / 8 = 128: recomputed). As faithful as eager
+    fp32 against float64, on the f16x3 path on an H100/H200."""
+    M, K, N = 512, 1024, 4096
+    lin = nn.Linear(K, N).cuda()
+    big = [5, 300, 777]
+    with torch.no_grad():
+        lin.weight.copy_((torch.rand(N, K, device="cuda") * 0.5 + 0.5)
+                         * torch.sign(torch.randn(N, K, device="cuda")))
+        lin.weight[:, big] *= 1e7
+    x = torch.rand(M, K, device="cuda")
+    x[:, big] = 1e-10 * torch.rand(M, 3, device="cuda").add(1)
+    x[40:44, 400:600] = 3e-11  # 200 tiny values a row: recomputed
+    ref = copy.deepcopy(lin).double()(x.double())
+    opt = gemmfuse.optimize(copy.deepcopy(lin), (x,), precision="fp32")
+    if is_sm90():
+        assert F16X3_TEXT in gemmfuse.explain(opt, print_it=False)
+    with torch.no_grad():
+        out, eager = opt(x), lin(x)
+    assert gemmfuse.runtimes(opt)[0].fallbacks == {}
+    tiny_part = (x[:, big].double() @ lin.weight[:, big].double().t()).abs()
+    assert tiny_part.max() > 1e3 * 2.0 ** -24 * ref.abs().median()  # the products to bring back
+    assert_close64(out, ref, what="fp32 tiny values")
+    assert rel(out, ref) <= 1.25 * rel(eager, ref) + FP32_ULPS, (rel(out, ref), rel(eager, ref))
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

@@ -145,7 +145,7 @@ struct TinyList {
 // kRowCorrect).
 template <typename Scan>
 __device__ int list_tiny_values(const float* __restrict__ xr, float e, int64_t K, TinyList& list,
-                                typename Scan::TempStorage& scan, int& total) {
+                                typename Scan::TempStorage& scan) {
   int listed = 0;
   for (int64_t base = 0; base < K; base += 8 * kFixupThreads) {
     const int64_t c = base + 8 * static_cast<int64_t>(threadIdx.x);
@@ -156,7 +156,7 @@ __device__ int list_tiny_values(const float* __restrict__ xr, float e, int64_t K
       v[j] = c + j < K ? __ldg(xr + c + j) : 0.f;
       mine += v[j] != 0.f && fabsf(ldexpf(v[j], static_cast<int>(e))) < 0x1p-14f;
     }
-    int at = 0;
+    int at = 0, total = 0;
     Scan(scan).ExclusiveSum(mine, at, total);
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
@@ -290,8 +290,7 @@ __global__ void __launch_bounds__(kFixupThreads)
       recompute(x, w, w_scale, bias, y, rows[0][i / N], i % N, N, K, lane);
     for (int64_t item = blockIdx.x; item < corrected * items_per_row; item += gridDim.x) {
       const int64_t m = rows[1][item / items_per_row];
-      int total = 0;
-      const int count_m = list_tiny_values<Scan>(x + m * K, x_exps[m], K, tiny, scan, total);
+      const int count_m = list_tiny_values<Scan>(x + m * K, x_exps[m], K, tiny, scan);
       if (count_m >= kWarpListFrom)
         correct_by_warp(tiny, count_m, w, w_scale, w_flags, y, m, (item % items_per_row) * kCorrectCols, N, K);
       else

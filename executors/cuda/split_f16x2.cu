@@ -20,6 +20,13 @@ namespace {
 
 constexpr int kSplitThreads = 256;
 
+// A value the split leaves out of its parts ("tiny"): nonzero, below fp16's normal range once
+// scaled (s = v 2^e), also where the scale took it to zero. The split and the fix-up's list
+// of a row's tiny values both ask this.
+__device__ __forceinline__ bool tiny_once_scaled(float v, float s) {
+  return v != 0.f && fabsf(s) < 0x1p-14f;
+}
+
 // Eight values of a row from c on (two 16-byte loads).
 __device__ __forceinline__ void load8(const float* __restrict__ row, int64_t c, float (&v)[8]) {
   const float4 a = __ldg(reinterpret_cast<const float4*>(row + c));
@@ -81,7 +88,7 @@ __global__ void __launch_bounds__(kSplitThreads)
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         float s = exceptional ? 0.f : ldexpf(v[j], e);
-        if (v[j] != 0.f && fabsf(s) < 0x1p-14f) {  // also a value that scaling took to zero
+        if (tiny_once_scaled(v[j], s)) {
           ++tiny;
           s = 0.f;
         }
@@ -146,21 +153,24 @@ struct TinyList {
 template <typename Scan>
 __device__ int list_tiny_values(const float* __restrict__ xr, float e, int64_t K, TinyList& list,
                                 typename Scan::TempStorage& scan) {
+  const int ei = static_cast<int>(e);
   int listed = 0;
   for (int64_t base = 0; base < K; base += 8 * kFixupThreads) {
     const int64_t c = base + 8 * static_cast<int64_t>(threadIdx.x);
     float v[8];
+    bool tiny[8];
     int mine = 0;
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       v[j] = c + j < K ? __ldg(xr + c + j) : 0.f;
-      mine += v[j] != 0.f && fabsf(ldexpf(v[j], static_cast<int>(e))) < 0x1p-14f;
+      tiny[j] = tiny_once_scaled(v[j], ldexpf(v[j], ei));
+      mine += tiny[j];
     }
     int at = 0, total = 0;
     Scan(scan).ExclusiveSum(mine, at, total);
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      if (v[j] != 0.f && fabsf(ldexpf(v[j], static_cast<int>(e))) < 0x1p-14f) {
+      if (tiny[j]) {
         const int i = listed + at++;
         if (i < kTinyListMax) list.k[i] = static_cast<int>(c + j), list.v[i] = v[j];
       }

@@ -9,8 +9,9 @@
 //   split, the kernel, the fix-up launch), alternated in 3 rounds (median of 21 calls each,
 //   3 x sets rotated).
 // - with GEMMFUSE_PROBE_TINY=1 instead: the seed shape with tiny values planted in x (1e-10
-//   beside U[0,1): more than 2^28 below the row's largest), which the split leaves out and the
-//   fix-up corrects (a few a row) or recomputes (many): error and time per case.
+//   beside U[0,1): more than 2^28 below the row's largest), or x's rows softmax outputs, which
+//   the split leaves out and the fix-up corrects (a few in all) or the second level carries
+//   (many): error and time per case, and which way each row went.
 // Earlier versions: the six-product bf16 kernel of sessions 18-27 (-s27-bf16x6-probe*.log);
 // TF32 splits (-s18-split-tf32-probe-*.log, not kept).
 //   Built by CMake with -DGEMMFUSE_BUILD_PROBES=ON (target f16x3_probe).
@@ -25,9 +26,10 @@
 #include <string>
 #include <vector>
 
-#include "gemm_f16x3.h"  // executors/cuda/sm90
+#include "fp32_gemm_f16x3.h"  // executors/cuda
+#include "gemm_f16x3.h"       // executors/cuda/sm90
 #include "probe_check.h"
-#include "split.h"        // executors/cuda
+#include "split.h"            // executors/cuda
 #include <cuda_fp16.h>
 
 __global__ void fill(float* p, size_t n, unsigned seed, float lo, float hi) {
@@ -47,8 +49,43 @@ __global__ void plant_tiny(float* x, int M, int K, int every, int per_row) {
       x[size_t(r) * K + (size_t(j) * 7919 + r) % K] = 1e-10f * (1 + j % 3);
 }
 
+// Every row of x [M, K] replaced by the softmax of logits ~ N(0, sigma^2) (hashed
+// Box-Muller): values from ~1 down past 2^-60 of each row's largest as sigma grows.
+__global__ void softmax_rows(float* x, int M, int K, float sigma, unsigned seed) {
+  __shared__ float part[32];
+  for (int r = blockIdx.x; r < M; r += gridDim.x) {
+    float* row = x + size_t(r) * K;
+    float top = -INFINITY;
+    for (int k = threadIdx.x; k < K; k += blockDim.x) {
+      unsigned h1 = (unsigned(r) * 2654435761u) ^ (unsigned(k) * 2246822519u) ^ seed;
+      h1 ^= h1 >> 15; h1 *= 0x2c1b3c6du; h1 ^= h1 >> 12;
+      unsigned h2 = h1 * 0x297a2d39u; h2 ^= h2 >> 15;
+      const float u1 = ((h1 >> 8) + 1) * (1.0f / 16777217.0f), u2 = (h2 >> 8) * (1.0f / 16777216.0f);
+      const float z = sigma * sqrtf(-2.f * logf(u1)) * cospif(2.f * u2);
+      row[k] = z;
+      top = fmaxf(top, z);
+    }
+    for (int o = 16; o; o >>= 1) top = fmaxf(top, __shfl_xor_sync(~0u, top, o));
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x / 32] = top;
+    __syncthreads();
+    top = part[0];
+    for (int i = 1; i < blockDim.x / 32; ++i) top = fmaxf(top, part[i]);
+    __syncthreads();
+    float sum = 0.f;
+    for (int k = threadIdx.x; k < K; k += blockDim.x) sum += (row[k] = expf(row[k] - top));
+    for (int o = 16; o; o >>= 1) sum += __shfl_xor_sync(~0u, sum, o);
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x / 32] = sum;
+    __syncthreads();
+    sum = 0.f;
+    for (int i = 0; i < blockDim.x / 32; ++i) sum += part[i];
+    __syncthreads();
+    for (int k = threadIdx.x; k < K; k += blockDim.x) row[k] /= sum;
+  }
+}
+
 struct Plant {
   int every = 0, per_row = 0;  // 0: nothing planted
+  float softmax_sigma = 0.f;   // > 0: x's rows are softmax outputs instead
 };
 
 __global__ void widen(const float* s, double* d, size_t n) {
@@ -142,20 +179,29 @@ void run_shape(cublasHandle_t h, const Variant (&variants)[kN], int M, int N, in
     CHECK_CUDA(cudaMalloc(&ys[s], yn * 4));
     fill<<<1024, 256>>>(xs[s], xn, 17u + s, 0.f, xscale);
     if (plant.every > 0) plant_tiny<<<1024, 256>>>(xs[s], M, K, plant.every, plant.per_row);
+    if (plant.softmax_sigma > 0) softmax_rows<<<1024, 256>>>(xs[s], M, K, plant.softmax_sigma, 17u + s);
   }
   const float bound = wscale / std::sqrt(float(K));
   float* w;
   __half *x_parts, *w_parts;
   float *x_exps, *w_exps;
-  int *x_flags, *w_list, *w_flags;
+  int *x_flags, *x_tiny, *w_list, *w_flags;
   CHECK_CUDA(cudaMalloc(&w, wn * 4));
   CHECK_CUDA(cudaMalloc(&w_parts, wn * 4));
-  CHECK_CUDA(cudaMalloc(&x_parts, xn * 4));
+  CHECK_CUDA(cudaMalloc(&x_parts, std::max(xn, yn) * 4));  // also the second level's products
   CHECK_CUDA(cudaMalloc(&x_exps, M * 4));
   CHECK_CUDA(cudaMalloc(&w_exps, N * 4));
   CHECK_CUDA(cudaMalloc(&x_flags, M * 4));
+  CHECK_CUDA(cudaMalloc(&x_tiny, M * 4));
   CHECK_CUDA(cudaMalloc(&w_list, (N + 1) * 4));
   CHECK_CUDA(cudaMalloc(&w_flags, N * 4));
+  gemmfuse::cuda::SecondLevel second;
+  CHECK_CUDA(cudaMalloc(&second.rows, 4));
+  CHECK_CUDA(cudaMalloc(&second.slot_row, M * 4));
+  CHECK_CUDA(cudaMalloc(&second.slot_tiny, M * 4));
+  CHECK_CUDA(cudaMalloc(&second.exps, M * 4));
+  CHECK_CUDA(cudaMalloc(&second.parts, xn * 4));
+  second.y = reinterpret_cast<float*>(x_parts);
   fill<<<1024, 256>>>(w, wn, 99u, -bound, bound);
   CHECK_CUDA(cudaMemset(w_list, 0, 4));
   gemmfuse::cuda::launch_split_f16x2(w, N, K, w_parts, w_exps, {w_flags, w_list}, nullptr);
@@ -167,20 +213,16 @@ void run_shape(cublasHandle_t h, const Variant (&variants)[kN], int M, int N, in
     cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, w, CUDA_R_32F, K, xs[s], CUDA_R_32F, K,
                  &zero, ys[s], CUDA_R_32F, N, CUBLAS_COMPUTE_32F_PEDANTIC, CUBLAS_GEMM_DEFAULT);
   };
-  // As the executor runs it (executors/cuda/gemm_cublas.cu).
+  // As the executor runs it (fp32_gemm_f16x3.h).
   auto ours = [&](const Variant& v, int s) {
-    gemmfuse::cuda::launch_split_f16x2(xs[s], M, K, x_parts, x_exps, {x_flags, nullptr}, nullptr);
-    gemmfuse::cuda::sm90::F16x3Problem p;
-    p.M = M; p.N = N; p.K = K;
-    p.x_parts = x_parts; p.w_parts = w_parts; p.bias = nullptr; p.y = ys[s];
-    p.x_exps = x_exps; p.w_exps = w_exps;
-    p.splits = v.splits;
-    if (!gemmfuse::cuda::sm90::launch_f16x3_gemm(p, ws, ws_bytes, nullptr)) {
-      std::fprintf(stderr, "f16x3 GEMM declined\n");
-      std::exit(1);
-    }
-    gemmfuse::cuda::launch_fixup_exceptional(xs[s], w, nullptr, nullptr, ys[s], M, N, K, x_exps, x_flags,
-                                             w_list, w_flags, nullptr);
+    gemmfuse::cuda::Fp32GemmF16x3 g;
+    g.M = M; g.N = N; g.K = K;
+    g.x = xs[s]; g.w = w; g.w_parts = w_parts; g.w_exps = w_exps; g.w_list = w_list; g.w_flags = w_flags;
+    g.bias = nullptr; g.y = ys[s];
+    g.scratch = {x_parts, x_exps, x_flags, x_tiny, second};
+    g.gemm_workspace = ws; g.gemm_workspace_bytes = ws_bytes;
+    g.splits = v.splits;
+    gemmfuse::cuda::launch_fp32_gemm_f16x3(g, nullptr);
   };
   if (errors) {
     double *x64, *w64, *ref, *sums;
@@ -199,16 +241,27 @@ void run_shape(cublasHandle_t h, const Variant (&variants)[kN], int M, int N, in
       CHECK_CUDA(cudaMemset(ys[0], 0xff, yn * 4));
       ours(v, 0);
       const Err e_ours = error_of(ys[0], ref, yn, sums);
-      std::vector<int> flags(M);
+      std::vector<int> flags(M), tiny(M), slot_tiny(M);
+      int slots = 0;
       CHECK_CUDA(cudaMemcpy(flags.data(), x_flags, M * 4, cudaMemcpyDeviceToHost));
-      int recomputed = 0, corrected = 0;
-      for (int f : flags) {
-        recomputed += f == gemmfuse::cuda::kRowRecompute;
-        corrected += f == gemmfuse::cuda::kRowCorrect;
+      CHECK_CUDA(cudaMemcpy(tiny.data(), x_tiny, M * 4, cudaMemcpyDeviceToHost));
+      CHECK_CUDA(cudaMemcpy(&slots, second.rows, 4, cudaMemcpyDeviceToHost));
+      CHECK_CUDA(cudaMemcpy(slot_tiny.data(), second.slot_tiny, M * 4, cudaMemcpyDeviceToHost));
+      int recomputed = 0, tiny_rows = 0, slots_corrected = 0, slots_recomputed = 0;
+      long long values = 0;
+      for (int m = 0; m < M; ++m) {
+        recomputed += flags[m] == gemmfuse::cuda::kRowRecompute;
+        tiny_rows += flags[m] == gemmfuse::cuda::kRowTiny;
+        values += flags[m] == gemmfuse::cuda::kRowTiny ? tiny[m] : 0;
       }
-      std::printf("%-10s M=%5d N=%5d K=%5d  rel: SGEMM %.3e  %-22s %.3e (%.2fx)  max abs: %.2e %.2e  rows recomputed %d, corrected %d\n",
+      for (int i = 0; i < slots; ++i) {
+        slots_corrected += slot_tiny[i] > 0 && slot_tiny[i] <= gemmfuse::cuda::correctable_tiny_values(K);
+        slots_recomputed += slot_tiny[i] > gemmfuse::cuda::correctable_tiny_values(K);
+      }
+      std::printf("%-12s M=%5d N=%5d K=%5d  rel: SGEMM %.3e  %-8s %.3e (%.2fx)  max abs: %.2e %.2e  rows: %d "
+                  "recomputed, %d with %lld tiny values, %d at the second level (%d corrected there, %d recomputed)\n",
                   label, M, N, K, e_sgemm.rel, v.name, e_ours.rel, e_ours.rel / e_sgemm.rel, e_sgemm.max_abs,
-                  e_ours.max_abs, recomputed, corrected);
+                  e_ours.max_abs, recomputed, tiny_rows, values, slots, slots_corrected, slots_recomputed);
     }
     for (void* p : {(void*)x64, (void*)w64, (void*)ref, (void*)sums}) CHECK_CUDA(cudaFree(p));
   }
@@ -219,7 +272,7 @@ void run_shape(cublasHandle_t h, const Variant (&variants)[kN], int M, int N, in
     for (int round = 0; round < 3; ++round) {
       t_sgemm.push_back(median_ms(sgemm, kSets));
       for (size_t i = 0; i < kN; ++i) t_ours[i].push_back(median_ms([&](int s) { ours(variants[i], s); }, kSets));
-      t_split.push_back(median_ms([&](int s) { gemmfuse::cuda::launch_split_f16x2(xs[s], M, K, x_parts, x_exps, {x_flags, nullptr}, nullptr); }, kSets));
+      t_split.push_back(median_ms([&](int s) { gemmfuse::cuda::launch_split_f16x2(xs[s], M, K, x_parts, x_exps, {x_flags, nullptr, x_tiny}, nullptr); }, kSets));
     }
     std::sort(t_sgemm.begin(), t_sgemm.end());
     std::sort(t_split.begin(), t_split.end());
@@ -238,7 +291,8 @@ void run_shape(cublasHandle_t h, const Variant (&variants)[kN], int M, int N, in
     CHECK_CUDA(cudaFree(ys[s]));
   }
   for (void* p : {(void*)w, (void*)w_parts, (void*)x_parts, (void*)x_exps, (void*)w_exps, (void*)x_flags,
-                  (void*)w_list, (void*)w_flags, ws})
+                  (void*)x_tiny, (void*)w_list, (void*)w_flags, ws, (void*)second.rows, (void*)second.slot_row,
+                  (void*)second.slot_tiny, (void*)second.exps, (void*)second.parts})
     CHECK_CUDA(cudaFree(p));
 }
 
@@ -248,13 +302,17 @@ int main() {
   std::printf("fp32 GEMM: cuBLAS SGEMM against the f16x3 kernel (executors/cuda/sm90/gemm_f16x3.cu)\n");
   std::printf("x ~ U[0,1), W ~ U(-1/sqrt(K), 1/sqrt(K)) unless said; rel = ||y - ref|| / ||ref|| against float64\n");
   if (const char* t = std::getenv("GEMMFUSE_PROBE_TINY"); t && std::string(t) == "1") {
-    // (every, per_row): none; two rows with one tiny value (corrected); every row with 36, 256
-    // and 1024 (corrected: 1024 = K/8 is the most a row corrects); two rows and 16 rows with
-    // 1025 (recomputed).
-    const Plant cases[] = {{0, 0}, {512, 1}, {1, 36}, {1, 256}, {1, 1024}, {512, 1025}, {64, 1025}};
+    // (every, per_row): none; 2 rows with 1 tiny value and 256 rows with 1 (at most K/32 = 256
+    // values: corrected); 256 rows with 2; 2 and 16 rows with 1025; every row with 36, 256 and
+    // 1024 (the second level); then softmax rows of N(0, sigma^2) logits.
+    const Plant cases[] = {{0, 0},   {512, 1},  {4, 1},      {4, 2},         {512, 1025},    {64, 1025},
+                           {1, 36},  {1, 256},  {1, 1024},   {0, 0, 2.f},    {0, 0, 4.f},    {0, 0, 8.f}};
     for (const Plant& c : cases) {
       char label[32];
-      std::snprintf(label, sizeof label, "tiny %d/%d", c.every, c.per_row);
+      if (c.softmax_sigma > 0)
+        std::snprintf(label, sizeof label, "softmax %.0f", c.softmax_sigma);
+      else
+        std::snprintf(label, sizeof label, "tiny %d/%d", c.every, c.per_row);
       run_shape(h, kVariants, 1024, 8192, 8192, true, true, 1.f, 1.f, label, c);
     }
     return 0;

@@ -140,8 +140,9 @@ std::string CudaExecutor::describe_kernels(const Plan& plan) {
                                "tiles alone would leave most SMs idle)"
                          : std::string()) +
              "; values over 2^28 below their row's largest left out of the parts and their "
-             "products added in fp32 (a few in a row of x), rows and columns with inf/NaN or "
-             "more such values recomputed in fp32 (x, W, bias and out 16-byte aligned, else "
+             "products added back (a few in x: in fp32; many: a second split of those rows "
+             "and a second GEMM pass over them), rows and columns with inf/NaN and W's rows "
+             "holding such values recomputed in fp32 (x, W, bias and out 16-byte aligned, else "
              "SGEMM)";
     }
     return std::string("cuda: the fp32 Gemm does not use the f16x3 kernel: ") + why;

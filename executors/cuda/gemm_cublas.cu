@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "cuda_check.h"
+#include "fp32_gemm_f16x3.h"
 #include "gemm_f16x3.h"
 #include "gemm_small_m.h"
 #include "layout.h"
@@ -220,6 +221,23 @@ cudaDataType_t cuda_type(DType d) {
   return d == DType::F32 ? CUDA_R_32F : d == DType::BF16 ? CUDA_R_16BF : CUDA_R_16F;
 }
 
+// The f16x3 GEMM's per-call buffers in the workspace (layout.h); the second level's products
+// over x's parts, which the GEMM has read by then.
+F16x3Scratch f16x3_scratch(const WorkspaceLayout& W, char* workspace) {
+  F16x3Scratch s;
+  s.x_parts = reinterpret_cast<__half*>(workspace + W.x_parts);
+  s.x_exps = reinterpret_cast<float*>(workspace + W.x_exps);
+  s.x_flags = reinterpret_cast<int*>(workspace + W.x_flags);
+  s.x_tiny = reinterpret_cast<int*>(workspace + W.x_tiny);
+  s.second.rows = reinterpret_cast<int*>(workspace + W.second_rows);
+  s.second.slot_row = reinterpret_cast<int*>(workspace + W.second_slot_row);
+  s.second.slot_tiny = reinterpret_cast<int*>(workspace + W.second_slot_tiny);
+  s.second.exps = reinterpret_cast<float*>(workspace + W.second_exps);
+  s.second.parts = reinterpret_cast<__half*>(workspace + W.second_parts);
+  s.second.y = reinterpret_cast<float*>(workspace + W.x_parts);
+  return s;
+}
+
 }  // namespace
 
 void run_gemm(const Plan& plan, const Step& step, const RunArgs& args, const char* prepared,
@@ -289,7 +307,7 @@ void run_gemm(const Plan& plan, const Step& step, const RunArgs& args, const cha
     launch_fixup_exceptional(x, static_cast<const float*>(args.weight), scale,
                              static_cast<const float*>(bias), static_cast<float*>(y), M, N, K,
                              nullptr, x_flags, reinterpret_cast<const int*>(prepared + P.w_list),
-                             nullptr, stream);
+                             nullptr, SecondLevel{}, stream);
     return;
   }
 
@@ -298,28 +316,24 @@ void run_gemm(const Plan& plan, const Step& step, const RunArgs& args, const cha
   if (uses_f16x3(plan) && aligned16(args.x) && aligned16(w) && aligned16(y) &&
       (bias == nullptr || aligned16(bias))) {  // fp32 on fp16 tensor cores (split.h)
     if (P.w_parts == kAbsent || W.x_parts == kAbsent || P.w_list == kAbsent || P.w_flags == kAbsent ||
-        W.x_flags == kAbsent)
+        W.x_flags == kAbsent || W.x_tiny == kAbsent || W.second_parts == kAbsent)
       throw std::logic_error("CUDA gemm: f16x3 without its split buffers");
-    const auto* x = static_cast<const float*>(args.x);
-    auto* x_parts = reinterpret_cast<__half*>(workspace + W.x_parts);
-    auto* x_exps = reinterpret_cast<float*>(workspace + W.x_exps);
-    auto* x_flags = reinterpret_cast<int*>(workspace + W.x_flags);
-    launch_split_f16x2(x, M, K, x_parts, x_exps, RowMarks{x_flags, nullptr}, stream);
-    sm90::F16x3Problem p;
-    p.M = M;
-    p.N = N;
-    p.K = K;
-    p.x_parts = x_parts;
-    p.w_parts = reinterpret_cast<const __half*>(prepared + P.w_parts);
-    p.x_exps = x_exps;
-    p.w_exps = reinterpret_cast<const float*>(prepared + P.w_exps);
-    p.bias = static_cast<const float*>(bias);
-    p.y = static_cast<float*>(y);
-    if (!sm90::launch_f16x3_gemm(p, lt_ws, W.lt_bytes, stream))
-      throw std::logic_error("CUDA gemm: the f16x3 GEMM declined an accepted call");
-    launch_fixup_exceptional(x, static_cast<const float*>(w), nullptr, p.bias, p.y, M, N, K, x_exps,
-                             x_flags, reinterpret_cast<const int*>(prepared + P.w_list),
-                             reinterpret_cast<const int*>(prepared + P.w_flags), stream);
+    Fp32GemmF16x3 f;
+    f.M = M;
+    f.N = N;
+    f.K = K;
+    f.x = static_cast<const float*>(args.x);
+    f.w = static_cast<const float*>(w);
+    f.w_parts = reinterpret_cast<const __half*>(prepared + P.w_parts);
+    f.w_exps = reinterpret_cast<const float*>(prepared + P.w_exps);
+    f.w_list = reinterpret_cast<const int*>(prepared + P.w_list);
+    f.w_flags = reinterpret_cast<const int*>(prepared + P.w_flags);
+    f.bias = static_cast<const float*>(bias);
+    f.y = static_cast<float*>(y);
+    f.scratch = f16x3_scratch(W, workspace);
+    f.gemm_workspace = lt_ws;
+    f.gemm_workspace_bytes = W.lt_bytes;
+    launch_fp32_gemm_f16x3(f, stream);
     return;
   }
   g.A = w;

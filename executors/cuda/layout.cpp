@@ -85,8 +85,14 @@ WorkspaceLayout workspace_layout(const Plan& plan) {
     L.x_split = c.take(sizeof(uint16_t) * plan.M * kFastSplitSegments * Kh);
   }
   if (f16x3) {
-    L.x_parts = c.take(sizeof(uint16_t) * 2 * plan.M * plan.K);
+    L.x_parts = c.take(std::max(sizeof(uint16_t) * 2 * plan.M * plan.K, sizeof(float) * plan.M * plan.N));
     L.x_exps = c.take(sizeof(float) * plan.M);
+    L.x_tiny = c.take(sizeof(int32_t) * plan.M);
+    L.second_rows = c.take(sizeof(int32_t));
+    L.second_slot_row = c.take(sizeof(int32_t) * plan.M);
+    L.second_slot_tiny = c.take(sizeof(int32_t) * plan.M);
+    L.second_exps = c.take(sizeof(float) * plan.M);
+    L.second_parts = c.take(sizeof(uint16_t) * 2 * plan.M * plan.K);
   }
   if (split || f16x3) L.x_flags = c.take(sizeof(int32_t) * plan.M);
   if (find_step(plan, Step::Kind::Gemm)) {

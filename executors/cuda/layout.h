@@ -65,8 +65,13 @@ PreparedLayout prepared_layout(const Plan& plan);
 //   [0, plan.buffers_bytes())   the plan's fp32 buffers (Plan::buffer_offset)
 //   x_split     bf16 [M, 3*Kh]  [xlo | xhi | xhi]                         (fast, fp32 model)
 //   x_parts     fp16 [2, M, K]  x as two scaled fp16 parts                 (uses_f16x3)
+//               or fp32 [M, N]  once the GEMM has read them, the second level's products
+//                               (SecondLevel::y): the larger of the two sizes
 //   x_exps      fp32 [M]        their rows' scale exponents                (uses_f16x3)
 //   x_flags     int32 [M]       x rows' RowMark (split.h)                  (fast, uses_f16x3)
+//   x_tiny      int32 [M]       x rows' counts of tiny values               (uses_f16x3)
+//   second_*    the second level's slots (split.h SecondLevel): rows int32 [1], slot_row,
+//               slot_tiny int32 [M], exps fp32 [M], parts fp16 [2, M, K]   (uses_f16x3)
 //   lt          kLtWorkspaceBytes, or the f16x3 kernel's need if more      (Gemm step)
 //   colstats    fp64 [R, 2, W]  per-chunk shifted sums (max over ColumnStats steps)
 //   row_scratch fp32            rows of row passes too wide for shared memory (max over steps)
@@ -74,6 +79,8 @@ PreparedLayout prepared_layout(const Plan& plan);
 // the kernel's row partials alone (CudaExecutor::workspace_bytes).
 struct WorkspaceLayout {
   size_t x_split = kAbsent, x_parts = kAbsent, x_exps = kAbsent, x_flags = kAbsent, lt = kAbsent, colstats = kAbsent, row_scratch = kAbsent;
+  size_t x_tiny = kAbsent, second_rows = kAbsent, second_slot_row = kAbsent, second_slot_tiny = kAbsent,
+         second_exps = kAbsent, second_parts = kAbsent;
   size_t lt_bytes = 0, colstats_bytes = 0, row_scratch_bytes = 0;
   size_t total = 0;
 };

@@ -2,15 +2,18 @@
 // - `fast`: v = hi + lo with hi = bf16(v), lo = bf16(v - hi). Rows are laid out in segments
 //   Kh = split_segment_width(K) wide (zero padded): [lo | hi | hi] for x and [hi | lo | hi] for W, so
 //   that one GEMM over K' = 3*Kh sums xlo.Whi + xhi.Wlo first, then xhi.Whi (gemm_cublas.cu).
-// - `fp32` on sm90 (sm90/gemm_f16x3.h): each row scaled by a power of two, then
-//   v 2^e = p0 + 2^-11 p1 in fp16, two planes [rows, K] and the rows' exponents.
+// - `fp32` on sm90 (sm90/gemm_f16x3.h, run end to end by fp32_gemm_f16x3.h): each row scaled
+//   by a power of two, then v 2^e = p0 + 2^-11 p1 in fp16, two planes [rows, K] and the rows'
+//   exponents.
 // Both splits mark the rows holding a value they cannot carry; launch_fixup_exceptional then
 // mends those rows and columns of Y in fp32. For `fast` that is split_exceptional below (the
 // row is recomputed); for `fp32`, NaN and infinities (recomputed) and nonzero values more than
-// ~2^28 below their row's largest (the row scale keeps every other value in fp16's normal
-// range): those values are left out of the parts and, while a row has at most
-// correctable_tiny_values(K) of them, the fix-up adds their products to Y (else it recomputes
-// the row).
+// ~2^28 below their row's largest ("tiny": the row scale keeps every other value in fp16's
+// normal range). Tiny values are left out of the parts, and their products come back one of
+// two ways, chosen on the device per call by how many there are (second_level_pays):
+// - few: the fix-up adds each one's products to Y in fp32 (a gather of W' per value);
+// - many: x's rows holding them are split again with the exponent of their tiny values alone
+//   (launch_split_second_level), and a second GEMM over those rows adds their products.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -25,25 +28,53 @@ namespace gemmfuse::cuda {
 enum RowMark : int {
   kRowKept = 0,       // the parts carry the row
   kRowRecompute = 1,  // the fix-up recomputes the row's outputs
-  kRowCorrect = 2,    // `fp32` only: the parts leave out a few tiny values, whose products
-                      // the fix-up adds to the row's outputs
+  kRowTiny = 2,       // `fp32` only: the parts leave out the row's tiny values, whose products
+                      // the fix-up or the second level adds to the row's outputs
 };
 
-// Where the splits mark rows (either may be nullptr): `flags[r]` is written for every row, a
+// Where the splits mark rows (any may be nullptr): `flags[r]` is written for every row, a
 // RowMark (no zeroing needed); `list` gets every marked row appended, list[0] counting them
-// (zeroed by the caller: W', at prepare). The fix-up recomputes Y's columns for W's listed rows.
+// (zeroed by the caller: W', at prepare). The fix-up recomputes Y's columns for W's listed
+// rows. `tiny[r]` (`fp32`'s split) is written for every row: how many tiny values it holds.
 struct RowMarks {
   int* flags = nullptr;
   int* list = nullptr;
+  int* tiny = nullptr;
 };
 
-// The most tiny values a row of `fp32`'s split may hold and still be kRowCorrect: K/8, at most
-// 1024 (the fix-up's list). Measured at the seed shape (bench/NOTES.md, session 29), a
-// corrected row costs ~6 us with 1 value, ~11 us with 36 and ~14 us with 256, a recomputed
-// one ~135 us.
+// The most tiny values a row may hold for the fix-up to correct it (its list of them): K/8, at
+// most 1024. Measured at the seed shape (bench/NOTES.md, session 29), a corrected row costs
+// ~6 us with 1 value, ~11 us with 36 and ~14 us with 256, a recomputed one ~135 us. It bounds
+// the rows the second level corrects (their values tiny even at that level); below the second
+// level, second_level_pays bounds every row.
 __host__ __device__ constexpr int64_t correctable_tiny_values(int64_t K) {
   return K / 8 < 1024 ? K / 8 : 1024;
 }
+
+// Whether x's tiny values, `values` in all, go through the second level rather than the fix-up's
+// corrections. A correction gathers a 32-byte sector of W' per value and output column; the
+// second level costs a pass of the GEMM's mainloop over the rows holding them (one wave of
+// tiles per 256 rows at the seed shape, ~140 us) and its split. At most K/32 values (256 at
+// the seed shape; below correctable_tiny_values) stay with the fix-up (bench/NOTES.md,
+// session 30).
+__host__ __device__ constexpr bool second_level_pays(int64_t values, int64_t K) {
+  return values > (K / 32 < 1024 ? K / 32 : 1024);
+}
+
+// fp32's second level, in the workspace of a call: x's rows marked kRowTiny, when
+// second_level_pays, each split again (slot s holding the s-th such row in row order) with the
+// exponent of its tiny values alone, so that values ~2^28 to ~2^56 below the row's largest are
+// carried as the first level carries the rest; a GEMM over the slots (sm90 F16x3Problem::rows)
+// writes their products with W' to `y`, and the fix-up adds them to Y's rows.
+struct SecondLevel {
+  int* rows = nullptr;       // [1]: slots in use; 0 where the fix-up corrects every kRowTiny row
+  int* slot_row = nullptr;   // [M]: x's row in each slot
+  int* slot_tiny = nullptr;  // [M]: values tiny at the second level too (corrected or, past
+                             // correctable_tiny_values, the row recomputed, by the fix-up)
+  float* exps = nullptr;     // [M]: each slot's exponent
+  __half* parts = nullptr;   // [2, M, K]: each slot's parts, as launch_split_f16x2's
+  float* y = nullptr;        // [M, N]: each slot's products with W', the row scales undone
+};
 
 #if defined(__CUDACC__)  // the per-value splits (the launchers below are host-callable)
 
@@ -80,6 +111,20 @@ __device__ __forceinline__ bool split_bf16(float v, __nv_bfloat16& hi, __nv_bflo
   return true;
 }
 
+// A value `fp32`'s split leaves out of its parts ("tiny"): nonzero, below fp16's normal range
+// once scaled (s = v 2^e), also where the scale took it to zero. The splits and the fix-up's
+// list of a row's tiny values all ask this.
+__device__ __forceinline__ bool tiny_once_scaled(float v, float s) {
+  return v != 0.f && fabsf(s) < 0x1p-14f;
+}
+
+// `fp32`'s parts of a scaled value s (|s| < 2^15): s = p0 + 2^-11 p1, p0 = fp16(s),
+// p1 = fp16((s - p0) 2^11) (the difference is exact).
+__device__ __forceinline__ void split_f16x2_value(float s, __half& p0, __half& p1) {
+  p0 = __float2half_rn(s);
+  p1 = __float2half_rn((s - __half2float(p0)) * 0x1p11f);
+}
+
 // Thread 0 of a split's CTA records row r's mark (block-uniform).
 __device__ __forceinline__ void record_mark(int mark, int64_t r, RowMarks marks) {
   if (threadIdx.x == 0) {
@@ -106,25 +151,36 @@ __device__ __forceinline__ void mark_row(bool exceptional, int64_t r, RowMarks m
 // row's largest, or lost to fp32's range when scaled) is "tiny": its parts are zero. Such a
 // value would lose its low bits, which matters where the other operand is large at its k
 // (x = [1e30, 1] against w = [0, 1]: the 1 would vanish beside 1e30). Marks (RowMarks):
-// kRowRecompute for rows holding a NaN or an infinity (their parts zero, e = 0) or more than
-// correctable_tiny_values(K) tiny values, kRowCorrect for rows holding fewer.
+// kRowRecompute for rows holding a NaN or an infinity (their parts zero, e = 0), kRowTiny for
+// rows holding tiny values (their count in marks.tiny).
 void launch_split_f16x2(const float* src, int64_t rows, int64_t K, __half* parts, float* exps,
                         RowMarks marks, cudaStream_t stream);
+
+// The second level of x [M, K] after launch_split_f16x2 (its exps, flags and tiny counts):
+// whether second_level_pays for this x, and if so each kRowTiny row's slot (SecondLevel).
+// Writes second.rows always; the slots' data only when it pays.
+void launch_split_second_level(const float* x, int64_t M, int64_t K, const float* x_exps,
+                               const int* x_flags, const int* x_tiny, SecondLevel second,
+                               cudaStream_t stream);
 
 // Mends Y after a split GEMM, as the splits mark (fp32 FMA, so the values a split cannot
 // carry reach Y as in SGEMM: inf, NaN, overflow, tiny values), W'[n, k] = w[n, k] * w_scale[n]
 // (w_scale may be nullptr: W' = w):
 // - rows m of x marked kRowRecompute and the columns n of W's listed rows (w_list):
 //   Y[m, n] = x[m, :] . W'[n, :] (+ bias[n]);
-// - rows m marked kRowCorrect (`fp32` only; x_exps and w_flags then given): Y[m, n] +=
-//   sum over the row's tiny values (launch_split_f16x2, found again from x_exps[m]) of
-//   x[m, k] W'[n, k], in k order, for every n not in w_list (w_flags[n] == kRowKept; those
-//   columns are recomputed whole).
+// - rows m marked kRowTiny (`fp32` only; x_exps and w_flags then given), for every n not in
+//   w_list (w_flags[n] == kRowKept; those columns are recomputed whole):
+//   - without second-level slots (*second.rows == 0, or second.rows null): Y[m, n] += the sum
+//     over the row's tiny values (launch_split_f16x2's, found again from x_exps[m]) of
+//     x[m, k] W'[n, k], in k order;
+//   - in slot s: Y[m, n] += second.y[s, n], then the same sum over the values tiny at the
+//     second level (from second.exps[s]); or, with more than correctable_tiny_values(K) of
+//     them, the row is recomputed.
 // Nothing to do costs one launch whose CTAs read the M flags and the list's count.
 void launch_fixup_exceptional(const float* x, const float* w, const float* w_scale,
                               const float* bias, float* y, int64_t M, int64_t N, int64_t K,
                               const float* x_exps, const int* x_flags, const int* w_list,
-                              const int* w_flags, cudaStream_t stream);
+                              const int* w_flags, SecondLevel second, cudaStream_t stream);
 
 // The `fast` split of src [rows, K] fp32 (times scale[r] per row when scale is not nullptr)
 // into out [rows, 3 * Kh] bf16, three segments of the row's parts, each zero padded to Kh, in

@@ -1,6 +1,5 @@
 // The row-scaled two-part fp16 split of fp32 operands for the sm90 fp32 GEMM (split.h,
-// sm90/gemm_f16x3.h), and the fp32 recompute of the rows and columns of Y whose inputs a
-// split cannot carry (this one's and `fast`'s).
+// sm90/gemm_f16x3.h), and its second level for x's tiny values.
 #include <cuda_fp16.h>
 
 #include <cub/block/block_reduce.cuh>
@@ -19,13 +18,6 @@ namespace gemmfuse::cuda {
 namespace {
 
 constexpr int kSplitThreads = 256;
-
-// A value the split leaves out of its parts ("tiny"): nonzero, below fp16's normal range once
-// scaled (s = v 2^e), also where the scale took it to zero. The split and the fix-up's list
-// of a row's tiny values both ask this.
-__device__ __forceinline__ bool tiny_once_scaled(float v, float s) {
-  return v != 0.f && fabsf(s) < 0x1p-14f;
-}
 
 // Eight values of a row from c on (two 16-byte loads).
 __device__ __forceinline__ void load8(const float* __restrict__ row, int64_t c, float (&v)[8]) {
@@ -92,8 +84,7 @@ __global__ void __launch_bounds__(kSplitThreads)
           ++tiny;
           s = 0.f;
         }
-        p[0][j] = __float2half_rn(s);
-        p[1][j] = __float2half_rn((s - __half2float(p[0][j])) * 0x1p11f);  // the difference is exact
+        split_f16x2_value(s, p[0][j], p[1][j]);
       }
 #pragma unroll
       for (int i = 0; i < 2; ++i)
@@ -112,205 +103,129 @@ __global__ void __launch_bounds__(kSplitThreads)
     const int row_tiny = ReduceInt(reduce_int).Sum(tiny);  // valid in thread 0
     if (threadIdx.x == 0) {
       exps[r] = static_cast<float>(e);
-      record_mark(exceptional || row_tiny > correctable_tiny_values(K) ? kRowRecompute
-                  : row_tiny > 0                                     ? kRowCorrect
-                                                                      : kRowKept,
-                  r, marks);
+      if (marks.tiny) marks.tiny[r] = exceptional ? 0 : row_tiny;
+      record_mark(exceptional ? kRowRecompute : row_tiny > 0 ? kRowTiny : kRowKept, r, marks);
     }
     __syncthreads();  // row_max and the reductions' storage are reused by the next row
   }
 }
 
-constexpr int kFixupThreads = 256;
-constexpr int kFlagsPerThread = 4;
-constexpr int kFlagChunk = kFixupThreads * kFlagsPerThread;  // x rows listed per step
-constexpr int kCorrectCols = 4 * kFixupThreads;              // Y columns per correction item
-constexpr int kTinyListMax = correctable_tiny_values(int64_t{1} << 40);
+constexpr int kLevelThreads = 256;
+constexpr int kLevelFlagsPerThread = 4;
+constexpr int kLevelChunk = kLevelThreads * kLevelFlagsPerThread;  // x rows listed per step
 
-// Y[m, n] = x[m, :] . W'[n, :] (+ bias[n]) by one warp: lanes take every 32nd k, fp32 FMA,
-// then a warp tree.
-__device__ __forceinline__ void recompute(const float* __restrict__ x, const float* __restrict__ w,
-                                          const float* __restrict__ w_scale,
-                                          const float* __restrict__ bias, float* __restrict__ y,
-                                          int64_t m, int64_t n, int64_t N, int64_t K, int lane) {
-  const float* xr = x + m * K;
-  const float* wr = w + n * K;
-  const float s = w_scale ? w_scale[n] : 1.f;  // W' as the split saw it (rounded once)
-  float acc = 0.f;
-  for (int64_t k = lane; k < K; k += 32) acc = fmaf(__ldg(xr + k), __ldg(wr + k) * s, acc);
-  for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-  if (lane == 0) y[m * N + n] = bias ? acc + bias[n] : acc;
+// Slot s of the second level, row m of x, by the whole CTA: the largest of the row's tiny
+// values (tiny at x_exps[m]) sets the slot's exponent e2; the tiny values scaled by 2^e2 are
+// split as the first level splits (every other value's parts zero), except those still tiny
+// at e2, which are counted for the fix-up. Reads the row twice (the second time from L2).
+__device__ void split_slot(const float* __restrict__ xr, float e1, int64_t K, int64_t M, int64_t s,
+                           int m, SecondLevel second) {
+  using Reduce = cub::BlockReduce<float, kLevelThreads>;
+  using ReduceInt = cub::BlockReduce<int, kLevelThreads>;
+  __shared__ typename Reduce::TempStorage reduce;
+  __shared__ typename ReduceInt::TempStorage reduce_int;
+  __shared__ float slot_top;
+  const int ei = static_cast<int>(e1);
+  constexpr int64_t kStride = 8 * kLevelThreads;
+  const int64_t first = 8 * static_cast<int64_t>(threadIdx.x);
+  float top = 0.f;
+  for (int64_t c = first; c < K; c += kStride) {
+    float v[8];
+    load8(xr, c, v);
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+      if (tiny_once_scaled(v[j], ldexpf(v[j], ei))) top = fmaxf(top, fabsf(v[j]));
+  }
+  const float block_top = Reduce(reduce).Reduce(top, [](float a, float b) { return fmaxf(a, b); });
+  if (threadIdx.x == 0) slot_top = block_top;
+  __syncthreads();
+  const int e2 = 14 - ilogbf(slot_top);  // the row holds a tiny value: slot_top > 0
+  int still_tiny = 0;
+  for (int64_t c = first; c < K; c += kStride) {
+    float v[8];
+    load8(xr, c, v);
+    __half p[2][8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      float s2 = 0.f;
+      if (tiny_once_scaled(v[j], ldexpf(v[j], ei))) {
+        s2 = ldexpf(v[j], e2);
+        if (tiny_once_scaled(v[j], s2)) {
+          ++still_tiny;
+          s2 = 0.f;
+        }
+      }
+      split_f16x2_value(s2, p[0][j], p[1][j]);
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+      *reinterpret_cast<uint4*>(second.parts + i * M * K + s * K + c) = *reinterpret_cast<const uint4*>(p[i]);
+  }
+  const int slot_still_tiny = ReduceInt(reduce_int).Sum(still_tiny);  // valid in thread 0
+  if (threadIdx.x == 0) {
+    second.slot_row[s] = m;
+    second.exps[s] = static_cast<float>(e2);
+    second.slot_tiny[s] = slot_still_tiny;
+  }
+  __syncthreads();  // slot_top and the reductions' storage are reused by the next slot
 }
 
-struct TinyList {
-  int k[kTinyListMax];
-  float v[kTinyListMax];
-};
-
-// The tiny values of x's row m (launch_split_f16x2's rule, from the row's exponent), listed in
-// k order by the whole CTA; their count (at most kTinyListMax: the split marked the row
-// kRowCorrect).
-template <typename Scan>
-__device__ int list_tiny_values(const float* __restrict__ xr, float e, int64_t K, TinyList& list,
-                                typename Scan::TempStorage& scan) {
-  const int ei = static_cast<int>(e);
-  int listed = 0;
-  for (int64_t base = 0; base < K; base += 8 * kFixupThreads) {
-    const int64_t c = base + 8 * static_cast<int64_t>(threadIdx.x);
-    float v[8];
-    bool tiny[8];
+// Every CTA reads every row's flag and tiny count: the totals first (second_level_pays, the
+// same in every CTA), then, when it pays, the kRowTiny rows' slots in row order, a chunk of
+// kLevelChunk rows at a time; CTA b splits slots b, b + G, ...
+__global__ void __launch_bounds__(kLevelThreads)
+    split_second_level_kernel(const float* __restrict__ x, int64_t M, int64_t K,
+                              const float* __restrict__ x_exps, const int* __restrict__ x_flags,
+                              const int* __restrict__ x_tiny, SecondLevel second) {
+  using ReduceLL = cub::BlockReduce<long long, kLevelThreads>;
+  using Scan = cub::BlockScan<int, kLevelThreads>;
+  __shared__ typename ReduceLL::TempStorage reduce;
+  __shared__ typename Scan::TempStorage scan;
+  __shared__ int chunk_rows[kLevelChunk];
+  __shared__ bool pays;
+  wait_for_previous_grid();  // launched programmatically
+  long long rows = 0, values = 0;
+  for (int64_t m = threadIdx.x; m < M; m += kLevelThreads) {
+    if (x_flags[m] == kRowTiny) {
+      ++rows;
+      values += x_tiny[m];
+    }
+  }
+  const long long all_rows = ReduceLL(reduce).Sum(rows);  // valid in thread 0
+  __syncthreads();                                      // the storage is reused
+  const long long all_values = ReduceLL(reduce).Sum(values);
+  if (threadIdx.x == 0) {
+    pays = second_level_pays(all_values, K);
+    if (blockIdx.x == 0) *second.rows = pays ? static_cast<int>(all_rows) : 0;
+  }
+  __syncthreads();
+  let_next_grid_start();
+  if (!pays) return;
+  int64_t slot_base = 0;
+  for (int64_t base = 0; base < M; base += kLevelChunk) {
+    const int64_t first = base + kLevelFlagsPerThread * threadIdx.x;
+    bool tiny[kLevelFlagsPerThread];
     int mine = 0;
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      v[j] = c + j < K ? __ldg(xr + c + j) : 0.f;
-      tiny[j] = tiny_once_scaled(v[j], ldexpf(v[j], ei));
+    for (int j = 0; j < kLevelFlagsPerThread; ++j) {
+      tiny[j] = first + j < M && x_flags[first + j] == kRowTiny;
       mine += tiny[j];
     }
-    int at = 0, total = 0;
-    Scan(scan).ExclusiveSum(mine, at, total);
+    int at = 0, listed = 0;
+    Scan(scan).ExclusiveSum(mine, at, listed);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      if (tiny[j]) {
-        const int i = listed + at++;
-        if (i < kTinyListMax) list.k[i] = static_cast<int>(c + j), list.v[i] = v[j];
-      }
-    }
-    listed += total;
-    __syncthreads();  // the scan's storage is reused
-  }
-  return min(listed, kTinyListMax);
-}
-
-// Y[m, n0 .. n0 + kCorrectCols) += the row's tiny values times W' at their k: four columns a
-// thread, each sum in k order (a 32-byte sector of W' per value and column). For short lists.
-__device__ __forceinline__ void correct(const TinyList& list, int count, const float* __restrict__ w,
-                                        const float* __restrict__ w_scale,
-                                        const int* __restrict__ w_flags, float* __restrict__ y,
-                                        int64_t m, int64_t n0, int64_t N, int64_t K) {
-  constexpr int kCols = kCorrectCols / kFixupThreads;
-  int64_t n[kCols];
-  bool live[kCols];
-  float acc[kCols];
-#pragma unroll
-  for (int i = 0; i < kCols; ++i) {
-    n[i] = n0 + threadIdx.x + i * kFixupThreads;
-    live[i] = n[i] < N && w_flags[n[i]] == kRowKept;  // W's listed columns are recomputed whole
-    acc[i] = 0.f;
-  }
-#pragma unroll 4
-  for (int j = 0; j < count; ++j) {
-    const int64_t k = list.k[j];
-    const float v = list.v[j];
-#pragma unroll
-    for (int i = 0; i < kCols; ++i)
-      if (live[i]) acc[i] = fmaf(v, __ldg(w + n[i] * K + k), acc[i]);
-  }
-#pragma unroll
-  for (int i = 0; i < kCols; ++i) {
-    if (live[i]) y[m * N + n[i]] += w_scale ? acc[i] * w_scale[n[i]] : acc[i];
-  }
-}
-
-// The same for lists of kWarpListFrom values or more: a warp takes kWarpCols columns at once,
-// lanes over the list, then a warp tree per column, so a warp's loads fall in kWarpCols rows
-// of W'. At the seed shape, every row of x corrected: 11.4 ms with 36 values a row, 14.0 with
-// 256, against 13.1 and 47.8 a thread per column; with 1 value in 2 rows, 0.699 ms against
-// 0.574 (bench/NOTES.md, session 29).
-constexpr int kWarpCols = 4;
-constexpr int kWarpListFrom = 8;
-__device__ __forceinline__ void correct_by_warp(const TinyList& list, int count, const float* __restrict__ w,
-                                                const float* __restrict__ w_scale,
-                                                const int* __restrict__ w_flags, float* __restrict__ y,
-                                                int64_t m, int64_t n0, int64_t N, int64_t K) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
-  constexpr int kStep = kWarpCols * (kFixupThreads / 32);
-  for (int64_t nb = n0 + warp * kWarpCols; nb < min(N, n0 + kCorrectCols); nb += kStep) {
-    // lane i < kWarpCols owns column nb + i: its flag and Y value, loaded before the gathers
-    const int64_t own = nb + lane;
-    const bool live_own = lane < kWarpCols && own < N && w_flags[own] == kRowKept;
-    const float y_own = live_own ? y[m * N + own] : 0.f;
-    float acc[kWarpCols];
-    const float* wr[kWarpCols];
-#pragma unroll
-    for (int i = 0; i < kWarpCols; ++i) {
-      acc[i] = 0.f;
-      wr[i] = w + min(nb + i, N - 1) * K;  // a column past N reads row N - 1, unused
-    }
-    for (int j = lane; j < count; j += 32) {
-      const float v = list.v[j];
-      const int64_t k = list.k[j];
-#pragma unroll
-      for (int i = 0; i < kWarpCols; ++i) acc[i] = fmaf(v, __ldg(wr[i] + k), acc[i]);
-    }
-    float mine = 0.f;
-#pragma unroll
-    for (int i = 0; i < kWarpCols; ++i) {
-      for (int o = 16; o > 0; o >>= 1) acc[i] += __shfl_xor_sync(0xffffffffu, acc[i], o);
-      if (lane == i) mine = acc[i];
-    }
-    if (live_own) y[m * N + own] = y_own + (w_scale ? mine * w_scale[own] : mine);
-  }
-}
-
-// x's marked rows are listed a chunk of kFlagChunk rows at a time, by every CTA in the same
-// (ascending) order: recomputed rows' outputs spread over every warp of the grid, corrected
-// rows in items of kCorrectCols columns, one per CTA. W's listed rows are recomputed as
-// columns; an output in both a recomputed row and a listed column is written twice with the
-// same value.
-__global__ void __launch_bounds__(kFixupThreads)
-    fixup_kernel(const float* __restrict__ x, const float* __restrict__ w,
-                 const float* __restrict__ w_scale, const float* __restrict__ bias,
-                 float* __restrict__ y, int64_t M, int64_t N, int64_t K,
-                 const float* __restrict__ x_exps, const int* __restrict__ x_flags,
-                 const int* __restrict__ w_list, const int* __restrict__ w_flags) {
-  using Scan = cub::BlockScan<int, kFixupThreads>;
-  __shared__ typename Scan::TempStorage scan;
-  __shared__ int rows[2][kFlagChunk];  // [0] recomputed, [1] corrected
-  __shared__ TinyList tiny;
-  const int lane = threadIdx.x & 31;
-  const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
-  // Launched programmatically; the row pass after it may be scheduled at once (it waits for
-  // this grid to complete): a fix-up with nothing marked is over in a few loads.
-  wait_for_previous_grid();
-  let_next_grid_start();
-  const int64_t n_cols = w_list[0];  // read early: its latency overlaps the flags'
-  const int64_t items_per_row = (N + kCorrectCols - 1) / kCorrectCols;
-  for (int64_t base = 0; base < M; base += kFlagChunk) {
-    const int64_t first = base + kFlagsPerThread * threadIdx.x;
-    int f[kFlagsPerThread];
-    int count = 0;  // recomputed rows in the low half, corrected ones in the high half
-#pragma unroll
-    for (int j = 0; j < kFlagsPerThread; ++j) {
-      f[j] = first + j < M ? x_flags[first + j] : kRowKept;
-      count += f[j] == kRowRecompute ? 1 : f[j] == kRowCorrect ? 1 << 16 : 0;
-    }
-    if (__syncthreads_or(count) == 0) continue;  // the common case: nothing marked
-    int at = 0, marked = 0;
-    Scan(scan).ExclusiveSum(count, at, marked);  // each half stays below 2^16
-    int at_r = at & 0xffff, at_c = at >> 16;
-#pragma unroll
-    for (int j = 0; j < kFlagsPerThread; ++j) {
-      if (f[j] == kRowRecompute) rows[0][at_r++] = static_cast<int>(first + j);
-      if (f[j] == kRowCorrect) rows[1][at_c++] = static_cast<int>(first + j);
-    }
+    for (int j = 0; j < kLevelFlagsPerThread; ++j)
+      if (tiny[j]) chunk_rows[at++] = static_cast<int>(first + j);
     __syncthreads();
-    const int64_t recomputed = marked & 0xffff, corrected = marked >> 16;
-    for (int64_t i = warp; i < recomputed * N; i += warps)
-      recompute(x, w, w_scale, bias, y, rows[0][i / N], i % N, N, K, lane);
-    for (int64_t item = blockIdx.x; item < corrected * items_per_row; item += gridDim.x) {
-      const int64_t m = rows[1][item / items_per_row];
-      const int count_m = list_tiny_values<Scan>(x + m * K, x_exps[m], K, tiny, scan);
-      if (count_m >= kWarpListFrom)
-        correct_by_warp(tiny, count_m, w, w_scale, w_flags, y, m, (item % items_per_row) * kCorrectCols, N, K);
-      else
-        correct(tiny, count_m, w, w_scale, w_flags, y, m, (item % items_per_row) * kCorrectCols, N, K);
-      __syncthreads();  // the list is rebuilt by the next item
+    // this CTA's slots in the chunk: slot_base + i with (slot_base + i) % G == blockIdx.x
+    int64_t i = (static_cast<int64_t>(blockIdx.x) - slot_base % gridDim.x + gridDim.x) % gridDim.x;
+    for (; i < listed; i += gridDim.x) {
+      const int m = chunk_rows[i];
+      split_slot(x + m * K, x_exps[m], K, M, slot_base + i, m, second);
     }
-    __syncthreads();  // rows and the scan storage are reused by the next chunk
+    slot_base += listed;
+    __syncthreads();  // chunk_rows and the scan's storage are reused by the next chunk
   }
-  for (int64_t i = warp; i < n_cols * M; i += warps)
-    recompute(x, w, w_scale, bias, y, i % M, w_list[1 + i / M], N, K, lane);
 }
 
 }  // namespace
@@ -332,13 +247,16 @@ void launch_split_f16x2(const float* src, int64_t rows, int64_t K, __half* parts
     launch_programmatic(split_f16x2_kernel<0>, blocks, threads, 0, stream, src, rows, K, parts, exps, marks);
 }
 
-void launch_fixup_exceptional(const float* x, const float* w, const float* w_scale,
-                              const float* bias, float* y, int64_t M, int64_t N, int64_t K,
-                              const float* x_exps, const int* x_flags, const int* w_list,
-                              const int* w_flags, cudaStream_t stream) {
-  if (M <= 0 || N <= 0) return;
-  launch_programmatic(fixup_kernel, dim3(static_cast<unsigned>(sm_count()) * 2), dim3(kFixupThreads),
-                      0, stream, x, w, w_scale, bias, y, M, N, K, x_exps, x_flags, w_list, w_flags);
+void launch_split_second_level(const float* x, int64_t M, int64_t K, const float* x_exps,
+                               const int* x_flags, const int* x_tiny, SecondLevel second,
+                               cudaStream_t stream) {
+  if (K % 8 != 0 || reinterpret_cast<uintptr_t>(x) % 16 != 0 ||
+      reinterpret_cast<uintptr_t>(second.parts) % 16 != 0)
+    throw std::logic_error("CUDA fp16 split: K must be a multiple of 8 and the buffers 16-byte aligned");
+  if (M <= 0) return;
+  const int64_t grid = std::min<int64_t>(M, int64_t(sm_count()) * 2);
+  launch_programmatic(split_second_level_kernel, dim3(static_cast<unsigned>(grid)), dim3(kLevelThreads), 0,
+                      stream, x, M, K, x_exps, x_flags, x_tiny, second);
 }
 
 }  // namespace gemmfuse::cuda

@@ -10,6 +10,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -20,17 +21,17 @@
 
 #include "cpu_test_util.h"
 #include "cuda_test_util.h"
+#include "fp32_gemm_f16x3.h"
 #include "gemm_f16x3.h"
 #include "split.h"
 
 namespace {
 
-using gemmfuse::cuda::launch_fixup_exceptional;
+using gemmfuse::cuda::Fp32GemmF16x3;
+using gemmfuse::cuda::launch_fp32_gemm_f16x3;
 using gemmfuse::cuda::launch_split_f16x2;
 using gemmfuse::cuda::RowMarks;
 using gemmfuse::cuda::sm90::f16x3_unfit;
-using gemmfuse::cuda::sm90::F16x3Problem;
-using gemmfuse::cuda::sm90::launch_f16x3_gemm;
 using gftest::DevMem;
 
 #define SKIP_WITHOUT_SM90()                                                     \
@@ -57,40 +58,53 @@ void scale_rows(std::vector<float>& v, int64_t cols, std::mt19937_64& rng) {
   }
 }
 
-// Y = x W^T (+ b) as the executor runs it (executors/cuda/gemm_cublas.cu): W's parts and
-// exceptional rows, x's, the kernel, the fix-up.
-// `splits` as F16x3Problem's (0: the shape's choice).
+// Y = x W^T (+ b) as the executor runs it (fp32_gemm_f16x3.h): W's parts and marked rows,
+// then x's split, its second level, the kernel, the second level's GEMM and the fix-up.
+// `splits` as F16x3Problem's (0: the shape's choice). `second_rows`, if given, gets how many
+// rows the second level took.
 std::vector<float> run_gemm(int64_t M, int64_t N, int64_t K, const std::vector<float>& x,
-                            const std::vector<float>& w, const float* bias_host, int splits = 0) {
-  DevMem dx(M * K * 4), dxp(M * K * 4), dxe(M * 4), dxf(M * 4), dw(N * K * 4), dwp(N * K * 4),
-      dwe(N * 4), dwf(N * 4), dwl((N + 1) * 4), db(N * 4), dy(M * N * 4), ws(size_t(32) << 20);
+                            const std::vector<float>& w, const float* bias_host, int splits = 0,
+                            int* second_rows = nullptr) {
+  DevMem dx(M * K * 4), dxp(std::max(M * K * 4, M * N * 4)), dxe(M * 4), dxf(M * 4), dxt(M * 4),
+      dw(N * K * 4), dwp(N * K * 4), dwe(N * 4), dwf(N * 4), dwl((N + 1) * 4), db(N * 4), dy(M * N * 4),
+      ws(size_t(32) << 20), d2rows(4), d2row(M * 4), d2tiny(M * 4), d2exps(M * 4), d2parts(M * K * 4);
   CK(cudaMemcpy(dx.p, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
   CK(cudaMemcpy(dw.p, w.data(), w.size() * 4, cudaMemcpyHostToDevice));
   if (bias_host) CK(cudaMemcpy(db.p, bias_host, N * 4, cudaMemcpyHostToDevice));
   CK(cudaMemset(dwl.p, 0, 4));  // x's flags stay poisoned: the split writes every row's
-  launch_split_f16x2(static_cast<float*>(dx.p), M, K, static_cast<__half*>(dxp.p),
-                     static_cast<float*>(dxe.p), RowMarks{static_cast<int*>(dxf.p), nullptr}, nullptr);
   launch_split_f16x2(static_cast<float*>(dw.p), N, K, static_cast<__half*>(dwp.p),
                      static_cast<float*>(dwe.p),
                      RowMarks{static_cast<int*>(dwf.p), static_cast<int*>(dwl.p)}, nullptr);
-  F16x3Problem p;
-  p.M = M;
-  p.N = N;
-  p.K = K;
-  p.x_parts = static_cast<const __half*>(dxp.p);
-  p.w_parts = static_cast<const __half*>(dwp.p);
-  p.x_exps = static_cast<const float*>(dxe.p);
-  p.w_exps = static_cast<const float*>(dwe.p);
-  p.bias = bias_host ? static_cast<const float*>(db.p) : nullptr;
-  p.y = static_cast<float*>(dy.p);
-  p.splits = splits;
-  EXPECT_TRUE(launch_f16x3_gemm(p, ws.p, ws.bytes, nullptr));
-  launch_fixup_exceptional(static_cast<float*>(dx.p), static_cast<float*>(dw.p), nullptr, p.bias, p.y, M,
-                           N, K, static_cast<float*>(dxe.p), static_cast<int*>(dxf.p),
-                           static_cast<int*>(dwl.p), static_cast<int*>(dwf.p), nullptr);
+  Fp32GemmF16x3 g;
+  g.M = M;
+  g.N = N;
+  g.K = K;
+  g.x = static_cast<const float*>(dx.p);
+  g.w = static_cast<const float*>(dw.p);
+  g.w_parts = static_cast<const __half*>(dwp.p);
+  g.w_exps = static_cast<const float*>(dwe.p);
+  g.w_list = static_cast<const int*>(dwl.p);
+  g.w_flags = static_cast<const int*>(dwf.p);
+  g.bias = bias_host ? static_cast<const float*>(db.p) : nullptr;
+  g.y = static_cast<float*>(dy.p);
+  g.scratch.x_parts = static_cast<__half*>(dxp.p);
+  g.scratch.x_exps = static_cast<float*>(dxe.p);
+  g.scratch.x_flags = static_cast<int*>(dxf.p);
+  g.scratch.x_tiny = static_cast<int*>(dxt.p);
+  g.scratch.second.rows = static_cast<int*>(d2rows.p);
+  g.scratch.second.slot_row = static_cast<int*>(d2row.p);
+  g.scratch.second.slot_tiny = static_cast<int*>(d2tiny.p);
+  g.scratch.second.exps = static_cast<float*>(d2exps.p);
+  g.scratch.second.parts = static_cast<__half*>(d2parts.p);
+  g.scratch.second.y = static_cast<float*>(dxp.p);  // as the executor lays it out
+  g.gemm_workspace = ws.p;
+  g.gemm_workspace_bytes = ws.bytes;
+  g.splits = splits;
+  launch_fp32_gemm_f16x3(g, nullptr);
   CK(cudaDeviceSynchronize());
   std::vector<float> y(M * N);
   CK(cudaMemcpy(y.data(), dy.p, y.size() * 4, cudaMemcpyDeviceToHost));
+  if (second_rows) CK(cudaMemcpy(second_rows, d2rows.p, 4, cudaMemcpyDeviceToHost));
   return y;
 }
 
@@ -103,27 +117,16 @@ std::vector<float> run_gemm(int64_t M, int64_t N, int64_t K, const std::vector<f
 // kF16x3MinK, the norm-wise error below sqrt(K) u / 4 (SGEMM's is about sqrt(K) u / 3 at the
 // seed shape: 1.6e-6 at K = 8192); below it the parts' fixed rounding (~2 u) is not under
 // that, which is why the executor keeps such K on SGEMM.
-void check(int64_t M, int64_t N, int64_t K, bool with_bias, std::mt19937_64& rng, int splits = 0,
-           bool scaled = false) {
-  std::ostringstream what;
-  what << "M=" << M << " N=" << N << " K=" << K << " bias=" << with_bias << " splits=" << splits
-       << " scaled=" << scaled;
-  SCOPED_TRACE(what.str());
+// The bounds above for Y from x, w and b (null: none).
+void expect_within_bound(int64_t M, int64_t N, int64_t K, const std::vector<float>& x,
+                         const std::vector<float>& w, const float* b, const std::vector<float>& y) {
   const bool executor_k = K >= gemmfuse::cuda::sm90::kF16x3MinK;
-  if (splits == 0 && executor_k) ASSERT_EQ(f16x3_unfit(M, N, K), nullptr);
-  auto x = uniform(M * K, rng), w = uniform(N * K, rng);
-  const auto b = uniform(N, rng);
-  if (scaled) {
-    scale_rows(x, K, rng);
-    scale_rows(w, K, rng);
-  }
-  const std::vector<float> y = run_gemm(M, N, K, x, w, with_bias ? b.data() : nullptr, splits);
   const double u = std::ldexp(1.0, -24), n_round = 12 + 8 + K / 4096.0 + K / 64.0 + 3;
   double err2 = 0, ref2 = 0;
   int bad = 0;
   for (int64_t m = 0; m < M; ++m)
     for (int64_t n = 0; n < N; ++n) {
-      const auto [ref, mag] = gftest::dot_ref(x, w, with_bias ? &b[n] : nullptr, m, n, K);
+      const auto [ref, mag] = gftest::dot_ref(x, w, b ? &b[n] : nullptr, m, n, K);
       const double got = y[m * N + n];
       err2 += (got - ref) * (got - ref);
       ref2 += ref * ref;
@@ -133,6 +136,23 @@ void check(int64_t M, int64_t N, int64_t K, bool with_bias, std::mt19937_64& rng
     }
   EXPECT_EQ(bad, 0);
   if (executor_k) EXPECT_LE(std::sqrt(err2 / ref2), std::sqrt(static_cast<double>(K)) * u / 4);
+}
+
+void check(int64_t M, int64_t N, int64_t K, bool with_bias, std::mt19937_64& rng, int splits = 0,
+           bool scaled = false) {
+  std::ostringstream what;
+  what << "M=" << M << " N=" << N << " K=" << K << " bias=" << with_bias << " splits=" << splits
+       << " scaled=" << scaled;
+  SCOPED_TRACE(what.str());
+  if (splits == 0 && K >= gemmfuse::cuda::sm90::kF16x3MinK) ASSERT_EQ(f16x3_unfit(M, N, K), nullptr);
+  auto x = uniform(M * K, rng), w = uniform(N * K, rng);
+  const auto b = uniform(N, rng);
+  if (scaled) {
+    scale_rows(x, K, rng);
+    scale_rows(w, K, rng);
+  }
+  const std::vector<float> y = run_gemm(M, N, K, x, w, with_bias ? b.data() : nullptr, splits);
+  expect_within_bound(M, N, K, x, w, with_bias ? b.data() : nullptr, y);
 }
 
 TEST(CudaF16x3Gemm, Domain) {
@@ -230,37 +250,13 @@ TEST(CudaF16x3Gemm, SplitKAgainstFloat64) {
 // NaN where it is NaN, the same infinity where it is one, finite values within fp32's error;
 // a whole tiny row, which the row scales carry, too. K = 96: a row corrects up to 12 tiny
 // values.
-TEST(CudaF16x3Gemm, ExceptionalInputs) {
-  SKIP_WITHOUT_SM90();
-  std::mt19937_64 rng(gftest::test_seed());
-  const int64_t M = 256, N = 64, K = 96;
-  auto x = uniform(M * K, rng), w = uniform(N * K, rng);
-  for (float& v : x) v = std::fabs(v);  // x >= 0, so an infinite W entry keeps one sign
-  x[3 * K + 5] = std::numeric_limits<float>::quiet_NaN();
-  x[11 * K + 2] = std::numeric_limits<float>::infinity();
-  x[12 * K + 2] = -std::numeric_limits<float>::infinity();
-  x[13 * K + 7] = 3.4e38f;   // near fp32's largest: the row's other values are marked tiny
-  x[14 * K + 7] = 1e-35f;    // tiny beside its row's other values
-  x[16 * K + 0] = 1e30f;     // against W rows with 0 at k = 0 (below), its other values decide Y
-  w[10 * K + 0] = 0.f;
-  w[11 * K + 0] = 0.f;
-  w[12 * K + 3] = 1e30f;     // a W row marked tiny: its small values meet x's ordinary ones
-  for (int64_t k = 0; k < K; ++k) x[15 * K + k] = 1e-36f * (1 + k % 3);  // a whole tiny row
-  w[5 * K + 40] = std::numeric_limits<float>::infinity();
-  w[9 * K + 2] = 0.5f;  // exact in fp16 (a zero small part) under an infinite x: must give inf
-  // Corrected rows: a few tiny values where a W row is 1e7 times its other values (not
-  // marked itself): their products are ~1e-4 of Y's, which the correction must add.
-  for (int64_t k = 0; k < K; ++k) w[20 * K + k] *= 1e-3f;
-  for (int64_t k : {50, 51, 52}) {
-    w[20 * K + k] = 1e4f;
-    x[17 * K + k] = 1e-9f * static_cast<float>(k - 49);
-    x[18 * K + k] = -2e-12f;
-  }
-  x[18 * K + 60] = 1e-45f;  // scaled to zero: still a tiny value
-  for (int64_t k = 0; k < 12; ++k) x[19 * K + 7 * k] = 1e-10f;  // the most a row corrects
-  for (int64_t k = 0; k < 13; ++k) x[21 * K + 7 * k] = 1e-10f;  // one more: recomputed
-  std::vector<float> b(N, 0.25f);
-  const std::vector<float> y = run_gemm(M, N, K, x, w, b.data());
+// Y from inputs with values the split cannot carry, checked against float64: NaN and
+// infinities as fp32 has them, everything else within 64 u of sum |x w|.
+void check_exceptional(int64_t M, int64_t N, int64_t K, const std::vector<float>& x,
+                       const std::vector<float>& w, const std::vector<float>& b, bool second_level) {
+  int second_rows = -1;
+  const std::vector<float> y = run_gemm(M, N, K, x, w, b.data(), 0, &second_rows);
+  EXPECT_EQ(second_rows > 0, second_level) << second_rows << " rows at the second level";
   int bad = 0;
   for (int64_t m = 0; m < M; ++m)
     for (int64_t n = 0; n < N; ++n) {
@@ -280,6 +276,81 @@ TEST(CudaF16x3Gemm, ExceptionalInputs) {
       if (!ok && bad++ < 5) ADD_FAILURE() << "Y[" << m << ", " << n << "] = " << got << ", float64 " << ref;
     }
   EXPECT_EQ(bad, 0);
+}
+
+// Tiny values where a W row is up to 2e7 times its other values (not marked itself): their
+// products are ~1e-4 of Y's, which must come back. Rows 17 and 18: 7 tiny values in all.
+void plant_tiny_beside_large_weights(std::vector<float>& x, std::vector<float>& w, int64_t K) {
+  for (int64_t k = 0; k < K; ++k) w[20 * K + k] = std::copysign(1e-3f * (0.5f + 0.5f * std::fabs(w[20 * K + k])), w[20 * K + k]);
+  for (int64_t k : {50, 51, 52}) {
+    w[20 * K + k] = 1e4f;
+    x[17 * K + k] = 1e-9f * static_cast<float>(k - 49);
+    x[18 * K + k] = -2e-12f;
+  }
+  x[18 * K + 60] = 1e-45f;  // scaled to zero: still a tiny value
+}
+
+TEST(CudaF16x3Gemm, ExceptionalInputs) {
+  SKIP_WITHOUT_SM90();
+  std::mt19937_64 rng(gftest::test_seed());
+  const int64_t M = 256, N = 64, K = 96;
+  auto x = uniform(M * K, rng), w = uniform(N * K, rng);
+  for (float& v : x) v = std::fabs(v);  // x >= 0, so an infinite W entry keeps one sign
+  x[3 * K + 5] = std::numeric_limits<float>::quiet_NaN();
+  x[11 * K + 2] = std::numeric_limits<float>::infinity();
+  x[12 * K + 2] = -std::numeric_limits<float>::infinity();
+  x[13 * K + 7] = 3.4e38f;   // near fp32's largest: the row's other values are marked tiny
+  x[14 * K + 7] = 1e-35f;    // tiny beside its row's other values
+  x[16 * K + 0] = 1e30f;     // against W rows with 0 at k = 0 (below), its other values decide Y
+  w[10 * K + 0] = 0.f;
+  w[11 * K + 0] = 0.f;
+  w[12 * K + 3] = 1e30f;     // a W row marked tiny: its small values meet x's ordinary ones
+  for (int64_t k = 0; k < K; ++k) x[15 * K + k] = 1e-36f * (1 + k % 3);  // a whole tiny row
+  w[5 * K + 40] = std::numeric_limits<float>::infinity();
+  w[9 * K + 2] = 0.5f;  // exact in fp16 (a zero small part) under an infinite x: must give inf
+  plant_tiny_beside_large_weights(x, w, K);
+  // Many tiny values (row 13 alone has 95): the second level takes every row holding one.
+  // Rows 19 and 21 hold values ~2^-35 of their largest, carried there; 22 and 23 also values
+  // still tiny at the second level (1e-30 beside 1e-10): 12 (= K/8, corrected) and 13
+  // (recomputed).
+  for (int64_t k = 0; k < 12; ++k) x[19 * K + 7 * k] = 1e-10f;
+  for (int64_t k = 0; k < 13; ++k) x[21 * K + 7 * k] = 1e-10f;
+  x[22 * K + 1] = x[23 * K + 1] = 1e-10f;
+  for (int64_t k = 0; k < 12; ++k) x[22 * K + 7 * k + 2] = 1e-30f;
+  for (int64_t k = 0; k < 13; ++k) x[23 * K + 7 * k + 2] = 1e-30f;
+  check_exceptional(M, N, K, x, w, std::vector<float>(N, 0.25f), true);
+}
+
+// Few tiny values (7, at most K/32 = 8): the fix-up corrects them, no second level.
+TEST(CudaF16x3Gemm, FewTinyValuesAreCorrected) {
+  SKIP_WITHOUT_SM90();
+  std::mt19937_64 rng(gftest::test_seed());
+  const int64_t M = 256, N = 64, K = 256;
+  auto x = uniform(M * K, rng), w = uniform(N * K, rng);
+  plant_tiny_beside_large_weights(x, w, K);
+  check_exceptional(M, N, K, x, w, uniform(N, rng), false);
+}
+
+// Softmax outputs of N(0, 4^2) logits, the data that made the fix-up slow (bench/NOTES.md,
+// sessions 29 and 30): every row holds values ~2^-30..2^-50 of its largest, so the second
+// level takes every row; Y within the kernel's bound, as for ordinary data.
+TEST(CudaF16x3Gemm, SoftmaxRowsAgainstFloat64) {
+  SKIP_WITHOUT_SM90();
+  std::mt19937_64 rng(gftest::test_seed());
+  const int64_t M = 300, N = 200, K = 1024;
+  std::normal_distribution<double> logit(0.0, 4.0);
+  std::vector<float> x(M * K);
+  for (int64_t m = 0; m < M; ++m) {
+    std::vector<double> e(K);
+    double sum = 0;
+    for (double& v : e) sum += (v = std::exp(logit(rng)));
+    for (int64_t k = 0; k < K; ++k) x[m * K + k] = static_cast<float>(e[k] / sum);
+  }
+  const auto w = uniform(N * K, rng), b = uniform(N, rng);
+  int second_rows = -1;
+  const std::vector<float> y = run_gemm(M, N, K, x, w, b.data(), 0, &second_rows);
+  EXPECT_EQ(second_rows, M);
+  expect_within_bound(M, N, K, x, w, b.data(), y);
 }
 
 }  // namespace

@@ -6,7 +6,9 @@
 // row exponents, its tiny values left out and its marks; the fix-up rewrites exactly the
 // recomputed rows and the listed columns, as float64 has them (with a per-row W scale and a
 // bias), and adds the tiny values' products to exactly the corrected rows, across more than
-// one chunk of x flags and more than one item of columns.
+// one chunk of x flags and more than one item of columns; `fp32`'s second level: whether it
+// pays, its slots in row order, their exponents and parts, the values still tiny there; the
+// fix-up adding a slot's products and correcting (or recomputing) from the slot's exponent.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -152,16 +154,19 @@ void check_row_scaled_split(int64_t K, std::mt19937_64& rng) {
     src[10 * K + k] = std::ldexp(src[10 * K + k], -140);  // fp32 subnormals
     src[11 * K + k] = std::ldexp(src[11 * K + k], 127);   // near fp32's largest
   }
-  DevMem dsrc(src.size() * 4), dparts(2 * rows * K * 2), dexps(rows * 4), dflags(rows * 4);
+  DevMem dsrc(src.size() * 4), dparts(2 * rows * K * 2), dexps(rows * 4), dflags(rows * 4),
+      dtiny(rows * 4);
   CK(cudaMemcpy(dsrc.p, src.data(), src.size() * 4, cudaMemcpyHostToDevice));
-  CK(cudaMemset(dflags.p, 0x7f, rows * 4));  // poisoned: every row's flag must be written
-  gemmfuse::cuda::launch_split_f16x2(static_cast<float*>(dsrc.p), rows, K, static_cast<__half*>(dparts.p),
-                                     static_cast<float*>(dexps.p),
-                                     RowMarks{static_cast<int*>(dflags.p), nullptr}, nullptr);
+  CK(cudaMemset(dflags.p, 0x7f, rows * 4));  // poisoned: every row's flag and count must be written
+  CK(cudaMemset(dtiny.p, 0x7f, rows * 4));
+  gemmfuse::cuda::launch_split_f16x2(
+      static_cast<float*>(dsrc.p), rows, K, static_cast<__half*>(dparts.p), static_cast<float*>(dexps.p),
+      RowMarks{static_cast<int*>(dflags.p), nullptr, static_cast<int*>(dtiny.p)}, nullptr);
   CK(cudaDeviceSynchronize());
   const auto parts = download<__half>(dparts, 2 * rows * K);
   const auto exps = download<float>(dexps, rows);
   const auto flags = download<int>(dflags, rows);
+  const auto tiny_counts = download<int>(dtiny, rows);
   for (int64_t r = 0; r < rows; ++r) {
     bool nonfinite = false;
     float top = 0.f;
@@ -176,11 +181,11 @@ void check_row_scaled_split(int64_t K, std::mt19937_64& rng) {
     };
     int64_t tiny = 0;
     for (int64_t k = 0; k < K && !nonfinite; ++k) tiny += is_tiny(src[r * K + k]);
-    const int want_mark = nonfinite || tiny > gemmfuse::cuda::correctable_tiny_values(K)
-                              ? gemmfuse::cuda::kRowRecompute
-                          : tiny > 0 ? gemmfuse::cuda::kRowCorrect
+    const int want_mark = nonfinite  ? gemmfuse::cuda::kRowRecompute
+                          : tiny > 0 ? gemmfuse::cuda::kRowTiny
                                      : gemmfuse::cuda::kRowKept;
     EXPECT_EQ(flags[r], want_mark) << "row " << r << " (" << tiny << " tiny values)";
+    EXPECT_EQ(tiny_counts[r], tiny) << "row " << r;
     // the rows the test means: 3 (3.4e38 beside ordinary values) and 8 (2^-100..2^100) hold
     // many tiny values, 7 (3e-36 beside ordinary values) one
     EXPECT_EQ(tiny > 1, r == 3 || r == 8) << "row " << r;
@@ -207,11 +212,17 @@ TEST(CudaSplit, RowScaledFp16PartsAndMarks) {
   for (const int64_t K : {72, 8200, 16392}) check_row_scaled_split(K, rng);
 }
 
-TEST(CudaSplit, FixupRewritesExactlyTheMarkedRowsAndColumns) {
-  SKIP_WITHOUT_GPU();
-  using gemmfuse::cuda::kRowCorrect;
+// The fix-up, on flags, lists and (with `second_level`) slots written by hand. Rows 5, 1023
+// and 1099 hold tiny values at k = 0 (3e-9: the largest), 17 (-1e-20) and 39 (1e-44, scaled to
+// zero at the first level). Without the second level, all three are corrected from the rows'
+// exponent. With it, they sit in slots 0, 1, 2 (exponent 43, from 3e-9, at which 3e-9 is no
+// longer tiny): slots 0 and 1 add the slot's products, then the values at 17 and 39; slot 2
+// says it holds more than correctable_tiny_values and is recomputed.
+void check_fixup(bool second_level) {
+  SCOPED_TRACE(second_level ? "second level" : "first level");
   using gemmfuse::cuda::kRowKept;
   using gemmfuse::cuda::kRowRecompute;
+  using gemmfuse::cuda::kRowTiny;
   std::mt19937_64 rng(13);
   std::uniform_real_distribution<float> d(-1.f, 1.f);
   // M past one chunk of flags (1024 rows a step), N past one correction item (1024 columns)
@@ -222,25 +233,32 @@ TEST(CudaSplit, FixupRewritesExactlyTheMarkedRowsAndColumns) {
   for (float& e : scale) e = 0.5f + (d(rng) + 1.f);
   for (float& e : bias) e = d(rng);
   x[1050 * K + 3] = std::numeric_limits<float>::infinity();
-  // corrected rows: tiny values (|v 2^14| < 2^-14) at a few k, one scaled to zero
-  const std::vector<int> correct_rows = {5, 1023, 1099};
-  for (int r : correct_rows) {
+  const std::vector<int> tiny_rows = {5, 1023, 1099};
+  for (int r : tiny_rows) {
     x[r * K + 0] = 3e-9f;
-    x[r * K + 17] = -1e-12f;
+    x[r * K + 17] = -1e-20f;
     x[r * K + 39] = 1e-44f;
   }
   const std::vector<int> x_rows = {2, 1023 - 1, 1024, 1050}, w_cols = {3, 17, 1200};
   std::vector<int> flags(M, kRowKept), w_flags(N, kRowKept), list = {static_cast<int>(w_cols.size())};
   for (int r : x_rows) flags[r] = kRowRecompute;
-  for (int r : correct_rows) flags[r] = kRowCorrect;
+  for (int r : tiny_rows) flags[r] = kRowTiny;
   for (int c : w_cols) w_flags[c] = kRowRecompute;
   list.insert(list.end(), w_cols.begin(), w_cols.end());
+  // the second level: slot s holds tiny_rows[s]
+  const int slots = second_level ? 3 : 0, e2 = 14 - std::ilogb(3e-9f);
+  ASSERT_EQ(e2, 43);
+  const std::vector<int> slot_tiny = {2, 2, static_cast<int>(gemmfuse::cuda::correctable_tiny_values(K)) + 1};
+  const std::vector<float> slot_exps(3, static_cast<float>(e2));
+  std::vector<float> y2(3 * N);
+  for (float& e : y2) e = 1e-20f * d(rng);  // the size of the values added after it
   const float sentinel = 12345.f;
   std::vector<float> y(M * N, sentinel);
-  for (int r : correct_rows)  // 0 there: the correction must show
+  for (int r : tiny_rows)  // 0 there: the correction must show
     for (int64_t n = 0; n < N; ++n) y[r * N + n] = 0.f;
   DevMem dx(x.size() * 4), dw(w.size() * 4), ds(N * 4), db(N * 4), dy(y.size() * 4),
-      dexps(M * 4), dflags(M * 4), dlist(list.size() * 4), dwflags(N * 4);
+      dexps(M * 4), dflags(M * 4), dlist(list.size() * 4), dwflags(N * 4), dslots(4), dslot_row(3 * 4),
+      dslot_tiny(3 * 4), dslot_exps(3 * 4), dy2(y2.size() * 4);
   CK(cudaMemcpy(dx.p, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
   CK(cudaMemcpy(dw.p, w.data(), w.size() * 4, cudaMemcpyHostToDevice));
   CK(cudaMemcpy(ds.p, scale.data(), N * 4, cudaMemcpyHostToDevice));
@@ -250,31 +268,44 @@ TEST(CudaSplit, FixupRewritesExactlyTheMarkedRowsAndColumns) {
   CK(cudaMemcpy(dflags.p, flags.data(), M * 4, cudaMemcpyHostToDevice));
   CK(cudaMemcpy(dlist.p, list.data(), list.size() * 4, cudaMemcpyHostToDevice));
   CK(cudaMemcpy(dwflags.p, w_flags.data(), N * 4, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(dslots.p, &slots, 4, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(dslot_row.p, tiny_rows.data(), 3 * 4, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(dslot_tiny.p, slot_tiny.data(), 3 * 4, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(dslot_exps.p, slot_exps.data(), 3 * 4, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(dy2.p, y2.data(), y2.size() * 4, cudaMemcpyHostToDevice));
+  gemmfuse::cuda::SecondLevel second;
+  second.rows = static_cast<int*>(dslots.p);
+  second.slot_row = static_cast<int*>(dslot_row.p);
+  second.slot_tiny = static_cast<int*>(dslot_tiny.p);
+  second.exps = static_cast<float*>(dslot_exps.p);
+  second.y = static_cast<float*>(dy2.p);
   gemmfuse::cuda::launch_fixup_exceptional(
       static_cast<float*>(dx.p), static_cast<float*>(dw.p), static_cast<float*>(ds.p),
       static_cast<float*>(db.p), static_cast<float*>(dy.p), M, N, K, static_cast<float*>(dexps.p),
-      static_cast<int*>(dflags.p), static_cast<int*>(dlist.p), static_cast<int*>(dwflags.p), nullptr);
+      static_cast<int*>(dflags.p), static_cast<int*>(dlist.p), static_cast<int*>(dwflags.p), second, nullptr);
   CK(cudaDeviceSynchronize());
   y = download<float>(dy, M * N);
   std::vector<float> w_scaled(w.size());  // W' as the fix-up forms it, rounded once
   for (int64_t n = 0; n < N; ++n)
     for (int64_t k = 0; k < K; ++k) w_scaled[n * K + k] = w[n * K + k] * scale[n];
   for (int64_t m = 0; m < M; ++m) {
+    const auto tiny_at = std::find(tiny_rows.begin(), tiny_rows.end(), m);
+    const int slot = tiny_at == tiny_rows.end() || !second_level ? -1 : int(tiny_at - tiny_rows.begin());
+    const bool recomputed = std::count(x_rows.begin(), x_rows.end(), m) || slot == 2;
+    // the values the fix-up adds: tiny at the row's exponent, or at its slot's
+    const std::vector<int> added = slot >= 0 ? std::vector<int>{17, 39} : std::vector<int>{0, 17, 39};
     for (int64_t n = 0; n < N; ++n) {
-      const bool whole = std::count(x_rows.begin(), x_rows.end(), m) ||
-                         std::count(w_cols.begin(), w_cols.end(), n);
-      const bool corrected = std::count(correct_rows.begin(), correct_rows.end(), m) > 0;
       const float got = y[m * N + n];
-      if (whole) {
+      if (recomputed || std::count(w_cols.begin(), w_cols.end(), n)) {
         const auto [ref, mag] = gftest::dot_ref(x, w_scaled, &bias[n], m, n, K);
         if (std::isinf(ref)) {
           ASSERT_EQ(got, static_cast<float>(ref)) << m << "," << n;
         } else {
           ASSERT_NEAR(got, ref, 4 * K * std::ldexp(mag, -24)) << m << "," << n;
         }
-      } else if (corrected) {
-        double add = 0, mag = 0;  // the tiny values' products, W' as float64 has it
-        for (int k : {0, 17, 39}) {
+      } else if (tiny_at != tiny_rows.end()) {
+        double add = slot >= 0 ? y2[slot * N + n] : 0.0, mag = std::fabs(add);
+        for (int k : added) {  // the tiny values' products, W' as float64 has it
           add += static_cast<double>(x[m * K + k]) * w[n * K + k] * scale[n];
           mag += std::fabs(static_cast<double>(x[m * K + k]) * w[n * K + k] * scale[n]);
         }
@@ -285,6 +316,107 @@ TEST(CudaSplit, FixupRewritesExactlyTheMarkedRowsAndColumns) {
       }
     }
   }
+}
+
+TEST(CudaSplit, FixupRewritesExactlyTheMarkedRowsAndColumns) {
+  SKIP_WITHOUT_GPU();
+  check_fixup(false);
+  check_fixup(true);
+}
+
+// launch_split_second_level on x after launch_split_f16x2, against the host: whether it pays
+// (second_level_pays over all rows' tiny values), and where it does, slot s holding the s-th
+// kRowTiny row in row order, its exponent from its largest tiny value, its parts as the first
+// level's rule makes them for the tiny values alone (the rest zero), and the values still tiny
+// at that exponent counted. M past one chunk of flags and past two slots per CTA; rows of
+// values spread over 2^-40..1 (tiny values carried at the second level), over 2^-80..1 (some
+// still tiny there), with one tiny value (k = 3), none, or an infinity.
+void check_second_level(int64_t M, int64_t K, bool many, std::mt19937_64& rng) {
+  SCOPED_TRACE("M=" + std::to_string(M) + " K=" + std::to_string(K) + (many ? " many" : " few"));
+  std::uniform_real_distribution<float> d(0.5f, 1.f);
+  std::vector<float> x(M * K);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t k = 0; k < K; ++k) {
+      float v = d(rng) * (k % 2 ? 1.f : -1.f);
+      if (many && m % 3 == 1) v = std::ldexp(v, -static_cast<int>(k % 41));
+      if (many && m % 7 == 2) v = std::ldexp(v, -static_cast<int>(k % 81));
+      x[m * K + k] = v;
+    }
+  for (int64_t m = 0; m < M; m += 5) x[m * K + 3] = 1e-12f;
+  x[(M / 2) * K + 1] = std::numeric_limits<float>::infinity();
+  DevMem dx(x.size() * 4), dparts(2 * M * K * 2), dexps(M * 4), dflags(M * 4), dtiny(M * 4), drows(4),
+      dslot_row(M * 4), dslot_tiny(M * 4), dslot_exps(M * 4), dslot_parts(2 * M * K * 2);
+  CK(cudaMemcpy(dx.p, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
+  CK(cudaMemset(drows.p, 0x7f, 4));  // poisoned: written every call
+  CK(cudaMemset(dslot_row.p, 0xff, M * 4));
+  gemmfuse::cuda::SecondLevel second;
+  second.rows = static_cast<int*>(drows.p);
+  second.slot_row = static_cast<int*>(dslot_row.p);
+  second.slot_tiny = static_cast<int*>(dslot_tiny.p);
+  second.exps = static_cast<float*>(dslot_exps.p);
+  second.parts = static_cast<__half*>(dslot_parts.p);
+  const auto* xd = static_cast<const float*>(dx.p);
+  gemmfuse::cuda::launch_split_f16x2(xd, M, K, static_cast<__half*>(dparts.p), static_cast<float*>(dexps.p),
+                                     RowMarks{static_cast<int*>(dflags.p), nullptr, static_cast<int*>(dtiny.p)},
+                                     nullptr);
+  gemmfuse::cuda::launch_split_second_level(xd, M, K, static_cast<float*>(dexps.p), static_cast<int*>(dflags.p),
+                                            static_cast<int*>(dtiny.p), second, nullptr);
+  CK(cudaDeviceSynchronize());
+  const auto exps = download<float>(dexps, M);
+  const auto flags = download<int>(dflags, M);
+  int rows = 0;
+  CK(cudaMemcpy(&rows, drows.p, 4, cudaMemcpyDeviceToHost));
+  // the host's view: each row's tiny values at its exponent
+  std::vector<int> tiny_rows;
+  int64_t values = 0;
+  auto tiny_at = [](float v, int e) { return v != 0.f && std::fabs(std::ldexp(v, e)) < std::ldexp(1.f, -14); };
+  for (int64_t m = 0; m < M; ++m) {
+    if (flags[m] != gemmfuse::cuda::kRowTiny) continue;
+    tiny_rows.push_back(static_cast<int>(m));
+    for (int64_t k = 0; k < K; ++k) values += tiny_at(x[m * K + k], static_cast<int>(exps[m]));
+  }
+  const bool pays = gemmfuse::cuda::second_level_pays(values, K);
+  EXPECT_EQ(pays, many);
+  ASSERT_EQ(rows, pays ? static_cast<int>(tiny_rows.size()) : 0) << values << " tiny values";
+  if (!pays) return;
+  const auto slot_row = download<int>(dslot_row, M);
+  const auto slot_tiny = download<int>(dslot_tiny, M);
+  const auto slot_exps = download<float>(dslot_exps, M);
+  const auto parts = download<__half>(dslot_parts, 2 * M * K);
+  int still_tiny_rows = 0;
+  for (int s = 0; s < rows; ++s) {
+    const int m = tiny_rows[s], e1 = static_cast<int>(exps[m]);
+    ASSERT_EQ(slot_row[s], m) << "slot " << s;
+    float top = 0.f;
+    for (int64_t k = 0; k < K; ++k)
+      if (tiny_at(x[m * K + k], e1)) top = std::max(top, std::fabs(x[m * K + k]));
+    const int e2 = 14 - std::ilogb(top);
+    ASSERT_EQ(slot_exps[s], static_cast<float>(e2)) << "slot " << s;
+    int still = 0;
+    for (int64_t k = 0; k < K; ++k) {
+      const float v = x[m * K + k];
+      const double p0 = __half2float(parts[s * K + k]), p1 = __half2float(parts[M * K + s * K + k]);
+      const double got = p0 + std::ldexp(p1, -11);
+      if (!tiny_at(v, e1) || tiny_at(v, e2)) {  // carried by the first level, or still tiny
+        still += tiny_at(v, e1);
+        ASSERT_EQ(got, 0.0) << "slot " << s << " k " << k;
+        continue;
+      }
+      const double want = std::ldexp(static_cast<double>(v), e2);
+      ASSERT_LE(std::fabs(got - want), std::ldexp(std::fabs(want), -22)) << "slot " << s << " k " << k;
+    }
+    EXPECT_EQ(slot_tiny[s], still) << "slot " << s;
+    still_tiny_rows += still > 0;
+  }
+  EXPECT_GT(still_tiny_rows, 0);  // the test reaches values tiny at both levels
+}
+
+TEST(CudaSplit, SecondLevelSlots) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(14);
+  check_second_level(1100, 264, true, rng);   // many: the second level pays
+  check_second_level(40, 264, false, rng);    // 8 rows with one tiny value each: the fix-up's
+  check_second_level(3000, 72, true, rng);    // more slots than CTAs on any GPU
 }
 
 }  // namespace

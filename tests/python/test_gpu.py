@@ -355,13 +355,15 @@ def test_values_the_splits_cannot_carry(precision, M, fold):
         assert_close64(out[finite], ref[finite], what=f"{precision} M={M} fold={fold}")
 
 
-def test_fp32_tiny_values_beside_large_weights():
-    """fp32 mode on values more than 2^28 below their row's largest (softmax-like inputs),
-    which the f16x3 split leaves out of its parts: in every row of x three such values (1e-10
-    beside U[0,1)) where W's columns are 1e7 times its other values (not marked themselves),
-    so their products are ~1e3 ulps of Y and must be added back (the fix-up's correction); in a
-    few rows more of them than a row corrects (K / 8 = 128: recomputed). As faithful as eager
-    fp32 against float64, on the f16x3 path on an H100/H200."""
+@pytest.mark.parametrize("rows", [10, 512])
+def test_fp32_tiny_values_beside_large_weights(rows):
+    """fp32 mode on values more than 2^28 below their row's largest, which the f16x3 split
+    leaves out of its parts: in `rows` rows of x three such values (1e-10 beside U[0,1)) where
+    W's columns are 1e7 times its other values (not marked themselves), so their products are
+    ~1e3 ulps of Y and must be added back. 10 rows hold 30 such values, at most K/32 = 32: the
+    fix-up corrects them; 512 rows (and 200 more values in each of 4 rows) go through the
+    second level, a split of those rows' tiny values and a GEMM of their own. As faithful as
+    eager fp32 against float64, on the f16x3 path on an H100/H200."""
     M, K, N = 512, 1024, 4096
     lin = nn.Linear(K, N).cuda()
     big = [5, 300, 777]
@@ -370,8 +372,10 @@ def test_fp32_tiny_values_beside_large_weights():
                          * torch.sign(torch.randn(N, K, device="cuda")))
         lin.weight[:, big] *= 1e7
     x = torch.rand(M, K, device="cuda")
-    x[:, big] = 1e-10 * torch.rand(M, 3, device="cuda").add(1)
-    x[40:44, 400:600] = 3e-11  # 200 tiny values a row: recomputed
+    x[:, big] = 0.0  # other rows: no products with the large columns (they would swamp Y)
+    x[:rows, big] = 1e-10 * torch.rand(rows, 3, device="cuda").add(1)
+    if rows == M:
+        x[40:44, 400:600] = 3e-11
     ref = copy.deepcopy(lin).double()(x.double())
     opt = gemmfuse.optimize(copy.deepcopy(lin), (x,), precision="fp32")
     if is_sm90():
@@ -381,7 +385,26 @@ def test_fp32_tiny_values_beside_large_weights():
     assert gemmfuse.runtimes(opt)[0].fallbacks == {}
     tiny_part = (x[:, big].double() @ lin.weight[:, big].double().t()).abs()
     assert tiny_part.max() > 1e3 * 2.0 ** -24 * ref.abs().median()  # the products to bring back
-    assert_close64(out, ref, what="fp32 tiny values")
+    assert_close64(out, ref, what=f"fp32 tiny values in {rows} rows")
+    assert rel(out, ref) <= 1.25 * rel(eager, ref) + FP32_ULPS, (rel(out, ref), rel(eager, ref))
+
+
+@pytest.mark.parametrize("sigma", [2.0, 6.0])
+def test_fp32_softmax_outputs_as_input(sigma):
+    """A Linear fed softmax outputs (logits ~ N(0, sigma^2)): every row holds values far below
+    its largest (down to ~2^-35 at sigma 2, past 2^-60 at 6), which fp32 mode's split carries
+    through its second level. As faithful as eager fp32 against float64."""
+    M, K, N = 512, 2048, 1024
+    lin = nn.Linear(K, N).cuda()
+    x = torch.softmax(sigma * torch.randn(M, K, device="cuda"), dim=1)
+    ref = copy.deepcopy(lin).double()(x.double())
+    opt = gemmfuse.optimize(copy.deepcopy(lin), (x,), precision="fp32")
+    if is_sm90():
+        assert F16X3_TEXT in gemmfuse.explain(opt, print_it=False)
+    with torch.no_grad():
+        out, eager = opt(x), lin(x)
+    assert gemmfuse.runtimes(opt)[0].fallbacks == {}
+    assert_close64(out, ref, what=f"fp32 softmax inputs, sigma {sigma}")
     assert rel(out, ref) <= 1.25 * rel(eager, ref) + FP32_ULPS, (rel(out, ref), rel(eager, ref))
 
 

@@ -4,8 +4,9 @@
 // CUTLASS's headers.
 //
 // Tiles: 128x128x64; the mainloop (split_products_mainloop.h) holds one k-tile of both parts
-// of x and of W per stage, three stages, and runs the three products on it. Two kernels:
+// of x and of W per stage, three stages, and runs the three products on it. Three kernels:
 // - wide: 2-CTA clusters along M (W tiles multicast), persistent over the output tiles;
+// - counted: the wide kernel over the first *rows rows only (counted_rows_scheduler.h);
 // - split-K: 1-CTA clusters, each tile's K cut into `splits` ranges run by different CTAs
 //   and summed in fp32 through the workspace (CUTLASS's stream-K scheduler in split-K mode),
 //   for GEMMs whose tiles would leave most SMs idle (128 rows x 8192 columns: 64 tiles).
@@ -30,6 +31,7 @@
 #include "cutlass/gemm/device/gemm_universal_adapter.h"
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
 
+#include "counted_rows_scheduler.h"
 #include "cuda_check.h"
 #include "device_info.h"
 #include "gemm_f16x3.h"
@@ -95,9 +97,11 @@ struct F16x3Kernel {
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
   static_assert(sizeof(typename Kernel::SharedStorage) <= 227 * 1024, "an sm90 CTA's shared memory");
 };
-// The wide kernel (gemm_f16x3.cu) and the split-K one (gemm_f16x3_split_k.cu).
+// The wide kernel (gemm_f16x3.cu), the split-K one (gemm_f16x3_split_k.cu), and the wide one
+// over a row count read on the device (gemm_f16x3_counted.cu).
 using Wide = F16x3Kernel<Shape<_2, _1, _1>, void>;
 using SplitK = F16x3Kernel<Shape<_1, _1, _1>, cutlass::gemm::StreamKScheduler>;
+using Counted = F16x3Kernel<Shape<_2, _1, _1>, CountedRows>;
 
 // The stride of a packed row-major [rows, cols] operand (batch of one): (cols, 1, rows*cols).
 template <class Stride>
@@ -149,6 +153,7 @@ typename Variant::Gemm::Arguments arguments(const F16x3Problem& p, int splits) {
     args.scheduler.splits = splits;
     args.scheduler.decomposition_mode = decltype(args.scheduler.decomposition_mode)::SplitK;
   }
+  if constexpr (std::is_same_v<Variant, Counted>) args.scheduler.rows = p.rows;
   return args;
 }
 

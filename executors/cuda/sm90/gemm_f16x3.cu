@@ -13,6 +13,7 @@
 
 #if defined(GEMMFUSE_WITH_SM90_KERNELS)
 #include "f16x3_kernel.cuh"
+#include "gemm_f16x3_counted.h"
 #include "gemm_f16x3_split_k.h"
 #endif
 
@@ -60,6 +61,7 @@ bool launch_f16x3_gemm(const F16x3Problem& p, void* workspace, size_t workspace_
   if (!aligned16(p.x_parts) || !aligned16(p.w_parts) || !aligned16(p.x_exps) || !aligned16(p.w_exps) ||
       !aligned16(p.y) || !aligned16(workspace) || (p.bias != nullptr && !aligned16(p.bias)))
     return false;
+  if (p.rows) return launch_f16x3_counted(p, workspace, workspace_bytes, stream);
   const int splits = splits_of(p);
   if (splits > 1) return launch_f16x3_split_k(p, splits, workspace, workspace_bytes, stream);
   // Programmatic (PDL): this file is built with CUTLASS_ENABLE_GDC_FOR_SM90, so the kernel's

@@ -17,12 +17,14 @@
 // took 1.06 ms at the seed shape, these three 0.58.
 //
 // Values the split cannot carry: NaN and infinities (a part product would make 0 * inf = NaN
-// where fp32 gives inf), and nonzero values more than ~2^29 below their row's largest (scaled,
-// they fall below fp16's normal range and lose their low bits, which matters where the other
-// operand is large at their k). The split passes mark the rows of x and of W that hold one,
-// and launch_fixup_exceptional recomputes those rows and columns of Y in plain fp32, as SGEMM
-// does (split.h). Data with many such rows runs slower than SGEMM (the fix-up is a dot
-// product per output); torch.rand's and nn.Linear's grids never reach that range (2^-24).
+// where fp32 gives inf), and nonzero values more than ~2^28 below their row's largest ("tiny":
+// scaled, they fall below fp16's normal range and lose their low bits, which matters where the
+// other operand is large at their k). The split passes mark the rows of x and of W that hold
+// one (split.h): rows and columns with inf/NaN, and W's rows with tiny values, are recomputed
+// in plain fp32 as SGEMM does; x's tiny values come back through the fix-up's corrections
+// (few) or a second level of the split and a second pass of this kernel over the rows holding
+// them (many: softmax-like data), all launched by fp32_gemm_f16x3.h. torch.rand's and
+// nn.Linear's grids never reach that range (2^-24).
 #pragma once
 
 #include <cuda_fp16.h>
@@ -44,6 +46,10 @@ struct F16x3Problem {
   // 1: the wide kernel (2-CTA clusters, one CTA per output tile); more: the split-K kernel with
   // each tile's K cut into that many ranges; 0: f16x3_splits's choice. Tests and probes set it.
   int splits = 0;
+  // Device memory, or null: with it, only Y's first *rows rows are computed (clamped to
+  // [0, M]; the wide kernel, whatever `splits` says), the count read when the kernel starts,
+  // after the kernel before it on the stream has finished (fp32's second level, split.h).
+  const int* rows = nullptr;
 };
 
 // The kernel's output tiles are kF16x3TileMN x kF16x3TileMN.

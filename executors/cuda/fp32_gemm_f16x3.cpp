@@ -1,0 +1,40 @@
+// fp32 mode's GEMM on fp16 tensor cores, end to end (fp32_gemm_f16x3.h).
+#include "fp32_gemm_f16x3.h"
+
+#include <stdexcept>
+
+#include "gemm_f16x3.h"
+
+namespace gemmfuse::cuda {
+
+void launch_fp32_gemm_f16x3(const Fp32GemmF16x3& g, cudaStream_t stream) {
+  const F16x3Scratch& s = g.scratch;
+  launch_split_f16x2(g.x, g.M, g.K, s.x_parts, s.x_exps, RowMarks{s.x_flags, nullptr, s.x_tiny}, stream);
+  launch_split_second_level(g.x, g.M, g.K, s.x_exps, s.x_flags, s.x_tiny, s.second, stream);
+  sm90::F16x3Problem p;
+  p.M = g.M;
+  p.N = g.N;
+  p.K = g.K;
+  p.x_parts = s.x_parts;
+  p.w_parts = g.w_parts;
+  p.x_exps = s.x_exps;
+  p.w_exps = g.w_exps;
+  p.bias = g.bias;
+  p.y = g.y;
+  p.splits = g.splits;
+  if (!sm90::launch_f16x3_gemm(p, g.gemm_workspace, g.gemm_workspace_bytes, stream))
+    throw std::logic_error("CUDA gemm: the f16x3 GEMM declined an accepted call");
+  // The second level: its slots' parts times W's, into second.y (no bias: Y has it).
+  sm90::F16x3Problem q = p;
+  q.x_parts = s.second.parts;
+  q.x_exps = s.second.exps;
+  q.bias = nullptr;
+  q.y = s.second.y;
+  q.rows = s.second.rows;
+  if (!sm90::launch_f16x3_gemm(q, g.gemm_workspace, g.gemm_workspace_bytes, stream))
+    throw std::logic_error("CUDA gemm: the f16x3 GEMM declined the second level");
+  launch_fixup_exceptional(g.x, g.w, nullptr, g.bias, g.y, g.M, g.N, g.K, s.x_exps, s.x_flags, g.w_list,
+                           g.w_flags, s.second, stream);
+}
+
+}  // namespace gemmfuse::cuda

@@ -1,0 +1,47 @@
+// fp32 mode's GEMM on fp16 tensor cores, end to end, as the executor runs it and as tests and
+// probes time it: x's split (split.h) and its second level, the GEMM (sm90/gemm_f16x3.h), the
+// second level's GEMM over the rows it took (none in the common case: CTAs that start, read a
+// zero count and leave), and the fp32 fix-up; in stream order, programmatic launches, no
+// host sync.
+#pragma once
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "split.h"
+
+namespace gemmfuse::cuda {
+
+// Per-call buffers (the executor's workspace, layout.h).
+struct F16x3Scratch {
+  __half* x_parts = nullptr;  // [2, M, K]
+  float* x_exps = nullptr;    // [M]
+  int* x_flags = nullptr;     // [M]
+  int* x_tiny = nullptr;      // [M]
+  SecondLevel second;         // second.y may alias x_parts: x's parts are dead by then
+};
+
+struct Fp32GemmF16x3 {
+  int64_t M = 0, N = 0, K = 0;
+  const float* x = nullptr;        // [M, K]
+  const float* w = nullptr;        // [N, K]: W' in fp32, for the fix-up
+  const __half* w_parts = nullptr; // W's split (prepared once per weight version)
+  const float* w_exps = nullptr;
+  const int* w_list = nullptr;
+  const int* w_flags = nullptr;
+  const float* bias = nullptr;     // [N], or null
+  float* y = nullptr;              // [M, N]
+  F16x3Scratch scratch;
+  void* gemm_workspace = nullptr;  // the kernel's (sm90::f16x3_workspace_bytes)
+  size_t gemm_workspace_bytes = 0;
+  int splits = 0;                  // as sm90::F16x3Problem's (tests and probes)
+};
+
+// Enqueues the whole GEMM on `stream`. Throws std::logic_error where the kernel declines the
+// call (unaligned pointers, too little workspace): callers check sm90::f16x3_unfit first.
+void launch_fp32_gemm_f16x3(const Fp32GemmF16x3& g, cudaStream_t stream);
+
+}  // namespace gemmfuse::cuda

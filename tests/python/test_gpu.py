@@ -355,6 +355,21 @@ def test_values_the_splits_cannot_carry(precision, M, fold):
         assert_close64(out[finite], ref[finite], what=f"{precision} M={M} fold={fold}")
 
 
+def _fp32_linear_against_float64(lin, x, what):
+    """Runs `lin` on x as gemmfuse fp32 (the f16x3 path on sm90, no fallback) and checks it as
+    faithful as eager fp32 against float64; returns (out, float64 reference)."""
+    ref = copy.deepcopy(lin).double()(x.double())
+    opt = gemmfuse.optimize(copy.deepcopy(lin), (x,), precision="fp32")
+    if is_sm90():
+        assert F16X3_TEXT in gemmfuse.explain(opt, print_it=False)
+    with torch.no_grad():
+        out, eager = opt(x), lin(x)
+    assert gemmfuse.runtimes(opt)[0].fallbacks == {}
+    assert_close64(out, ref, what=what)
+    assert rel(out, ref) <= 1.25 * rel(eager, ref) + FP32_ULPS, (rel(out, ref), rel(eager, ref))
+    return out, ref
+
+
 @pytest.mark.parametrize("rows", [10, 512])
 def test_fp32_tiny_values_beside_large_weights(rows):
     """fp32 mode on values more than 2^28 below their row's largest, which the f16x3 split
@@ -376,17 +391,9 @@ def test_fp32_tiny_values_beside_large_weights(rows):
     x[:rows, big] = 1e-10 * torch.rand(rows, 3, device="cuda").add(1)
     if rows == M:
         x[40:44, 400:600] = 3e-11
-    ref = copy.deepcopy(lin).double()(x.double())
-    opt = gemmfuse.optimize(copy.deepcopy(lin), (x,), precision="fp32")
-    if is_sm90():
-        assert F16X3_TEXT in gemmfuse.explain(opt, print_it=False)
-    with torch.no_grad():
-        out, eager = opt(x), lin(x)
-    assert gemmfuse.runtimes(opt)[0].fallbacks == {}
+    _, ref = _fp32_linear_against_float64(lin, x, f"fp32 tiny values in {rows} rows")
     tiny_part = (x[:, big].double() @ lin.weight[:, big].double().t()).abs()
     assert tiny_part.max() > 1e3 * 2.0 ** -24 * ref.abs().median()  # the products to bring back
-    assert_close64(out, ref, what=f"fp32 tiny values in {rows} rows")
-    assert rel(out, ref) <= 1.25 * rel(eager, ref) + FP32_ULPS, (rel(out, ref), rel(eager, ref))
 
 
 @pytest.mark.parametrize("sigma", [2.0, 6.0])
@@ -397,15 +404,7 @@ def test_fp32_softmax_outputs_as_input(sigma):
     M, K, N = 512, 2048, 1024
     lin = nn.Linear(K, N).cuda()
     x = torch.softmax(sigma * torch.randn(M, K, device="cuda"), dim=1)
-    ref = copy.deepcopy(lin).double()(x.double())
-    opt = gemmfuse.optimize(copy.deepcopy(lin), (x,), precision="fp32")
-    if is_sm90():
-        assert F16X3_TEXT in gemmfuse.explain(opt, print_it=False)
-    with torch.no_grad():
-        out, eager = opt(x), lin(x)
-    assert gemmfuse.runtimes(opt)[0].fallbacks == {}
-    assert_close64(out, ref, what=f"fp32 softmax inputs, sigma {sigma}")
-    assert rel(out, ref) <= 1.25 * rel(eager, ref) + FP32_ULPS, (rel(out, ref), rel(eager, ref))
+    _fp32_linear_against_float64(lin, x, f"fp32 softmax inputs, sigma {sigma}")
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

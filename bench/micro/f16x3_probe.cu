@@ -83,9 +83,18 @@ __global__ void softmax_rows(float* x, int M, int K, float sigma, unsigned seed)
   }
 }
 
+// One NaN in each of `rows` rows of x [M, K], spread over M: rows the fix-up recomputes.
+__global__ void plant_nan(float* x, int M, int K, int rows) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < rows; i += gridDim.x * blockDim.x) {
+    const size_t r = size_t(i) * M / rows;
+    x[r * K + (r * 7919) % K] = NAN;
+  }
+}
+
 struct Plant {
   int every = 0, per_row = 0;  // 0: nothing planted
   float softmax_sigma = 0.f;   // > 0: x's rows are softmax outputs instead
+  int nan_rows = 0;            // > 0: that many rows hold a NaN
 };
 
 __global__ void widen(const float* s, double* d, size_t n) {
@@ -93,10 +102,15 @@ __global__ void widen(const float* s, double* d, size_t n) {
     d[i] = s[i];
 }
 
-// ||y - ref|| / ||ref|| and max |y - ref| (grid-stride partials, one atomic per block).
+// ||y - ref|| / ||ref|| and max |y - ref| (grid-stride partials, one atomic per block), over
+// the finite outputs of ref; a NaN of ref that y lacks makes the max infinite.
 __global__ void error_sums(const float* y, const double* ref, size_t n, double* out) {
   double num = 0, den = 0, mx = 0;
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    if (isnan(ref[i])) {
+      if (!isnan(y[i])) mx = INFINITY;
+      continue;
+    }
     const double d = double(y[i]) - ref[i];
     num += d * d;
     den += ref[i] * ref[i];
@@ -180,6 +194,7 @@ void run_shape(cublasHandle_t h, const Variant (&variants)[kN], int M, int N, in
     fill<<<1024, 256>>>(xs[s], xn, 17u + s, 0.f, xscale);
     if (plant.every > 0) plant_tiny<<<1024, 256>>>(xs[s], M, K, plant.every, plant.per_row);
     if (plant.softmax_sigma > 0) softmax_rows<<<1024, 256>>>(xs[s], M, K, plant.softmax_sigma, 17u + s);
+    if (plant.nan_rows > 0) plant_nan<<<8, 256>>>(xs[s], M, K, plant.nan_rows);
   }
   const float bound = wscale / std::sqrt(float(K));
   float* w;
@@ -265,14 +280,32 @@ void run_shape(cublasHandle_t h, const Variant (&variants)[kN], int M, int N, in
     }
     for (void* p : {(void*)x64, (void*)w64, (void*)ref, (void*)sums}) CHECK_CUDA(cudaFree(p));
   }
+  // The path without the second level's two launches (its split and its GEMM): what they cost
+  // where x has no tiny values (timed with GEMMFUSE_PROBE_TINY=1, on the case with none).
+  const bool time_first_level = plant.every == 0 && plant.softmax_sigma == 0 && plant.nan_rows == 0 && label[0];
+  auto first_level_only = [&](int s) {
+    gemmfuse::cuda::launch_split_f16x2(xs[s], M, K, x_parts, x_exps, {x_flags, nullptr, x_tiny}, nullptr);
+    gemmfuse::cuda::sm90::F16x3Problem p;
+    p.M = M; p.N = N; p.K = K;
+    p.x_parts = x_parts; p.w_parts = w_parts; p.x_exps = x_exps; p.w_exps = w_exps; p.y = ys[s];
+    if (!gemmfuse::cuda::sm90::launch_f16x3_gemm(p, ws, ws_bytes, nullptr)) std::abort();
+    gemmfuse::cuda::launch_fixup_exceptional(xs[s], w, nullptr, nullptr, ys[s], M, N, K, x_exps, x_flags, w_list,
+                                             w_flags, gemmfuse::cuda::SecondLevel{}, nullptr);
+  };
   if (timing) {
     // Alternated in rounds so that all see the same clock drift; the median round.
-    std::vector<float> t_sgemm, t_split;
+    std::vector<float> t_sgemm, t_split, t_first;
     std::vector<std::vector<float>> t_ours(kN);
     for (int round = 0; round < 3; ++round) {
       t_sgemm.push_back(median_ms(sgemm, kSets));
       for (size_t i = 0; i < kN; ++i) t_ours[i].push_back(median_ms([&](int s) { ours(variants[i], s); }, kSets));
       t_split.push_back(median_ms([&](int s) { gemmfuse::cuda::launch_split_f16x2(xs[s], M, K, x_parts, x_exps, {x_flags, nullptr, x_tiny}, nullptr); }, kSets));
+      if (time_first_level) t_first.push_back(median_ms(first_level_only, kSets));
+    }
+    if (time_first_level) {
+      std::sort(t_first.begin(), t_first.end());
+      std::printf("             first level only       %.4f ms  (rounds %.4f %.4f %.4f)\n", t_first[1], t_first[0],
+                  t_first[1], t_first[2]);
     }
     std::sort(t_sgemm.begin(), t_sgemm.end());
     std::sort(t_split.begin(), t_split.end());
@@ -304,12 +337,18 @@ int main() {
   if (const char* t = std::getenv("GEMMFUSE_PROBE_TINY"); t && std::string(t) == "1") {
     // (every, per_row): none; 2 rows with 1 tiny value and 256 rows with 1 (at most K/32 = 256
     // values: corrected); 256 rows with 2; 2 and 16 rows with 1025; every row with 36, 256 and
-    // 1024 (the second level); then softmax rows of N(0, sigma^2) logits.
-    const Plant cases[] = {{0, 0},   {512, 1},  {4, 1},      {4, 2},         {512, 1025},    {64, 1025},
-                           {1, 36},  {1, 256},  {1, 1024},   {0, 0, 2.f},    {0, 0, 4.f},    {0, 0, 8.f}};
+    // 1024 (the second level); then softmax rows of N(0, sigma^2) logits (from sigma = 8, rows
+    // recomputed: values still tiny at the second level); then 1 to 1024 rows holding a NaN
+    // (recomputed: by warps up to 2 rows a chunk, by tiles past that).
+    const Plant cases[] = {{0, 0},          {512, 1},        {4, 1},          {4, 2},          {512, 1025},
+                           {64, 1025},      {1, 36},         {1, 256},        {1, 1024},       {0, 0, 2.f},
+                           {0, 0, 4.f},     {0, 0, 8.f},     {0, 0, 12.f},    {0, 0, 16.f},    {0, 0, 0.f, 1},
+                           {0, 0, 0.f, 2},  {0, 0, 0.f, 3},  {0, 0, 0.f, 8},  {0, 0, 0.f, 64}, {0, 0, 0.f, 1024}};
     for (const Plant& c : cases) {
       char label[32];
-      if (c.softmax_sigma > 0)
+      if (c.nan_rows > 0)
+        std::snprintf(label, sizeof label, "nan rows %d", c.nan_rows);
+      else if (c.softmax_sigma > 0)
         std::snprintf(label, sizeof label, "softmax %.0f", c.softmax_sigma);
       else
         std::snprintf(label, sizeof label, "tiny %d/%d", c.every, c.per_row);

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 
+#include "block_list.cuh"
 #include "device_info.h"
 #include "programmatic_launch.h"
 #include "split.h"
@@ -18,10 +19,17 @@ constexpr int kFixupThreads = 256;
 constexpr int kFlagsPerThread = 4;
 constexpr int kFlagChunk = kFixupThreads * kFlagsPerThread;  // x rows listed per step
 constexpr int kCorrectCols = 4 * kFixupThreads;              // Y columns per correction item
-constexpr int kTinyListMax = correctable_tiny_values(int64_t{1} << 40);
+constexpr int kTinyListMax = 1024;  // second_level_pays's and correctable_tiny_values's caps
+
+// Whether the row paths write Y's column n: W's listed rows' columns are recomputed whole by
+// the column path, so that every output has one writer.
+__device__ __forceinline__ bool row_paths_write(const int* __restrict__ w_flags, int64_t n) {
+  return w_flags[n] == kRowKept;
+}
 
 // Y[m, n] = x[m, :] . W'[n, :] (+ bias[n]) by one warp: lanes take every 32nd k, fp32 FMA,
-// then a warp tree.
+// then a warp tree. For W's listed columns, and for a chunk's recomputed rows where they are
+// few (at most kWarpRowsMax: a tile's 64 rows would be mostly idle).
 __device__ __forceinline__ void recompute(const float* __restrict__ x, const float* __restrict__ w,
                                           const float* __restrict__ w_scale,
                                           const float* __restrict__ bias, float* __restrict__ y,
@@ -30,9 +38,98 @@ __device__ __forceinline__ void recompute(const float* __restrict__ x, const flo
   const float* wr = w + n * K;
   const float s = w_scale ? w_scale[n] : 1.f;  // W' as the split saw it (rounded once)
   float acc = 0.f;
-  for (int64_t k = lane; k < K; k += 32) acc = fmaf(__ldg(xr + k), __ldg(wr + k) * s, acc);
+  for (int64_t k = lane; k < K; k += 32) acc = fmaf(__ldg(xr + k), __ldg(wr + k) * s, acc);  // W' rounded once
   for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
   if (lane == 0) y[m * N + n] = bias ? acc + bias[n] : acc;
+}
+
+// A chunk's recomputed rows, past kWarpRowsMax of them, by tiles: an item is kTile listed rows
+// by kTile columns, K through shared memory kTileK at a time (the next step's loads in flight
+// during this one's FMAs), each thread 4 rows by 4 columns, k in order per output as SGEMM
+// sums it. A hand-written SIMT tile, because its rows come from a list whose length only the
+// device knows (CUTLASS's SIMT GEMMs take M from the host). Per k a warp reads 3 shared-memory
+// wavefronts (x's 4 rows: 2 addresses; W's 4 columns: 16 float4s) for 16 FMAs a thread.
+constexpr int kWarpRowsMax = 4;  // a warp per output below that: W' read once per row
+constexpr int kTile = 64, kTileK = 16, kThreadTile = 4;
+constexpr int kTilePitch = kTile + 4;  // float4 reads stay aligned; 2-way conflicts on the stores
+static_assert((kTile / kThreadTile) * (kTile / kThreadTile) == kFixupThreads, "a thread per 4x4 outputs");
+static_assert(kTile * kTileK == 4 * kFixupThreads, "each thread stages a float4 of x and of W' per step");
+struct alignas(16) TileStage {  // k-major: a thread reads its 4 rows and 4 columns as float4s
+  float x[kTileK][kTilePitch];
+  float w[kTileK][kTilePitch];
+};
+
+// Four values of a row from k on (0 past K): one 16-byte load where rows are 16-byte aligned.
+__device__ __forceinline__ float4 load4(const float* __restrict__ row, int64_t k, int64_t K, bool vec) {
+  if (vec) return k < K ? __ldg(reinterpret_cast<const float4*>(row + k)) : make_float4(0.f, 0.f, 0.f, 0.f);
+  float v[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) v[j] = k + j < K ? __ldg(row + k + j) : 0.f;
+  return make_float4(v[0], v[1], v[2], v[3]);
+}
+
+__device__ __forceinline__ void stash4(float (&dst)[kTileK][kTilePitch], int k, int r, float4 v) {
+  dst[k][r] = v.x;
+  dst[k + 1][r] = v.y;
+  dst[k + 2][r] = v.z;
+  dst[k + 3][r] = v.w;
+}
+
+__device__ void recompute_tile(const float* __restrict__ x, const float* __restrict__ w,
+                               const float* __restrict__ w_scale, const int* __restrict__ w_flags,
+                               const float* __restrict__ bias, float* __restrict__ y,
+                               const int* rows, int count, int64_t n0, int64_t N, int64_t K, bool vec,
+                               TileStage (&stage)[2]) {
+  const int t = threadIdx.x;
+  // staging: thread t loads 4 values at k + 4 (t % 4) of x's listed row t / 4 and of W's row
+  // n0 + t / 4 (a warp: 8 rows, 64 bytes each). Rows and columns past the tile's end load a
+  // valid row, unused.
+  const int sr = t / 4, sk = 4 * (t % 4);
+  const float* xr = x + static_cast<int64_t>(rows[min(sr, count - 1)]) * K;
+  const int64_t wn = min(n0 + sr, N - 1);
+  const float* wr = w + wn * K;
+  const float s = w_scale ? w_scale[wn] : 1.f;
+  auto scaled = [s](float4 v) { return make_float4(v.x * s, v.y * s, v.z * s, v.w * s); };  // W' rounded once
+  float4 gx = load4(xr, sk, K, vec), gw = scaled(load4(wr, sk, K, vec));
+  stash4(stage[0].x, sk, sr, gx);
+  stash4(stage[0].w, sk, sr, gw);
+  __syncthreads();
+  const int tr = kThreadTile * (t / (kTile / kThreadTile)), tc = kThreadTile * (t % (kTile / kThreadTile));
+  float acc[kThreadTile][kThreadTile] = {};
+  int cur = 0;
+  for (int64_t k0 = 0; k0 < K; k0 += kTileK) {
+    const bool more = k0 + kTileK < K;
+    if (more) {
+      gx = load4(xr, k0 + kTileK + sk, K, vec);
+      gw = scaled(load4(wr, k0 + kTileK + sk, K, vec));
+    }
+#pragma unroll
+    for (int k = 0; k < kTileK; ++k) {
+      const float4 a = *reinterpret_cast<const float4*>(&stage[cur].x[k][tr]);
+      const float4 b = *reinterpret_cast<const float4*>(&stage[cur].w[k][tc]);
+      const float av[kThreadTile] = {a.x, a.y, a.z, a.w}, bv[kThreadTile] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+      for (int i = 0; i < kThreadTile; ++i)
+#pragma unroll
+        for (int j = 0; j < kThreadTile; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
+    }
+    if (more) {  // the other stage was read last in the previous step, before its barrier
+      stash4(stage[cur ^ 1].x, sk, sr, gx);
+      stash4(stage[cur ^ 1].w, sk, sr, gw);
+    }
+    __syncthreads();
+    cur ^= 1;
+  }
+#pragma unroll
+  for (int i = 0; i < kThreadTile; ++i) {
+    const int64_t m = rows[min(tr + i, count - 1)];
+#pragma unroll
+    for (int j = 0; j < kThreadTile; ++j) {
+      const int64_t n = n0 + tc + j;
+      if (tr + i < count && n < N && row_paths_write(w_flags, n))
+        y[m * N + n] = bias ? acc[i][j] + bias[n] : acc[i][j];
+    }
+  }
 }
 
 struct TinyList {
@@ -42,8 +139,8 @@ struct TinyList {
 
 // The tiny values of x's row m at exponent e (the row's, or its second-level slot's: a value
 // tiny at the slot's is tiny at the row's, and no other value is), listed in k order by the
-// whole CTA; their count (at most kTinyListMax: second_level_pays and the fix-up's slot rule
-// keep lists within correctable_tiny_values).
+// whole CTA; their count (at most kTinyListMax: second_level_pays bounds a first-level row's
+// list, correctable_tiny_values a slot's).
 template <typename Scan>
 __device__ int list_tiny_values(const float* __restrict__ xr, float e, int64_t K, TinyList& list,
                                 typename Scan::TempStorage& scan) {
@@ -57,7 +154,7 @@ __device__ int list_tiny_values(const float* __restrict__ xr, float e, int64_t K
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       v[j] = c + j < K ? __ldg(xr + c + j) : 0.f;
-      tiny[j] = tiny_once_scaled(v[j], ldexpf(v[j], ei));
+      tiny[j] = tiny_at(v[j], ei);
       mine += tiny[j];
     }
     int at = 0, total = 0;
@@ -89,7 +186,7 @@ __device__ __forceinline__ void correct(const TinyList& list, int count, const f
 #pragma unroll
   for (int i = 0; i < kCols; ++i) {
     n[i] = n0 + threadIdx.x + i * kFixupThreads;
-    live[i] = n[i] < N && w_flags[n[i]] == kRowKept;  // W's listed columns are recomputed whole
+    live[i] = n[i] < N && row_paths_write(w_flags, n[i]);
     acc[i] = 0.f;
   }
 #pragma unroll 4
@@ -124,7 +221,7 @@ __device__ __forceinline__ void correct_by_warp(const TinyList& list, int count,
   for (int64_t nb = n0 + warp * kWarpCols; nb < min(N, n0 + kCorrectCols); nb += kStep) {
     // lane i < kWarpCols owns column nb + i: its flag and Y value, loaded before the gathers
     const int64_t own = nb + lane;
-    const bool live_own = lane < kWarpCols && own < N && w_flags[own] == kRowKept;
+    const bool live_own = lane < kWarpCols && own < N && row_paths_write(w_flags, own);
     const float y_own = live_own ? y[m * N + own] + (add ? add[own] : 0.f) : 0.f;
     float acc[kWarpCols];
     const float* wr[kWarpCols];
@@ -166,11 +263,12 @@ __device__ void correct_item(const float* __restrict__ x, float e, const float* 
 }
 
 // x's marked rows are listed a chunk of kFlagChunk rows at a time, by every CTA in the same
-// (ascending) order: recomputed rows' outputs spread over every warp of the grid, corrected
-// rows in items of kCorrectCols columns, one per CTA. With second-level slots, kRowTiny rows
-// are taken by slot instead, in items too. W's listed rows are recomputed as columns; an
-// output in both a recomputed row and a listed column is written twice with the same value.
-__global__ void __launch_bounds__(kFixupThreads)
+// (ascending) order: recomputed rows by tiles (or, a few, by warps), spread over the grid;
+// corrected rows in items of kCorrectCols columns, one per CTA. With second-level slots,
+// kRowTiny rows are slots in row order: a slot holding more values still tiny than
+// correctable_tiny_values makes its row recomputed; the others are taken by slot, in items
+// too. W's listed rows are recomputed as columns, and the row paths leave those columns alone.
+__global__ void __launch_bounds__(kFixupThreads, 2)  // the grid: two CTAs an SM
     fixup_kernel(const float* __restrict__ x, const float* __restrict__ w,
                  const float* __restrict__ w_scale, const float* __restrict__ bias,
                  float* __restrict__ y, int64_t M, int64_t N, int64_t K,
@@ -178,8 +276,10 @@ __global__ void __launch_bounds__(kFixupThreads)
                  const int* __restrict__ w_list, const int* __restrict__ w_flags, SecondLevel second) {
   using Scan = cub::BlockScan<int, kFixupThreads>;
   __shared__ typename Scan::TempStorage scan;
-  __shared__ int rows[2][kFlagChunk];  // [0] recomputed, [1] corrected
+  __shared__ int recomputed_rows[kFlagChunk], tiny_rows[kFlagChunk];
+  __shared__ int recomputed_count;
   __shared__ TinyList tiny;
+  __shared__ TileStage stage[2];
   const int lane = threadIdx.x & 31;
   const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
@@ -190,45 +290,62 @@ __global__ void __launch_bounds__(kFixupThreads)
   const int64_t n_cols = w_list[0];  // read early: their latency overlaps the flags'
   const int64_t slots = second.rows ? *second.rows : 0;
   const int64_t items_per_row = (N + kCorrectCols - 1) / kCorrectCols;
+  const int64_t col_tiles = (N + kTile - 1) / kTile;
+  // 16-byte loads of x's and W's rows in the tiles
+  const bool vec = K % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0;
+  int64_t slot_base = 0;  // the slot of the chunk's first kRowTiny row
   for (int64_t base = 0; base < M; base += kFlagChunk) {
     const int64_t first = base + kFlagsPerThread * threadIdx.x;
     int f[kFlagsPerThread];
-    int count = 0;  // recomputed rows in the low half, corrected ones in the high half
+    bool marked = false;
 #pragma unroll
     for (int j = 0; j < kFlagsPerThread; ++j) {
       f[j] = first + j < M ? x_flags[first + j] : kRowKept;
-      if (f[j] == kRowTiny && slots > 0) f[j] = kRowKept;  // taken by slot below
-      count += f[j] == kRowRecompute ? 1 : f[j] == kRowTiny ? 1 << 16 : 0;
+      marked |= f[j] != kRowKept;
     }
-    if (__syncthreads_or(count) == 0) continue;  // the common case: nothing marked
-    int at = 0, marked = 0;
-    Scan(scan).ExclusiveSum(count, at, marked);  // each half stays below 2^16
-    int at_r = at & 0xffff, at_c = at >> 16;
+    if (__syncthreads_or(marked) == 0) continue;  // the common case: nothing marked
+    bool pick[kFlagsPerThread];
 #pragma unroll
-    for (int j = 0; j < kFlagsPerThread; ++j) {
-      if (f[j] == kRowRecompute) rows[0][at_r++] = static_cast<int>(first + j);
-      if (f[j] == kRowTiny) rows[1][at_c++] = static_cast<int>(first + j);
+    for (int j = 0; j < kFlagsPerThread; ++j) pick[j] = f[j] == kRowRecompute;
+    const int listed = list_picked_rows<Scan>(pick, first, recomputed_rows, scan);
+    if (threadIdx.x == 0) recomputed_count = listed;  // seen after the next list's barrier
+#pragma unroll
+    for (int j = 0; j < kFlagsPerThread; ++j) pick[j] = f[j] == kRowTiny;
+    int64_t corrected = list_picked_rows<Scan>(pick, first, tiny_rows, scan);
+    if (slots > 0) {  // block-uniform; the slot loop below takes these rows
+      for (int i = threadIdx.x; i < corrected; i += kFixupThreads)
+        if (second.slot_tiny[slot_base + i] > correctable_tiny_values(K))
+          recomputed_rows[atomicAdd(&recomputed_count, 1)] = tiny_rows[i];  // any order
+      slot_base += corrected;
+      corrected = 0;
     }
     __syncthreads();
-    const int64_t recomputed = marked & 0xffff, corrected = marked >> 16;
-    for (int64_t i = warp; i < recomputed * N; i += warps)
-      recompute(x, w, w_scale, bias, y, rows[0][i / N], i % N, N, K, lane);
+    const int recomputed = recomputed_count;
+    if (recomputed <= kWarpRowsMax) {
+      for (int64_t i = warp; i < recomputed * N; i += warps) {
+        const int64_t n = i % N;
+        if (row_paths_write(w_flags, n)) recompute(x, w, w_scale, bias, y, recomputed_rows[i / N], n, N, K, lane);
+      }
+    } else {  // items ordered so that the CTAs running at once share tiles of W'
+      const int groups = (recomputed + kTile - 1) / kTile;
+      for (int64_t item = blockIdx.x; item < groups * col_tiles; item += gridDim.x) {
+        const int g = static_cast<int>(item % groups);
+        recompute_tile(x, w, w_scale, w_flags, bias, y, recomputed_rows + g * kTile, min(kTile, recomputed - g * kTile),
+                       (item / groups) * kTile, N, K, vec, stage);
+      }
+    }
     for (int64_t item = blockIdx.x; item < corrected * items_per_row; item += gridDim.x) {
-      const int64_t m = rows[1][item / items_per_row];
+      const int64_t m = tiny_rows[item / items_per_row];
       correct_item<Scan>(x, x_exps[m], w, w_scale, w_flags, nullptr, y, m, (item % items_per_row) * kCorrectCols,
                          N, K, tiny, scan);
     }
-    __syncthreads();  // rows and the scan storage are reused by the next chunk
+    __syncthreads();  // the lists are rewritten by the next chunk
   }
   for (int64_t item = blockIdx.x; item < slots * items_per_row; item += gridDim.x) {
     const int64_t s = item / items_per_row, n0 = (item % items_per_row) * kCorrectCols;
-    const int64_t m = second.slot_row[s];
-    if (second.slot_tiny[s] > correctable_tiny_values(K)) {  // block-uniform
-      for (int64_t n = n0 + threadIdx.x / 32; n < min(N, n0 + kCorrectCols); n += kFixupThreads / 32)
-        recompute(x, w, w_scale, bias, y, m, n, N, K, lane);
-    } else {
-      correct_item<Scan>(x, second.exps[s], w, w_scale, w_flags, second.y + s * N, y, m, n0, N, K, tiny, scan);
-    }
+    if (second.slot_tiny[s] > correctable_tiny_values(K)) continue;  // recomputed above
+    correct_item<Scan>(x, second.exps[s], w, w_scale, w_flags, second.y + s * N, y, second.slot_row[s], n0, N, K,
+                       tiny, scan);
   }
   for (int64_t i = warp; i < n_cols * M; i += warps)
     recompute(x, w, w_scale, bias, y, i % M, w_list[1 + i / M], N, K, lane);

@@ -287,7 +287,8 @@ void run_gemm(const Plan& plan, const Step& step, const RunArgs& args, const cha
     // large one, which then lands on a sum of their size: as accurate as a GEMM of their own
     // added to it, without writing and re-reading Y (bench/NOTES.md, session 21). Rows with a
     // value the split cannot carry are recomputed in fp32 after it (split.h).
-    if (P.w_split == kAbsent || W.x_split == kAbsent || P.w_list == kAbsent || W.x_flags == kAbsent)
+    if (P.w_split == kAbsent || W.x_split == kAbsent || P.w_list == kAbsent || P.w_flags == kAbsent ||
+        W.x_flags == kAbsent)
       throw std::logic_error("CUDA gemm: split precision without split buffers");
     const int64_t Kh = P.Kh;
     const auto* x = static_cast<const float*>(args.x);
@@ -307,7 +308,7 @@ void run_gemm(const Plan& plan, const Step& step, const RunArgs& args, const cha
     launch_fixup_exceptional(x, static_cast<const float*>(args.weight), scale,
                              static_cast<const float*>(bias), static_cast<float*>(y), M, N, K,
                              nullptr, x_flags, reinterpret_cast<const int*>(prepared + P.w_list),
-                             nullptr, SecondLevel{}, stream);
+                             reinterpret_cast<const int*>(prepared + P.w_flags), SecondLevel{}, stream);
     return;
   }
 

@@ -63,9 +63,11 @@ PreparedLayout prepared_layout(const Plan& plan) {
   if (f16x3) {
     L.w_parts = c.take(sizeof(uint16_t) * 2 * N * K);
     L.w_exps = c.take(sizeof(float) * N);
-    L.w_flags = c.take(sizeof(int32_t) * N);
   }
-  if (split || f16x3) L.w_list = c.take(sizeof(int32_t) * (1 + N));
+  if (split || f16x3) {
+    L.w_flags = c.take(sizeof(int32_t) * N);
+    L.w_list = c.take(sizeof(int32_t) * (1 + N));
+  }
   if (plan.prep.column_sums) {
     L.wsum = c.take(sizeof(float) * K);
     L.bsum = c.take(sizeof(float));

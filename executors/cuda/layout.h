@@ -47,7 +47,7 @@ inline int64_t split_segment_width(int64_t K) { return (K + 7) / 8 * 8; }
 //   w_split   bf16 [N, 3*Kh]  [W'hi | W'lo | W'hi], Kh = split_segment_width(K)  (fast, fp32 model)
 //   w_parts   fp16 [2, N, K]  W' as two scaled fp16 parts (split.h)      (uses_f16x3)
 //   w_exps    fp32 [N]        their rows' scale exponents                (uses_f16x3)
-//   w_flags   int32 [N]       W' rows' RowMark (split.h)                 (uses_f16x3)
+//   w_flags   int32 [N]       W' rows' RowMark (split.h)                 (fast, uses_f16x3)
 //   w_list    int32 [1 + N]   the rows of W' the split marks (split.h)   (fast, uses_f16x3)
 //   wsum      fp32 [K]        column sums of W' over N (fp64 accumulation, rounded once)
 //   bsum      fp32 [1]        sum of the (folded) bias                    (column_sums)

@@ -160,7 +160,8 @@ void prepare_typed(const Plan& plan, const RunArgs& args, char* prepared, cudaSt
     int* list = reinterpret_cast<int*>(prepared + L.w_list);
     GF_CUDA_CHECK(cudaMemsetAsync(list, 0, sizeof(int), stream));
     launch_split_hilo(reinterpret_cast<const float*>(w), scale, N, K, L.Kh, HiLoOrder::HiLoHi,
-                      reinterpret_cast<__nv_bfloat16*>(prepared + L.w_split), RowMarks{nullptr, list},
+                      reinterpret_cast<__nv_bfloat16*>(prepared + L.w_split),
+                      RowMarks{reinterpret_cast<int*>(prepared + L.w_flags), list},
                       stream);
   }
   if (L.w_parts != kAbsent) {

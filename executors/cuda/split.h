@@ -42,21 +42,22 @@ struct RowMarks {
   int* tiny = nullptr;
 };
 
-// The most tiny values a row may hold for the fix-up to correct it (its list of them): K/8, at
-// most 1024. Measured at the seed shape (bench/NOTES.md, session 29), a corrected row costs
-// ~6 us with 1 value, ~11 us with 36 and ~14 us with 256, a recomputed one ~135 us. It bounds
-// the rows the second level corrects (their values tiny even at that level); below the second
-// level, second_level_pays bounds every row.
+// The most values still tiny at the second level that a slot's row may hold for the fix-up to
+// correct them (a list of them) rather than recompute the row: K/256, at most 1024. A
+// correction gathers a 32-byte sector of W' per value and output column, from all over W'
+// when the values' k are spread (~70 us a row for ~500 values at the seed shape); the tiled
+// recompute costs ~5 us a row when many rows are recomputed (N K FMAs a row at ~25 TFLOP/s):
+// they cost the same at about K/200 values (bench/NOTES.md, session 31). Below the second
+// level, second_level_pays bounds every row's list.
 __host__ __device__ constexpr int64_t correctable_tiny_values(int64_t K) {
-  return K / 8 < 1024 ? K / 8 : 1024;
+  return K / 256 < 1024 ? K / 256 : 1024;
 }
 
 // Whether x's tiny values, `values` in all, go through the second level rather than the fix-up's
 // corrections. A correction gathers a 32-byte sector of W' per value and output column; the
 // second level costs a pass of the GEMM's mainloop over the rows holding them (one wave of
-// tiles per 256 rows at the seed shape, ~140 us) and its split. At most K/32 values (256 at
-// the seed shape; below correctable_tiny_values) stay with the fix-up (bench/NOTES.md,
-// session 30).
+// tiles per 256 rows at the seed shape, ~140 us) and its split. At most K/32 values in all
+// (256 at the seed shape) stay with the fix-up (bench/NOTES.md, session 30).
 __host__ __device__ constexpr bool second_level_pays(int64_t values, int64_t K) {
   return values > (K / 32 < 1024 ? K / 32 : 1024);
 }
@@ -118,6 +119,9 @@ __device__ __forceinline__ bool tiny_once_scaled(float v, float s) {
   return v != 0.f && fabsf(s) < 0x1p-14f;
 }
 
+// Whether v is tiny in a row (or second-level slot) scaled by 2^e.
+__device__ __forceinline__ bool tiny_at(float v, int e) { return tiny_once_scaled(v, ldexpf(v, e)); }
+
 // `fp32`'s parts of a scaled value s (|s| < 2^15): s = p0 + 2^-11 p1, p0 = fp16(s),
 // p1 = fp16((s - p0) 2^11) (the difference is exact).
 __device__ __forceinline__ void split_f16x2_value(float s, __half& p0, __half& p1) {
@@ -165,17 +169,18 @@ void launch_split_second_level(const float* x, int64_t M, int64_t K, const float
 
 // Mends Y after a split GEMM, as the splits mark (fp32 FMA, so the values a split cannot
 // carry reach Y as in SGEMM: inf, NaN, overflow, tiny values), W'[n, k] = w[n, k] * w_scale[n]
-// (w_scale may be nullptr: W' = w):
-// - rows m of x marked kRowRecompute and the columns n of W's listed rows (w_list):
-//   Y[m, n] = x[m, :] . W'[n, :] (+ bias[n]);
-// - rows m marked kRowTiny (`fp32` only; x_exps and w_flags then given), for every n not in
-//   w_list (w_flags[n] == kRowKept; those columns are recomputed whole):
+// (w_scale may be nullptr: W' = w). w_flags (W's rows' marks) and w_list are given in every
+// mode; every output of Y is written by one path:
+// - the columns n of W's listed rows (w_list), for every m: Y[m, n] = x[m, :] . W'[n, :] (+ bias[n]);
+// - rows m of x marked kRowRecompute: the same, for every n not in w_list (w_flags[n] ==
+//   kRowKept), k in order per output (more than two rows in a chunk of flags: by tiles);
+// - rows m marked kRowTiny (`fp32` only; x_exps then given), for every n not in w_list:
 //   - without second-level slots (*second.rows == 0, or second.rows null): Y[m, n] += the sum
 //     over the row's tiny values (launch_split_f16x2's, found again from x_exps[m]) of
 //     x[m, k] W'[n, k], in k order;
 //   - in slot s: Y[m, n] += second.y[s, n], then the same sum over the values tiny at the
 //     second level (from second.exps[s]); or, with more than correctable_tiny_values(K) of
-//     them, the row is recomputed.
+//     them, the row is recomputed as a kRowRecompute row.
 // Nothing to do costs one launch whose CTAs read the M flags and the list's count.
 void launch_fixup_exceptional(const float* x, const float* w, const float* w_scale,
                               const float* bias, float* y, int64_t M, int64_t N, int64_t K,

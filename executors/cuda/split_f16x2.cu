@@ -9,6 +9,7 @@
 #include <cfloat>
 #include <stdexcept>
 
+#include "block_list.cuh"
 #include "cuda_check.h"
 #include "device_info.h"
 #include "programmatic_launch.h"
@@ -134,7 +135,7 @@ __device__ void split_slot(const float* __restrict__ xr, float e1, int64_t K, in
     load8(xr, c, v);
 #pragma unroll
     for (int j = 0; j < 8; ++j)
-      if (tiny_once_scaled(v[j], ldexpf(v[j], ei))) top = fmaxf(top, fabsf(v[j]));
+      if (tiny_at(v[j], ei)) top = fmaxf(top, fabsf(v[j]));
   }
   const float block_top = Reduce(reduce).Reduce(top, [](float a, float b) { return fmaxf(a, b); });
   if (threadIdx.x == 0) slot_top = block_top;
@@ -148,7 +149,7 @@ __device__ void split_slot(const float* __restrict__ xr, float e1, int64_t K, in
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       float s2 = 0.f;
-      if (tiny_once_scaled(v[j], ldexpf(v[j], ei))) {
+      if (tiny_at(v[j], ei)) {
         s2 = ldexpf(v[j], e2);
         if (tiny_once_scaled(v[j], s2)) {
           ++still_tiny;
@@ -205,18 +206,9 @@ __global__ void __launch_bounds__(kLevelThreads)
   for (int64_t base = 0; base < M; base += kLevelChunk) {
     const int64_t first = base + kLevelFlagsPerThread * threadIdx.x;
     bool tiny[kLevelFlagsPerThread];
-    int mine = 0;
 #pragma unroll
-    for (int j = 0; j < kLevelFlagsPerThread; ++j) {
-      tiny[j] = first + j < M && x_flags[first + j] == kRowTiny;
-      mine += tiny[j];
-    }
-    int at = 0, listed = 0;
-    Scan(scan).ExclusiveSum(mine, at, listed);
-#pragma unroll
-    for (int j = 0; j < kLevelFlagsPerThread; ++j)
-      if (tiny[j]) chunk_rows[at++] = static_cast<int>(first + j);
-    __syncthreads();
+    for (int j = 0; j < kLevelFlagsPerThread; ++j) tiny[j] = first + j < M && x_flags[first + j] == kRowTiny;
+    const int listed = list_picked_rows<Scan>(tiny, first, chunk_rows, scan);
     // this CTA's slots in the chunk: slot_base + i with (slot_base + i) % G == blockIdx.x
     int64_t i = (static_cast<int64_t>(blockIdx.x) - slot_base % gridDim.x + gridDim.x) % gridDim.x;
     for (; i < listed; i += gridDim.x) {
@@ -224,7 +216,7 @@ __global__ void __launch_bounds__(kLevelThreads)
       split_slot(x + m * K, x_exps[m], K, M, slot_base + i, m, second);
     }
     slot_base += listed;
-    __syncthreads();  // chunk_rows and the scan's storage are reused by the next chunk
+    __syncthreads();  // chunk_rows is rewritten by the next chunk
   }
 }
 

@@ -303,10 +303,11 @@ TEST(CudaExecutorPlan, PreparedLayoutFollowsThePlan) {
   CudaExecutor ex;
   req.precision = Precision::FP32;
   EXPECT_EQ(ex.prepared_bytes(make_plan(req)), 0u);
-  req.precision = Precision::Fast;  // W split [N, S * 56] bf16, then its row list int[1 + N]
+  // W split [N, S * 56] bf16, then its rows' marks int[N] and row list int[1 + N]
+  req.precision = Precision::Fast;
   const int S = gemmfuse::cuda::kFastSplitSegments;
   EXPECT_EQ(ex.prepared_bytes(make_plan(req)),
-            (72 * S * 56 * 2 + 255) / 256 * 256 + ((1 + 72) * 4 + 255) / 256 * 256);
+            (72 * S * 56 * 2 + 255) / 256 * 256 + (72 * 4 + 255) / 256 * 256 + ((1 + 72) * 4 + 255) / 256 * 256);
   EXPECT_GT(ex.workspace_bytes(make_plan(req)), ex.workspace_bytes([&] {
     PlanRequest r2 = req;
     r2.precision = Precision::FP32;

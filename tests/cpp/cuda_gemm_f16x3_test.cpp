@@ -245,11 +245,6 @@ TEST(CudaF16x3Gemm, SplitKAgainstFloat64) {
   check(100, 16384, 64, true, rng);
 }
 
-// Values the split cannot carry (NaN, +-inf; values over 2^28 below their row's largest, in
-// rows recomputed or corrected) reach the outputs they touch as in float64 evaluated in fp32:
-// NaN where it is NaN, the same infinity where it is one, finite values within fp32's error;
-// a whole tiny row, which the row scales carry, too. K = 96: a row corrects up to 12 tiny
-// values.
 // Y from inputs with values the split cannot carry, checked against float64: NaN and
 // infinities as fp32 has them, everything else within 64 u of sum |x w|.
 void check_exceptional(int64_t M, int64_t N, int64_t K, const std::vector<float>& x,
@@ -290,10 +285,14 @@ void plant_tiny_beside_large_weights(std::vector<float>& x, std::vector<float>& 
   x[18 * K + 60] = 1e-45f;  // scaled to zero: still a tiny value
 }
 
+// Values the split cannot carry (NaN, +-inf; values over 2^28 below their row's largest, in
+// rows recomputed or corrected) reach the outputs they touch as in float64 evaluated in fp32:
+// NaN where it is NaN, the same infinity where it is one, finite values within fp32's error;
+// a whole tiny row, which the row scales carry, too.
 TEST(CudaF16x3Gemm, ExceptionalInputs) {
   SKIP_WITHOUT_SM90();
   std::mt19937_64 rng(gftest::test_seed());
-  const int64_t M = 256, N = 64, K = 96;
+  const int64_t M = 256, N = 64, K = 1024;
   auto x = uniform(M * K, rng), w = uniform(N * K, rng);
   for (float& v : x) v = std::fabs(v);  // x >= 0, so an infinite W entry keeps one sign
   x[3 * K + 5] = std::numeric_limits<float>::quiet_NaN();
@@ -309,15 +308,17 @@ TEST(CudaF16x3Gemm, ExceptionalInputs) {
   w[5 * K + 40] = std::numeric_limits<float>::infinity();
   w[9 * K + 2] = 0.5f;  // exact in fp16 (a zero small part) under an infinite x: must give inf
   plant_tiny_beside_large_weights(x, w, K);
-  // Many tiny values (row 13 alone has 95): the second level takes every row holding one.
+  // Many tiny values (row 13 alone has K - 1): the second level takes every row holding one.
   // Rows 19 and 21 hold values ~2^-35 of their largest, carried there; 22 and 23 also values
-  // still tiny at the second level (1e-30 beside 1e-10): 12 (= K/8, corrected) and 13
-  // (recomputed).
+  // still tiny at the second level (1e-30 beside 1e-10): as many as the fix-up corrects
+  // (correctable_tiny_values, 4 at K = 1024) and one more (the row recomputed).
+  const int64_t correctable = gemmfuse::cuda::correctable_tiny_values(K);
+  ASSERT_GE(correctable, 2);
   for (int64_t k = 0; k < 12; ++k) x[19 * K + 7 * k] = 1e-10f;
   for (int64_t k = 0; k < 13; ++k) x[21 * K + 7 * k] = 1e-10f;
   x[22 * K + 1] = x[23 * K + 1] = 1e-10f;
-  for (int64_t k = 0; k < 12; ++k) x[22 * K + 7 * k + 2] = 1e-30f;
-  for (int64_t k = 0; k < 13; ++k) x[23 * K + 7 * k + 2] = 1e-30f;
+  for (int64_t k = 0; k < correctable; ++k) x[22 * K + 7 * k + 2] = 1e-30f;
+  for (int64_t k = 0; k < correctable + 1; ++k) x[23 * K + 7 * k + 2] = 1e-30f;
   check_exceptional(M, N, K, x, w, std::vector<float>(N, 0.25f), true);
 }
 
@@ -331,14 +332,15 @@ TEST(CudaF16x3Gemm, FewTinyValuesAreCorrected) {
   check_exceptional(M, N, K, x, w, uniform(N, rng), false);
 }
 
-// Softmax outputs of N(0, 4^2) logits, the data that made the fix-up slow (bench/NOTES.md,
-// sessions 29 and 30): every row holds values ~2^-30..2^-50 of its largest, so the second
-// level takes every row; Y within the kernel's bound, as for ordinary data.
-TEST(CudaF16x3Gemm, SoftmaxRowsAgainstFloat64) {
-  SKIP_WITHOUT_SM90();
-  std::mt19937_64 rng(gftest::test_seed());
+// Softmax outputs of N(0, sigma^2) logits against float64, Y within the kernel's bound as for
+// ordinary data. sigma = 4, the data that made the fix-up slow (bench/NOTES.md, sessions 29
+// and 30): every row holds values ~2^-30..2^-50 of its largest, so the second level takes
+// every row. sigma = 12: most rows also hold more than K/8 values below 2^-56 of their largest,
+// still tiny at the second level, so the fix-up recomputes them, by tiles (session 31).
+void check_softmax_rows(double sigma, std::mt19937_64& rng) {
+  SCOPED_TRACE("sigma=" + std::to_string(sigma));
   const int64_t M = 300, N = 200, K = 1024;
-  std::normal_distribution<double> logit(0.0, 4.0);
+  std::normal_distribution<double> logit(0.0, sigma);
   std::vector<float> x(M * K);
   for (int64_t m = 0; m < M; ++m) {
     std::vector<double> e(K);
@@ -351,6 +353,13 @@ TEST(CudaF16x3Gemm, SoftmaxRowsAgainstFloat64) {
   const std::vector<float> y = run_gemm(M, N, K, x, w, b.data(), 0, &second_rows);
   EXPECT_EQ(second_rows, M);
   expect_within_bound(M, N, K, x, w, b.data(), y);
+}
+
+TEST(CudaF16x3Gemm, SoftmaxRowsAgainstFloat64) {
+  SKIP_WITHOUT_SM90();
+  std::mt19937_64 rng(gftest::test_seed());
+  check_softmax_rows(4.0, rng);
+  check_softmax_rows(12.0, rng);
 }
 
 }  // namespace

@@ -217,16 +217,19 @@ TEST(CudaSplit, RowScaledFp16PartsAndMarks) {
 // zero at the first level). Without the second level, all three are corrected from the rows'
 // exponent. With it, they sit in slots 0, 1, 2 (exponent 43, from 3e-9, at which 3e-9 is no
 // longer tiny): slots 0 and 1 add the slot's products, then the values at 17 and 39; slot 2
-// says it holds more than correctable_tiny_values and is recomputed.
-void check_fixup(bool second_level) {
-  SCOPED_TRACE(second_level ? "second level" : "first level");
+// says it holds more than correctable_tiny_values and is recomputed. Recomputed rows: two per
+// chunk of flags (by warps), three in the second chunk with slot 2's row (by tiles), and with
+// `many_rows` 40 more in the first chunk (by tiles, two groups of rows), one holding a NaN and
+// one both infinities. W's listed columns cross every recomputed row.
+void check_fixup(bool second_level, bool many_rows) {
+  SCOPED_TRACE(std::string(second_level ? "second level" : "first level") + (many_rows ? ", many rows" : ""));
   using gemmfuse::cuda::kRowKept;
   using gemmfuse::cuda::kRowRecompute;
   using gemmfuse::cuda::kRowTiny;
   std::mt19937_64 rng(13);
   std::uniform_real_distribution<float> d(-1.f, 1.f);
   // M past one chunk of flags (1024 rows a step), N past one correction item (1024 columns)
-  const int64_t M = 1100, N = 1300, K = 40;
+  const int64_t M = 1100, N = 1300, K = 1024;  // K: correctable_tiny_values(K) = 4
   std::vector<float> x(M * K), w(N * K), scale(N), bias(N), exps(M, 14.f);  // |x| < 1: e = 14
   for (float& e : x) e = d(rng);
   for (float& e : w) e = d(rng);
@@ -239,7 +242,14 @@ void check_fixup(bool second_level) {
     x[r * K + 17] = -1e-20f;
     x[r * K + 39] = 1e-44f;
   }
-  const std::vector<int> x_rows = {2, 1023 - 1, 1024, 1050}, w_cols = {3, 17, 1200};
+  std::vector<int> x_rows = {2, 1023 - 1, 1024, 1050};
+  const std::vector<int> w_cols = {3, 17, 1200};
+  if (many_rows) {
+    for (int r = 100; r < 140; ++r) x_rows.push_back(r);
+    x[120 * K + 7] = std::numeric_limits<float>::quiet_NaN();
+    x[121 * K + 8] = std::numeric_limits<float>::infinity();
+    x[121 * K + 9] = -std::numeric_limits<float>::infinity();
+  }
   std::vector<int> flags(M, kRowKept), w_flags(N, kRowKept), list = {static_cast<int>(w_cols.size())};
   for (int r : x_rows) flags[r] = kRowRecompute;
   for (int r : tiny_rows) flags[r] = kRowTiny;
@@ -248,6 +258,7 @@ void check_fixup(bool second_level) {
   // the second level: slot s holds tiny_rows[s]
   const int slots = second_level ? 3 : 0, e2 = 14 - std::ilogb(3e-9f);
   ASSERT_EQ(e2, 43);
+  ASSERT_GE(gemmfuse::cuda::correctable_tiny_values(K), 2);
   const std::vector<int> slot_tiny = {2, 2, static_cast<int>(gemmfuse::cuda::correctable_tiny_values(K)) + 1};
   const std::vector<float> slot_exps(3, static_cast<float>(e2));
   std::vector<float> y2(3 * N);
@@ -298,7 +309,9 @@ void check_fixup(bool second_level) {
       const float got = y[m * N + n];
       if (recomputed || std::count(w_cols.begin(), w_cols.end(), n)) {
         const auto [ref, mag] = gftest::dot_ref(x, w_scaled, &bias[n], m, n, K);
-        if (std::isinf(ref)) {
+        if (std::isnan(ref)) {
+          ASSERT_TRUE(std::isnan(got)) << m << "," << n;
+        } else if (std::isinf(ref)) {
           ASSERT_EQ(got, static_cast<float>(ref)) << m << "," << n;
         } else {
           ASSERT_NEAR(got, ref, 4 * K * std::ldexp(mag, -24)) << m << "," << n;
@@ -320,8 +333,10 @@ void check_fixup(bool second_level) {
 
 TEST(CudaSplit, FixupRewritesExactlyTheMarkedRowsAndColumns) {
   SKIP_WITHOUT_GPU();
-  check_fixup(false);
-  check_fixup(true);
+  for (bool many_rows : {false, true}) {
+    check_fixup(false, many_rows);
+    check_fixup(true, many_rows);
+  }
 }
 
 // launch_split_second_level on x after launch_split_f16x2, against the host: whether it pays

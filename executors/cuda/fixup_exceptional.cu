@@ -50,10 +50,11 @@ __device__ __forceinline__ void recompute(const float* __restrict__ x, const flo
 // device knows (CUTLASS's SIMT GEMMs take M from the host). Per k a warp reads 3 shared-memory
 // wavefronts (x's 4 rows: 2 addresses; W's 4 columns: 16 float4s) for 16 FMAs a thread.
 constexpr int kWarpRowsMax = 4;  // a warp per output below that: W' read once per row
-constexpr int kTile = 64, kTileK = 16, kThreadTile = 4;
+constexpr int kTile = 64, kTileK = 32, kThreadTile = 4;
 constexpr int kTilePitch = kTile + 4;  // float4 reads stay aligned; 2-way conflicts on the stores
 static_assert((kTile / kThreadTile) * (kTile / kThreadTile) == kFixupThreads, "a thread per 4x4 outputs");
-static_assert(kTile * kTileK == 4 * kFixupThreads, "each thread stages a float4 of x and of W' per step");
+constexpr int kStageLoads = kTile * kTileK / (4 * kFixupThreads);  // float4s of x and of W' a thread stages per step
+static_assert(kStageLoads * 4 * kFixupThreads == kTile * kTileK, "whole float4s per thread");
 struct alignas(16) TileStage {  // k-major: a thread reads its 4 rows and 4 columns as float4s
   float x[kTileK][kTilePitch];
   float w[kTileK][kTilePitch];
@@ -90,19 +91,30 @@ __device__ void recompute_tile(const float* __restrict__ x, const float* __restr
   const float* wr = w + wn * K;
   const float s = w_scale ? w_scale[wn] : 1.f;
   auto scaled = [s](float4 v) { return make_float4(v.x * s, v.y * s, v.z * s, v.w * s); };  // W' rounded once
-  float4 gx = load4(xr, sk, K, vec), gw = scaled(load4(wr, sk, K, vec));
-  stash4(stage[0].x, sk, sr, gx);
-  stash4(stage[0].w, sk, sr, gw);
+  float4 gx[kStageLoads], gw[kStageLoads];
+  auto fetch = [&](int64_t k0) {
+#pragma unroll
+    for (int l = 0; l < kStageLoads; ++l) {
+      gx[l] = load4(xr, k0 + sk + 16 * l, K, vec);
+      gw[l] = scaled(load4(wr, k0 + sk + 16 * l, K, vec));
+    }
+  };
+  auto stash = [&](TileStage& st) {
+#pragma unroll
+    for (int l = 0; l < kStageLoads; ++l) {
+      stash4(st.x, sk + 16 * l, sr, gx[l]);
+      stash4(st.w, sk + 16 * l, sr, gw[l]);
+    }
+  };
+  fetch(0);
+  stash(stage[0]);
   __syncthreads();
   const int tr = kThreadTile * (t / (kTile / kThreadTile)), tc = kThreadTile * (t % (kTile / kThreadTile));
   float acc[kThreadTile][kThreadTile] = {};
   int cur = 0;
   for (int64_t k0 = 0; k0 < K; k0 += kTileK) {
     const bool more = k0 + kTileK < K;
-    if (more) {
-      gx = load4(xr, k0 + kTileK + sk, K, vec);
-      gw = scaled(load4(wr, k0 + kTileK + sk, K, vec));
-    }
+    if (more) fetch(k0 + kTileK);
 #pragma unroll
     for (int k = 0; k < kTileK; ++k) {
       const float4 a = *reinterpret_cast<const float4*>(&stage[cur].x[k][tr]);
@@ -113,10 +125,7 @@ __device__ void recompute_tile(const float* __restrict__ x, const float* __restr
 #pragma unroll
         for (int j = 0; j < kThreadTile; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
     }
-    if (more) {  // the other stage was read last in the previous step, before its barrier
-      stash4(stage[cur ^ 1].x, sk, sr, gx);
-      stash4(stage[cur ^ 1].w, sk, sr, gw);
-    }
+    if (more) stash(stage[cur ^ 1]);  // read last in the previous step, before its barrier
     __syncthreads();
     cur ^= 1;
   }
@@ -278,8 +287,11 @@ __global__ void __launch_bounds__(kFixupThreads, 2)  // the grid: two CTAs an SM
   __shared__ typename Scan::TempStorage scan;
   __shared__ int recomputed_rows[kFlagChunk], tiny_rows[kFlagChunk];
   __shared__ int recomputed_count;
-  __shared__ TinyList tiny;
-  __shared__ TileStage stage[2];
+  // A correction's list and a tile's stages are never live together: each item ends on a barrier.
+  __shared__ union {
+    TinyList tiny;
+    TileStage stage[2];
+  } work;
   const int lane = threadIdx.x & 31;
   const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
@@ -331,13 +343,13 @@ __global__ void __launch_bounds__(kFixupThreads, 2)  // the grid: two CTAs an SM
       for (int64_t item = blockIdx.x; item < groups * col_tiles; item += gridDim.x) {
         const int g = static_cast<int>(item % groups);
         recompute_tile(x, w, w_scale, w_flags, bias, y, recomputed_rows + g * kTile, min(kTile, recomputed - g * kTile),
-                       (item / groups) * kTile, N, K, vec, stage);
+                       (item / groups) * kTile, N, K, vec, work.stage);
       }
     }
     for (int64_t item = blockIdx.x; item < corrected * items_per_row; item += gridDim.x) {
       const int64_t m = tiny_rows[item / items_per_row];
       correct_item<Scan>(x, x_exps[m], w, w_scale, w_flags, nullptr, y, m, (item % items_per_row) * kCorrectCols,
-                         N, K, tiny, scan);
+                         N, K, work.tiny, scan);
     }
     __syncthreads();  // the lists are rewritten by the next chunk
   }
@@ -345,7 +357,7 @@ __global__ void __launch_bounds__(kFixupThreads, 2)  // the grid: two CTAs an SM
     const int64_t s = item / items_per_row, n0 = (item % items_per_row) * kCorrectCols;
     if (second.slot_tiny[s] > correctable_tiny_values(K)) continue;  // recomputed above
     correct_item<Scan>(x, second.exps[s], w, w_scale, w_flags, second.y + s * N, y, second.slot_row[s], n0, N, K,
-                       tiny, scan);
+                       work.tiny, scan);
   }
   for (int64_t i = warp; i < n_cols * M; i += warps)
     recompute(x, w, w_scale, bias, y, i % M, w_list[1 + i / M], N, K, lane);

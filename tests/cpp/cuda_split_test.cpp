@@ -220,16 +220,18 @@ TEST(CudaSplit, RowScaledFp16PartsAndMarks) {
 // says it holds more than correctable_tiny_values and is recomputed. Recomputed rows: two per
 // chunk of flags (by warps), three in the second chunk with slot 2's row (by tiles), and with
 // `many_rows` 40 more in the first chunk (by tiles, two groups of rows), one holding a NaN and
-// one both infinities. W's listed columns cross every recomputed row.
-void check_fixup(bool second_level, bool many_rows) {
-  SCOPED_TRACE(std::string(second_level ? "second level" : "first level") + (many_rows ? ", many rows" : ""));
+// one both infinities. W's listed columns cross every recomputed row. K = 1027: rows off 16
+// bytes, the tiles' scalar loads and a partial last step.
+void check_fixup(bool second_level, bool many_rows, int64_t K = 1024) {
+  SCOPED_TRACE(std::string(second_level ? "second level" : "first level") + (many_rows ? ", many rows" : "") +
+               ", K=" + std::to_string(K));
   using gemmfuse::cuda::kRowKept;
   using gemmfuse::cuda::kRowRecompute;
   using gemmfuse::cuda::kRowTiny;
   std::mt19937_64 rng(13);
   std::uniform_real_distribution<float> d(-1.f, 1.f);
   // M past one chunk of flags (1024 rows a step), N past one correction item (1024 columns)
-  const int64_t M = 1100, N = 1300, K = 1024;  // K: correctable_tiny_values(K) = 4
+  const int64_t M = 1100, N = 1300;  // correctable_tiny_values(K) = 4
   std::vector<float> x(M * K), w(N * K), scale(N), bias(N), exps(M, 14.f);  // |x| < 1: e = 14
   for (float& e : x) e = d(rng);
   for (float& e : w) e = d(rng);
@@ -337,6 +339,7 @@ TEST(CudaSplit, FixupRewritesExactlyTheMarkedRowsAndColumns) {
     check_fixup(false, many_rows);
     check_fixup(true, many_rows);
   }
+  check_fixup(true, true, 1027);
 }
 
 // launch_split_second_level on x after launch_split_f16x2, against the host: whether it pays

@@ -36,7 +36,7 @@ __device__ __forceinline__ void recompute(const float* __restrict__ x, const flo
                                           int64_t m, int64_t n, int64_t N, int64_t K, int lane) {
   const float* xr = x + m * K;
   const float* wr = w + n * K;
-  const float s = w_scale ? w_scale[n] : 1.f;  // W' as the split saw it (rounded once)
+  const float s = w_scale ? w_scale[n] : 1.f;
   float acc = 0.f;
   for (int64_t k = lane; k < K; k += 32) acc = fmaf(__ldg(xr + k), __ldg(wr + k) * s, acc);  // W' rounded once
   for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);

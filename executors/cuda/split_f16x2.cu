@@ -27,6 +27,27 @@ __device__ __forceinline__ void load8(const float* __restrict__ row, int64_t c, 
   v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
 }
 
+// Eight values of a row scaled by 2^e, as two fp16 part planes (a 16-byte store into each:
+// dst and dst + plane). A value not taken, or tiny once scaled, gets zero parts; returns how
+// many taken values were tiny. Both levels of the split store their parts this way.
+__device__ __forceinline__ int split8(const float (&v)[8], int e, const bool (&take)[8], __half* dst,
+                                      int64_t plane) {
+  __half p[2][8];
+  int tiny = 0;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    float s = take[j] ? ldexpf(v[j], e) : 0.f;
+    if (take[j] && tiny_once_scaled(v[j], s)) {
+      ++tiny;
+      s = 0.f;
+    }
+    split_f16x2_value(s, p[0][j], p[1][j]);
+  }
+#pragma unroll
+  for (int i = 0; i < 2; ++i) *reinterpret_cast<uint4*>(dst + i * plane) = *reinterpret_cast<const uint4*>(p[i]);
+  return tiny;
+}
+
 // A CTA per row (grid-stride over rows), 8 values a thread per step: the row's largest finite
 // magnitude first, then one 16-byte store per part plane. With kSteps > 0 the row stays in
 // registers between the two (K <= kSteps * 8 * kSplitThreads): one read of x; with 0 the row
@@ -76,21 +97,10 @@ __global__ void __launch_bounds__(kSplitThreads)
     const float m = row_max;
     const int e = exceptional || m == 0.f ? 0 : 14 - ilogbf(m);
     int tiny = 0;  // nonzero values below fp16's normal range once scaled: left out of the parts
-    auto split = [&](const float (&v)[8], int64_t c) {
-      __half p[2][8];
+    bool take[8];  // an exceptional row's parts are all zero
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        float s = exceptional ? 0.f : ldexpf(v[j], e);
-        if (tiny_once_scaled(v[j], s)) {
-          ++tiny;
-          s = 0.f;
-        }
-        split_f16x2_value(s, p[0][j], p[1][j]);
-      }
-#pragma unroll
-      for (int i = 0; i < 2; ++i)
-        *reinterpret_cast<uint4*>(parts + i * plane + r * K + c) = *reinterpret_cast<const uint4*>(p[i]);
-    };
+    for (int j = 0; j < 8; ++j) take[j] = !exceptional;
+    auto split = [&](const float (&v)[8], int64_t c) { tiny += split8(v, e, take, parts + r * K + c, plane); };
     if constexpr (kSteps > 0) {
 #pragma unroll
       for (int i = 0; i < kSteps; ++i)
@@ -104,7 +114,7 @@ __global__ void __launch_bounds__(kSplitThreads)
     const int row_tiny = ReduceInt(reduce_int).Sum(tiny);  // valid in thread 0
     if (threadIdx.x == 0) {
       exps[r] = static_cast<float>(e);
-      if (marks.tiny) marks.tiny[r] = exceptional ? 0 : row_tiny;
+      if (marks.tiny) marks.tiny[r] = row_tiny;
       record_mark(exceptional ? kRowRecompute : row_tiny > 0 ? kRowTiny : kRowKept, r, marks);
     }
     __syncthreads();  // row_max and the reductions' storage are reused by the next row
@@ -145,22 +155,10 @@ __device__ void split_slot(const float* __restrict__ xr, float e1, int64_t K, in
   for (int64_t c = first; c < K; c += kStride) {
     float v[8];
     load8(xr, c, v);
-    __half p[2][8];
+    bool tiny[8];
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      float s2 = 0.f;
-      if (tiny_at(v[j], ei)) {
-        s2 = ldexpf(v[j], e2);
-        if (tiny_once_scaled(v[j], s2)) {
-          ++still_tiny;
-          s2 = 0.f;
-        }
-      }
-      split_f16x2_value(s2, p[0][j], p[1][j]);
-    }
-#pragma unroll
-    for (int i = 0; i < 2; ++i)
-      *reinterpret_cast<uint4*>(second.parts + i * M * K + s * K + c) = *reinterpret_cast<const uint4*>(p[i]);
+    for (int j = 0; j < 8; ++j) tiny[j] = tiny_at(v[j], ei);
+    still_tiny += split8(v, e2, tiny, second.parts + s * K + c, M * K);
   }
   const int slot_still_tiny = ReduceInt(reduce_int).Sum(still_tiny);  // valid in thread 0
   if (threadIdx.x == 0) {

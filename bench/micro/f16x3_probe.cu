@@ -83,11 +83,13 @@ __global__ void softmax_rows(float* x, int M, int K, float sigma, unsigned seed)
   }
 }
 
-// One NaN in each of `rows` rows of x [M, K], spread over M: rows the fix-up recomputes.
-__global__ void plant_nan(float* x, int M, int K, int rows) {
-  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < rows; i += gridDim.x * blockDim.x) {
-    const size_t r = size_t(i) * M / rows;
-    x[r * K + (r * 7919) % K] = NAN;
+// `per_row` copies of v in each of `rows` rows of x [M, K], spread over M: a NaN makes a row
+// the fix-up writes NaN; infinities are corrected, or past correctable_tiny_values(K) in a
+// row, the row recomputed.
+__global__ void plant_value(float* x, int M, int K, int rows, int per_row, float v) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < rows * per_row; i += gridDim.x * blockDim.x) {
+    const size_t r = size_t(i / per_row) * M / rows;
+    x[r * K + (r * 7919 + size_t(i % per_row) * 131) % K] = v;
   }
 }
 
@@ -95,6 +97,7 @@ struct Plant {
   int every = 0, per_row = 0;  // 0: nothing planted
   float softmax_sigma = 0.f;   // > 0: x's rows are softmax outputs instead
   int nan_rows = 0;            // > 0: that many rows hold a NaN
+  int inf_rows = 0, infs = 0;  // > 0: that many rows hold `infs` infinities (+inf: x >= 0)
 };
 
 __global__ void widen(const float* s, double* d, size_t n) {
@@ -103,12 +106,16 @@ __global__ void widen(const float* s, double* d, size_t n) {
 }
 
 // ||y - ref|| / ||ref|| and max |y - ref| (grid-stride partials, one atomic per block), over
-// the finite outputs of ref; a NaN of ref that y lacks makes the max infinite.
+// the finite outputs of ref; a NaN or infinity of ref that y lacks makes the max infinite.
 __global__ void error_sums(const float* y, const double* ref, size_t n, double* out) {
   double num = 0, den = 0, mx = 0;
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
     if (isnan(ref[i])) {
       if (!isnan(y[i])) mx = INFINITY;
+      continue;
+    }
+    if (isinf(ref[i])) {
+      if (double(y[i]) != ref[i]) mx = INFINITY;
       continue;
     }
     const double d = double(y[i]) - ref[i];
@@ -194,7 +201,8 @@ void run_shape(cublasHandle_t h, const Variant (&variants)[kN], int M, int N, in
     fill<<<1024, 256>>>(xs[s], xn, 17u + s, 0.f, xscale);
     if (plant.every > 0) plant_tiny<<<1024, 256>>>(xs[s], M, K, plant.every, plant.per_row);
     if (plant.softmax_sigma > 0) softmax_rows<<<1024, 256>>>(xs[s], M, K, plant.softmax_sigma, 17u + s);
-    if (plant.nan_rows > 0) plant_nan<<<8, 256>>>(xs[s], M, K, plant.nan_rows);
+    if (plant.nan_rows > 0) plant_value<<<8, 256>>>(xs[s], M, K, plant.nan_rows, 1, NAN);
+    if (plant.inf_rows > 0) plant_value<<<8, 256>>>(xs[s], M, K, plant.inf_rows, plant.infs, INFINITY);
   }
   const float bound = wscale / std::sqrt(float(K));
   float* w;
@@ -262,10 +270,11 @@ void run_shape(cublasHandle_t h, const Variant (&variants)[kN], int M, int N, in
       CHECK_CUDA(cudaMemcpy(tiny.data(), x_tiny, M * 4, cudaMemcpyDeviceToHost));
       CHECK_CUDA(cudaMemcpy(&slots, second.rows, 4, cudaMemcpyDeviceToHost));
       CHECK_CUDA(cudaMemcpy(slot_tiny.data(), second.slot_tiny, M * 4, cudaMemcpyDeviceToHost));
-      int recomputed = 0, tiny_rows = 0, slots_corrected = 0, slots_recomputed = 0;
+      int recomputed = 0, nan_rows = 0, tiny_rows = 0, slots_corrected = 0, slots_recomputed = 0;
       long long values = 0;
       for (int m = 0; m < M; ++m) {
         recomputed += flags[m] == gemmfuse::cuda::kRowRecompute;
+        nan_rows += flags[m] == gemmfuse::cuda::kRowNaN;
         tiny_rows += flags[m] == gemmfuse::cuda::kRowTiny;
         values += flags[m] == gemmfuse::cuda::kRowTiny ? tiny[m] : 0;
       }
@@ -274,15 +283,17 @@ void run_shape(cublasHandle_t h, const Variant (&variants)[kN], int M, int N, in
         slots_recomputed += slot_tiny[i] > gemmfuse::cuda::correctable_tiny_values(K);
       }
       std::printf("%-12s M=%5d N=%5d K=%5d  rel: SGEMM %.3e  %-8s %.3e (%.2fx)  max abs: %.2e %.2e  rows: %d "
-                  "recomputed, %d with %lld tiny values, %d at the second level (%d corrected there, %d recomputed)\n",
+                  "recomputed, %d NaN, %d with values left out (%lld tiny), %d at the second level (%d "
+                  "corrected there, %d recomputed)\n",
                   label, M, N, K, e_sgemm.rel, v.name, e_ours.rel, e_ours.rel / e_sgemm.rel, e_sgemm.max_abs,
-                  e_ours.max_abs, recomputed, tiny_rows, values, slots, slots_corrected, slots_recomputed);
+                  e_ours.max_abs, recomputed, nan_rows, tiny_rows, values, slots, slots_corrected, slots_recomputed);
     }
     for (void* p : {(void*)x64, (void*)w64, (void*)ref, (void*)sums}) CHECK_CUDA(cudaFree(p));
   }
   // The path without the second level's two launches (its split and its GEMM): what they cost
   // where x has no tiny values (timed with GEMMFUSE_PROBE_TINY=1, on the case with none).
-  const bool time_first_level = plant.every == 0 && plant.softmax_sigma == 0 && plant.nan_rows == 0 && label[0];
+  const bool time_first_level =
+      plant.every == 0 && plant.softmax_sigma == 0 && plant.nan_rows == 0 && plant.inf_rows == 0 && label[0];
   auto first_level_only = [&](int s) {
     gemmfuse::cuda::launch_split_f16x2(xs[s], M, K, x_parts, x_exps, {x_flags, nullptr, x_tiny}, nullptr);
     gemmfuse::cuda::sm90::F16x3Problem p;
@@ -339,15 +350,21 @@ int main() {
     // values: corrected); 256 rows with 2; 2 and 16 rows with 1025; every row with 36, 256 and
     // 1024 (the second level); then softmax rows of N(0, sigma^2) logits (from sigma = 8, rows
     // recomputed: values still tiny at the second level); then 1 to 1024 rows holding a NaN
-    // (recomputed: by warps up to 2 rows a chunk, by tiles past that).
+    // (written NaN); then rows holding infinities, 1 to 17 a row (corrected; recomputed past
+    // correctable_infinities(K) = 16, by tiles).
     const Plant cases[] = {{0, 0},          {512, 1},        {4, 1},          {4, 2},          {512, 1025},
                            {64, 1025},      {1, 36},         {1, 256},        {1, 1024},       {0, 0, 2.f},
                            {0, 0, 4.f},     {0, 0, 8.f},     {0, 0, 12.f},    {0, 0, 16.f},    {0, 0, 0.f, 1},
-                           {0, 0, 0.f, 2},  {0, 0, 0.f, 3},  {0, 0, 0.f, 8},  {0, 0, 0.f, 64}, {0, 0, 0.f, 1024}};
+                           {0, 0, 0.f, 2},  {0, 0, 0.f, 3},  {0, 0, 0.f, 8},  {0, 0, 0.f, 64}, {0, 0, 0.f, 1024},
+                           {0, 0, 0.f, 0, 1, 1},     {0, 0, 0.f, 0, 64, 1},  {0, 0, 0.f, 0, 1024, 1},
+                           {0, 0, 0.f, 0, 1024, 8},  {0, 0, 0.f, 0, 64, 16}, {0, 0, 0.f, 0, 1024, 16},
+                           {0, 0, 0.f, 0, 64, 17},   {0, 0, 0.f, 0, 1024, 17}};
     for (const Plant& c : cases) {
       char label[32];
       if (c.nan_rows > 0)
         std::snprintf(label, sizeof label, "nan rows %d", c.nan_rows);
+      else if (c.inf_rows > 0)
+        std::snprintf(label, sizeof label, "inf rows %dx%d", c.inf_rows, c.infs);
       else if (c.softmax_sigma > 0)
         std::snprintf(label, sizeof label, "softmax %.0f", c.softmax_sigma);
       else

@@ -168,7 +168,7 @@ __global__ void __launch_bounds__(256) split_hilo_batched(const float* __restric
     const float* row = src + r * K;
     __nv_bfloat16* lo_seg = out + r * 3 * K;  // [lo | hi | hi], as the library's x split
     __nv_bfloat16* hi_seg = lo_seg + K;
-    bool exceptional = false;
+    bool exceptional = false, nan = false;
     for (int64_t c0 = 8 * static_cast<int64_t>(threadIdx.x); c0 < K; c0 += 8 * blockDim.x * kChunks) {
       float4 q[kChunks][2];
 #pragma unroll
@@ -188,14 +188,17 @@ __global__ void __launch_bounds__(256) split_hilo_batched(const float* __restric
                             q[i][1].x, q[i][1].y, q[i][1].z, q[i][1].w};
         __nv_bfloat16 hi[8], lo[8];
 #pragma unroll
-        for (int j = 0; j < 8; ++j) exceptional |= !cuda::split_bf16(v[j], hi[j], lo[j]);
+        for (int j = 0; j < 8; ++j) {
+          exceptional |= !cuda::split_bf16(v[j], hi[j], lo[j]);
+          nan |= v[j] != v[j];
+        }
         const uint4 h = cuda::pack_bf16x8(hi);
         *reinterpret_cast<uint4*>(lo_seg + c) = cuda::pack_bf16x8(lo);
         *reinterpret_cast<uint4*>(hi_seg + c) = h;
         *reinterpret_cast<uint4*>(hi_seg + K + c) = h;
       }
     }
-    cuda::mark_row(exceptional, r, cuda::RowMarks{flags, nullptr});
+    cuda::mark_row(nan, exceptional, r, cuda::RowMarks{flags, nullptr});
   }
 }
 

@@ -139,18 +139,18 @@ std::string CudaExecutor::describe_kernels(const Plan& plan) {
                                " ranges on as many SMs, their sums added in fp32 (split-K: the "
                                "tiles alone would leave most SMs idle)"
                          : std::string()) +
-             "; values over 2^28 below their row's largest left out of the parts and their "
-             "products added back (a few in x: in fp32; many: a second split of those rows "
-             "and a second GEMM pass over them), rows and columns with inf/NaN and W's rows "
-             "holding such values recomputed in fp32 (x, W, bias and out 16-byte aligned, else "
-             "SGEMM)";
+             "; values over 2^28 below their row's largest and infinities left out of the "
+             "parts and their products added back (a few in x: in fp32; many tiny ones: a "
+             "second split of those rows and a second GEMM pass over them), rows of x with "
+             "many infinities and W's rows holding such values recomputed in fp32, rows and "
+             "columns with a NaN written NaN (x, W, bias and out 16-byte aligned, else SGEMM)";
     }
     return std::string("cuda: the fp32 Gemm does not use the f16x3 kernel: ") + why;
   }
   if (uses_split(plan))
     return "cuda: the fast Gemm splits x and W into bf16 hi + lo parts, one GEMM summing "
-           "xlo.Whi + xhi.Wlo first, then xhi.Whi; rows and columns with inf/NaN or values past "
-           "bf16's range recomputed in fp32";
+           "xlo.Whi + xhi.Wlo first, then xhi.Whi; rows and columns with infinities or values "
+           "past bf16's range recomputed in fp32, with a NaN written NaN";
   return "";
 }
 

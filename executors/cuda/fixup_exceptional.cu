@@ -1,6 +1,7 @@
 // The fp32 fix-up after a split GEMM (split.h): the rows and columns of Y whose inputs a
-// split cannot carry, recomputed in fp32 (`fast`'s and `fp32`'s), and the products of the
-// tiny values `fp32`'s split leaves out, added (from x itself, or from the second level's GEMM).
+// split cannot carry, recomputed in fp32 (`fast`'s and `fp32`'s) or, where they hold a NaN,
+// written NaN; and the products of the values `fp32`'s split leaves out (tiny or infinite),
+// added (from x itself, or with the second level's GEMM).
 #include <cuda_fp16.h>
 
 #include <cub/block/block_scan.cuh>
@@ -19,7 +20,12 @@ constexpr int kFixupThreads = 256;
 constexpr int kFlagsPerThread = 4;
 constexpr int kFlagChunk = kFixupThreads * kFlagsPerThread;  // x rows listed per step
 constexpr int kCorrectCols = 4 * kFixupThreads;              // Y columns per correction item
-constexpr int kTinyListMax = 1024;  // second_level_pays's and correctable_tiny_values's caps
+// A row's list: at most 1024 tiny values (second_level_pays) and 1024 infinities
+// (correctable_infinities) at the first level, 1024 in all at the second (correctable_tiny_values).
+constexpr int kListMax = 2048;
+
+// What a row or column holding a NaN gets in every output (CUDA's canonical NaN).
+__device__ __forceinline__ float nan_output() { return __int_as_float(0x7fffffff); }
 
 // Whether the row paths write Y's column n: W's listed rows' columns are recomputed whole by
 // the column path, so that every output has one writer.
@@ -141,50 +147,50 @@ __device__ void recompute_tile(const float* __restrict__ x, const float* __restr
   }
 }
 
-struct TinyList {
-  int k[kTinyListMax];
-  float v[kTinyListMax];
+struct LeftOutList {
+  int k[kListMax];
+  float v[kListMax];
 };
 
-// The tiny values of x's row m at exponent e (the row's, or its second-level slot's: a value
-// tiny at the slot's is tiny at the row's, and no other value is), listed in k order by the
-// whole CTA; their count (at most kTinyListMax: second_level_pays bounds a first-level row's
-// list, correctable_tiny_values a slot's).
+// The values of x's row m left out at exponent e (left_out_at: the row's, or its second-level
+// slot's: a value tiny at the slot's is tiny at the row's, and no other value is), listed in k
+// order by the whole CTA; their count (at most kListMax, by second_level_pays and
+// correctable_tiny_values).
 template <typename Scan>
-__device__ int list_tiny_values(const float* __restrict__ xr, float e, int64_t K, TinyList& list,
-                                typename Scan::TempStorage& scan) {
+__device__ int list_left_out(const float* __restrict__ xr, float e, int64_t K, LeftOutList& list,
+                             typename Scan::TempStorage& scan) {
   const int ei = static_cast<int>(e);
   int listed = 0;
   for (int64_t base = 0; base < K; base += 8 * kFixupThreads) {
     const int64_t c = base + 8 * static_cast<int64_t>(threadIdx.x);
     float v[8];
-    bool tiny[8];
+    bool left[8];
     int mine = 0;
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       v[j] = c + j < K ? __ldg(xr + c + j) : 0.f;
-      tiny[j] = tiny_at(v[j], ei);
-      mine += tiny[j];
+      left[j] = left_out_at(v[j], ei);
+      mine += left[j];
     }
     int at = 0, total = 0;
     Scan(scan).ExclusiveSum(mine, at, total);
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      if (tiny[j]) {
+      if (left[j]) {
         const int i = listed + at++;
-        if (i < kTinyListMax) list.k[i] = static_cast<int>(c + j), list.v[i] = v[j];
+        if (i < kListMax) list.k[i] = static_cast<int>(c + j), list.v[i] = v[j];
       }
     }
     listed += total;
     __syncthreads();  // the scan's storage is reused
   }
-  return min(listed, kTinyListMax);
+  return min(listed, kListMax);
 }
 
 // Y[m, n0 .. n0 + kCorrectCols) += add[n] (the second level's products, or nothing when add is
-// null), then + the row's tiny values times W' at their k: four columns a thread, each sum in
-// k order (a 32-byte sector of W' per value and column). For short lists.
-__device__ __forceinline__ void correct(const TinyList& list, int count, const float* __restrict__ w,
+// null), then + the row's values left out times W' at their k: four columns a thread, each sum
+// in k order (a 32-byte sector of W' per value and column). For short lists.
+__device__ __forceinline__ void correct(const LeftOutList& list, int count, const float* __restrict__ w,
                                         const float* __restrict__ w_scale,
                                         const int* __restrict__ w_flags, const float* __restrict__ add,
                                         float* __restrict__ y, int64_t m, int64_t n0, int64_t N, int64_t K) {
@@ -220,7 +226,7 @@ __device__ __forceinline__ void correct(const TinyList& list, int count, const f
 // 0.574 (bench/NOTES.md, session 29).
 constexpr int kWarpCols = 4;
 constexpr int kWarpListFrom = 8;
-__device__ __forceinline__ void correct_by_warp(const TinyList& list, int count, const float* __restrict__ w,
+__device__ __forceinline__ void correct_by_warp(const LeftOutList& list, int count, const float* __restrict__ w,
                                                 const float* __restrict__ w_scale,
                                                 const int* __restrict__ w_flags,
                                                 const float* __restrict__ add, float* __restrict__ y,
@@ -255,28 +261,29 @@ __device__ __forceinline__ void correct_by_warp(const TinyList& list, int count,
   }
 }
 
-// Item `item` of a row m whose tiny values the fix-up adds (kCorrectCols columns from n0):
-// list them (those tiny at exponent e) and add their products, after `add` (or nothing).
+// Item `item` of a row m whose values left out the fix-up adds (kCorrectCols columns from n0):
+// list them (those left out at exponent e) and add their products, after `add` (or nothing).
 template <typename Scan>
 __device__ void correct_item(const float* __restrict__ x, float e, const float* __restrict__ w,
                              const float* __restrict__ w_scale, const int* __restrict__ w_flags,
                              const float* __restrict__ add, float* __restrict__ y, int64_t m,
-                             int64_t n0, int64_t N, int64_t K, TinyList& tiny,
+                             int64_t n0, int64_t N, int64_t K, LeftOutList& list,
                              typename Scan::TempStorage& scan) {
-  const int count = list_tiny_values<Scan>(x + m * K, e, K, tiny, scan);
+  const int count = list_left_out<Scan>(x + m * K, e, K, list, scan);
   if (count >= kWarpListFrom)
-    correct_by_warp(tiny, count, w, w_scale, w_flags, add, y, m, n0, N, K);
+    correct_by_warp(list, count, w, w_scale, w_flags, add, y, m, n0, N, K);
   else
-    correct(tiny, count, w, w_scale, w_flags, add, y, m, n0, N, K);
+    correct(list, count, w, w_scale, w_flags, add, y, m, n0, N, K);
   __syncthreads();  // the list is rebuilt by the next item
 }
 
 // x's marked rows are listed a chunk of kFlagChunk rows at a time, by every CTA in the same
-// (ascending) order: recomputed rows by tiles (or, a few, by warps), spread over the grid;
-// corrected rows in items of kCorrectCols columns, one per CTA. With second-level slots,
-// kRowTiny rows are slots in row order: a slot holding more values still tiny than
-// correctable_tiny_values makes its row recomputed; the others are taken by slot, in items
-// too. W's listed rows are recomputed as columns, and the row paths leave those columns alone.
+// (ascending) order: NaN rows written, spread over the grid's threads; recomputed rows by
+// tiles (or, a few, by warps), spread over the grid; corrected rows in items of kCorrectCols
+// columns, one per CTA. With second-level slots, kRowTiny rows are slots in row order: a slot
+// holding more values left out than correctable_tiny_values makes its row recomputed; the
+// others are taken by slot, in items too. W's listed rows are recomputed as columns (written
+// NaN where they hold one), and the row paths leave those columns alone.
 __global__ void __launch_bounds__(kFixupThreads, 2)  // the grid: two CTAs an SM
     fixup_kernel(const float* __restrict__ x, const float* __restrict__ w,
                  const float* __restrict__ w_scale, const float* __restrict__ bias,
@@ -289,7 +296,7 @@ __global__ void __launch_bounds__(kFixupThreads, 2)  // the grid: two CTAs an SM
   __shared__ int recomputed_count;
   // A correction's list and a tile's stages are never live together: each item ends on a barrier.
   __shared__ union {
-    TinyList tiny;
+    LeftOutList list;
     TileStage stage[2];
   } work;
   const int lane = threadIdx.x & 31;
@@ -318,6 +325,15 @@ __global__ void __launch_bounds__(kFixupThreads, 2)  // the grid: two CTAs an SM
     if (__syncthreads_or(marked) == 0) continue;  // the common case: nothing marked
     bool pick[kFlagsPerThread];
 #pragma unroll
+    for (int j = 0; j < kFlagsPerThread; ++j) pick[j] = f[j] == kRowNaN;
+    const int nan_rows = list_picked_rows<Scan>(pick, first, recomputed_rows, scan);
+    for (int64_t i = static_cast<int64_t>(blockIdx.x) * kFixupThreads + threadIdx.x; i < nan_rows * N;
+         i += static_cast<int64_t>(gridDim.x) * kFixupThreads) {
+      const int64_t n = i % N;
+      if (row_paths_write(w_flags, n)) y[recomputed_rows[i / N] * N + n] = nan_output();
+    }
+    __syncthreads();  // recomputed_rows is rewritten below
+#pragma unroll
     for (int j = 0; j < kFlagsPerThread; ++j) pick[j] = f[j] == kRowRecompute;
     const int listed = list_picked_rows<Scan>(pick, first, recomputed_rows, scan);
     if (threadIdx.x == 0) recomputed_count = listed;  // seen after the next list's barrier
@@ -336,7 +352,8 @@ __global__ void __launch_bounds__(kFixupThreads, 2)  // the grid: two CTAs an SM
     if (recomputed <= kWarpRowsMax) {
       for (int64_t i = warp; i < recomputed * N; i += warps) {
         const int64_t n = i % N;
-        if (row_paths_write(w_flags, n)) recompute(x, w, w_scale, bias, y, recomputed_rows[i / N], n, N, K, lane);
+        if (row_paths_write(w_flags, n))
+          recompute(x, w, w_scale, bias, y, recomputed_rows[i / N], n, N, K, lane);
       }
     } else {  // items ordered so that the CTAs running at once share tiles of W'
       const int groups = (recomputed + kTile - 1) / kTile;
@@ -349,7 +366,7 @@ __global__ void __launch_bounds__(kFixupThreads, 2)  // the grid: two CTAs an SM
     for (int64_t item = blockIdx.x; item < corrected * items_per_row; item += gridDim.x) {
       const int64_t m = tiny_rows[item / items_per_row];
       correct_item<Scan>(x, x_exps[m], w, w_scale, w_flags, nullptr, y, m, (item % items_per_row) * kCorrectCols,
-                         N, K, work.tiny, scan);
+                         N, K, work.list, scan);
     }
     __syncthreads();  // the lists are rewritten by the next chunk
   }
@@ -357,10 +374,15 @@ __global__ void __launch_bounds__(kFixupThreads, 2)  // the grid: two CTAs an SM
     const int64_t s = item / items_per_row, n0 = (item % items_per_row) * kCorrectCols;
     if (second.slot_tiny[s] > correctable_tiny_values(K)) continue;  // recomputed above
     correct_item<Scan>(x, second.exps[s], w, w_scale, w_flags, second.y + s * N, y, second.slot_row[s], n0, N, K,
-                       work.tiny, scan);
+                       work.list, scan);
   }
-  for (int64_t i = warp; i < n_cols * M; i += warps)
-    recompute(x, w, w_scale, bias, y, i % M, w_list[1 + i / M], N, K, lane);
+  for (int64_t i = warp; i < n_cols * M; i += warps) {
+    const int64_t m = i % M, n = w_list[1 + i / M];
+    if (w_flags[n] != kRowNaN)
+      recompute(x, w, w_scale, bias, y, m, n, N, K, lane);
+    else if (lane == 0)
+      y[m * N + n] = nan_output();
+  }
 }
 }  // namespace
 

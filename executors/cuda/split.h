@@ -6,11 +6,12 @@
 //   by a power of two, then v 2^e = p0 + 2^-11 p1 in fp16, two planes [rows, K] and the rows'
 //   exponents.
 // Both splits mark the rows holding a value they cannot carry; launch_fixup_exceptional then
-// mends those rows and columns of Y in fp32. For `fast` that is split_exceptional below (the
-// row is recomputed); for `fp32`, NaN and infinities (recomputed) and nonzero values more than
-// ~2^28 below their row's largest ("tiny": the row scale keeps every other value in fp16's
-// normal range). Tiny values are left out of the parts, and their products come back one of
-// two ways, chosen on the device per call by how many there are (second_level_pays):
+// mends those rows and columns of Y in fp32. A row holding a NaN has every output NaN, which
+// the fix-up writes without computing. Otherwise, for `fast`, split_exceptional below (the row
+// is recomputed); for `fp32`, infinities and nonzero values more than ~2^28 below their row's
+// largest ("tiny": the row scale keeps every other value in fp16's normal range). Both are
+// left out of the parts ("left out": left_out_at), and their products come back one of two
+// ways, chosen on the device per call by how many there are (second_level_pays):
 // - few: the fix-up adds each one's products to Y in fp32 (a gather of W' per value);
 // - many: x's rows holding them are split again with the exponent of their tiny values alone
 //   (launch_split_second_level), and a second GEMM over those rows adds their products.
@@ -28,22 +29,26 @@ namespace gemmfuse::cuda {
 enum RowMark : int {
   kRowKept = 0,       // the parts carry the row
   kRowRecompute = 1,  // the fix-up recomputes the row's outputs
-  kRowTiny = 2,       // `fp32` only: the parts leave out the row's tiny values, whose products
-                      // the fix-up or the second level adds to the row's outputs
+  kRowTiny = 2,       // `fp32` only: the parts leave out the row's tiny values and infinities,
+                      // whose products the fix-up or the second level adds to the row's outputs
+  kRowNaN = 3,        // the row holds a NaN: every output it enters is NaN (NaN times any value
+                      // is NaN), written so by the fix-up; the row's parts are zero
 };
 
 // Where the splits mark rows (any may be nullptr): `flags[r]` is written for every row, a
 // RowMark (no zeroing needed); `list` gets every marked row appended, list[0] counting them
 // (zeroed by the caller: W', at prepare). The fix-up recomputes Y's columns for W's listed
-// rows. `tiny[r]` (`fp32`'s split) is written for every row: how many tiny values it holds.
+// rows. `tiny[r]` (`fp32`'s split) is written for every row: how many tiny values it holds
+// (infinities not counted; 0 for a kRowNaN row).
 struct RowMarks {
   int* flags = nullptr;
   int* list = nullptr;
   int* tiny = nullptr;
 };
 
-// The most values still tiny at the second level that a slot's row may hold for the fix-up to
-// correct them (a list of them) rather than recompute the row: K/256, at most 1024. A
+// The most values still tiny at the second level (with the row's infinities) that a slot's row
+// may hold for the fix-up to correct them (a list of them) rather than recompute the row:
+// K/256, at most 1024. A
 // correction gathers a 32-byte sector of W' per value and output column, from all over W'
 // when the values' k are spread (~70 us a row for ~500 values at the seed shape); the tiled
 // recompute costs ~5 us a row when many rows are recomputed (N K FMAs a row at ~25 TFLOP/s):
@@ -51,6 +56,14 @@ struct RowMarks {
 // level, second_level_pays bounds every row's list.
 __host__ __device__ constexpr int64_t correctable_tiny_values(int64_t K) {
   return K / 256 < 1024 ? K / 256 : 1024;
+}
+
+// The most infinities a row of x may hold for the fix-up to correct them rather than recompute
+// the row: K/512, at most 1024. Every row of the seed shape with 1 infinity costs 0.44 ms of
+// corrections, with 8 of them 2.2 ms (~0.25 ms a value more), against 5.1 ms to recompute them
+// all by tiles: they cost the same at ~19 (bench/NOTES.md, session 32).
+__host__ __device__ constexpr int64_t correctable_infinities(int64_t K) {
+  return K / 512 < 1024 ? K / 512 : 1024;
 }
 
 // Whether x's tiny values, `values` in all, go through the second level rather than the fix-up's
@@ -70,8 +83,9 @@ __host__ __device__ constexpr bool second_level_pays(int64_t values, int64_t K) 
 struct SecondLevel {
   int* rows = nullptr;       // [1]: slots in use; 0 where the fix-up corrects every kRowTiny row
   int* slot_row = nullptr;   // [M]: x's row in each slot
-  int* slot_tiny = nullptr;  // [M]: values tiny at the second level too (corrected or, past
-                             // correctable_tiny_values, the row recomputed, by the fix-up)
+  int* slot_tiny = nullptr;  // [M]: values left out at the second level too, tiny there or
+                             // infinite (corrected or, past correctable_tiny_values, the row
+                             // recomputed, by the fix-up)
   float* exps = nullptr;     // [M]: each slot's exponent
   __half* parts = nullptr;   // [2, M, K]: each slot's parts, as launch_split_f16x2's
   float* y = nullptr;        // [M, N]: each slot's products with W', the row scales undone
@@ -122,6 +136,12 @@ __device__ __forceinline__ bool tiny_once_scaled(float v, float s) {
 // Whether v is tiny in a row (or second-level slot) scaled by 2^e.
 __device__ __forceinline__ bool tiny_at(float v, int e) { return tiny_once_scaled(v, ldexpf(v, e)); }
 
+// Whether `fp32`'s split leaves v out of a row's (or slot's) parts at exponent e, for the fix-up
+// to add its products: tiny there, or infinite. An infinity's products are infinities (or NaN
+// where W' is 0) whatever the finite rest of the row sums to, so adding them after the parts'
+// GEMM gives what SGEMM gives.
+__device__ __forceinline__ bool left_out_at(float v, int e) { return isinf(v) || tiny_at(v, e); }
+
 // `fp32`'s parts of a scaled value s (|s| < 2^15): s = p0 + 2^-11 p1, p0 = fp16(s),
 // p1 = fp16((s - p0) 2^11) (the difference is exact).
 __device__ __forceinline__ void split_f16x2_value(float s, __half& p0, __half& p1) {
@@ -137,31 +157,36 @@ __device__ __forceinline__ void record_mark(int mark, int64_t r, RowMarks marks)
   }
 }
 
-// The end of a CTA's row r in `fast`'s split: the row is recomputed if any thread saw an
-// exceptional value (every thread of the CTA calls it; it is a barrier).
-__device__ __forceinline__ void mark_row(bool exceptional, int64_t r, RowMarks marks) {
-  record_mark(__syncthreads_or(exceptional) ? kRowRecompute : kRowKept, r, marks);
+// The end of a CTA's row r in `fast`'s split: kRowNaN if any thread saw a NaN, else
+// recomputed if any saw an exceptional value (every thread of the CTA calls it; a barrier).
+__device__ __forceinline__ void mark_row(bool nan, bool exceptional, int64_t r, RowMarks marks) {
+  nan = __syncthreads_or(nan);
+  exceptional = __syncthreads_or(exceptional);
+  record_mark(nan ? kRowNaN : exceptional ? kRowRecompute : kRowKept, r, marks);
 }
 
 #endif  // __CUDACC__
 
 // The fp32 mode's split (sm90/gemm_f16x3.h), x per call and W' once per weight version: each
 // row r of src [rows, K] fp32 (K a multiple of 8, src 16-byte aligned) scaled by 2^e[r],
-// e[r] = 14 - floor(log2 max_k |src[r, k]|) (0 for a zero row), so that its largest value lies
+// e[r] = 14 - floor(log2 max_k |src[r, k]|) over finite values (0 where none is nonzero), so
+// that its largest finite value lies
 // in [2^14, 2^15), below fp16's largest; then v 2^e = p0 + 2^-11 p1 with p0 = fp16(v 2^e) and
 // p1 = fp16((v 2^e - p0) 2^11): 22 significant bits, |v 2^e - p0 - 2^-11 p1| <= 2^-22 |v 2^e|
 // for every |v 2^e| >= 2^-14 (fp16's least normal value). parts: two fp16 planes [rows, K];
 // exps[r] = e[r] as a float. A nonzero v with |v 2^e| < 2^-14 (more than 2^28-2^29 below the
 // row's largest, or lost to fp32's range when scaled) is "tiny": its parts are zero. Such a
 // value would lose its low bits, which matters where the other operand is large at its k
-// (x = [1e30, 1] against w = [0, 1]: the 1 would vanish beside 1e30). Marks (RowMarks):
-// kRowRecompute for rows holding a NaN or an infinity (their parts zero, e = 0), kRowTiny for
-// rows holding tiny values (their count in marks.tiny).
+// (x = [1e30, 1] against w = [0, 1]: the 1 would vanish beside 1e30). Infinities are left out
+// too. Marks (RowMarks): kRowNaN for rows holding a NaN (their parts zero, e = 0);
+// kRowRecompute for rows holding more than correctable_infinities(K) infinities; kRowTiny for
+// rows holding values left out (how many are tiny in marks.tiny).
 void launch_split_f16x2(const float* src, int64_t rows, int64_t K, __half* parts, float* exps,
                         RowMarks marks, cudaStream_t stream);
 
 // The second level of x [M, K] after launch_split_f16x2 (its exps, flags and tiny counts):
-// whether second_level_pays for this x, and if so each kRowTiny row's slot (SecondLevel).
+// whether second_level_pays for this x, and if so each kRowTiny row's slot (SecondLevel), its
+// exponent from its largest tiny value (the row's own where it holds only infinities).
 // Writes second.rows always; the slots' data only when it pays.
 void launch_split_second_level(const float* x, int64_t M, int64_t K, const float* x_exps,
                                const int* x_flags, const int* x_tiny, SecondLevel second,
@@ -171,14 +196,16 @@ void launch_split_second_level(const float* x, int64_t M, int64_t K, const float
 // carry reach Y as in SGEMM: inf, NaN, overflow, tiny values), W'[n, k] = w[n, k] * w_scale[n]
 // (w_scale may be nullptr: W' = w). w_flags (W's rows' marks) and w_list are given in every
 // mode; every output of Y is written by one path:
-// - the columns n of W's listed rows (w_list), for every m: Y[m, n] = x[m, :] . W'[n, :] (+ bias[n]);
-// - rows m of x marked kRowRecompute: the same, for every n not in w_list (w_flags[n] ==
-//   kRowKept), k in order per output (more than two rows in a chunk of flags: by tiles);
+// - the columns n of W's listed rows (w_list), for every m: Y[m, n] = x[m, :] . W'[n, :] (+ bias[n]),
+//   or NaN for a row marked kRowNaN;
+// - rows m of x marked kRowNaN: NaN, for every n not in w_list (w_flags[n] == kRowKept);
+// - rows m of x marked kRowRecompute: the dot product, for every n not in w_list, k in order
+//   per output (more than four rows in a chunk of flags: by tiles);
 // - rows m marked kRowTiny (`fp32` only; x_exps then given), for every n not in w_list:
 //   - without second-level slots (*second.rows == 0, or second.rows null): Y[m, n] += the sum
-//     over the row's tiny values (launch_split_f16x2's, found again from x_exps[m]) of
-//     x[m, k] W'[n, k], in k order;
-//   - in slot s: Y[m, n] += second.y[s, n], then the same sum over the values tiny at the
+//     over the row's values left out (left_out_at x_exps[m], as launch_split_f16x2 left them
+//     out) of x[m, k] W'[n, k], in k order;
+//   - in slot s: Y[m, n] += second.y[s, n], then the same sum over the values left out at the
 //     second level (from second.exps[s]); or, with more than correctable_tiny_values(K) of
 //     them, the row is recomputed as a kRowRecompute row.
 // Nothing to do costs one launch whose CTAs read the M flags and the list's count.

@@ -28,8 +28,9 @@ __device__ __forceinline__ void load8(const float* __restrict__ row, int64_t c, 
 }
 
 // Eight values of a row scaled by 2^e, as two fp16 part planes (a 16-byte store into each:
-// dst and dst + plane). A value not taken, or tiny once scaled, gets zero parts; returns how
-// many taken values were tiny. Both levels of the split store their parts this way.
+// dst and dst + plane). A value not taken, or left out (tiny once scaled, or infinite), gets
+// zero parts; returns how many taken values were left out. Both levels of the split store
+// their parts this way.
 __device__ __forceinline__ int split8(const float (&v)[8], int e, const bool (&take)[8], __half* dst,
                                       int64_t plane) {
   __half p[2][8];
@@ -37,7 +38,7 @@ __device__ __forceinline__ int split8(const float (&v)[8], int e, const bool (&t
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
     float s = take[j] ? ldexpf(v[j], e) : 0.f;
-    if (take[j] && tiny_once_scaled(v[j], s)) {
+    if (take[j] && (isinf(v[j]) || tiny_once_scaled(v[j], s))) {  // left_out_at(v[j], e)
       ++tiny;
       s = 0.f;
     }
@@ -49,7 +50,7 @@ __device__ __forceinline__ int split8(const float (&v)[8], int e, const bool (&t
 }
 
 // A CTA per row (grid-stride over rows), 8 values a thread per step: the row's largest finite
-// magnitude first, then one 16-byte store per part plane. With kSteps > 0 the row stays in
+// magnitude (and whether it holds a NaN) first, then one 16-byte store per part plane. With kSteps > 0 the row stays in
 // registers between the two (K <= kSteps * 8 * kSplitThreads): one read of x; with 0 the row
 // is read again for the split, from L2. Memory bound.
 template <int kSteps>
@@ -57,24 +58,27 @@ __global__ void __launch_bounds__(kSplitThreads)
     split_f16x2_kernel(const float* __restrict__ src, int64_t rows, int64_t K,
                        __half* __restrict__ parts, float* __restrict__ exps, RowMarks marks) {
   using Reduce = cub::BlockReduce<float, kSplitThreads>;
-  using ReduceInt = cub::BlockReduce<int, kSplitThreads>;
+  using ReduceInt2 = cub::BlockReduce<int2, kSplitThreads>;
   __shared__ typename Reduce::TempStorage reduce;
-  __shared__ typename ReduceInt::TempStorage reduce_int;
+  __shared__ typename ReduceInt2::TempStorage reduce_int2;
   __shared__ float row_max;
   constexpr int64_t kStride = 8 * kSplitThreads;
+  const int64_t most_infinities = correctable_infinities(K);  // more: the row is recomputed
   float held[kSteps > 0 ? kSteps : 1][8];
   wait_for_previous_grid();  // launched programmatically
   const int64_t plane = rows * K, first = 8 * static_cast<int64_t>(threadIdx.x);
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const float* row = src + r * K;
     float top = 0.f;
-    bool exceptional = false;
+    bool nan = false;
+    int infs = 0;
     auto see = [&](const float (&v)[8]) {
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         const float m = fabsf(v[j]);
-        exceptional |= !(m <= FLT_MAX);  // NaN or infinite
-        top = fmaxf(top, m);             // fmaxf drops a NaN operand
+        nan |= v[j] != v[j];
+        infs += isinf(v[j]);
+        if (m <= FLT_MAX) top = fmaxf(top, m);  // finite values only
       }
     };
     if constexpr (kSteps > 0) {
@@ -91,16 +95,16 @@ __global__ void __launch_bounds__(kSplitThreads)
       }
     }
     const float block_top = Reduce(reduce).Reduce(top, [](float a, float b) { return fmaxf(a, b); });
-    exceptional = __syncthreads_or(exceptional);  // also orders reduce's storage for reuse
+    nan = __syncthreads_or(nan);  // also orders reduce's storage for reuse
     if (threadIdx.x == 0) row_max = block_top;
     __syncthreads();
     const float m = row_max;
-    const int e = exceptional || m == 0.f ? 0 : 14 - ilogbf(m);
-    int tiny = 0;  // nonzero values below fp16's normal range once scaled: left out of the parts
-    bool take[8];  // an exceptional row's parts are all zero
+    const int e = nan || m == 0.f ? 0 : 14 - ilogbf(m);
+    int left = 0;  // values left out of the parts (left_out_at e): this thread's infinities too
+    bool take[8];  // a NaN row's parts are all zero
 #pragma unroll
-    for (int j = 0; j < 8; ++j) take[j] = !exceptional;
-    auto split = [&](const float (&v)[8], int64_t c) { tiny += split8(v, e, take, parts + r * K + c, plane); };
+    for (int j = 0; j < 8; ++j) take[j] = !nan;
+    auto split = [&](const float (&v)[8], int64_t c) { left += split8(v, e, take, parts + r * K + c, plane); };
     if constexpr (kSteps > 0) {
 #pragma unroll
       for (int i = 0; i < kSteps; ++i)
@@ -111,11 +115,19 @@ __global__ void __launch_bounds__(kSplitThreads)
         split(held[0], c);
       }
     }
-    const int row_tiny = ReduceInt(reduce_int).Sum(tiny);  // valid in thread 0
+    // the row's tiny values and infinities (valid in thread 0; not read for a NaN row)
+    const int2 counts = ReduceInt2(reduce_int2).Reduce(make_int2(left - infs, infs), [](int2 a, int2 b) {
+      return make_int2(a.x + b.x, a.y + b.y);
+    });
     if (threadIdx.x == 0) {
+      const int tiny = nan ? 0 : counts.x;
       exps[r] = static_cast<float>(e);
-      if (marks.tiny) marks.tiny[r] = row_tiny;
-      record_mark(exceptional ? kRowRecompute : row_tiny > 0 ? kRowTiny : kRowKept, r, marks);
+      if (marks.tiny) marks.tiny[r] = tiny;
+      record_mark(nan                          ? kRowNaN
+                  : counts.y > most_infinities ? kRowRecompute
+                  : tiny + counts.y > 0        ? kRowTiny
+                                               : kRowKept,
+                  r, marks);
     }
     __syncthreads();  // row_max and the reductions' storage are reused by the next row
   }
@@ -126,9 +138,10 @@ constexpr int kLevelFlagsPerThread = 4;
 constexpr int kLevelChunk = kLevelThreads * kLevelFlagsPerThread;  // x rows listed per step
 
 // Slot s of the second level, row m of x, by the whole CTA: the largest of the row's tiny
-// values (tiny at x_exps[m]) sets the slot's exponent e2; the tiny values scaled by 2^e2 are
-// split as the first level splits (every other value's parts zero), except those still tiny
-// at e2, which are counted for the fix-up. Reads the row twice (the second time from L2).
+// values (tiny at x_exps[m]) sets the slot's exponent e2 (x_exps[m] where the row holds only
+// infinities); the tiny values scaled by 2^e2 are split as the first level splits (every other
+// value's parts zero), except those still tiny at e2, which are counted for the fix-up with
+// the row's infinities: the values left out at e2. Reads the row twice (the second from L2).
 __device__ void split_slot(const float* __restrict__ xr, float e1, int64_t K, int64_t M, int64_t s,
                            int m, SecondLevel second) {
   using Reduce = cub::BlockReduce<float, kLevelThreads>;
@@ -140,31 +153,33 @@ __device__ void split_slot(const float* __restrict__ xr, float e1, int64_t K, in
   constexpr int64_t kStride = 8 * kLevelThreads;
   const int64_t first = 8 * static_cast<int64_t>(threadIdx.x);
   float top = 0.f;
+  int left_out = 0;  // the infinities here; the values still tiny at e2 below
   for (int64_t c = first; c < K; c += kStride) {
     float v[8];
     load8(xr, c, v);
 #pragma unroll
-    for (int j = 0; j < 8; ++j)
+    for (int j = 0; j < 8; ++j) {
       if (tiny_at(v[j], ei)) top = fmaxf(top, fabsf(v[j]));
+      left_out += isinf(v[j]);
+    }
   }
   const float block_top = Reduce(reduce).Reduce(top, [](float a, float b) { return fmaxf(a, b); });
   if (threadIdx.x == 0) slot_top = block_top;
   __syncthreads();
-  const int e2 = 14 - ilogbf(slot_top);  // the row holds a tiny value: slot_top > 0
-  int still_tiny = 0;
+  const int e2 = slot_top > 0.f ? 14 - ilogbf(slot_top) : ei;
   for (int64_t c = first; c < K; c += kStride) {
     float v[8];
     load8(xr, c, v);
     bool tiny[8];
 #pragma unroll
     for (int j = 0; j < 8; ++j) tiny[j] = tiny_at(v[j], ei);
-    still_tiny += split8(v, e2, tiny, second.parts + s * K + c, M * K);
+    left_out += split8(v, e2, tiny, second.parts + s * K + c, M * K);
   }
-  const int slot_still_tiny = ReduceInt(reduce_int).Sum(still_tiny);  // valid in thread 0
+  const int slot_left_out = ReduceInt(reduce_int).Sum(left_out);  // valid in thread 0
   if (threadIdx.x == 0) {
     second.slot_row[s] = m;
     second.exps[s] = static_cast<float>(e2);
-    second.slot_tiny[s] = slot_still_tiny;
+    second.slot_tiny[s] = slot_left_out;
   }
   __syncthreads();  // slot_top and the reductions' storage are reused by the next slot
 }

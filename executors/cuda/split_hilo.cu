@@ -28,7 +28,7 @@ __global__ void __launch_bounds__(256)
     const float* row = src + r * K;
     const float s = kScaled ? scale[r] : 1.f;
     __nv_bfloat16* dst = out + r * kFastSplitSegments * Kh;  // [lo | hi | hi] or [hi | lo | hi]
-    bool exceptional = false;
+    bool exceptional = false, nan = false;
     for (int64_t c = 8 * static_cast<int64_t>(threadIdx.x); c < Kh; c += 8 * blockDim.x) {
       float v[8];
       if (kWhole || vec) {
@@ -48,13 +48,14 @@ __global__ void __launch_bounds__(256)
         // the padding stays zero whatever the scale
         const float u = kScaled ? (kWhole || c + j < K ? v[j] * s : 0.f) : v[j];
         exceptional |= !split_bf16(u, hi[j], lo[j]);
+        nan |= u != u;
       }
       const uint4 h = pack_bf16x8(hi), l = pack_bf16x8(lo);  // packed before the choice: the
       *reinterpret_cast<uint4*>(dst + c) = lo_first ? l : h;    // arrays stay in registers
       *reinterpret_cast<uint4*>(dst + Kh + c) = lo_first ? h : l;
       *reinterpret_cast<uint4*>(dst + 2 * Kh + c) = h;
     }
-    mark_row(exceptional, r, marks);
+    mark_row(nan, exceptional, r, marks);
   }
 }
 

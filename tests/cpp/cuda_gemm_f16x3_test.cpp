@@ -288,7 +288,9 @@ void plant_tiny_beside_large_weights(std::vector<float>& x, std::vector<float>& 
 // Values the split cannot carry (NaN, +-inf; values over 2^28 below their row's largest, in
 // rows recomputed or corrected) reach the outputs they touch as in float64 evaluated in fp32:
 // NaN where it is NaN, the same infinity where it is one, finite values within fp32's error;
-// a whole tiny row, which the row scales carry, too.
+// a whole tiny row, which the row scales carry, too. NaN rows (x's 3, W's 7) are written NaN;
+// rows with few infinities are corrected (11, 12: one each; 25: with tiny values), with more
+// than correctable_infinities(K) recomputed (24).
 TEST(CudaF16x3Gemm, ExceptionalInputs) {
   SKIP_WITHOUT_SM90();
   std::mt19937_64 rng(gftest::test_seed());
@@ -306,6 +308,7 @@ TEST(CudaF16x3Gemm, ExceptionalInputs) {
   w[12 * K + 3] = 1e30f;     // a W row marked tiny: its small values meet x's ordinary ones
   for (int64_t k = 0; k < K; ++k) x[15 * K + k] = 1e-36f * (1 + k % 3);  // a whole tiny row
   w[5 * K + 40] = std::numeric_limits<float>::infinity();
+  w[7 * K + 9] = std::numeric_limits<float>::quiet_NaN();
   w[9 * K + 2] = 0.5f;  // exact in fp16 (a zero small part) under an infinite x: must give inf
   plant_tiny_beside_large_weights(x, w, K);
   // Many tiny values (row 13 alone has K - 1): the second level takes every row holding one.
@@ -319,16 +322,23 @@ TEST(CudaF16x3Gemm, ExceptionalInputs) {
   x[22 * K + 1] = x[23 * K + 1] = 1e-10f;
   for (int64_t k = 0; k < correctable; ++k) x[22 * K + 7 * k + 2] = 1e-30f;
   for (int64_t k = 0; k < correctable + 1; ++k) x[23 * K + 7 * k + 2] = 1e-30f;
+  for (int64_t k = 0; k <= gemmfuse::cuda::correctable_infinities(K); ++k)
+    x[24 * K + 5 * k + 3] = std::numeric_limits<float>::infinity();
+  x[25 * K + 1] = 1e-10f;
+  x[25 * K + 8] = 1e-30f;
+  x[25 * K + 4] = std::numeric_limits<float>::infinity();
   check_exceptional(M, N, K, x, w, std::vector<float>(N, 0.25f), true);
 }
 
-// Few tiny values (7, at most K/32 = 8): the fix-up corrects them, no second level.
+// Few tiny values (7, at most K/32 = 16): the fix-up corrects them, no second level; and an
+// infinity (as many as correctable_infinities(K) = 1), corrected the same way.
 TEST(CudaF16x3Gemm, FewTinyValuesAreCorrected) {
   SKIP_WITHOUT_SM90();
   std::mt19937_64 rng(gftest::test_seed());
-  const int64_t M = 256, N = 64, K = 256;
+  const int64_t M = 256, N = 64, K = 512;
   auto x = uniform(M * K, rng), w = uniform(N * K, rng);
   plant_tiny_beside_large_weights(x, w, K);
+  x[30 * K + 9] = -std::numeric_limits<float>::infinity();
   check_exceptional(M, N, K, x, w, uniform(N, rng), false);
 }
 

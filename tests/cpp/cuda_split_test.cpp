@@ -115,7 +115,12 @@ TEST(CudaSplit, HiLoPartsAndMarks) {
         const std::vector<int> want = marked_rows(src, rows, K, scale);
         for (int64_t r = 0; r < rows; ++r) {
           const bool marked = std::count(want.begin(), want.end(), r) > 0;
-          EXPECT_EQ(flags[r], marked ? 1 : 0) << "row " << r;
+          const bool nan = std::any_of(src.begin() + r * K, src.begin() + (r + 1) * K,
+                                       [](float v) { return std::isnan(v); });
+          EXPECT_EQ(flags[r], nan      ? gemmfuse::cuda::kRowNaN
+                              : marked ? gemmfuse::cuda::kRowRecompute
+                                       : gemmfuse::cuda::kRowKept)
+              << "row " << r;
           for (int64_t k = 0; k < Kh; ++k) {
             const float v = k < K ? src[r * K + k] * (scaled ? scale[r] : 1.f) : 0.f;
             const float want_hi = exceptional(v) ? 0.f : bf16_round(v);
@@ -135,11 +140,12 @@ TEST(CudaSplit, HiLoPartsAndMarks) {
   }
 }
 
-// `fp32`'s split: each row's exponent puts its largest magnitude in [2^14, 2^15); the two
-// fp16 parts give v 2^e within 2^-22 of it, and zero for a tiny value (nonzero, |v 2^e| below
-// 2^-14, fp16's least normal value); marks: recompute for rows with NaN or an infinity (zero
-// parts, e = 0) or more than correctable_tiny_values(K) tiny values, correct for rows with
-// fewer, none for the rest.
+// `fp32`'s split: each row's exponent puts its largest finite magnitude in [2^14, 2^15); the
+// two fp16 parts give v 2^e within 2^-22 of it, and zero for a value left out (infinite, or
+// tiny: nonzero, |v 2^e| below 2^-14, fp16's least normal value); marks: kRowNaN for rows with
+// a NaN (zero parts, e = 0, no value counted), kRowRecompute for rows with more than
+// correctable_infinities(K) infinities, kRowTiny for other rows with values left out (the
+// tiny ones counted), none for the rest.
 // Rows: ordinary, at the ends of fp32's range (near its largest, subnormal), spread over
 // 2^-100..2^100 (marked), all zero. K = 72 (most threads idle), 8200 and 16392: the kernel
 // keeps a row in registers in 4 and in 8 steps of 8 values per thread, and reads it twice
@@ -148,6 +154,7 @@ void check_row_scaled_split(int64_t K, std::mt19937_64& rng) {
   SCOPED_TRACE("K=" + std::to_string(K));
   const int64_t rows = 12;
   std::vector<float> src = with_exceptions(rows, K, rng);  // rows 1 (inf), 3, 5 (NaN), 7
+  src[1 * K + K - 1] = -std::numeric_limits<float>::infinity();  // row 1: both infinities
   for (int64_t k = 0; k < K; ++k) {
     src[8 * K + k] = std::ldexp(src[8 * K + k], -100 + k % 200);
     src[9 * K + k] = 0.f;
@@ -168,32 +175,39 @@ void check_row_scaled_split(int64_t K, std::mt19937_64& rng) {
   const auto flags = download<int>(dflags, rows);
   const auto tiny_counts = download<int>(dtiny, rows);
   for (int64_t r = 0; r < rows; ++r) {
-    bool nonfinite = false;
+    bool nan = false;
     float top = 0.f;
     for (int64_t k = 0; k < K; ++k) {
-      nonfinite |= !std::isfinite(src[r * K + k]);
+      nan |= std::isnan(src[r * K + k]);
       if (std::isfinite(src[r * K + k])) top = std::max(top, std::fabs(src[r * K + k]));
     }
-    const int e = nonfinite || top == 0.f ? 0 : 14 - std::ilogb(top);
+    const int e = nan || top == 0.f ? 0 : 14 - std::ilogb(top);
     ASSERT_EQ(exps[r], static_cast<float>(e)) << "row " << r;
     auto is_tiny = [&](float v) {  // nonzero, below fp16's normal range once scaled
       return v != 0.f && std::fabs(std::ldexp(static_cast<double>(v), e)) < std::ldexp(1.0, -14);
     };
-    int64_t tiny = 0;
-    for (int64_t k = 0; k < K && !nonfinite; ++k) tiny += is_tiny(src[r * K + k]);
-    const int want_mark = nonfinite  ? gemmfuse::cuda::kRowRecompute
-                          : tiny > 0 ? gemmfuse::cuda::kRowTiny
-                                     : gemmfuse::cuda::kRowKept;
-    EXPECT_EQ(flags[r], want_mark) << "row " << r << " (" << tiny << " tiny values)";
+    auto left_out = [&](float v) { return std::isinf(v) || is_tiny(v); };
+    int64_t tiny = 0, infs = 0;
+    for (int64_t k = 0; k < K && !nan; ++k) {
+      tiny += is_tiny(src[r * K + k]);
+      infs += std::isinf(src[r * K + k]);
+    }
+    const int want_mark = nan                                                  ? gemmfuse::cuda::kRowNaN
+                          : infs > gemmfuse::cuda::correctable_infinities(K) ? gemmfuse::cuda::kRowRecompute
+                          : tiny + infs > 0                                    ? gemmfuse::cuda::kRowTiny
+                                                                               : gemmfuse::cuda::kRowKept;
+    EXPECT_EQ(flags[r], want_mark) << "row " << r << " (" << tiny << " tiny values, " << infs << " infinities)";
     EXPECT_EQ(tiny_counts[r], tiny) << "row " << r;
     // the rows the test means: 3 (3.4e38 beside ordinary values) and 8 (2^-100..2^100) hold
-    // many tiny values, 7 (3e-36 beside ordinary values) one
+    // many tiny values, 7 (3e-36 beside ordinary values) one, 1 two infinities (marked
+    // kRowTiny where K >= 1024, kRowRecompute below)
     EXPECT_EQ(tiny > 1, r == 3 || r == 8) << "row " << r;
     EXPECT_EQ(tiny == 1, r == 7) << "row " << r;
+    EXPECT_EQ(infs, r == 1 ? 2 : 0) << "row " << r;
     for (int64_t k = 0; k < K; ++k) {
       const double p0 = __half2float(parts[r * K + k]), p1 = __half2float(parts[rows * K + r * K + k]);
       const double got = p0 + std::ldexp(p1, -11);
-      if (nonfinite || is_tiny(src[r * K + k])) {  // left out of the parts
+      if (nan || left_out(src[r * K + k])) {  // left out of the parts
         ASSERT_EQ(p0, 0.0) << "row " << r << " col " << k;
         ASSERT_EQ(p1, 0.0) << "row " << r << " col " << k;
         continue;
@@ -212,16 +226,17 @@ TEST(CudaSplit, RowScaledFp16PartsAndMarks) {
   for (const int64_t K : {72, 8200, 16392}) check_row_scaled_split(K, rng);
 }
 
-// The fix-up, on flags, lists and (with `second_level`) slots written by hand. Rows 5, 1023
+// The fix-up, on flags, lists and (with `second_level`) slots written by hand. Rows 5, 6, 1023
 // and 1099 hold tiny values at k = 0 (3e-9: the largest), 17 (-1e-20) and 39 (1e-44, scaled to
-// zero at the first level). Without the second level, all three are corrected from the rows'
-// exponent. With it, they sit in slots 0, 1, 2 (exponent 43, from 3e-9, at which 3e-9 is no
-// longer tiny): slots 0 and 1 add the slot's products, then the values at 17 and 39; slot 2
-// says it holds more than correctable_tiny_values and is recomputed. Recomputed rows: two per
-// chunk of flags (by warps), three in the second chunk with slot 2's row (by tiles), and with
-// `many_rows` 40 more in the first chunk (by tiles, two groups of rows), one holding a NaN and
-// one both infinities. W's listed columns cross every recomputed row. K = 1027: rows off 16
-// bytes, the tiles' scalar loads and a partial last step.
+// zero at the first level), row 6 also -inf at k = 50. Without the second level, all four are
+// corrected from the rows' exponent. With it, they sit in slots 0 to 3 (exponent 43, from 3e-9,
+// at which 3e-9 is no longer tiny): slots 0 to 2 add the slot's products, then the values at 17
+// and 39 (and 50); slot 3 says it holds more than correctable_tiny_values and is recomputed.
+// Recomputed rows: two per chunk of flags (by warps), three in the second chunk with slot 3's
+// row (by tiles), and with `many_rows` 40 more in the first chunk (by tiles, two groups of
+// rows), one holding a NaN and one both infinities. Rows 7 and 1060 are marked kRowNaN (NaN
+// written), W's row 600 too (a NaN column). W's listed columns cross every recomputed row.
+// K = 1027: rows off 16 bytes, the tiles' scalar loads and a partial last step.
 void check_fixup(bool second_level, bool many_rows, int64_t K = 1024) {
   SCOPED_TRACE(std::string(second_level ? "second level" : "first level") + (many_rows ? ", many rows" : "") +
                ", K=" + std::to_string(K));
@@ -237,41 +252,47 @@ void check_fixup(bool second_level, bool many_rows, int64_t K = 1024) {
   for (float& e : w) e = d(rng);
   for (float& e : scale) e = 0.5f + (d(rng) + 1.f);
   for (float& e : bias) e = d(rng);
-  x[1050 * K + 3] = std::numeric_limits<float>::infinity();
-  const std::vector<int> tiny_rows = {5, 1023, 1099};
+  constexpr float kNaN = std::numeric_limits<float>::quiet_NaN(), kInf = std::numeric_limits<float>::infinity();
+  x[1050 * K + 3] = kInf;
+  const std::vector<int> tiny_rows = {5, 6, 1023, 1099};
   for (int r : tiny_rows) {
     x[r * K + 0] = 3e-9f;
     x[r * K + 17] = -1e-20f;
     x[r * K + 39] = 1e-44f;
   }
+  x[6 * K + 50] = -kInf;
+  const std::vector<int> nan_rows = {7, 1060};
+  for (int r : nan_rows) x[r * K + 2 * r % K] = kNaN;
   std::vector<int> x_rows = {2, 1023 - 1, 1024, 1050};
-  const std::vector<int> w_cols = {3, 17, 1200};
+  const std::vector<int> w_cols = {3, 17, 600, 1200};
+  w[600 * K + 11] = kNaN;
   if (many_rows) {
     for (int r = 100; r < 140; ++r) x_rows.push_back(r);
-    x[120 * K + 7] = std::numeric_limits<float>::quiet_NaN();
-    x[121 * K + 8] = std::numeric_limits<float>::infinity();
-    x[121 * K + 9] = -std::numeric_limits<float>::infinity();
+    x[120 * K + 7] = kNaN;
+    x[121 * K + 8] = kInf;
+    x[121 * K + 9] = -kInf;
   }
   std::vector<int> flags(M, kRowKept), w_flags(N, kRowKept), list = {static_cast<int>(w_cols.size())};
   for (int r : x_rows) flags[r] = kRowRecompute;
   for (int r : tiny_rows) flags[r] = kRowTiny;
-  for (int c : w_cols) w_flags[c] = kRowRecompute;
+  for (int r : nan_rows) flags[r] = gemmfuse::cuda::kRowNaN;
+  for (int c : w_cols) w_flags[c] = c == 600 ? gemmfuse::cuda::kRowNaN : kRowRecompute;
   list.insert(list.end(), w_cols.begin(), w_cols.end());
   // the second level: slot s holds tiny_rows[s]
-  const int slots = second_level ? 3 : 0, e2 = 14 - std::ilogb(3e-9f);
+  const int slots = second_level ? 4 : 0, e2 = 14 - std::ilogb(3e-9f);
   ASSERT_EQ(e2, 43);
-  ASSERT_GE(gemmfuse::cuda::correctable_tiny_values(K), 2);
-  const std::vector<int> slot_tiny = {2, 2, static_cast<int>(gemmfuse::cuda::correctable_tiny_values(K)) + 1};
-  const std::vector<float> slot_exps(3, static_cast<float>(e2));
-  std::vector<float> y2(3 * N);
+  ASSERT_GE(gemmfuse::cuda::correctable_tiny_values(K), 3);
+  const std::vector<int> slot_tiny = {2, 3, 2, static_cast<int>(gemmfuse::cuda::correctable_tiny_values(K)) + 1};
+  const std::vector<float> slot_exps(4, static_cast<float>(e2));
+  std::vector<float> y2(4 * N);
   for (float& e : y2) e = 1e-20f * d(rng);  // the size of the values added after it
   const float sentinel = 12345.f;
   std::vector<float> y(M * N, sentinel);
   for (int r : tiny_rows)  // 0 there: the correction must show
     for (int64_t n = 0; n < N; ++n) y[r * N + n] = 0.f;
   DevMem dx(x.size() * 4), dw(w.size() * 4), ds(N * 4), db(N * 4), dy(y.size() * 4),
-      dexps(M * 4), dflags(M * 4), dlist(list.size() * 4), dwflags(N * 4), dslots(4), dslot_row(3 * 4),
-      dslot_tiny(3 * 4), dslot_exps(3 * 4), dy2(y2.size() * 4);
+      dexps(M * 4), dflags(M * 4), dlist(list.size() * 4), dwflags(N * 4), dslots(4), dslot_row(4 * 4),
+      dslot_tiny(4 * 4), dslot_exps(4 * 4), dy2(y2.size() * 4);
   CK(cudaMemcpy(dx.p, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
   CK(cudaMemcpy(dw.p, w.data(), w.size() * 4, cudaMemcpyHostToDevice));
   CK(cudaMemcpy(ds.p, scale.data(), N * 4, cudaMemcpyHostToDevice));
@@ -282,9 +303,9 @@ void check_fixup(bool second_level, bool many_rows, int64_t K = 1024) {
   CK(cudaMemcpy(dlist.p, list.data(), list.size() * 4, cudaMemcpyHostToDevice));
   CK(cudaMemcpy(dwflags.p, w_flags.data(), N * 4, cudaMemcpyHostToDevice));
   CK(cudaMemcpy(dslots.p, &slots, 4, cudaMemcpyHostToDevice));
-  CK(cudaMemcpy(dslot_row.p, tiny_rows.data(), 3 * 4, cudaMemcpyHostToDevice));
-  CK(cudaMemcpy(dslot_tiny.p, slot_tiny.data(), 3 * 4, cudaMemcpyHostToDevice));
-  CK(cudaMemcpy(dslot_exps.p, slot_exps.data(), 3 * 4, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(dslot_row.p, tiny_rows.data(), 4 * 4, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(dslot_tiny.p, slot_tiny.data(), 4 * 4, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(dslot_exps.p, slot_exps.data(), 4 * 4, cudaMemcpyHostToDevice));
   CK(cudaMemcpy(dy2.p, y2.data(), y2.size() * 4, cudaMemcpyHostToDevice));
   gemmfuse::cuda::SecondLevel second;
   second.rows = static_cast<int*>(dslots.p);
@@ -304,12 +325,16 @@ void check_fixup(bool second_level, bool many_rows, int64_t K = 1024) {
   for (int64_t m = 0; m < M; ++m) {
     const auto tiny_at = std::find(tiny_rows.begin(), tiny_rows.end(), m);
     const int slot = tiny_at == tiny_rows.end() || !second_level ? -1 : int(tiny_at - tiny_rows.begin());
-    const bool recomputed = std::count(x_rows.begin(), x_rows.end(), m) || slot == 2;
-    // the values the fix-up adds: tiny at the row's exponent, or at its slot's
-    const std::vector<int> added = slot >= 0 ? std::vector<int>{17, 39} : std::vector<int>{0, 17, 39};
+    const bool recomputed = std::count(x_rows.begin(), x_rows.end(), m) || slot == 3;
+    const bool nan_row = std::count(nan_rows.begin(), nan_rows.end(), m) > 0;
+    // the values the fix-up adds: left out at the row's exponent, or at its slot's
+    std::vector<int> added = slot >= 0 ? std::vector<int>{17, 39} : std::vector<int>{0, 17, 39};
+    if (m == 6) added.push_back(50);
     for (int64_t n = 0; n < N; ++n) {
       const float got = y[m * N + n];
-      if (recomputed || std::count(w_cols.begin(), w_cols.end(), n)) {
+      if (nan_row || n == 600) {
+        ASSERT_TRUE(std::isnan(got)) << m << "," << n;
+      } else if (recomputed || std::count(w_cols.begin(), w_cols.end(), n)) {
         const auto [ref, mag] = gftest::dot_ref(x, w_scaled, &bias[n], m, n, K);
         if (std::isnan(ref)) {
           ASSERT_TRUE(std::isnan(got)) << m << "," << n;
@@ -325,7 +350,10 @@ void check_fixup(bool second_level, bool many_rows, int64_t K = 1024) {
           mag += std::fabs(static_cast<double>(x[m * K + k]) * w[n * K + k] * scale[n]);
         }
         ASSERT_NE(add, 0.0);
-        ASSERT_NEAR(got, add, 8 * std::ldexp(mag, -24)) << m << "," << n;
+        if (std::isinf(add))
+          ASSERT_EQ(got, static_cast<float>(add)) << m << "," << n;
+        else
+          ASSERT_NEAR(got, add, 8 * std::ldexp(mag, -24)) << m << "," << n;
       } else {
         ASSERT_EQ(got, sentinel) << m << "," << n;
       }
@@ -348,7 +376,8 @@ TEST(CudaSplit, FixupRewritesExactlyTheMarkedRowsAndColumns) {
 // level's rule makes them for the tiny values alone (the rest zero), and the values still tiny
 // at that exponent counted. M past one chunk of flags and past two slots per CTA; rows of
 // values spread over 2^-40..1 (tiny values carried at the second level), over 2^-80..1 (some
-// still tiny there), with one tiny value (k = 3), none, or an infinity.
+// still tiny there), with one tiny value (k = 3), none, or an infinity (row 3 too, with `many`:
+// no tiny value, a slot at the row's own exponent).
 void check_second_level(int64_t M, int64_t K, bool many, std::mt19937_64& rng) {
   SCOPED_TRACE("M=" + std::to_string(M) + " K=" + std::to_string(K) + (many ? " many" : " few"));
   std::uniform_real_distribution<float> d(0.5f, 1.f);
@@ -362,6 +391,7 @@ void check_second_level(int64_t M, int64_t K, bool many, std::mt19937_64& rng) {
     }
   for (int64_t m = 0; m < M; m += 5) x[m * K + 3] = 1e-12f;
   x[(M / 2) * K + 1] = std::numeric_limits<float>::infinity();
+  if (many) x[3 * K + 5] = -std::numeric_limits<float>::infinity();
   DevMem dx(x.size() * 4), dparts(2 * M * K * 2), dexps(M * 4), dflags(M * 4), dtiny(M * 4), drows(4),
       dslot_row(M * 4), dslot_tiny(M * 4), dslot_exps(M * 4), dslot_parts(2 * M * K * 2);
   CK(cudaMemcpy(dx.p, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
@@ -401,22 +431,23 @@ void check_second_level(int64_t M, int64_t K, bool many, std::mt19937_64& rng) {
   const auto slot_tiny = download<int>(dslot_tiny, M);
   const auto slot_exps = download<float>(dslot_exps, M);
   const auto parts = download<__half>(dslot_parts, 2 * M * K);
-  int still_tiny_rows = 0;
+  int still_tiny_rows = 0, inf_slots = 0;
   for (int s = 0; s < rows; ++s) {
     const int m = tiny_rows[s], e1 = static_cast<int>(exps[m]);
     ASSERT_EQ(slot_row[s], m) << "slot " << s;
     float top = 0.f;
     for (int64_t k = 0; k < K; ++k)
       if (tiny_at(x[m * K + k], e1)) top = std::max(top, std::fabs(x[m * K + k]));
-    const int e2 = 14 - std::ilogb(top);
+    const int e2 = top > 0.f ? 14 - std::ilogb(top) : e1;
     ASSERT_EQ(slot_exps[s], static_cast<float>(e2)) << "slot " << s;
-    int still = 0;
+    int still = 0;  // values left out at e2: still tiny, or infinite
     for (int64_t k = 0; k < K; ++k) {
       const float v = x[m * K + k];
       const double p0 = __half2float(parts[s * K + k]), p1 = __half2float(parts[M * K + s * K + k]);
       const double got = p0 + std::ldexp(p1, -11);
       if (!tiny_at(v, e1) || tiny_at(v, e2)) {  // carried by the first level, or still tiny
-        still += tiny_at(v, e1);
+        still += tiny_at(v, e1) || std::isinf(v);
+        inf_slots += std::isinf(v);
         ASSERT_EQ(got, 0.0) << "slot " << s << " k " << k;
         continue;
       }
@@ -427,6 +458,8 @@ void check_second_level(int64_t M, int64_t K, bool many, std::mt19937_64& rng) {
     still_tiny_rows += still > 0;
   }
   EXPECT_GT(still_tiny_rows, 0);  // the test reaches values tiny at both levels
+  // and both infinities' rows, row 3 holding no tiny value (recomputed rows where K < 512)
+  EXPECT_EQ(inf_slots, gemmfuse::cuda::correctable_infinities(K) >= 1 ? 2 : 0);
 }
 
 TEST(CudaSplit, SecondLevelSlots) {
@@ -435,6 +468,7 @@ TEST(CudaSplit, SecondLevelSlots) {
   check_second_level(1100, 264, true, rng);   // many: the second level pays
   check_second_level(40, 264, false, rng);    // 8 rows with one tiny value each: the fix-up's
   check_second_level(3000, 72, true, rng);    // more slots than CTAs on any GPU
+  check_second_level(600, 1032, true, rng);   // rows with an infinity corrected (K >= 512): slots
 }
 
 }  // namespace

@@ -256,7 +256,9 @@ def _exceptional_case(M, k, n, fold):
     hold values exact in bf16 and fp16 (a zero low part: times an infinite part, a split would
     make NaN where fp32 gives an infinity) and, in a few rows, inf, -inf, NaN, values past
     bf16's range (whose rows' other values `fp32`'s split then cannot carry) and nonzero
-    values below 2^-110 (which `fast`'s split cannot carry; `fp32`'s row scales carry them)."""
+    values below 2^-110 (which `fast`'s split cannot carry; `fp32`'s row scales carry them);
+    a W row with a NaN (a NaN column), x rows with both infinities and with three (past the
+    two a row at K = 1024 that `fp32` corrects rather than recomputes)."""
     lin = nn.Linear(k, n)
     with torch.no_grad():
         lin.weight.copy_(lin.weight.bfloat16().float())
@@ -265,6 +267,7 @@ def _exceptional_case(M, k, n, fold):
             lin.weight[21, 8] = 1.002 * BF16_MAX
         lin.weight[22, 9] = -float("inf")
         lin.weight[23] *= 1e-36
+        lin.weight[24, 3] = float("nan")
     model = lin
     if fold:
         bn = nn.BatchNorm1d(n)
@@ -282,6 +285,8 @@ def _exceptional_case(M, k, n, fold):
     x[11, 8] = 0.5  # with W[21, 8] a sum of two large terms, far from fp32's overflow
     x[13, 4] = float("nan")
     x[15] *= 1e-36
+    x[17, 1], x[17, 6] = float("inf"), -float("inf")
+    x[19, :3] = float("inf")
     return model, x
 
 
@@ -330,9 +335,9 @@ def test_fp32_split_k_gemm(mid, M, K, N):
 def test_values_the_splits_cannot_carry(precision, M, fold):
     """inf, NaN, values past bf16's range and tiny ones in x and W reach Y as in eager fp32:
     the same NaN and infinity positions, the same signs, the finite values within 1e-4 of
-    float64 (`fast` and `fp32` mark the rows they cannot carry and recompute them in fp32;
-    M = 512 takes the
-    sm90 f16x3 GEMM in `fp32` and the split in `fast`; at M = 64 both run cuBLASLt's SGEMM,
+    float64 (`fast` and `fp32` mark the rows they cannot carry and recompute them in fp32, or
+    write NaN where they hold one; `fp32` adds a few infinities' products instead; M = 512
+    takes the sm90 f16x3 GEMM in `fp32` and the split in `fast`; at M = 64 both run cuBLASLt's SGEMM,
     `fast` because its GEMM is too small for the split to pay)."""
     model, x = _exceptional_case(M, 1024, 4096, fold)
     ref64 = copy.deepcopy(model).double()

@@ -20,9 +20,10 @@
 // where fp32 gives inf), and nonzero values more than ~2^28 below their row's largest ("tiny":
 // scaled, they fall below fp16's normal range and lose their low bits, which matters where the
 // other operand is large at their k). The split passes mark the rows of x and of W that hold
-// one (split.h): rows and columns with inf/NaN, and W's rows with tiny values, are recomputed
-// in plain fp32 as SGEMM does; x's tiny values come back through the fix-up's corrections
-// (few) or a second level of the split and a second pass of this kernel over the rows holding
+// one (split.h): rows and columns with a NaN are written NaN; W's rows with infinities or tiny
+// values, and x's with many infinities, are recomputed in plain fp32 as SGEMM does; x's other
+// infinities and tiny values come back through the fix-up's corrections (few) or, for tiny
+// values, a second level of the split and a second pass of this kernel over the rows holding
 // them (many: softmax-like data), all launched by fp32_gemm_f16x3.h. torch.rand's and
 // nn.Linear's grids never reach that range (2^-24).
 #pragma once

@@ -11,7 +11,8 @@
 // - with GEMMFUSE_PROBE_TINY=1 instead: the seed shape with tiny values planted in x (1e-10
 //   beside U[0,1): more than 2^28 below the row's largest), or x's rows softmax outputs, which
 //   the split leaves out and the fix-up corrects (a few in all) or the second level carries
-//   (many): error and time per case, and which way each row went.
+//   (many), rows holding a NaN or infinities: error and time per case, and which way each row
+//   went. GEMMFUSE_PROBE_ONLY=<label prefix> (e.g. "softmax") runs those cases alone.
 // Earlier versions: the six-product bf16 kernel of sessions 18-27 (-s27-bf16x6-probe*.log);
 // TF32 splits (-s18-split-tf32-probe-*.log, not kept).
 //   Built by CMake with -DGEMMFUSE_BUILD_PROBES=ON (target f16x3_probe).
@@ -21,6 +22,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <cstdlib>
 #include <functional>
 #include <string>
@@ -305,18 +307,28 @@ void run_shape(cublasHandle_t h, const Variant (&variants)[kN], int M, int N, in
   };
   if (timing) {
     // Alternated in rounds so that all see the same clock drift; the median round.
-    std::vector<float> t_sgemm, t_split, t_first;
+    std::vector<float> t_sgemm, t_split, t_first, t_fixup;
+    // the fix-up alone, as the common case meets it (nothing marked): 100 launches back to back
+    auto fixup_alone = [&](int s) {
+      for (int i = 0; i < 100; ++i)
+        gemmfuse::cuda::launch_fixup_exceptional(xs[s], w, nullptr, nullptr, ys[s], M, N, K, x_exps, x_flags, w_list,
+                                                 w_flags, second, nullptr);
+    };
     std::vector<std::vector<float>> t_ours(kN);
     for (int round = 0; round < 3; ++round) {
       t_sgemm.push_back(median_ms(sgemm, kSets));
       for (size_t i = 0; i < kN; ++i) t_ours[i].push_back(median_ms([&](int s) { ours(variants[i], s); }, kSets));
       t_split.push_back(median_ms([&](int s) { gemmfuse::cuda::launch_split_f16x2(xs[s], M, K, x_parts, x_exps, {x_flags, nullptr, x_tiny}, nullptr); }, kSets));
       if (time_first_level) t_first.push_back(median_ms(first_level_only, kSets));
+      if (time_first_level) t_fixup.push_back(median_ms(fixup_alone, kSets) * 10.f);  // us a call
     }
     if (time_first_level) {
       std::sort(t_first.begin(), t_first.end());
       std::printf("             first level only       %.4f ms  (rounds %.4f %.4f %.4f)\n", t_first[1], t_first[0],
                   t_first[1], t_first[2]);
+      std::sort(t_fixup.begin(), t_fixup.end());
+      std::printf("             fix-up alone, nothing marked: %.2f us a call (100 back to back; rounds %.2f %.2f %.2f)\n",
+                  t_fixup[1], t_fixup[0], t_fixup[1], t_fixup[2]);
     }
     std::sort(t_sgemm.begin(), t_sgemm.end());
     std::sort(t_split.begin(), t_split.end());
@@ -354,7 +366,8 @@ int main() {
     // correctable_infinities(K) = 16, by tiles).
     const Plant cases[] = {{0, 0},          {512, 1},        {4, 1},          {4, 2},          {512, 1025},
                            {64, 1025},      {1, 36},         {1, 256},        {1, 1024},       {0, 0, 2.f},
-                           {0, 0, 4.f},     {0, 0, 8.f},     {0, 0, 12.f},    {0, 0, 16.f},    {0, 0, 0.f, 1},
+                           {0, 0, 4.f},     {0, 0, 5.f},     {0, 0, 6.f},     {0, 0, 7.f},     {0, 0, 8.f},
+                           {0, 0, 12.f},    {0, 0, 16.f},    {0, 0, 0.f, 1},
                            {0, 0, 0.f, 2},  {0, 0, 0.f, 3},  {0, 0, 0.f, 8},  {0, 0, 0.f, 64}, {0, 0, 0.f, 1024},
                            {0, 0, 0.f, 0, 1, 1},     {0, 0, 0.f, 0, 64, 1},  {0, 0, 0.f, 0, 1024, 1},
                            {0, 0, 0.f, 0, 1024, 8},  {0, 0, 0.f, 0, 64, 16}, {0, 0, 0.f, 0, 1024, 16},
@@ -369,6 +382,8 @@ int main() {
         std::snprintf(label, sizeof label, "softmax %.0f", c.softmax_sigma);
       else
         std::snprintf(label, sizeof label, "tiny %d/%d", c.every, c.per_row);
+      const char* only = std::getenv("GEMMFUSE_PROBE_ONLY");  // a label prefix: those cases alone
+      if (only && std::strncmp(label, only, std::strlen(only)) != 0) continue;
       run_shape(h, kVariants, 1024, 8192, 8192, true, true, 1.f, 1.f, label, c);
     }
     return 0;

@@ -51,20 +51,31 @@ __device__ __forceinline__ void recompute(const float* __restrict__ x, const flo
 
 // A chunk's recomputed rows, past kWarpRowsMax of them, by tiles: an item is kTile listed rows
 // by kTile columns, K through shared memory kTileK at a time (the next step's loads in flight
-// during this one's FMAs), each thread 4 rows by 4 columns, k in order per output as SGEMM
-// sums it. A hand-written SIMT tile, because its rows come from a list whose length only the
-// device knows (CUTLASS's SIMT GEMMs take M from the host). Per k a warp reads 3 shared-memory
-// wavefronts (x's 4 rows: 2 addresses; W's 4 columns: 16 float4s) for 16 FMAs a thread.
+// during this one's FMAs), k in order per output as SGEMM sums it. Each thread takes quads of
+// 4 rows by 4 columns, kQuads each way, 64 apart. A hand-written SIMT tile, because its rows
+// come from a list whose length only the device knows (CUTLASS's SIMT GEMMs take M from the
+// host). Two sizes: 64 x 64 (a quad a thread: per k a warp reads 3 shared-memory wavefronts for
+// 16 FMAs a thread) and 128 x 128 (2 x 2 quads: 6 wavefronts for 64 FMAs), taken when its
+// fewer items still fill half the grid (choose_large_tile).
 constexpr int kWarpRowsMax = 4;  // a warp per output below that: W' read once per row
-constexpr int kTile = 64, kTileK = 32, kThreadTile = 4;
-constexpr int kTilePitch = kTile + 4;  // float4 reads stay aligned; 2-way conflicts on the stores
-static_assert((kTile / kThreadTile) * (kTile / kThreadTile) == kFixupThreads, "a thread per 4x4 outputs");
-constexpr int kStageLoads = kTile * kTileK / (4 * kFixupThreads);  // float4s of x and of W' a thread stages per step
-static_assert(kStageLoads * 4 * kFixupThreads == kTile * kTileK, "whole float4s per thread");
-struct alignas(16) TileStage {  // k-major: a thread reads its 4 rows and 4 columns as float4s
-  float x[kTileK][kTilePitch];
-  float w[kTileK][kTilePitch];
+constexpr int kQuad = 4, kQuadSpan = kQuad * 16;  // 16 x 16 threads, each a 4 x 4 quad per 64
+static_assert(16 * 16 == kFixupThreads, "16 x 16 threads over a tile");
+
+template <int kTileRows, int kStepK>
+struct TileShape {
+  static constexpr int kTile = kTileRows, kTileK = kStepK;
+  static constexpr int kQuads = kTile / kQuadSpan;   // quads a thread takes each way
+  static constexpr int kPitch = kTile + 4;            // float4 reads stay aligned; 2-way conflicts on the stores
+  static constexpr int kStageRows = 4 * kFixupThreads / kTileK;  // rows a step's float4 loads cover at once
+  static constexpr int kStageLoads = kTile / kStageRows;         // float4s of x and of W' a thread stages per step
+  static_assert(kQuads * kQuadSpan == kTile && kStageLoads * kStageRows == kTile, "whole quads and loads");
+  struct alignas(16) Stage {  // k-major: a thread reads its rows and columns as float4s
+    float x[kTileK][kPitch];
+    float w[kTileK][kPitch];
+  };
 };
+using SmallTile = TileShape<64, 32>;
+using LargeTile = TileShape<128, 16>;  // 16 k a step keeps its two stages in static shared memory
 
 // Four values of a row from k on (0 past K): one 16-byte load where rows are 16-byte aligned.
 __device__ __forceinline__ float4 load4(const float* __restrict__ row, int64_t k, int64_t K, bool vec) {
@@ -75,76 +86,119 @@ __device__ __forceinline__ float4 load4(const float* __restrict__ row, int64_t k
   return make_float4(v[0], v[1], v[2], v[3]);
 }
 
-__device__ __forceinline__ void stash4(float (&dst)[kTileK][kTilePitch], int k, int r, float4 v) {
+template <int kRows, int kPitch>
+__device__ __forceinline__ void stash4(float (&dst)[kRows][kPitch], int k, int r, float4 v) {
   dst[k][r] = v.x;
   dst[k + 1][r] = v.y;
   dst[k + 2][r] = v.z;
   dst[k + 3][r] = v.w;
 }
 
+template <class Shape>
 __device__ void recompute_tile(const float* __restrict__ x, const float* __restrict__ w,
                                const float* __restrict__ w_scale, const int* __restrict__ w_flags,
                                const float* __restrict__ bias, float* __restrict__ y,
                                const int* rows, int count, int64_t n0, int64_t N, int64_t K, bool vec,
-                               TileStage (&stage)[2]) {
+                               typename Shape::Stage (&stage)[2]) {
+  constexpr int kTileK = Shape::kTileK, kQuads = Shape::kQuads, kLoads = Shape::kStageLoads;
   const int t = threadIdx.x;
-  // staging: thread t loads 4 values at k + 4 (t % 4) of x's listed row t / 4 and of W's row
-  // n0 + t / 4 (a warp: 8 rows, 64 bytes each). Rows and columns past the tile's end load a
-  // valid row, unused.
-  const int sr = t / 4, sk = 4 * (t % 4);
-  const float* xr = x + static_cast<int64_t>(rows[min(sr, count - 1)]) * K;
-  const int64_t wn = min(n0 + sr, N - 1);
-  const float* wr = w + wn * K;
-  const float s = w_scale ? w_scale[wn] : 1.f;
-  auto scaled = [s](float4 v) { return make_float4(v.x * s, v.y * s, v.z * s, v.w * s); };  // W' rounded once
-  float4 gx[kStageLoads], gw[kStageLoads];
+  // staging: thread t loads 4 values at k + 4 (t % (kTileK / 4)) of x's listed rows
+  // t / (kTileK / 4) + kStageRows l and of W's rows n0 + the same (a warp: a whole step of
+  // 128 / kTileK rows). Rows and columns past the tile's end load a valid row, unused.
+  const int sr = t / (kTileK / 4), sk = 4 * (t % (kTileK / 4));
+  int xm[kLoads], wn[kLoads];  // row numbers, not pointers: registers are what the large tile lacks
+  float s[kLoads];
+#pragma unroll
+  for (int l = 0; l < kLoads; ++l) {
+    const int r = sr + Shape::kStageRows * l;
+    xm[l] = rows[min(r, count - 1)];
+    wn[l] = static_cast<int>(min(n0 + r, N - 1));
+    s[l] = w_scale ? w_scale[wn[l]] : 1.f;
+  }
+  float4 gx[kLoads], gw[kLoads];
   auto fetch = [&](int64_t k0) {
 #pragma unroll
-    for (int l = 0; l < kStageLoads; ++l) {
-      gx[l] = load4(xr, k0 + sk + 16 * l, K, vec);
-      gw[l] = scaled(load4(wr, k0 + sk + 16 * l, K, vec));
+    for (int l = 0; l < kLoads; ++l) {
+      gx[l] = load4(x + static_cast<int64_t>(xm[l]) * K, k0 + sk, K, vec);
+      const float4 v = load4(w + static_cast<int64_t>(wn[l]) * K, k0 + sk, K, vec);
+      gw[l] = make_float4(v.x * s[l], v.y * s[l], v.z * s[l], v.w * s[l]);  // W' rounded once
     }
   };
-  auto stash = [&](TileStage& st) {
+  auto stash = [&](typename Shape::Stage& st) {
 #pragma unroll
-    for (int l = 0; l < kStageLoads; ++l) {
-      stash4(st.x, sk + 16 * l, sr, gx[l]);
-      stash4(st.w, sk + 16 * l, sr, gw[l]);
+    for (int l = 0; l < kLoads; ++l) {
+      stash4(st.x, sk, sr + Shape::kStageRows * l, gx[l]);
+      stash4(st.w, sk, sr + Shape::kStageRows * l, gw[l]);
     }
   };
   fetch(0);
   stash(stage[0]);
   __syncthreads();
-  const int tr = kThreadTile * (t / (kTile / kThreadTile)), tc = kThreadTile * (t % (kTile / kThreadTile));
-  float acc[kThreadTile][kThreadTile] = {};
+  // this thread's outputs: rows tr + kQuadSpan q + i and columns tc + kQuadSpan q + j (i, j < 4)
+  const int tr = kQuad * (t / 16), tc = kQuad * (t % 16);
+  float acc[kQuads * kQuad][kQuads * kQuad] = {};
   int cur = 0;
   for (int64_t k0 = 0; k0 < K; k0 += kTileK) {
     const bool more = k0 + kTileK < K;
     if (more) fetch(k0 + kTileK);
 #pragma unroll
     for (int k = 0; k < kTileK; ++k) {
-      const float4 a = *reinterpret_cast<const float4*>(&stage[cur].x[k][tr]);
-      const float4 b = *reinterpret_cast<const float4*>(&stage[cur].w[k][tc]);
-      const float av[kThreadTile] = {a.x, a.y, a.z, a.w}, bv[kThreadTile] = {b.x, b.y, b.z, b.w};
+      float av[kQuads * kQuad], bv[kQuads * kQuad];
 #pragma unroll
-      for (int i = 0; i < kThreadTile; ++i)
+      for (int q = 0; q < kQuads; ++q) {
+        const float4 a = *reinterpret_cast<const float4*>(&stage[cur].x[k][tr + kQuadSpan * q]);
+        const float4 b = *reinterpret_cast<const float4*>(&stage[cur].w[k][tc + kQuadSpan * q]);
+        av[4 * q] = a.x, av[4 * q + 1] = a.y, av[4 * q + 2] = a.z, av[4 * q + 3] = a.w;
+        bv[4 * q] = b.x, bv[4 * q + 1] = b.y, bv[4 * q + 2] = b.z, bv[4 * q + 3] = b.w;
+      }
 #pragma unroll
-        for (int j = 0; j < kThreadTile; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
+      for (int i = 0; i < kQuads * kQuad; ++i)
+#pragma unroll
+        for (int j = 0; j < kQuads * kQuad; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
     }
     if (more) stash(stage[cur ^ 1]);  // read last in the previous step, before its barrier
     __syncthreads();
     cur ^= 1;
   }
 #pragma unroll
-  for (int i = 0; i < kThreadTile; ++i) {
-    const int64_t m = rows[min(tr + i, count - 1)];
+  for (int i = 0; i < kQuads * kQuad; ++i) {
+    const int r = tr + i % kQuad + kQuadSpan * (i / kQuad);
+    const int64_t m = rows[min(r, count - 1)];
 #pragma unroll
-    for (int j = 0; j < kThreadTile; ++j) {
-      const int64_t n = n0 + tc + j;
-      if (tr + i < count && n < N && row_paths_write(w_flags, n))
+    for (int j = 0; j < kQuads * kQuad; ++j) {
+      const int64_t n = n0 + tc + j % kQuad + kQuadSpan * (j / kQuad);
+      if (r < count && n < N && row_paths_write(w_flags, n))
         y[m * N + n] = bias ? acc[i][j] + bias[n] : acc[i][j];
     }
   }
+}
+
+// The recomputed rows of a chunk, `rows` of them, by tiles of Shape: each CTA of the grid takes
+// items (a group of kTile rows by a tile of columns) row-group-fastest, so that the CTAs running
+// at once share tiles of W'.
+template <class Shape>
+__device__ void recompute_rows_by_tiles(const float* __restrict__ x, const float* __restrict__ w,
+                                        const float* __restrict__ w_scale, const int* __restrict__ w_flags,
+                                        const float* __restrict__ bias, float* __restrict__ y,
+                                        const int* listed, int rows, int64_t N, int64_t K, bool vec,
+                                        typename Shape::Stage (&stage)[2]) {
+  constexpr int kTile = Shape::kTile;
+  const int groups = (rows + kTile - 1) / kTile;
+  const int64_t col_tiles = (N + kTile - 1) / kTile;
+  for (int64_t item = blockIdx.x; item < groups * col_tiles; item += gridDim.x) {
+    const int g = static_cast<int>(item % groups);
+    recompute_tile<Shape>(x, w, w_scale, w_flags, bias, y, listed + g * kTile, min(kTile, rows - g * kTile),
+                          (item / groups) * kTile, N, K, vec, stage);
+  }
+}
+
+// The large tile when its items fill at least half the grid: with fewer, the small tile's 4x as
+// many items keep more SMs busy (at the seed shape, 64 rows: 1.27 ms by small tiles, 2.60 by
+// large; 1024 rows: 5.69 against 4.54; bench/NOTES.md, session 32).
+__device__ __forceinline__ bool choose_large_tile(int rows, int64_t N) {
+  constexpr int kTile = LargeTile::kTile;
+  const int64_t items = static_cast<int64_t>((rows + kTile - 1) / kTile) * ((N + kTile - 1) / kTile);
+  return 2 * items >= gridDim.x;
 }
 
 struct LeftOutList {
@@ -284,6 +338,10 @@ __device__ void correct_item(const float* __restrict__ x, float e, const float* 
 // holding more values left out than correctable_tiny_values makes its row recomputed; the
 // others are taken by slot, in items too. W's listed rows are recomputed as columns (written
 // NaN where they hold one), and the row paths leave those columns alone.
+// Two CTAs an SM cap it at 128 registers: ptxas then keeps ~200 bytes of the kernel's own state
+// in local memory (none in the tiles' k loops); with one CTA an SM the corrections ran up to
+// 30% slower, and with nothing marked the two-size kernel costs ~1.5 us a call more than the
+// small tile alone did (bench/NOTES.md, session 32).
 __global__ void __launch_bounds__(kFixupThreads, 2)  // the grid: two CTAs an SM
     fixup_kernel(const float* __restrict__ x, const float* __restrict__ w,
                  const float* __restrict__ w_scale, const float* __restrict__ bias,
@@ -297,7 +355,8 @@ __global__ void __launch_bounds__(kFixupThreads, 2)  // the grid: two CTAs an SM
   // A correction's list and a tile's stages are never live together: each item ends on a barrier.
   __shared__ union {
     LeftOutList list;
-    TileStage stage[2];
+    SmallTile::Stage small[2];
+    LargeTile::Stage large[2];
   } work;
   const int lane = threadIdx.x & 31;
   const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
@@ -309,7 +368,6 @@ __global__ void __launch_bounds__(kFixupThreads, 2)  // the grid: two CTAs an SM
   const int64_t n_cols = w_list[0];  // read early: their latency overlaps the flags'
   const int64_t slots = second.rows ? *second.rows : 0;
   const int64_t items_per_row = (N + kCorrectCols - 1) / kCorrectCols;
-  const int64_t col_tiles = (N + kTile - 1) / kTile;
   // 16-byte loads of x's and W's rows in the tiles
   const bool vec = K % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0;
   int64_t slot_base = 0;  // the slot of the chunk's first kRowTiny row
@@ -355,13 +413,12 @@ __global__ void __launch_bounds__(kFixupThreads, 2)  // the grid: two CTAs an SM
         if (row_paths_write(w_flags, n))
           recompute(x, w, w_scale, bias, y, recomputed_rows[i / N], n, N, K, lane);
       }
-    } else {  // items ordered so that the CTAs running at once share tiles of W'
-      const int groups = (recomputed + kTile - 1) / kTile;
-      for (int64_t item = blockIdx.x; item < groups * col_tiles; item += gridDim.x) {
-        const int g = static_cast<int>(item % groups);
-        recompute_tile(x, w, w_scale, w_flags, bias, y, recomputed_rows + g * kTile, min(kTile, recomputed - g * kTile),
-                       (item / groups) * kTile, N, K, vec, work.stage);
-      }
+    } else if (choose_large_tile(recomputed, N)) {
+      recompute_rows_by_tiles<LargeTile>(x, w, w_scale, w_flags, bias, y, recomputed_rows, recomputed, N, K, vec,
+                                         work.large);
+    } else {
+      recompute_rows_by_tiles<SmallTile>(x, w, w_scale, w_flags, bias, y, recomputed_rows, recomputed, N, K, vec,
+                                         work.small);
     }
     for (int64_t item = blockIdx.x; item < corrected * items_per_row; item += gridDim.x) {
       const int64_t m = tiny_rows[item / items_per_row];

@@ -233,12 +233,14 @@ TEST(CudaSplit, RowScaledFp16PartsAndMarks) {
 // at which 3e-9 is no longer tiny): slots 0 to 2 add the slot's products, then the values at 17
 // and 39 (and 50); slot 3 says it holds more than correctable_tiny_values and is recomputed.
 // Recomputed rows: two per chunk of flags (by warps), three in the second chunk with slot 3's
-// row (by tiles), and with `many_rows` 40 more in the first chunk (by tiles, two groups of
-// rows), one holding a NaN and one both infinities. Rows 7 and 1060 are marked kRowNaN (NaN
-// written), W's row 600 too (a NaN column). W's listed columns cross every recomputed row.
-// K = 1027: rows off 16 bytes, the tiles' scalar loads and a partial last step.
-void check_fixup(bool second_level, bool many_rows, int64_t K = 1024) {
+// row (by tiles), and with `many_rows` `many` more in the first chunk (by tiles: 40, two
+// groups of small tiles; 600 at N = 4100, large tiles), one holding a NaN and one both
+// infinities. Rows 7 and 1060 are marked kRowNaN (NaN written), W's row 600 too (a NaN
+// column). W's listed columns cross every recomputed row. K = 1027: rows off 16 bytes, the
+// tiles' scalar loads and a partial last step; K = 260: a partial last step of large tiles.
+void check_fixup(bool second_level, bool many_rows, int64_t K = 1024, int64_t N = 1300, int many = 40) {
   SCOPED_TRACE(std::string(second_level ? "second level" : "first level") + (many_rows ? ", many rows" : "") +
+               ", N=" + std::to_string(N) + ", " + std::to_string(many) +
                ", K=" + std::to_string(K));
   using gemmfuse::cuda::kRowKept;
   using gemmfuse::cuda::kRowRecompute;
@@ -246,7 +248,7 @@ void check_fixup(bool second_level, bool many_rows, int64_t K = 1024) {
   std::mt19937_64 rng(13);
   std::uniform_real_distribution<float> d(-1.f, 1.f);
   // M past one chunk of flags (1024 rows a step), N past one correction item (1024 columns)
-  const int64_t M = 1100, N = 1300;  // correctable_tiny_values(K) = 4
+  const int64_t M = 1100;  // correctable_tiny_values(K) = 4 at K = 1024
   std::vector<float> x(M * K), w(N * K), scale(N), bias(N), exps(M, 14.f);  // |x| < 1: e = 14
   for (float& e : x) e = d(rng);
   for (float& e : w) e = d(rng);
@@ -267,7 +269,7 @@ void check_fixup(bool second_level, bool many_rows, int64_t K = 1024) {
   const std::vector<int> w_cols = {3, 17, 600, 1200};
   w[600 * K + 11] = kNaN;
   if (many_rows) {
-    for (int r = 100; r < 140; ++r) x_rows.push_back(r);
+    for (int r = 100; r < 100 + many; ++r) x_rows.push_back(r);
     x[120 * K + 7] = kNaN;
     x[121 * K + 8] = kInf;
     x[121 * K + 9] = -kInf;
@@ -281,7 +283,7 @@ void check_fixup(bool second_level, bool many_rows, int64_t K = 1024) {
   // the second level: slot s holds tiny_rows[s]
   const int slots = second_level ? 4 : 0, e2 = 14 - std::ilogb(3e-9f);
   ASSERT_EQ(e2, 43);
-  ASSERT_GE(gemmfuse::cuda::correctable_tiny_values(K), 3);
+  if (second_level) ASSERT_GE(gemmfuse::cuda::correctable_tiny_values(K), 3);
   const std::vector<int> slot_tiny = {2, 3, 2, static_cast<int>(gemmfuse::cuda::correctable_tiny_values(K)) + 1};
   const std::vector<float> slot_exps(4, static_cast<float>(e2));
   std::vector<float> y2(4 * N);
@@ -368,6 +370,8 @@ TEST(CudaSplit, FixupRewritesExactlyTheMarkedRowsAndColumns) {
     check_fixup(true, many_rows);
   }
   check_fixup(true, true, 1027);
+  // 600 rows by 4100 columns: the large tiles (choose_large_tile, on up to 165 SMs)
+  check_fixup(false, true, 260, 4100, 600);
 }
 
 // launch_split_second_level on x after launch_split_f16x2, against the host: whether it pays

@@ -339,9 +339,9 @@ __device__ void correct_item(const float* __restrict__ x, float e, const float* 
 // others are taken by slot, in items too. W's listed rows are recomputed as columns (written
 // NaN where they hold one), and the row paths leave those columns alone.
 // Two CTAs an SM cap it at 128 registers: ptxas then keeps ~200 bytes of the kernel's own state
-// in local memory (none in the tiles' k loops); with one CTA an SM the corrections ran up to
-// 30% slower, and with nothing marked the two-size kernel costs ~1.5 us a call more than the
-// small tile alone did (bench/NOTES.md, session 32).
+// in local memory (none in the tiles' k loops); with one CTA an SM the corrections ran 19-38%
+// slower. With nothing marked the whole path measured ~1.5 us a call more than with the small
+// tile alone (bench/NOTES.md, session 32).
 __global__ void __launch_bounds__(kFixupThreads, 2)  // the grid: two CTAs an SM
     fixup_kernel(const float* __restrict__ x, const float* __restrict__ w,
                  const float* __restrict__ w_scale, const float* __restrict__ bias,

@@ -34,25 +34,26 @@ __device__ __forceinline__ void load8(const float* __restrict__ row, int64_t c, 
 __device__ __forceinline__ int split8(const float (&v)[8], int e, const bool (&take)[8], __half* dst,
                                       int64_t plane) {
   __half p[2][8];
-  int tiny = 0;
+  int left = 0;
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
     float s = take[j] ? ldexpf(v[j], e) : 0.f;
     if (take[j] && (isinf(v[j]) || tiny_once_scaled(v[j], s))) {  // left_out_at(v[j], e)
-      ++tiny;
+      ++left;
       s = 0.f;
     }
     split_f16x2_value(s, p[0][j], p[1][j]);
   }
 #pragma unroll
   for (int i = 0; i < 2; ++i) *reinterpret_cast<uint4*>(dst + i * plane) = *reinterpret_cast<const uint4*>(p[i]);
-  return tiny;
+  return left;
 }
 
 // A CTA per row (grid-stride over rows), 8 values a thread per step: the row's largest finite
-// magnitude (and whether it holds a NaN) first, then one 16-byte store per part plane. With kSteps > 0 the row stays in
-// registers between the two (K <= kSteps * 8 * kSplitThreads): one read of x; with 0 the row
-// is read again for the split, from L2. Memory bound.
+// magnitude (and whether it holds a NaN, how many infinities) first, then one 16-byte store
+// per part plane. With kSteps > 0 the row stays in registers between the two (K <= kSteps * 8
+// * kSplitThreads): one read of x; with 0 the row is read again for the split, from L2.
+// Memory bound.
 template <int kSteps>
 __global__ void __launch_bounds__(kSplitThreads)
     split_f16x2_kernel(const float* __restrict__ src, int64_t rows, int64_t K,

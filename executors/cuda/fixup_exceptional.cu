@@ -420,15 +420,16 @@ __global__ void __launch_bounds__(kFixupThreads, 2)  // the grid: two CTAs an SM
       recompute_rows_by_tiles<SmallTile>(x, w, w_scale, w_flags, bias, y, recomputed_rows, recomputed, N, K, vec,
                                          work.small);
     }
+    // items row-fastest: the CTAs running at once gather from the same kCorrectCols rows of W'
     for (int64_t item = blockIdx.x; item < corrected * items_per_row; item += gridDim.x) {
-      const int64_t m = tiny_rows[item / items_per_row];
-      correct_item<Scan>(x, x_exps[m], w, w_scale, w_flags, nullptr, y, m, (item % items_per_row) * kCorrectCols,
+      const int64_t m = tiny_rows[item % corrected];
+      correct_item<Scan>(x, x_exps[m], w, w_scale, w_flags, nullptr, y, m, (item / corrected) * kCorrectCols,
                          N, K, work.list, scan);
     }
     __syncthreads();  // the lists are rewritten by the next chunk
   }
-  for (int64_t item = blockIdx.x; item < slots * items_per_row; item += gridDim.x) {
-    const int64_t s = item / items_per_row, n0 = (item % items_per_row) * kCorrectCols;
+  for (int64_t item = blockIdx.x; item < slots * items_per_row; item += gridDim.x) {  // row-fastest too
+    const int64_t s = item % slots, n0 = (item / slots) * kCorrectCols;
     if (second.slot_tiny[s] > correctable_tiny_values(K)) continue;  // recomputed above
     correct_item<Scan>(x, second.exps[s], w, w_scale, w_flags, second.y + s * N, y, second.slot_row[s], n0, N, K,
                        work.list, scan);

@@ -286,7 +286,8 @@ void run_gemm(const Plan& plan, const Step& step, const RunArgs& args, const cha
     // (split-K: each part in order), so the small products are summed first, apart from the
     // large one, which then lands on a sum of their size: as accurate as a GEMM of their own
     // added to it, without writing and re-reading Y (bench/NOTES.md, session 21). Rows with a
-    // value the split cannot carry are recomputed in fp32 after it (split.h).
+    // value the split cannot carry are recomputed in fp32 after it, or written NaN where they
+    // hold one (split.h).
     if (P.w_split == kAbsent || W.x_split == kAbsent || P.w_list == kAbsent || P.w_flags == kAbsent ||
         W.x_flags == kAbsent)
       throw std::logic_error("CUDA gemm: split precision without split buffers");

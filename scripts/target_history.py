@@ -1,7 +1,8 @@
 """Issue 3's targets over the H100 benches kept in bench/results since session 22: per bench,
 bf16 m99, `fast` m99 and m18 (`fp32`) speedups over eager from the same run, then the median of
 each and how many benches meet its target. The m99 targets depend on the chip's thermal state
-(bench/NOTES.md, sessions 19-22); this is the record the team decides on.
+(bench/NOTES.md, sessions 19-22); since session 33 a target is read as the median over these
+benches, printed with the count that meets it.
 
     python3 scripts/target_history.py [--first-session 22]
 """

@@ -2,9 +2,9 @@
 
     import gemmfuse
     fast = gemmfuse.optimize(model, example_inputs, precision="fp32")   # or "fast", "tf32"
-    print(gemmfuse.explain(fast))
+    gemmfuse.explain(fast)                                             # prints it, returns the text
     compiled = torch.compile(model, backend="gemmfuse")                # options={"precision": ...}
-    print(gemmfuse.explain(compiled))                                  # after a call
+    gemmfuse.explain(compiled)                                         # after a call
 
 Python is the front only: capture (FX graph -> chain spec text), the optimized module and the
 torch.compile backend. Planning and kernels are C++ (``torch.ops.gemmfuse``).

@@ -23,6 +23,7 @@ constexpr int kCorrectCols = 4 * kFixupThreads;              // Y columns per co
 // A row's list: at most 1024 tiny values (second_level_pays) and 1024 infinities
 // (correctable_infinities) at the first level, 1024 in all at the second (correctable_tiny_values).
 constexpr int kListMax = 2048;
+static_assert(kListMax >= 2 * at_most_1024(INT64_MAX), "a tiny value's and an infinity's limits");
 
 // What a row or column holding a NaN gets in every output (CUDA's canonical NaN).
 __device__ __forceinline__ float nan_output() { return __int_as_float(0x7fffffff); }

@@ -46,16 +46,19 @@ struct RowMarks {
   int* tiny = nullptr;
 };
 
+// The fix-up lists a row's values left out by kind, at most 1024 of each (its list holds 2048:
+// fixup_exceptional.cu), so every limit below is capped there.
+__host__ __device__ constexpr int64_t at_most_1024(int64_t n) { return n < 1024 ? n : 1024; }
+
 // The most values still tiny at the second level (with the row's infinities) that a slot's row
 // may hold for the fix-up to correct them (a list of them) rather than recompute the row:
-// K/256, at most 1024. A
-// correction gathers a 32-byte sector of W' per value and output column, from all over W'
+// K/256, at most 1024. A correction gathers a 32-byte sector of W' per value and output column, from all over W'
 // when the values' k are spread (~70 us a row for ~500 values at the seed shape); the tiled
 // recompute costs ~5 us a row when many rows are recomputed (N K FMAs a row at ~25 TFLOP/s):
 // they cost the same at about K/200 values (bench/NOTES.md, session 31). Below the second
 // level, second_level_pays bounds every row's list.
 __host__ __device__ constexpr int64_t correctable_tiny_values(int64_t K) {
-  return K / 256 < 1024 ? K / 256 : 1024;
+  return at_most_1024(K / 256);
 }
 
 // The most infinities a row of x may hold for the fix-up to correct them rather than recompute
@@ -63,7 +66,7 @@ __host__ __device__ constexpr int64_t correctable_tiny_values(int64_t K) {
 // corrections, with 8 of them 2.2 ms (~0.25 ms a value more), against 5.1 ms to recompute them
 // all by tiles: they cost the same at ~19 (bench/NOTES.md, session 32).
 __host__ __device__ constexpr int64_t correctable_infinities(int64_t K) {
-  return K / 512 < 1024 ? K / 512 : 1024;
+  return at_most_1024(K / 512);
 }
 
 // Whether x's tiny values, `values` in all, go through the second level rather than the fix-up's
@@ -72,7 +75,7 @@ __host__ __device__ constexpr int64_t correctable_infinities(int64_t K) {
 // tiles per 256 rows at the seed shape, ~140 us) and its split. At most K/32 values in all
 // (256 at the seed shape) stay with the fix-up (bench/NOTES.md, session 30).
 __host__ __device__ constexpr bool second_level_pays(int64_t values, int64_t K) {
-  return values > (K / 32 < 1024 ? K / 32 : 1024);
+  return values > at_most_1024(K / 32);
 }
 
 // fp32's second level, in the workspace of a call: x's rows marked kRowTiny, when
@@ -136,11 +139,15 @@ __device__ __forceinline__ bool tiny_once_scaled(float v, float s) {
 // Whether v is tiny in a row (or second-level slot) scaled by 2^e.
 __device__ __forceinline__ bool tiny_at(float v, int e) { return tiny_once_scaled(v, ldexpf(v, e)); }
 
-// Whether `fp32`'s split leaves v out of a row's (or slot's) parts at exponent e, for the fix-up
-// to add its products: tiny there, or infinite. An infinity's products are infinities (or NaN
-// where W' is 0) whatever the finite rest of the row sums to, so adding them after the parts'
-// GEMM gives what SGEMM gives.
-__device__ __forceinline__ bool left_out_at(float v, int e) { return isinf(v) || tiny_at(v, e); }
+// Whether `fp32`'s split leaves v out of a row's (or slot's) parts, v scaled being s: tiny there,
+// or infinite. An infinity's products are infinities (or NaN where W' is 0) whatever the finite
+// rest of the row sums to, so adding them after the parts' GEMM gives what SGEMM gives.
+__device__ __forceinline__ bool left_out_once_scaled(float v, float s) {
+  return isinf(v) || tiny_once_scaled(v, s);
+}
+
+// The same at exponent e: the values whose products the fix-up adds.
+__device__ __forceinline__ bool left_out_at(float v, int e) { return left_out_once_scaled(v, ldexpf(v, e)); }
 
 // `fp32`'s parts of a scaled value s (|s| < 2^15): s = p0 + 2^-11 p1, p0 = fp16(s),
 // p1 = fp16((s - p0) 2^11) (the difference is exact).

@@ -38,7 +38,7 @@ __device__ __forceinline__ int split8(const float (&v)[8], int e, const bool (&t
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
     float s = take[j] ? ldexpf(v[j], e) : 0.f;
-    if (take[j] && (isinf(v[j]) || tiny_once_scaled(v[j], s))) {  // left_out_at(v[j], e)
+    if (take[j] && left_out_once_scaled(v[j], s)) {
       ++left;
       s = 0.f;
     }

@@ -1,38 +1,47 @@
-# The two commands a user needs (README): `make bench` and `make test`. Each sets up
-# what is missing first: system packages, a virtualenv with the pinned Python packages
-# (requirements.txt), and the CMake build (core, executors, operator library, tests).
+# The two commands a user needs (README): `make bench` and `make test`. Each sets up what is
+# missing first: system packages, a virtualenv with the pinned Python packages
+# (pyproject.toml), and gemmfuse installed into it with `pip install -e .`, whose CMake build
+# (in build/) also builds the GoogleTest suites.
 PYTHON ?= python3
 VENV   := .venv
-VPY    := $(VENV)/bin/python
+VPY    := $(abspath $(VENV)/bin/python)
 BUILD  := build
 JOBS   ?= 2
 BENCH_ARGS ?=
 
-.PHONY: setup build test test-cpp test-python bench clean
+.PHONY: setup build test test-cpp test-python bench wheel clean
 
 setup: $(VENV)/.installed
 
-$(VENV)/.installed: requirements.txt scripts/system-deps.sh
+$(VENV)/.installed: pyproject.toml scripts/system-deps.sh scripts/pins.py
 	bash scripts/system-deps.sh
 	$(PYTHON) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip
-	$(VPY) -m pip install -q -r requirements.txt
+	$(VPY) -m pip install -q $$($(PYTHON) scripts/pins.py build test bench)
 	touch $@
 
+# An editable install: the Python sources stay here, the operator library goes into the
+# virtualenv; CMake rebuilds only what changed.
 build: setup
-	cmake -S . -B $(BUILD) -G Ninja -DPython3_EXECUTABLE=$(abspath $(VPY))
-	cmake --build $(BUILD) -j $(JOBS)
+	CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) $(VPY) -m pip install -q --no-build-isolation --no-deps \
+	  -Cbuild-dir=$(BUILD) -Ccmake.define.GEMMFUSE_TESTS=ON -e .
 
 test-cpp: build
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
 
+# From tests/, so that `gemmfuse` is the installed package, not a folder beside the tests.
 test-python: build
-	GEMMFUSE_REQUIRE_LIB=1 PYTHONPATH=python $(VPY) -m pytest tests/python -q
+	cd tests && GEMMFUSE_REQUIRE_LIB=1 $(VPY) -m pytest python -q
 
 test: test-cpp test-python
 
 bench: build
-	PYTHONPATH=python $(VPY) -m gemmfuse bench $(BENCH_ARGS)
+	$(VPY) -m gemmfuse bench $(BENCH_ARGS)
+
+# A wheel of this checkout in dist/ (py3-none-linux_x86_64), built against the pinned torch.
+wheel: setup
+	CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) $(VPY) -m pip wheel -q --no-build-isolation --no-deps \
+	  -Cbuild-dir=$(BUILD)/wheel -w dist .
 
 clean:
-	rm -rf $(BUILD)
+	rm -rf $(BUILD) dist

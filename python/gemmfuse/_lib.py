@@ -2,14 +2,16 @@
 
 Where it is looked for, in order:
   1. ``$GEMMFUSE_LIB`` (a path to the .so),
-  2. ``<repo>/build/lib/libgemmfuse_ops.so`` (what ``make -C <repo> build`` produces),
-  3. ``libgemmfuse_ops.so`` next to this package (an installed copy).
+  2. the package's own folders (``pip install .`` puts it there),
+  3. the files the installed distribution lists (``pip install -e .`` keeps it in
+     site-packages while the Python sources stay in the checkout).
 
 The library is loaded lazily, on first use, so that ``import gemmfuse`` (and the capture,
 which is pure Python) works without it.
 """
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import threading
 from pathlib import Path
@@ -27,10 +29,15 @@ def candidates() -> list[Path]:
     env = os.environ.get("GEMMFUSE_LIB")
     if env:
         out.append(Path(env))
-    here = Path(__file__).resolve().parent
-    out.append(here.parent.parent / "build" / "lib" / _LIB_NAME)
-    out.append(here / _LIB_NAME)
-    return out
+    package = __import__(__package__)
+    for folder in getattr(package, "__path__", [Path(__file__).resolve().parent]):
+        out.append(Path(folder) / _LIB_NAME)
+    try:
+        out += [Path(f.locate()) for f in importlib.metadata.files("gemmfuse") or ()
+                if f.name == _LIB_NAME]
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    return list(dict.fromkeys(p.resolve() for p in out))
 
 
 class LibraryMissing(RuntimeError):
@@ -61,7 +68,7 @@ def load() -> str:
         for path in candidates():
             if not path.is_file():
                 tried.append(f"{path} (not found)")
-                if env and str(path) == env:
+                if env and path == Path(env).resolve():
                     # An explicit GEMMFUSE_LIB that does not exist is an error, not a hint.
                     break
                 continue
@@ -73,8 +80,9 @@ def load() -> str:
             _loaded = str(path)
             return _loaded
         _error = (
-            "gemmfuse: the operator library libgemmfuse_ops.so could not be loaded. Build it with "
-            "`make -C <repo> build` or point GEMMFUSE_LIB at it. Tried:\n  " + "\n  ".join(tried))
+            "gemmfuse: the operator library libgemmfuse_ops.so could not be loaded. Install "
+            "gemmfuse with `pip install .` (or `make build`) from its checkout, or point "
+            "GEMMFUSE_LIB at the library. Tried:\n  " + "\n  ".join(tried))
         raise LibraryMissing(_error)
 
 

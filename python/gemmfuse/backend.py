@@ -21,12 +21,10 @@ import torch.nn as nn
 
 from . import _lib
 from .capture import TInfo, compile_time_numbers, find_chains, node_info
-from .module import PRECISIONS, ChainEntry, OptimizeReport, rewrite_chain
+from .module import PRECISIONS, rewrite_chain
+from .reports import ChainEntry, OptimizeReport, remember
 
 BACKEND_NAME = "gemmfuse"
-# The reports of the most recent compilations (newest last), for explain and tests.
-REPORTS: list = []
-_KEEP = 32
 
 
 def gemmfuse_backend(gm: fx.GraphModule, example_inputs, options=None, mode=None, **_):
@@ -39,8 +37,7 @@ def gemmfuse_backend(gm: fx.GraphModule, example_inputs, options=None, mode=None
     report.params = [weakref.ref(t) for t in list(example_inputs) + list(gm.parameters())
                      if isinstance(t, nn.Parameter)]
     gm._gemmfuse = report
-    REPORTS.append(report)
-    del REPORTS[:-_KEEP]
+    remember(report)
     if not _lib.available():
         report.rejected.append(("*", "the gemmfuse operator library is not available"))
         return gm.forward
@@ -68,22 +65,6 @@ def gemmfuse_backend(gm: fx.GraphModule, example_inputs, options=None, mode=None
     if fused:
         gm.recompile()
     return gm.forward
-
-
-def compiled_graphs(module) -> list:
-    """The graphs the backend rewrote for ``module`` (a torch.compile'd module, or the module
-    it wraps), oldest first: among the most recent compilations (REPORTS), those whose graph
-    is alive and reads one of the module's parameters."""
-    orig = getattr(module, "_orig_mod", module)
-    if not isinstance(orig, nn.Module):
-        return []
-    mine = {id(p) for p in orig.parameters()}
-    out = []
-    for rep in REPORTS:
-        gm = rep.graph() if rep.graph is not None else None
-        if gm is not None and any((p := r()) is not None and id(p) in mine for r in rep.params):
-            out.append(gm)
-    return out
 
 
 def register():

@@ -47,7 +47,7 @@ def parser():
 def main(argv=None):
     args = parser().parse_args(argv)
     if args.cmd == "bench":
-        from .bench import WARMUP_MS, Config, run
+        from .bench.runner import WARMUP_MS, Config, run
         if args.rounds < 1 or args.repeats < 1:
             raise SystemExit("--rounds and --repeats must be at least 1")
         warmup_ms = WARMUP_MS if args.warmup_ms is None else args.warmup_ms

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from . import _lib, backend, direct
+from . import _lib, direct
+from .reports import compiled_graphs
 from .module import example_from_record, optimize
 
 
@@ -156,7 +157,7 @@ def explain(module, example_inputs=None, precision: str = "fp32", print_it: bool
     if optimized:
         text = explain_text(module)
     else:
-        graphs = backend.compiled_graphs(module) if example_inputs is None else []
+        graphs = compiled_graphs(module) if example_inputs is None else []
         if graphs:
             text = compiled_text(graphs)
         elif example_inputs is None:

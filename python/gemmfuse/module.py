@@ -25,6 +25,7 @@ import torch.fx as fx
 import torch.nn as nn
 
 from . import _lib, direct
+from .reports import ChainEntry, OptimizeReport, compiled_graphs
 from .capture import (AttrRef, CaptureReport, Chain, InfoProp, TInfo, _attr_tensor, find_chains,
                       node_info, source_key)
 
@@ -379,37 +380,6 @@ def example_from_record(gm, rec):
 
 
 # --------------------------------------------------------------------------------------------
-# Reports (explain reads them).
-
-
-@dataclass
-class ChainEntry:
-    index: int
-    linear: str
-    nodes: list                    # the PyTorch nodes of the chain, formatted
-    stop: str                      # why the chain ends where it does
-    spec: str                      # at optimize time (current training flags)
-    status: str                    # "fused" | "pytorch"
-    reason: str = ""               # why it stays in PyTorch
-    plan: str = ""                 # describe() at optimize time
-    attr: Optional[str] = None     # the ChainRuntime attribute on the module
-    mode_modules: list = field(default_factory=list)
-    example: dict = field(default_factory=dict)   # shapes used for describe
-
-
-@dataclass
-class OptimizeReport:
-    precision: str
-    flavor: str
-    entries: list = field(default_factory=list)
-    rejected: list = field(default_factory=list)  # (linear node, reason): not captured at all
-    # dynamo flavour: weak references to the rewritten graph and to the parameters it reads
-    # (backend.compiled_graphs finds a compiled module's graphs by them).
-    graph: Any = None
-    params: list = field(default_factory=list)
-
-
-# --------------------------------------------------------------------------------------------
 # optimize()
 
 
@@ -534,10 +504,9 @@ def optimize(model: nn.Module, example_inputs, precision: str = "fp32") -> fx.Gr
 
 def runtimes(module: nn.Module) -> list:
     """The ChainRuntime objects of an optimized module, by chain index; of a module compiled
-    with backend="gemmfuse", those of every graph compiled for it (backend.compiled_graphs)."""
+    with backend="gemmfuse", those of every graph compiled for it (reports.compiled_graphs)."""
     rep = getattr(module, "_gemmfuse", None)
     if rep is None:
-        from .backend import compiled_graphs
         return [rt for gm in compiled_graphs(module) for rt in runtimes(gm)]
     return [getattr(module, e.attr) for e in rep.entries if e.attr]
 

@@ -13,7 +13,6 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "python"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import gemmfuse  # noqa: E402
@@ -38,13 +37,13 @@ SEED_N94 = 256  # m94: 8 groups of 32 channels
 
 
 def seed_ids():
-    from gemmfuse.models import MODELS
+    from gemmfuse.bench.models import MODELS
     return list(MODELS)
 
 
 def make_seed(mid, batch=SEED_B, k=SEED_K, n=None, device="cpu", seed=0):
     """(model, inputs) for seed model `mid` at small shapes; m94 keeps 32 channels per group."""
-    from gemmfuse.models import MODELS
+    from gemmfuse.bench.models import MODELS
     torch.manual_seed(seed)
     spec = MODELS[mid]
     if n is None:

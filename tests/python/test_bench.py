@@ -8,9 +8,8 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "python"))
 
-from gemmfuse.bench import errors, time_calls  # noqa: E402
+from gemmfuse.bench.runner import errors, time_calls  # noqa: E402
 from gemmfuse.cli import main  # noqa: E402
 
 FIELDS = {"model", "mode", "dtype", "ms", "speedup_vs_eager", "rel_err", "max_abs_err",
@@ -19,14 +18,8 @@ FIELDS = {"model", "mode", "dtype", "ms", "speedup_vs_eager", "rel_err", "max_ab
 
 
 def _library_ready():
-    lib = os.environ.get("GEMMFUSE_LIB") or ROOT / "build/lib/libgemmfuse_ops.so"
-    if not Path(lib).exists():
-        return False
-    try:
-        from gemmfuse import optimize  # noqa: F401
-    except Exception:
-        return False
-    return True
+    from gemmfuse import _lib
+    return _lib.available()
 
 
 def _bench(tmp_path, *extra):
@@ -86,7 +79,7 @@ def test_errors_and_timing():
 
 def test_device_info_commit(monkeypatch):
     # A copied tree (the GPU machine's) can carry an older .git: the caller's commit wins.
-    from gemmfuse.bench import device_info
+    from gemmfuse.bench.runner import device_info
     monkeypatch.setenv("GEMMFUSE_GIT_COMMIT", "abc1234")
     assert device_info(torch.device("cpu"))["git"] == "abc1234"
     monkeypatch.delenv("GEMMFUSE_GIT_COMMIT")
@@ -101,7 +94,7 @@ def test_negative_warmup_ms_is_refused():
 def test_variants_alternate_in_rounds(monkeypatch):
     """A model's variants are built (first call checked) first, then timed round by round:
     each round gives every variant its warm-up and timed calls in turn, odd rounds in reverse."""
-    import gemmfuse.bench as gb
+    import gemmfuse.bench.runner as gb
     log = []
 
     def fake_build(variant, model, example):

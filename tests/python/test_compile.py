@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import gemmfuse
-from gemmfuse import backend as gf_backend
+from gemmfuse import reports as gf_reports
 from gemmfuse.explain import explain_text
 from conftest import SEED_B, assert_close64, double_ref, make_seed, needs_lib, seed_ids
 
@@ -32,14 +32,14 @@ def test_backend_seed_models(mid, precision):
     eager = copy.deepcopy(model)
     kw = {} if precision is None else {"options": {"precision": precision}}
     compiled = torch.compile(model, backend="gemmfuse", **kw)
-    n0 = len(gf_backend.REPORTS)
+    n0 = len(gf_reports.COMPILED)
     with torch.no_grad():
         for step in range(2):
             x = torch.rand_like(inputs[0])
             assert_close64(compiled(x), ref(x.double()), what=f"{mid} step {step}")
             eager(x)
-    rep = gf_backend.REPORTS[-1]
-    assert len(gf_backend.REPORTS) > n0
+    rep = gf_reports.COMPILED[-1]
+    assert len(gf_reports.COMPILED) > n0
     assert rep.precision == (precision or "fp32")
     assert [e.status for e in rep.entries] == ["fused"], rep.entries
     if mid == "m84":
@@ -58,7 +58,7 @@ def test_backend_dynamic_shapes_fuse_whole_chains(mid):
     static = torch.compile(copy.deepcopy(model), backend="gemmfuse")
     with torch.no_grad():
         static(inputs[0])
-    static_spec = gf_backend.compiled_graphs(static)[0]._gemmfuse.entries[0].spec
+    static_spec = gf_reports.compiled_graphs(static)[0]._gemmfuse.entries[0].spec
     compiled = torch.compile(model, backend="gemmfuse", dynamic=True)
     with torch.no_grad():
         for batch in (SEED_B, 5, 23):
@@ -66,7 +66,7 @@ def test_backend_dynamic_shapes_fuse_whole_chains(mid):
             assert_close64(compiled(x), ref(x.double()), what=f"{mid} batch {batch}")
             eager(x)
             ref.load_state_dict(eager.state_dict())  # m84: the running statistics move on
-    graphs = gf_backend.compiled_graphs(compiled)
+    graphs = gf_reports.compiled_graphs(compiled)
     assert len(graphs) == 1, "dynamic=True should compile one graph for every batch size"
     (entry,) = graphs[0]._gemmfuse.entries
     assert entry.status == "fused" and entry.stop.endswith("is the graph's output"), entry
@@ -93,7 +93,7 @@ def test_backend_dynamic_number_changed_runs_in_pytorch():
         assert_close64(compiled(x), ref(x.double()), what="m22 after scale_factor = 3")
         model.scale_factor = 2.0
         compiled(x)
-    graphs = gf_backend.compiled_graphs(compiled)
+    graphs = gf_reports.compiled_graphs(compiled)
     assert len(graphs) == 1
     (rt,) = gemmfuse.runtimes(graphs[0])
     assert rt.fused_calls == 2
@@ -132,7 +132,7 @@ def test_backend_grad_mode_leaves_chain_to_pytorch():
     assert out.requires_grad
     out.sum().backward()
     assert model.linear.weight.grad is not None
-    rep = gf_backend.REPORTS[-1]
+    rep = gf_reports.COMPILED[-1]
     assert rep.entries[0].status == "pytorch" and "autograd" in rep.entries[0].reason
 
 
@@ -146,7 +146,7 @@ def test_backend_mode_switch_recompiles():
         ref_model(x)
         model.eval(); ref_model.eval()
         torch.testing.assert_close(compiled(x), ref_model(x), atol=1e-5, rtol=1e-5)
-    assert "training=0" in gf_backend.REPORTS[-1].entries[0].spec
+    assert "training=0" in gf_reports.COMPILED[-1].entries[0].spec
 
 
 def test_backend_nothing_to_capture():
@@ -154,7 +154,7 @@ def test_backend_nothing_to_capture():
     compiled = torch.compile(m, backend="gemmfuse")
     x = torch.randn(3, 4)
     torch.testing.assert_close(compiled(x), torch.relu(x))
-    assert gf_backend.REPORTS[-1].entries == []
+    assert gf_reports.COMPILED[-1].entries == []
 
 
 @pytest.mark.parametrize("mid", seed_ids())

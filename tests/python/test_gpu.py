@@ -122,7 +122,7 @@ def test_16bit_models_cuda(mid, dtype):
 @pytest.mark.parametrize("M", [1, 7, 128, 1024, 4096])
 def test_shapes_not_multiple_of_16(M, precision):
     k, n = 1001, 999
-    from gemmfuse.models import M94
+    from gemmfuse.bench.models import M94
     for mid in ("m22", "m99", "m94"):
         if mid == "m94":  # 8 groups of 125 channels
             torch.manual_seed(0)
@@ -553,7 +553,7 @@ def test_compile_backend_cuda(mid, dynamic):
     """torch.compile(backend="gemmfuse") on CUDA: dynamo's graph (modules inlined, parameters
     as inputs) is captured and runs fused, in `fast` mode within 1e-4 of float64; with
     dynamic=True too (float attributes arrive as graph inputs, the batch size symbolic)."""
-    from gemmfuse import backend as gf_backend
+    from gemmfuse import reports as gf_reports
     torch._dynamo.reset()
     model, inputs = _seed_gpu(mid)
     ref = copy.deepcopy(model).double()
@@ -567,6 +567,6 @@ def test_compile_backend_cuda(mid, dynamic):
             out = compiled(x)
             assert_close64(out, ref(x.double()), what=f"{mid} compiled step {step}")
             assert rel(out, ref(x.double())) <= 2e-5
-    assert [e.status for e in gf_backend.REPORTS[-1].entries] == ["fused"]
+    assert [e.status for e in gf_reports.COMPILED[-1].entries] == ["fused"]
     assert [(rt.fused_calls, rt.fallbacks) for rt in gemmfuse.runtimes(compiled)] == [(2, {})]
     torch._dynamo.reset()

@@ -6,8 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python"))
-from gemmfuse.models import BATCH, IN_FEATURES, MODELS, OUT_FEATURES, M22  # noqa: E402
+from gemmfuse.bench.models import BATCH, IN_FEATURES, MODELS, OUT_FEATURES, M22  # noqa: E402
 
 B, K, N = 8, 64, 96
 

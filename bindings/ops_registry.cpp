@@ -1,6 +1,7 @@
 // TORCH_LIBRARY(gemmfuse): the operators the Python front calls.
 //   run       the chain on x (CPU, CUDA; Meta gives the shape for torch.compile/export)
 //   describe  the plan as text (for gemmfuse.explain), or "gemmfuse unsupported: ..." raised
+//   route     "" where the plan runs fused, else why PyTorch is faster for this call
 //   check     "" when a spec parses, else the reason
 #include <ATen/ATen.h>
 #include <torch/library.h>
@@ -73,6 +74,13 @@ std::string describe(c10::string_view spec, const at::Tensor& x, const at::Tenso
   return os.str();
 }
 
+// "" where the plan runs fused, else why PyTorch runs this call faster (Plan::pytorch_faster).
+std::string route(c10::string_view spec, const at::Tensor& x, const at::Tensor& weight,
+                  const c10::optional<at::Tensor>& bias, at::TensorList operands,
+                  at::TensorList state, c10::string_view precision) {
+  return plan_for(spec, x, weight, bias, operands, state, precision).pytorch_faster;
+}
+
 std::string check(c10::string_view spec) {
   try {
     parse_chain(str(spec));
@@ -92,6 +100,10 @@ TORCH_LIBRARY(gemmfuse, m) {
       "describe(str spec, Tensor x, Tensor weight, Tensor? bias, Tensor[] operands, "
       "Tensor[] state, str precision) -> str",
       &describe);
+  m.def(
+      "route(str spec, Tensor x, Tensor weight, Tensor? bias, Tensor[] operands, "
+      "Tensor[] state, str precision) -> str",
+      &route);
   m.def("check(str spec) -> str", &check);
 }
 

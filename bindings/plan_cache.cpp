@@ -148,6 +148,7 @@ const Plan& plan_for(c10::string_view spec_view, const at::Tensor& x, const at::
   req.chain = *chain;
   req.batch_sizes.assign(x.sizes().begin(), x.sizes().end() - 1);
   for (const auto& t : operands) req.operand_sizes.emplace_back(t.sizes().vec());
+  req.device = x.is_cuda() ? Device::CUDA : Device::CPU;
   try {
     req.dtype = dtype_of(x);
   } catch (const Unsupported& e) {

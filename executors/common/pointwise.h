@@ -31,6 +31,18 @@ inline PointwiseParams pointwise_params(const Node& n) {
 
 GF_HD bool gf_isnan(float x) { return x != x; }
 
+// min(max(x, lo), hi) as ATen's clamp computes it: NaN stays NaN, a NaN bound is ignored,
+// lo > hi gives hi. On the host as two selects, which vectorize (fminf/fmaxf are library
+// calls there unless math is finite-only).
+GF_HD float gf_clamp(float x, float lo, float hi) {
+#if defined(__CUDA_ARCH__)
+  return gf_isnan(x) ? x : fminf(fmaxf(x, lo), hi);
+#else
+  const float t = x < lo ? lo : x;
+  return t > hi ? hi : t;
+#endif
+}
+
 GF_HD float gf_softplus(float x, float beta, float threshold) {
   return (x * beta) > threshold ? x : log1pf(expf(x * beta)) / beta;
 }
@@ -141,6 +153,22 @@ GF_HD float gelu_erf_wide(float x) {
   return v[0];
 }
 
+// Max that propagates NaN (as torch.max / amax do); selects on the host (see gf_clamp).
+GF_HD float nan_max(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return (gf_isnan(a) || gf_isnan(b)) ? (a + b) : fmaxf(a, b);
+#else
+  return (gf_isnan(a) || gf_isnan(b)) ? (a + b) : (a < b ? b : a);
+#endif
+}
+GF_HD float nan_min(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return (gf_isnan(a) || gf_isnan(b)) ? (a + b) : fminf(a, b);
+#else
+  return (gf_isnan(a) || gf_isnan(b)) ? (a + b) : (b < a ? b : a);
+#endif
+}
+
 GF_HD float apply_unary(OpCode op, float x, const PointwiseParams& p) {
   switch (op) {
     case OpCode::Neg: return -x;
@@ -170,9 +198,7 @@ GF_HD float apply_unary(OpCode op, float x, const PointwiseParams& p) {
     case OpCode::Softplus: return gf_softplus(x, p.beta, p.threshold);
     case OpCode::Elu: return x > 0.f ? x : p.alpha * expm1f(x);
     case OpCode::LeakyRelu: return x > 0.f ? x : x * p.alpha;
-    case OpCode::Clamp:
-      if (gf_isnan(x)) return x;
-      return fminf(fmaxf(x, p.lo), p.hi);
+    case OpCode::Clamp: return gf_clamp(x, p.lo, p.hi);
     case OpCode::Pow:  // PyTorch special-cases these exponents
       if (p.alpha == 2.f) return x * x;
       if (p.alpha == 3.f) return x * x * x;
@@ -194,18 +220,10 @@ GF_HD float apply_binary(OpCode op, float x, float b, bool reversed) {
     case OpCode::Sub: return l - r;
     case OpCode::Mul: return l * r;
     case OpCode::Div: return l / r;
-    case OpCode::Minimum: return (gf_isnan(l) || gf_isnan(r)) ? (l + r) : fminf(l, r);
-    case OpCode::Maximum: return (gf_isnan(l) || gf_isnan(r)) ? (l + r) : fmaxf(l, r);
+    case OpCode::Minimum: return nan_min(l, r);
+    case OpCode::Maximum: return nan_max(l, r);
     default: return l;
   }
-}
-
-// Max that propagates NaN (as torch.max / amax do).
-GF_HD float nan_max(float a, float b) {
-  return (gf_isnan(a) || gf_isnan(b)) ? (a + b) : fmaxf(a, b);
-}
-GF_HD float nan_min(float a, float b) {
-  return (gf_isnan(a) || gf_isnan(b)) ? (a + b) : fminf(a, b);
 }
 
 // The shift PyTorch's logsumexp uses: the row max, or 0 when that max is +-inf.

@@ -18,18 +18,23 @@ def parser():
     b.add_argument("--batch", type=int, help="M (default 1024 on a GPU, 64 on the CPU)")
     b.add_argument("--in-features", type=int, help="K (default 8192 on a GPU, 1024 on the CPU)")
     b.add_argument("--out-features", type=int, help="N (default 8192 on a GPU, 1024 on the CPU)")
-    b.add_argument("--repeats", type=int, default=20,
-                   help="timed calls per round; the median over all rounds is reported")
+    b.add_argument("--repeats", type=int, default=None,
+                   help="timed calls per round (default 20 on a GPU, 100 on the CPU); the median "
+                        "over all rounds is reported")
     b.add_argument("--warmup", type=int, default=3, help="untimed calls at the start of each round")
     b.add_argument("--warmup-ms", type=float, default=None,
                    help="on a GPU, at least this much time of untimed calls in each round after "
                         "the first (default 20, bench.WARMUP_MS; 5000 times every variant at the "
                         "clock its own sustained load settles to)")
-    b.add_argument("--rounds", type=int, default=4,
+    b.add_argument("--rounds", type=int, default=None,
                    help="rounds alternating over a model's variants (each round: warm-up, then "
-                        "the timed calls of each variant in turn)")
+                        "the timed calls of each variant in turn; default 4 on a GPU, 8 on the CPU)")
     b.add_argument("--input-sets", type=int, default=3, help="input sets rotated while timing")
-    b.add_argument("--out", help="JSON path (default bench/results/<time>-<device>.json)")
+    b.add_argument("--out", help="JSON path (default bench/out/<time>-<device>.json); the PNG "
+                                 "chart and the log are written beside it")
+    b.add_argument("--record", action="store_true",
+                   help="also make this run the device kind's latest record in bench/results "
+                        "(<kind>.json, .png, .log) and add its speedups to bench/results/history.csv")
     c = b.add_mutually_exclusive_group()
     c.add_argument("--no-compile", dest="compile", action="store_false", default=None,
                    help="skip torch.compile")
@@ -48,7 +53,7 @@ def main(argv=None):
     args = parser().parse_args(argv)
     if args.cmd == "bench":
         from .bench.runner import WARMUP_MS, Config, run
-        if args.rounds < 1 or args.repeats < 1:
+        if (args.rounds is not None and args.rounds < 1) or (args.repeats is not None and args.repeats < 1):
             raise SystemExit("--rounds and --repeats must be at least 1")
         warmup_ms = WARMUP_MS if args.warmup_ms is None else args.warmup_ms
         if warmup_ms < 0:
@@ -56,7 +61,8 @@ def main(argv=None):
         cfg = Config(repeats=args.repeats, warmup=args.warmup, warmup_ms=warmup_ms,
                      rounds=args.rounds, input_sets=args.input_sets,
                      batch=args.batch, in_features=args.in_features,
-                     out_features=args.out_features, out=args.out, compile=args.compile,
+                     out_features=args.out_features, out=args.out, record=args.record,
+                     compile=args.compile,
                      bf16=args.bf16, sweep=args.sweep, sweep_m=args.sweep_m,
                      device=args.device, seed=args.seed)
         if args.models:

@@ -16,6 +16,7 @@ such fallback is counted with its reason (``explain`` shows them).
 from __future__ import annotations
 
 import copy
+import os
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -31,6 +32,12 @@ from .capture import (AttrRef, CaptureReport, Chain, InfoProp, TInfo, _attr_tens
 
 PRECISIONS = ("fp32", "fast", "tf32")
 _BN_MSG = "Expected more than 1 value per channel when training"
+
+
+def always_fuse() -> bool:
+    """GEMMFUSE_ALWAYS_FUSE=1 runs every chain the planner takes fused, also where it expects
+    PyTorch to be faster (the CPU tests use it to exercise the CPU executor)."""
+    return os.environ.get("GEMMFUSE_ALWAYS_FUSE") == "1"
 
 
 def _call_module(mod, *args, **kwargs):
@@ -75,6 +82,8 @@ class ChainRuntime:
         self.seen: dict = {}              # (shape, dtype, device, flags) -> None
         self._warned = False
         self._fast = None                 # (shape, dtype, device, flags, spec) of the last fused call
+        self._routed = None               # (shape, dtype, device, flags, reason) of the last call
+        #                                   the planner routed to PyTorch
         # The C++ binding behind the OpOverload (its __call__ only forwards to it): one Python
         # frame less per call, which matters for calls as short as m18's (~10 us).
         self._op = torch.ops.gemmfuse.run.default._op
@@ -133,10 +142,7 @@ class ChainRuntime:
         fast = self._fast
         if fast is not None:
             x = inputs[self.x_idx]
-            if (type(x) is torch.Tensor and x.shape == fast[0] and x.dtype == fast[1]
-                    and x.device == fast[2] and not torch.is_grad_enabled()
-                    and (not self.mode_idx or self.flags(inputs) == fast[3])
-                    and (not self.guards or self._changed_number(inputs) is None)):
+            if self._same_signature(x, inputs, fast):
                 b = None if self.b_idx is None else inputs[self.b_idx]
                 op_idx, st_idx = self.op_idx, self.st_idx
                 # () for an empty list: no allocation (a list is a GC-tracked object each call)
@@ -146,7 +152,19 @@ class ChainRuntime:
                                [inputs[i] for i in st_idx] if st_idx else (), self.precision)
                 self.fused_calls += 1
                 return out
+        routed = self._routed
+        if routed is not None and self._same_signature(inputs[self.x_idx], inputs, routed):
+            self.fallbacks[routed[4]] += 1
+            return self.fallback.forward(*inputs)
         return self._checked_call(inputs)
+
+    def _same_signature(self, x, inputs, sig) -> bool:
+        """Whether a call has the signature (shape, dtype, device, training flags) of `sig`,
+        no autograd recording and its guarded numbers unchanged."""
+        return (type(x) is torch.Tensor and x.shape == sig[0] and x.dtype == sig[1]
+                and x.device == sig[2] and not torch.is_grad_enabled()
+                and (not self.mode_idx or self.flags(inputs) == sig[3])
+                and (not self.guards or self._changed_number(inputs) is None))
 
     def _checked_call(self, inputs):
         x = inputs[self.x_idx]
@@ -210,6 +228,15 @@ class ChainRuntime:
         if not x.is_contiguous():
             x = x.contiguous()
         try:
+            if key not in self.seen and not always_fuse():
+                # The planner's word on a new signature: where PyTorch runs the chain faster
+                # (e.g. transcendental ops on the CPU), the call runs there.
+                why = torch.ops.gemmfuse.route(spec, x, w, b, ops, state, self.precision)
+                if why:
+                    reason = f"PyTorch is faster at shape {list(x.shape)} on {x.device.type}: {why}"
+                    self.refused[key] = reason
+                    self._routed = key + (reason,)
+                    return self._pytorch(inputs, reason)
             out = torch.ops.gemmfuse.run(spec, x, w, b, ops, state, self.precision)
         except (RuntimeError, ValueError) as e:
             if _lib.is_unsupported(e):

@@ -302,3 +302,26 @@ TEST(Planner, FastWithLittleWorkRunsTheGemmInFp32) {
   r.fast_min_flops = 0;
   EXPECT_EQ(make_plan(r).precision, Precision::Fast);
 }
+
+// Where PyTorch's CPU kernels beat the CPU row pass the plan says so (the Python front then
+// runs the call in PyTorch); on CUDA, for arithmetic-only chains and for the GEMV it does not.
+TEST(Planner, CpuRoutesScalarRowOpsToPytorch) {
+  auto route = [](const std::string& spec, Device device, DType dtype = DType::F32) {
+    PlanRequest r;
+    r.chain = parse_chain(spec);
+    r.batch_sizes = {64};
+    r.device = device;
+    r.dtype = dtype;
+    return make_plan(r);
+  };
+  const Plan softmax = route(kLinear + "gelu\nsoftmax\n", Device::CPU);
+  EXPECT_TRUE(contains(softmax.pytorch_faster, "gelu")) << softmax.pytorch_faster;
+  EXPECT_TRUE(contains(softmax.describe(), "route: runs in PyTorch")) << softmax.describe();
+  EXPECT_TRUE(route(kLinear + "gelu\nsoftmax\n", Device::CUDA).pytorch_faster.empty());
+  EXPECT_TRUE(route(kLinear + "relu\nclamp lo=-1 hi=1\nmul b=2\nsum\n", Device::CPU)
+                  .pytorch_faster.empty());
+  EXPECT_TRUE(route(kLinear + "sum\nlogsumexp\n", Device::CPU).pytorch_faster.empty());  // GEMV
+  const Plan bf16 = route(kLinear + "relu\n", Device::CPU, DType::BF16);
+  EXPECT_TRUE(contains(bf16.pytorch_faster, "bf16")) << bf16.pytorch_faster;
+  EXPECT_TRUE(route(kLinear + "sum\n", Device::CPU, DType::BF16).pytorch_faster.empty());
+}

@@ -15,6 +15,10 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+# The CPU tests exercise the CPU executor on every chain, also where the planner would route
+# the call to PyTorch as the faster (test_route.py checks that routing without this).
+os.environ.setdefault("GEMMFUSE_ALWAYS_FUSE", "1")
+
 import gemmfuse  # noqa: E402
 from gemmfuse import _lib  # noqa: E402
 

@@ -117,3 +117,29 @@ def test_variants_alternate_in_rounds(monkeypatch):
     assert [r["mode"] for r in recs] == ["eager", "gemmfuse-fp32"]
     for r in recs:
         assert len(r["ms_rounds"]) == 3 and r["ms"] >= 0 and r["rel_err"] == 0
+
+
+def test_record_keeps_the_latest_per_device_kind(tmp_path):
+    """--record: the run's files become <kind>.json/.png/.log in the results folder, and its
+    headline speedups a row of history.csv."""
+    from gemmfuse.bench.record import device_kind, record
+    assert device_kind("NVIDIA H100 80GB HBM3") == "h100" and device_kind(None) == "cpu"
+    run = tmp_path / "out"
+    run.mkdir()
+    files = []
+    for name in ("20260101-gpu.json", "20260101-gpu.png", "20260101-gpu-sweep.png", "20260101-gpu.log"):
+        (run / name).write_text(name)
+        files.append(str(run / name))
+    res = {"header": {"gpu": "NVIDIA H200", "git": "abc", "timestamp": "2026-01-01T00:00:00",
+                      "batch": 8, "in_features": 16, "out_features": 32},
+           "records": [{"model": "m99", "mode": "gemmfuse-fast", "speedup_vs_eager": 4.56789},
+                       {"model": "m99", "mode": "eager", "speedup_vs_eager": 1.0}]}
+    results = tmp_path / "results"
+    results.mkdir()
+    for _ in range(2):
+        record(res, files, results)
+    assert sorted(p.name for p in results.iterdir()) == [
+        "h200-sweep.png", "h200.json", "h200.log", "h200.png", "history.csv"]
+    assert (results / "h200-sweep.png").read_text() == "20260101-gpu-sweep.png"
+    rows = (results / "history.csv").read_text().splitlines()
+    assert len(rows) == 3 and rows[0].startswith("file,date") and ",4.568," in rows[1]

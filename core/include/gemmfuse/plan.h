@@ -21,6 +21,7 @@
 namespace gemmfuse {
 
 enum class DType : uint8_t { F32, BF16, F16 };
+enum class Device : uint8_t { CPU, CUDA };
 enum class Precision : uint8_t { FP32, Fast, TF32 };
 
 const char* dtype_name(DType d);
@@ -129,6 +130,11 @@ struct Plan {
   std::vector<Step> steps;
   int64_t out_width = 0;            // width of the output's last dim
   bool out_has_feature_dim = true;  // false: the output drops the last dim
+  Device device = Device::CPU;
+  // Non-empty where the planner expects PyTorch to run this chain faster than this plan on
+  // this device and shape: the reason. The plan still runs when called; the Python front
+  // asks (`gemmfuse::route`) and runs such calls in PyTorch, and `explain` shows the reason.
+  std::string pytorch_faster;
 
   // Byte offset of buffer i in the workspace (256-byte aligned) and the bytes all buffers take.
   size_t buffer_offset(int i) const;
@@ -149,6 +155,7 @@ struct PlanRequest {
   std::vector<std::vector<int64_t>> operand_sizes; // shape of each t<i>
   DType dtype = DType::F32;
   Precision precision = Precision::FP32;
+  Device device = Device::CPU;
   // false: plan the chain as captured (only identity dropouts are dropped). For tests and
   // for debugging a rewrite; products leave it on.
   bool simplify = true;

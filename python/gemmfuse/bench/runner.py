@@ -29,6 +29,7 @@ import torch
 
 from .gpu_monitor import GpuMonitor, summarize as summarize_gpu_state
 from .models import MODELS, M99
+from .record import OUT_DIR, record
 
 # H100 SXM ceilings (seed-models.md, /work/shared): cuBLAS bf16 GEMM rate, device copy bandwidth
 # (bytes read + written), and the measured fp32/TF32 cuBLAS rates at the seed GEMM for context.
@@ -57,12 +58,14 @@ class Config:
     batch: int | None = None
     in_features: int | None = None
     out_features: int | None = None
-    repeats: int = 20   # timed calls per round
+    repeats: int | None = None  # timed calls per round (None: 20 on a GPU, 100 on the CPU)
     warmup: int = 3     # untimed calls per round (after the first, checked, call)
     warmup_ms: float = WARMUP_MS  # and at least this much GPU time of them after the first round
-    rounds: int = 4     # alternating rounds over a model's variants (see _measure_all)
+    rounds: int | None = None   # alternating rounds over a model's variants (see _measure_all;
+    #                             None: 4 on a GPU, 8 on the CPU, whose shared cores are noisier)
     input_sets: int = 3
-    out: str | None = None
+    out: str | None = None       # JSON path (default bench/out/<time>-<device>.json)
+    record: bool = False         # also the device kind's latest record in bench/results
     compile: bool | None = None  # None: on GPU yes, on CPU no
     bf16: bool = True
     sweep: bool = False
@@ -574,7 +577,7 @@ def run(cfg: Config, console=None):
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    console = console or Console(width=None if sys.stdout.isatty() else 150)
+    console = console or Console(width=None if sys.stdout.isatty() else 150, record=True)
     unknown = [m for m in cfg.models if m not in MODELS]
     if unknown:
         raise SystemExit(f"unknown model(s) {unknown}; known: {', '.join(MODELS)}")
@@ -585,6 +588,8 @@ def run(cfg: Config, console=None):
     dev = torch.device("cuda" if (want == "auto" and torch.cuda.is_available()) or want == "cuda"
                        else "cpu")
     gpu = dev.type == "cuda"
+    cfg.repeats = cfg.repeats or (20 if gpu else 100)
+    cfg.rounds = cfg.rounds or (4 if gpu else 8)
     b = cfg.batch or (1024 if gpu else CPU_BATCH)
     k = cfg.in_features or (8192 if gpu else CPU_FEATURES)
     n = cfg.out_features or (8192 if gpu else CPU_FEATURES)
@@ -600,7 +605,7 @@ def run(cfg: Config, console=None):
                      f"quoting)")
     stamp = time.strftime("%Y%m%d-%H%M%S")
     slug = (info["gpu"] or "cpu").lower().replace(" ", "-")
-    out = Path(cfg.out or f"bench/results/{stamp}-{slug}.json")
+    out = Path(cfg.out or OUT_DIR / f"{stamp}-{slug}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     base = {"device": dev.type, "gpu": info["gpu"], "torch": torch.__version__}
 
@@ -661,8 +666,13 @@ def run(cfg: Config, console=None):
     for err, where in failed.items():
         console.print(f"[red]error[/] in {', '.join(where[:4])}"
                       f"{f' and {len(where) - 4} more' if len(where) > 4 else ''}: {err}")
-    console.print("wrote " + ", ".join(paths))
     if sweep:
         console.print(sweep_table(sweep))
     console.print(main_table(records, header))
+    log = out.with_suffix(".log")
+    console.save_text(str(log))  # everything printed above, as plain text
+    paths.append(str(log))
+    if cfg.record:
+        paths += record(result, paths)
+    console.print("wrote " + ", ".join(paths))
     return result, out

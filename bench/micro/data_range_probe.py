@@ -4,7 +4,7 @@ eager bf16 against gemmfuse, same process, same inputs, both against one float64
 The seed inputs (x uniform [0, 1), W uniform +-1/sqrt(K)) give pre-activations u = xW + b of
 std ~0.33; the fused sm90 kernel's epilogue chooses its gelu form per warp from the range of
 its values (bench/NOTES.md), so its speed depends on the data. This probe shows how much.
-    PYTHONPATH=python python3 scripts/data_range_probe.py [--scales rand 1 2 4 16]
+    python3 bench/micro/data_range_probe.py [--scales rand 1 2 4 16]
 """
 import argparse
 import json
@@ -12,8 +12,8 @@ import json
 import torch
 
 import gemmfuse
-from gemmfuse.bench import errors, time_calls
-from gemmfuse.models import M99
+from gemmfuse.bench.runner import errors, time_calls
+from gemmfuse.bench.models import M99
 
 B, K, N = 1024, 8192, 8192
 

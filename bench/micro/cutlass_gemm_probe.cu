@@ -1,19 +1,18 @@
 // Can a CUTLASS Hopper GEMM match cuBLAS at the seed shape? The fused GEMM + softmax kernel
-// that bf16 m99 needs (bench/NOTES.md) is only worth writing if its mainloop is as fast as
-// cuBLAS's: eager bf16 m99 is cuBLAS (168 us) + gelu + softmax, and 1.2x over it leaves
-// ~13 us beyond a cuBLAS-speed GEMM. This times, in one process, cuBLAS (the TN call PyTorch's
-// F.linear makes, bf16 in and out, fp32 accumulation) against CUTLASS 3 sm90 kernels
-// (TMA + wgmma, warp-specialized, persistent) built by CUTLASS's collective builders, and
-// checks each CUTLASS result against cuBLAS's. One variant also runs the first part of m99's
-// epilogue inside the kernel (bias + exact gelu, CUTLASS's fusion callbacks) to see what an
-// epilogue with erf costs there.
+// for bf16 m99 pays only if its mainloop is as fast as cuBLAS's: eager bf16 m99 is cuBLAS
+// (168 us) + gelu + softmax, and 1.2x over it leaves ~13 us beyond a cuBLAS-speed GEMM.
+// This times, in one process, cuBLAS (the TN call PyTorch's F.linear makes, bf16 in and
+// out, fp32 accumulation) against CUTLASS 3 sm90 kernels (TMA + wgmma, warp-specialized,
+// persistent) built by CUTLASS's collective builders, and checks each CUTLASS result against
+// cuBLAS's. One variant also runs the first part of m99's epilogue inside the kernel (bias +
+// exact gelu, CUTLASS's fusion callbacks) to see what an epilogue with erf costs there.
 //   Built by CMake with -DGEMMFUSE_BUILD_PROBES=ON (target cutlass_gemm_probe).
 //   Run: cutlass_gemm_probe [M N K]   (default 1024 8192 8192)
 //   GEMMFUSE_PROBE_ROUNDS=<n>: then every variant is also timed in n rounds as `gemmfuse bench`
 //   times a model's variants (20 ms of warm-up, 20 calls timed one by one, order alternated).
 //   GEMMFUSE_PROBE_ENERGY_S=<s>: then each variant also runs back to back for s seconds (after
 //   1 s of its own), twice in opposite orders, with the GPU's energy per call from NVML. At
-//   the power cap a kernel's sustained time follows its energy (bench/NOTES.md, session 20).
+//   the power cap a kernel's sustained time follows its energy (docs/measurements.md).
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -46,7 +45,7 @@ using namespace cute;
 // column-major); the epilogue is D = acc, or gelu(acc + bias[n]) with kGeluBias.
 // The builder's mainloop with its two consumer warpgroups split along N instead of M (each
 // 128 x N/2, as two m64n128 wgmmas that each read their own copy of B: 96 KB of shared
-// memory per 128x256x64 k-step against 80 KB along M; bench/NOTES.md, session 11).
+// memory per 128x256x64 k-step against 80 KB along M).
 template <class Built>
 using SplitAlongN = cutlass::gemm::collective::CollectiveMma<
     typename Built::DispatchPolicy, typename Built::TileShape, typename Built::ElementA,
@@ -153,16 +152,16 @@ using V9 = CutlassGemm<Shape<_128, _128, _32>, Shape<_2, _1, _1>, Ping, PingEpi,
 // room for 4 stages; 5 would not fit.
 using V10 = CutlassGemm<Shape<_128, _128, _64>, Shape<_2, _1, _1>, Ping, PingEpi, false, 4>;
 using V11 = CutlassGemm<Shape<_128, _128, _64>, Shape<_2, _1, _1>, Ping, PingEpi, false, 5>;
-// The consumer warpgroups split along N against along M (bench/NOTES.md, session 10's
-// leads), 3 stages as in the fused kernel; both with the register-direct epilogue (the TMA
-// epilogue's partition assumes warpgroups along M).
+// The consumer warpgroups split along N against along M, 3 stages as in the fused kernel;
+// both with the register-direct epilogue (the TMA epilogue's partition assumes warpgroups
+// along M).
 using NoSmemEpi = cutlass::epilogue::NoSmemWarpSpecialized;
 using V12 = CutlassGemm<Shape<_128, _256, _64>, Shape<_2, _1, _1>, Coop, NoSmemEpi, false, 3, true>;
 using V13 = CutlassGemm<Shape<_128, _256, _64>, Shape<_2, _1, _1>, Coop, NoSmemEpi, false, 3, false>;
 // cuBLAS's choice for F.linear at the seed shape (nsys/ncu name:
 // nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_bias_TNT): D^T = W x^T with 256 (W rows) x 128
 // (x rows) tiles, 4 stages, clusters of 2 along x's rows. It spends ~4% less energy per call
-// than V1 under sustained load (bench/NOTES.md, session 20): is it the orientation?
+// than V1 under sustained load (docs/measurements.md): is it the orientation?
 using V14 = CutlassGemm<Shape<_256, _128, _64>, Shape<_1, _2, _1>, Coop, CoopEpi, false, 4, false, true>;
 using V15 = CutlassGemm<Shape<_256, _128, _64>, Shape<_2, _1, _1>, Coop, CoopEpi, false, 4, false, true>;
 using V16 = CutlassGemm<Shape<_128, _256, _64>, Shape<_2, _1, _1>, Coop, CoopEpi, false, 4, false, true>;

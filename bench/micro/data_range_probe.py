@@ -3,7 +3,8 @@ eager bf16 against gemmfuse, same process, same inputs, both against one float64
 
 The seed inputs (x uniform [0, 1), W uniform +-1/sqrt(K)) give pre-activations u = xW + b of
 std ~0.33; the fused sm90 kernel's epilogue chooses its gelu form per warp from the range of
-its values (bench/NOTES.md), so its speed depends on the data. This probe shows how much.
+its values (docs/measurements.md), so its speed can depend on the data. This probe shows
+how much.
     python3 bench/micro/data_range_probe.py [--scales rand 1 2 4 16]
 """
 import argparse

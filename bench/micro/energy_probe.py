@@ -5,7 +5,7 @@ few seconds.
 At the H100's power cap a tensor-core kernel's time is set by its energy: the chip lowers its
 clock until the draw fits. So under sustained load, the ratio of two variants' times tends to
 the ratio of their energies per call, and the energy per call says whether a kernel spends
-more than cuBLAS's GEMM on the same flops (bench/NOTES.md, session 20). Energy comes from
+more than cuBLAS's GEMM on the same flops (docs/measurements.md). Energy comes from
 NVML's total-energy counter (mJ) read through ctypes at the ends of each window; SM clock,
 power and temperature are sampled every 20 ms in a thread.
     python3 bench/micro/energy_probe.py [--seconds 3] [--warmup-s 1.5] [--out F]

@@ -13,8 +13,6 @@
 //   the split leaves out and the fix-up corrects (a few in all) or the second level carries
 //   (many), rows holding a NaN or infinities: error and time per case, and which way each row
 //   went. GEMMFUSE_PROBE_ONLY=<label prefix> (e.g. "softmax") runs those cases alone.
-// Earlier versions: the six-product bf16 kernel of sessions 18-27 (-s27-bf16x6-probe*.log);
-// TF32 splits (-s18-split-tf32-probe-*.log, not kept).
 //   Built by CMake with -DGEMMFUSE_BUILD_PROBES=ON (target f16x3_probe).
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -172,10 +170,7 @@ float median_ms(F&& f, int sets) {
 }
 
 // The kernel's variants compared, by F16x3Problem::splits (0: the shape's choice, 1: the
-// wide kernel, more: the split-K kernel). Session 27's A/B of the products' order
-// (interleaved along K: 10% slower at the seed shape), of 1x2 clusters for the split-K
-// kernel (no faster) and of the stages (every part's k-tile per stage against the products
-// one after another: -s27-bf16x6-probe-staged.log, -wide-staged.log) used earlier versions.
+// wide kernel, more: the split-K kernel).
 struct Variant {
   const char* name;
   int splits;

@@ -1,10 +1,8 @@
 // Does the order of `fast`'s three bf16 products in one tensor-core accumulator set its error?
-// (bench/NOTES.md, session 21.) x and W split as the library does (hi = bf16(v), lo =
-// bf16(v - hi)); Y = x W^T at M = 1024, N = K = 8192 by cuBLAS (bf16 in, fp32 accumulation and
-// output), as:
-//   two GEMMs    xlo.Whi + xhi.Wlo over K' = 2K, then xhi.Whi added with beta = 1 (the
-//                library up to session 20)
-//   small first  one GEMM over [xlo|xhi|xhi] . [Whi|Wlo|Whi]^T (the library from session 21)
+// x and W split as the library does (hi = bf16(v), lo = bf16(v - hi)); Y = x W^T at
+// M = 1024, N = K = 8192 by cuBLAS (bf16 in, fp32 accumulation and output), as:
+//   two GEMMs    xlo.Whi + xhi.Wlo over K' = 2K, then xhi.Whi added with beta = 1
+//   small first  one GEMM over [xlo|xhi|xhi] . [Whi|Wlo|Whi]^T (the library's order)
 //   large first  one GEMM over [xhi|xhi|xlo] . [Whi|Wlo|Whi]^T
 //   library      the CUDA executor's `fast` Linear (small first, its own cuBLASLt call)
 //   SGEMM        cuBLAS fp32, no TF32 (eager's error, for scale)

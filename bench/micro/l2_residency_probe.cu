@@ -1,10 +1,10 @@
 // Does a 16 MB buffer written with an L2 evict_last hint stay in L2 while a GEMM streams its
-// operands through? The next fused softmax design (bench/NOTES.md, session 4) writes each
-// tile's exp(v - max) through L2 into the output buffer, instead of keeping it in shared
-// memory, and rescales it in place after the grid barrier; that only pays if the read-back
-// hits L2. This writes the buffer (evict_last, or the default policy), runs the seed-shape
-// bf16 cuBLAS GEMM (x 16 MB, W 128 MB, out 16 MB), then times reading the buffer back, against
-// a read of the same buffer straight after writing it (L2) and after flushing L2 (HBM).
+// operands through? A fused softmax that writes each tile's exp(v - max) through L2 into the
+// output buffer, instead of keeping it in shared memory, and rescales it in place after the
+// grid barrier only pays if the read-back hits L2. This writes the buffer (evict_last, or the
+// default policy), runs the seed-shape bf16 cuBLAS GEMM (x 16 MB, W 128 MB, out 16 MB), then
+// times reading the buffer back, against a read of the same buffer straight after writing it
+// (L2) and after flushing L2 (HBM).
 //   Built by CMake with -DGEMMFUSE_BUILD_PROBES=ON (target l2_residency_probe).
 #include <cublas_v2.h>
 #include <cuda_bf16.h>

@@ -1,11 +1,11 @@
-// Where the wide row pass's time goes (bench/NOTES.md, session 21): m99's gelu -> softmax over
-// fp32 Y [1024, 8192] (64 MB moved: 21.5 us at the 2.97 TB/s copy rate) takes ~36 us in
-// `fast`. Times, in one process, the library's row pass on real plans (after one whole run, so
-// Y holds the GEMM's values) against hand-written kernels of the same job that differ in one
-// thing each: the launch shape (one row per CTA, as the library; or persistent CTAs that load
-// their next row while computing the current one), and the work (a plain copy; softmax alone;
-// gelu (erff) + softmax). Median of 50 launches (CUDA events), inputs rotated over 3 Y sets
-// (96 MB against the 50 MB L2). Each kernel's output is checked against the library's.
+// Where the wide row pass's time goes: m99's gelu -> softmax over fp32 Y [1024, 8192] (64 MB
+// moved: 21.5 us at the 2.97 TB/s copy rate) takes ~36 us in `fast`. Times, in one process, the
+// library's row pass on real plans (after one whole run, so Y holds the GEMM's values) against
+// hand-written kernels of the same job that differ in one thing each: the launch shape (one row
+// per CTA, as the library; or persistent CTAs that load their next row while computing the
+// current one), and the work (a plain copy; softmax alone; gelu (erff) + softmax). Median of 50
+// launches (CUDA events), inputs rotated over 3 Y sets (96 MB against the 50 MB L2). Each
+// kernel's output is checked against the library's.
 #include <cuda_runtime.h>
 
 #include <algorithm>

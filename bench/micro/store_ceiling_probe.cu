@@ -1,7 +1,7 @@
 // How fast can the fused softmax kernel's last phase store its output? Each of its 128 CTAs
 // (one per SM) writes 128 rows x 1 KB of the 16 MB bf16 output (rows 16 KB apart) from shared
 // memory, all at about the same time, into an L2 full of clean lines (W streamed through it
-// just before). The kernel's stores take ~3.6 us (~4.4 TB/s, bench/NOTES.md session 9): at the
+// just before). The kernel's stores take ~3.6 us (~4.4 TB/s; docs/measurements.md): at the
 // ceiling, or would another way of storing (more threads, TMA bulk copies) be faster?
 // Each variant: the previous call's output written, 128 MB read through L2 (like W), then the
 // timed kernel: its CTAs meet at a grid barrier (all resident: 128 CTAs, one per SM), stamp

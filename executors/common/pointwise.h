@@ -120,7 +120,7 @@ GF_HD float gelu_erf_poly(float x) {
 // peaks at 0.17, decays like a Gaussian), g a degree-11 polynomial of z = min(2|x| / A - 1, 1)
 // (monomials in z are well conditioned on [-1, 1]; powers of |x| are not). Past A = 4.75,
 // g < 4.8e-6 is left out. Max abs error 8.4e-6, relative error past |x| = 40 below 1e-7
-// (scripts/fit_gelu_wide.py fits the coefficients and measures both). NaN stays NaN (the
+// (bench/micro/fit_gelu_wide.py fits the coefficients and measures both). NaN stays NaN (the
 // clamp is min.NaN); +-inf are not in its domain (-inf would give 0, not PyTorch's NaN).
 constexpr float kGeluWideClamp = 4.75f;
 GF_HD float gf_min_nan(float a, float b) {
@@ -183,9 +183,9 @@ GF_HD float apply_unary(OpCode op, float x, const PointwiseParams& p) {
     case OpCode::Tanh: return tanhf(x);
     case OpCode::Silu: return x / (1.0f + expf(-x));
     case OpCode::Mish: {
-      // x * tanh(softplus(x)) with tanh(log(1 + e^x)) = n / (n + 2), n = e^x (e^x + 2): one
-      // exp and one division instead of exp, log1p and tanh (the row pass of m94 was bound
-      // by them). Above x = 20 the factor is 1 to within 2^-57 (and e^2x would overflow).
+      // x * tanh(softplus(x)) with tanh(log(1 + e^x)) = n / (n + 2), n = e^x (e^x + 2): one exp
+      // and one division instead of exp, log1p and tanh (those three would bind m94's row
+      // pass). Above x = 20 the factor is 1 to within 2^-57 (and e^2x would overflow).
       if (x > 20.f) return x;
       const float e = expf(x), n = e * (e + 2.f);
       return x * (n / (n + 2.f));

@@ -89,8 +89,8 @@ struct LtGemm {
 // seed-shape SGEMM (M = 1024) gets a 64x256 kernel 0.3-1% slower than the 128x128 one eager
 // uses (which 4 MiB gives), while small batches need the large limit for their split-K
 // kernels (fp32 M = 16: 0.167 ms against 0.296 with 4 MiB), and at M = 4096 the 4 MiB choice
-// was 0.5% slower. So 4 MiB only for fp32 SGEMMs with M in [512, 2048], where it was measured
-// faster (bench/NOTES.md, sessions 3-4); per-shape timing at optimize would replace the rule.
+// is 0.5% slower. So 4 MiB only for fp32 SGEMMs with M in [512, 2048], where it measures
+// faster (docs/measurements.md); per-shape timing at optimize would replace the rule.
 uint64_t heuristic_workspace(const LtGemm& g, size_t ws_bytes) {
   const bool sgemm = g.compute == CUBLAS_COMPUTE_32F && g.ab_type == CUDA_R_32F;
   const bool mid_rows = g.n >= 512 && g.n <= 2048;  // g.n is M, the rows of x
@@ -285,7 +285,7 @@ void run_gemm(const Plan& plan, const Step& step, const RunArgs& args, const cha
     // over [xlo|xhi|xhi] . [Whi|Wlo|Whi]^T (K' = 3 Kh). cuBLAS's mainloop runs K in order
     // (split-K: each part in order), so the small products are summed first, apart from the
     // large one, which then lands on a sum of their size: as accurate as a GEMM of their own
-    // added to it, without writing and re-reading Y (bench/NOTES.md, session 21). Rows with a
+    // added to it, without writing and re-reading Y (docs/measurements.md). Rows with a
     // value the split cannot carry are recomputed in fp32 after it, or written NaN where they
     // hold one (split.h).
     if (P.w_split == kAbsent || W.x_split == kAbsent || P.w_list == kAbsent || P.w_flags == kAbsent ||

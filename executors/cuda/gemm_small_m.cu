@@ -4,22 +4,22 @@
 // 268 MB, 90 µs at the seed's K = N = 8192), and cuBLASLt's choice there (a split-K SGEMM,
 // 0.166 ms at M = 16) sums each output in a longer fp32 chain than eager's cuBLAS kernel:
 // 1.5x eager's error against float64, and 1.7-2.6x with K % 4 != 0 or x off a 16-byte
-// boundary (bench/NOTES.md): outside the fp32 promise.
+// boundary (docs/measurements.md): outside the fp32 promise.
 //
 // How: each warp owns 4 rows of W (4 columns of Y) and all M rows of x, and walks K in
 // chunks of 4 elements per lane: one 16-byte vector per row (512 contiguous bytes per row per
 // warp load). W is read from the 16-byte boundary at or before each row's start, whatever K
 // and W's alignment, and x from a copy shifted to match (at most 4 copies, M·K each, in the
-// scratch; a copy with x's own rows where only x is off a 16-byte boundary). This kernel's
-// first version read such rows with 4-byte loads: 0.82-0.99x eager at M = 17-32, where
-// cuBLASLt, faster, had 2.5x eager's error. Two chunks of each W row are in flight, not kept
-// in L1; x hits L1 (the CTA's 16 warps read the same x). A CTA takes 64 rows of W and holds a
-// whole SM, so x crosses from L2 half as often as with 8-warp CTAs (3 µs less at M = 16).
+// scratch; a copy with x's own rows where only x is off a 16-byte boundary). Reading such rows
+// with 4-byte loads instead gives 0.82-0.99x eager at M = 17-32, where cuBLASLt, faster, has
+// 2.5x eager's error. Two chunks of each W row are in flight, not kept in L1; x hits L1 (the
+// CTA's 16 warps read the same x). A CTA takes 64 rows of W and holds a whole SM, so x crosses
+// from L2 half as often as with 8-warp CTAs (3 µs less at M = 16).
 // Summation: each output's sum in a lane is a chain of 4-product sums, one per chunk
 // (K/128 adds at M <= 8; K/64 at M <= 16 and K/32 at M <= 32, where 2 or 4 groups of lanes
 // take 8 rows of x each; at M = 9-16 the main loop sums two chunks at a time, 8 products):
-// 64-256 at K = 8192, against 512 when each product is added to the sum (that error was
-// 1.4x eager's at M = 16; now 0.64x). The warp then adds its lanes' sums in a tree
+// 64-256 at K = 8192, against 512 when each product is added to the sum (that error is
+// 1.4x eager's at M = 16, against 0.64x). The warp then adds its lanes' sums in a tree
 // (reduce-scatter by shuffles: no shared memory). When N / 64 CTAs leave half the SMs idle,
 // K is split across CTAs too; their partial sums are added in split order by a second kernel.
 // Every order is fixed: results are reproducible.
@@ -139,9 +139,9 @@ __device__ __forceinline__ void accumulate(float (&acc)[MTL][kRowsPerWarp],
 
 // acc[i][r] += (lane's 8 elements of chunks c and c + 1 of x row m0 + i) . (wa[r], wb[r]):
 // two chunks in one sum of 8 products (9 instructions for 8 products, against 10 for two
-// sums of 4: the loop is bound by instruction issue at M > 8, bench/NOTES.md session 14).
-// Taken with 2 lane groups (M = 9-16: 121 -> 112 µs); with 4 the loop was 3-5% slower, with
-// 1 its general form 5-8% slower, so those keep sums of 4.
+// sums of 4: the loop is bound by instruction issue at M > 8, docs/measurements.md).
+// Taken with 2 lane groups (M = 9-16: 112 against 121 µs); with 4 the loop is 3-5% slower,
+// with 1 its general form 5-8% slower, so those keep sums of 4.
 template <int MTL, int L>
 __device__ __forceinline__ void accumulate_pair(float (&acc)[MTL][kRowsPerWarp],
                                                 const float* __restrict__ x, int pitch, int m0,
@@ -189,7 +189,7 @@ constexpr int log2_int(int v) { return v <= 1 ? 0 : 1 + log2_int(v / 2); }
 // Grid: (ctas_n, splits). CTA (bx, s) computes 64 columns of Y over the chunks
 // [s·chunks_per_split, (s+1)·chunks_per_split) into out + s·M·N (bias only when unsplit).
 // Its W rows all start at one shift from a 16-byte boundary, so the CTA reads x (in place or
-// one copy) at one shift, a value uniform over the CTA (chosen per warp instead, it took
+// one copy) at one shift, a value uniform over the CTA (chosen per warp instead, it takes
 // registers that cost the main loop 4-10% at M = 16-32). Shifted = false: every shift is 0.
 //   row_step 1 (K % 4 == 0: every row at W's own shift): rows 64 bx .. 64 bx + 63;
 //   row_step 4 (rows 4 apart share a shift): rows 256 (bx / 4) + bx % 4 + 4j, j < 64.
@@ -302,7 +302,7 @@ void launch_rows(dim3 grid, bool shifted, const SmallMOperands& ops, const float
                  float* out, int M, int64_t N, int K, int chunks, int chunks_per_split,
                  cudaStream_t stream) {
   // Rows at no shift (the common case) compile to a kernel without the shift's code and
-  // registers: 11-14% faster at M = 17-32 than the general form (bench/NOTES.md, session 14).
+  // registers: 11-14% faster at M = 17-32 than the general form (docs/measurements.md).
   if (shifted)
     small_m_gemm_kernel<MTL, G, true>
         <<<grid, kThreads, 0, stream>>>(ops, w, bias, out, M, N, K, chunks, chunks_per_split);

@@ -3,7 +3,7 @@
 // flight per thread (a 32 KB row in one round trip for 256 threads). The products of one
 // 16-byte vector are summed in fp32 (fma) and those partial sums in fp64: one fp64 conversion
 // per vector instead of two per element (conversions to fp64 issue at 16/clk/SM on sm_90,
-// which made the fp64-product version compute-bound at ~2 TB/s), at ~1e-7 relative error.
+// which makes fp64 products compute-bound at ~2 TB/s), at ~1e-7 relative error.
 // One CTA per row for long rows, one warp per row otherwise.
 #include "gemv.h"
 

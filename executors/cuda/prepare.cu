@@ -3,7 +3,8 @@
 //                + beta[n] (fp64, rounded once), or the 16-bit bias converted to fp32
 //   fold_w:      W'[n,k] = W[n,k] * s[n] in the model dtype          (Gemm without split)
 //   w_split:     [W'hi | W'lo | W'hi] bf16 [N, 3 Kh] and W''s exceptional rows (fast, split.h)
-//   w_parts:     W' as three bf16 planes [N, K] and its exceptional rows (fp32 on sm90, split.h)
+//   w_parts:     W' as two scaled fp16 parts [2, N, K], its row exponents and exceptional rows
+//                (fp32 on sm90, split.h)
 //   colsum:      wsum[k] = sum_n W'[n,k] in fp64, rounded once, and the column signs
 //                (executors/common/gemv_nonfinite.h)                   (Gemv)
 //   bsum:        sum_n b'[n] in fp64, rounded once                    (Gemv)

@@ -69,7 +69,7 @@ __device__ __forceinline__ void elementwise_pass(const DevProgram& P, int pc, in
 // Mean and biased variance of the group x[0, n) (two passes), normalise, apply the affine.
 // kBlock: the whole CTA is the team, sums in fp64 (large groups). Otherwise one warp (lane t
 // of 32) takes the group with fp32 sums and shuffles: a group per warp is the many-small-groups
-// case (m94: 256 groups of 32), where the fp64 version spent most of the row pass's time.
+// case (m94: 256 groups of 32), where fp64 sums take most of the row pass's time.
 template <bool kBlock>
 __device__ __forceinline__ void group_norm_group(float* x, int n, float inv_n, const float* wt,
                                                  const float* bs, int cbase, float eps, int t,

@@ -190,7 +190,7 @@ RowConfig row_config(const Step& step, int64_t M) {
     rc.threads = kWarpModeThreads;
     rc.rows_per_cta = kWarpModeThreads / 32;
   } else {
-    rc.threads = rc.capA >= 1024 ? 256 : 128;  // 256 beat 512 at width 8192 on H100
+    rc.threads = rc.capA >= 1024 ? 256 : 128;  // 256 beats 512 at width 8192 on H100
     rc.rows_per_cta = 1;
   }
   const size_t slot_bytes = sizeof(float) * (static_cast<size_t>(rc.capA) + rc.capB);

@@ -55,7 +55,7 @@ __host__ __device__ constexpr int64_t at_most_1024(int64_t n) { return n < 1024 
 // K/256, at most 1024. A correction gathers a 32-byte sector of W' per value and output column, from all over W'
 // when the values' k are spread (~70 us a row for ~500 values at the seed shape); the tiled
 // recompute costs ~5 us a row when many rows are recomputed (N K FMAs a row at ~25 TFLOP/s):
-// they cost the same at about K/200 values (bench/NOTES.md, session 31). Below the second
+// they cost the same at about K/200 values (docs/measurements.md). Below the second
 // level, second_level_pays bounds every row's list.
 __host__ __device__ constexpr int64_t correctable_tiny_values(int64_t K) {
   return at_most_1024(K / 256);
@@ -64,7 +64,7 @@ __host__ __device__ constexpr int64_t correctable_tiny_values(int64_t K) {
 // The most infinities a row of x may hold for the fix-up to correct them rather than recompute
 // the row: K/512, at most 1024. Every row of the seed shape with 1 infinity costs 0.44 ms of
 // corrections, with 8 of them 2.2 ms (~0.25 ms a value more), against 5.1 ms to recompute them
-// all by tiles: they cost the same at ~19 (bench/NOTES.md, session 32).
+// all by tiles: they cost the same at ~19 (docs/measurements.md).
 __host__ __device__ constexpr int64_t correctable_infinities(int64_t K) {
   return at_most_1024(K / 512);
 }
@@ -73,7 +73,7 @@ __host__ __device__ constexpr int64_t correctable_infinities(int64_t K) {
 // corrections. A correction gathers a 32-byte sector of W' per value and output column; the
 // second level costs a pass of the GEMM's mainloop over the rows holding them (one wave of
 // tiles per 256 rows at the seed shape, ~140 us) and its split. At most K/32 values in all
-// (256 at the seed shape) stay with the fix-up (bench/NOTES.md, session 30).
+// (256 at the seed shape) stay with the fix-up (docs/measurements.md).
 __host__ __device__ constexpr bool second_level_pays(int64_t values, int64_t K) {
   return values > at_most_1024(K / 32);
 }

@@ -612,8 +612,8 @@ TEST(CudaExecutor, BatchNormVariants) {
                    {M}, {}, "ff", N}, {}, rng);
     // Affine weights in [0.5, 1]: with 2 rows the second batch_norm normalises
     // tanh(b + g s) - tanh(b - g s), and a weight g near 0 makes that a difference of two
-    // nearly equal fp32 values, which no fp32 order reproduces to 1e-5 (1 run in 15 failed
-    // with weights in [-1, 1]: bench/NOTES.md, session 28).
+    // nearly equal fp32 values, which no fp32 order reproduces to 1e-5 (with weights
+    // in [-1, 1], 1 run in 15 fails).
     check_problem({L + "batch_norm training=1\ntanh\nbatch_norm training=1" + aff, {M},
                    {{N}, {N}}, "", N, 0.5f, 1.f}, {}, rng);
   }

@@ -167,21 +167,21 @@ TEST(CudaF16x3Gemm, Domain) {
     EXPECT_NE(f16x3_unfit(256, 128, 128), nullptr);
 }
 
-// The cost rule's choices on an H100 (132 SMs) against what was measured: session 28
-// (bench/micro/f16x3_probe.cu: the x split, the kernel and the fix-up against SGEMM, ms;
-// -s28-f16x3-probe.log) and, marked 20, session 20's (scripts/fp32_path_sweep.py, Linear ->
-// relu, the six-product kernel then, which was slower than this one, against SGEMM).
+// The cost rule's choices on an H100 (132 SMs) against measured times, kernel / SGEMM in ms:
+// bench/micro/f16x3_probe.cu (the x split, the kernel and the fix-up against SGEMM) and,
+// marked sweep, bench/micro/fp32_path_sweep.py (Linear -> relu against SGEMM, measured with a
+// six-product form of the kernel, slower than this one).
 TEST(CudaF16x3Gemm, CostRule) {
   using gemmfuse::cuda::sm90::f16x3_slower_than_sgemm;
   using gemmfuse::cuda::sm90::f16x3_splits;
   const int sms = 132;
-  // (M, N, K): the kernel where it was faster ...
+  // (M, N, K): the kernel where it is faster ...
   EXPECT_EQ(f16x3_slower_than_sgemm(1024, 8192, 8192, sms), nullptr);  // the seed GEMM: 0.581 / 2.842
   EXPECT_EQ(f16x3_slower_than_sgemm(4096, 8192, 8192, sms), nullptr);  // 2.52 / 10.94
   EXPECT_EQ(f16x3_slower_than_sgemm(256, 8192, 8192, sms), nullptr);   // 0.176 / 0.720
   EXPECT_EQ(f16x3_slower_than_sgemm(256, 4096, 4096, sms), nullptr);   // 0.070 / 0.199
-  EXPECT_EQ(f16x3_slower_than_sgemm(4096, 512, 512, sms), nullptr);    // 20: 0.048 / 0.066
-  EXPECT_EQ(f16x3_slower_than_sgemm(4096, 8192, 256, sms), nullptr);   // 20: 0.313 / 0.551
+  EXPECT_EQ(f16x3_slower_than_sgemm(4096, 512, 512, sms), nullptr);    // sweep: 0.048 / 0.066
+  EXPECT_EQ(f16x3_slower_than_sgemm(4096, 8192, 256, sms), nullptr);   // sweep: 0.313 / 0.551
   EXPECT_EQ(f16x3_slower_than_sgemm(128, 8192, 8192, sms), nullptr);   // 0.136 / 0.366 (split 2)
   EXPECT_EQ(f16x3_slower_than_sgemm(96, 8192, 8192, sms), nullptr);    // 0.133 / 0.360
   EXPECT_EQ(f16x3_slower_than_sgemm(64, 8192, 8192, sms), nullptr);    // 0.136 / 0.219
@@ -194,7 +194,7 @@ TEST(CudaF16x3Gemm, CostRule) {
   // ... SGEMM where the kernel's fixed costs dominate.
   EXPECT_NE(f16x3_slower_than_sgemm(256, 1024, 1024, sms), nullptr);   // 0.046 / 0.036
   EXPECT_NE(f16x3_slower_than_sgemm(256, 256, 8192, sms), nullptr);    // 0.057 / 0.055
-  EXPECT_NE(f16x3_slower_than_sgemm(4096, 256, 256, sms), nullptr);    // 20: 0.047 / 0.027
+  EXPECT_NE(f16x3_slower_than_sgemm(4096, 256, 256, sms), nullptr);    // sweep: 0.047 / 0.027
   // Host-bound: the kernel's GPU time is the smaller, its host work the larger (0.87x eager).
   EXPECT_NE(f16x3_slower_than_sgemm(256, 8192, 256, sms), nullptr);
   // Fewer SMs: the same tiles take more waves.
@@ -343,10 +343,10 @@ TEST(CudaF16x3Gemm, FewTinyValuesAreCorrected) {
 }
 
 // Softmax outputs of N(0, sigma^2) logits against float64, Y within the kernel's bound as for
-// ordinary data. sigma = 4, the data that made the fix-up slow (bench/NOTES.md, sessions 29
-// and 30): every row holds values ~2^-30..2^-50 of its largest, so the second level takes
-// every row. sigma = 12: most rows also hold more than K/8 values below 2^-56 of their largest,
-// still tiny at the second level, so the fix-up recomputes them, by tiles (session 31).
+// ordinary data. sigma = 4 (docs/measurements.md): every row holds values ~2^-30..2^-50 of its
+// largest, so the second level takes every row. sigma = 12: most rows also hold more than K/8
+// values below 2^-56 of their largest, still tiny at the second level, so the fix-up
+// recomputes them, by tiles.
 void check_softmax_rows(double sigma, std::mt19937_64& rng) {
   SCOPED_TRACE("sigma=" + std::to_string(sigma));
   const int64_t M = 300, N = 200, K = 1024;

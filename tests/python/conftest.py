@@ -35,7 +35,7 @@ needs_lib = pytest.mark.skipif(not (HAVE_LIB or REQUIRE_LIB),
                                reason="libgemmfuse_ops.so not built (make -C <repo> build)")
 needs_cuda = pytest.mark.skipif(not HAVE_CUDA, reason="no CUDA device")
 
-# Small seed shapes (seed-models.md uses 1024 x 8192 x 8192).
+# Small seed shapes (docs/models.md uses 1024 x 8192 x 8192).
 SEED_B, SEED_K, SEED_N = 16, 96, 160
 SEED_N94 = 256  # m94: 8 groups of 32 channels
 

@@ -147,7 +147,7 @@ def test_shapes_not_multiple_of_16(M, precision):
 def test_small_batches_fp32(mid, M):
     """M <= 32: the GEMM runs on gemm_small_m.cu, with x read in place (16-byte aligned) and
     through a copy (x one element past a 16-byte boundary); both keep the fp32 promise
-    (cuBLASLt had 2.2x eager's error on m84 at M = 16 with that x, 2.6x on m99 at M = 17)."""
+    (cuBLASLt has 2.2x eager's error on m84 at M = 16 with that x, 2.6x on m99 at M = 17)."""
     if mid == "m84" and M == 1:
         pytest.skip("training BatchNorm needs more than one row")
     model, _ = _seed_gpu(mid, batch=M)

@@ -1,4 +1,4 @@
-"""The seed models (python/gemmfuse/models.py) against their description in seed-models.md."""
+"""The seed models (gemmfuse.bench.models) against their description in docs/models.md."""
 import sys
 from pathlib import Path
 

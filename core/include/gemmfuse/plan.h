@@ -1,6 +1,6 @@
 // Plan: a chain cut into steps that both executors (CPU, CUDA) run.
 //
-// v1 shape of every plan (see docs/design.md for why):
+// The shape of every plan (see docs/design.md for why):
 //   [prepare weights once per weight version]  column sums (GEMV), folded eval BatchNorm,
 //                                              split precision parts (executor-specific)
 //   Gemm | Gemv                                 Linear -> buffer Y (fp32 [M,N] or [M,1])
@@ -145,7 +145,7 @@ struct Plan {
 
 // GEMMs of fewer flops (2MNK) take under ~30 us on SGEMM (H100, ~45 TFLOP/s): their calls are
 // bound by launches and host work, where the tensor-core split paths (`fast`'s split, `fp32`'s
-// split-product kernel) do not pay (bench/NOTES.md, session 20).
+// split-product kernel) do not pay (docs/measurements.md).
 constexpr double kHostBoundGemmFlops = 1.35e9;
 
 // What the planner needs to know beyond the chain.

@@ -105,8 +105,8 @@ const char* f16x3_slower_than_sgemm(int64_t M, int64_t N, int64_t K, int sms) {
   // SGEMM's tiles are at least 64 rows: 0.218 ms at both 32 and 64 rows of 8192 x 8192.
   const double flops = 2 * m * n * k, sgemm_s = 2 * std::ceil(m / 64) * 64 * n * k / 45e12;
   // Smaller GEMMs are bound by host work, and the kernel's (three launches, CUTLASS's TMA
-  // descriptors) is the larger: 0.87x eager at 256 x 8192 x 256 on an H100 (session 20);
-  // 0.77x SGEMM at 256 x 1024 x 1024, 0.97x at 256 x 256 x 8192 (session 28).
+  // descriptors) is the larger: 0.87x eager at 256 x 8192 x 256 on an H100, 0.77x SGEMM at
+  // 256 x 1024 x 1024, 0.97x at 256 x 256 x 8192 (docs/measurements.md).
   if (f16x3_s < sgemm_s && flops > kHostBoundGemmFlops) return nullptr;
   return "SGEMM is faster at this shape (the kernel's 128x128 tiles would leave SMs idle, reading "
          "W's two fp16 parts outweighs the products, or its split of x, launches and host work "

@@ -9,12 +9,11 @@
 // Three fp16 products are the tensor-core time of three bf16 ones (`fast`) or of 1.5 TF32
 // GEMMs. The fp16 rounding of the parts costs ~2^-24 of each value, a fixed error where a
 // plain fp32 dot product's grows with K: from K = 128 on (kF16x3MinK) the kernel's error
-// measured 0.67x SGEMM's or less (0.15x at K = 8192), at K = 8 it was 1.6x (bench/NOTES.md,
-// session 28).
+// is 0.67x SGEMM's or less (0.15x at K = 8192), at K = 8 1.6x (docs/measurements.md).
 //
-// Why: fp32 mode ran cuBLAS's SGEMM, 2.7 ms of the seed models' ~2.75 ms on an H100,
-// bound by the FP32 cores (bench/NOTES.md, session 18); six bf16 products (sessions 18-27)
-// took 1.06 ms at the seed shape, these three 0.58.
+// Why: cuBLAS's SGEMM takes 2.7 ms of the seed models' ~2.75 ms in fp32 on an H100, bound
+// by the FP32 cores; six bf16 products take 1.06 ms at the seed shape, these three 0.58
+// (docs/measurements.md).
 //
 // Values the split cannot carry: NaN and infinities (a part product would make 0 * inf = NaN
 // where fp32 gives inf), and nonzero values more than ~2^28 below their row's largest ("tiny":
@@ -61,8 +60,8 @@ bool f16x3_built();
 
 // Rows from which the kernel may run; f16x3_slower_than_sgemm decides above it. With up to
 // 32 rows fp32 GEMMs run on gemm_small_m.h's kernel, which reads W once in fp32 (as many
-// bytes as W's two fp16 parts). At N = K = 8192 on an H100 the split-K kernel ran 1.61x SGEMM
-// at 64 rows, 2.69x at 128 (bench/NOTES.md, session 28).
+// bytes as W's two fp16 parts). At N = K = 8192 on an H100 the split-K kernel runs 1.61x SGEMM
+// at 64 rows, 2.69x at 128 (docs/measurements.md).
 constexpr int64_t kF16x3MinRows = 33;
 
 // The least K the kernel takes: below it the parts' fixed rounding error is not well under
@@ -89,10 +88,9 @@ size_t f16x3_workspace_bytes(int64_t M, int64_t N, int64_t K);
 const char* f16x3_unfit(int64_t M, int64_t N, int64_t K);
 
 // nullptr when the kernel is expected to beat SGEMM at this shape on an H100-class GPU with
-// `sms` SMs, else why not. A cost model fitted to H100 measurements (bench/NOTES.md, session
-// 20: fp32 mode ran 0.36-0.97x eager at shapes whose tiles leave most SMs idle or whose
-// GEMM is too small for the split's fixed costs; session 27 added the split-K kernel and
-// W's reads; session 28 refitted it to the three fp16 products). The kernel's time: the x
+// `sms` SMs, else why not. A cost model fitted to H100 measurements (docs/measurements.md:
+// without it fp32 mode runs 0.36-0.97x eager at shapes whose tiles leave most SMs idle or
+// whose GEMM is too small for the split's fixed costs). The kernel's time: the x
 // split, 8 bytes per x value at ~1.8 TB/s; then the larger of one 128x128 tile's three
 // products, ~17 ns per unit of K divided by the splits, per wave of the CTAs over the SMs,
 // and one read of W's fp16 parts (4 bytes per W value) at ~2.2 TB/s; ~5 us of fix-up and

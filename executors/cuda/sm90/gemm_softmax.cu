@@ -339,7 +339,7 @@ struct StreamKey {
 // Within a stream they are ordered; across streams a launch waits for the device's last
 // programmatic launch when that was on another stream (one event per device, recorded
 // after each). Only a stream switch costs a wait. (Replays of captured launches, which are
-// cooperative, are outside this order, as two cooperative launches were before.)
+// cooperative, are outside this order.)
 class LaunchOrder {
  public:
   static LaunchOrder& of_device(int dev) {
@@ -430,7 +430,7 @@ bool launch(const GemmSoftmaxProblem& pr, void* workspace, cudaStream_t stream, 
 
   // How every CTA is made resident at once (each waits for the statistics of the others
   // of its rows). A direct launch: programmatic (PDL), so that it starts as the stream's
-  // previous kernel ends (~1-1.5 us per call on an H100, bench/NOTES.md session 10); the grid
+  // previous kernel ends (~1-1.5 us per call on an H100, docs/measurements.md); the grid
   // fits on the idle GPU (tiles_per_cta), and other kernels on the GPU finish in time. Under
   // MPS, other processes' kernels may hold SMs for good, and a launch captured into a graph
   // replays at times this code does not see: there, cooperative (the driver refuses a grid

@@ -2,9 +2,9 @@
 // collective (SS: both operands from shared memory), written out so the kernel can add to
 // them. They issue what the collective's load() and mma() + mma_tail() issue, with:
 // - produce_tile: an L2 eviction hint per operand. The fused softmax kernel streams W
-//   (128 MB at the seed shape) through a 50 MB L2 once: marked evict-first, it no longer
-//   pushes out x (and, likely, the kernel's code, whose once-per-launch parts run
-//   fetch-bound); ~2 us per call on an H100 (bench/NOTES.md, session 8).
+//   (128 MB at the seed shape) through a 50 MB L2 once: marked evict-first, it does not
+//   push out x (and, likely, the kernel's code, whose once-per-launch parts run
+//   fetch-bound); ~2 us per call on an H100 (docs/measurements.md).
 // - consume_tile: one k-step's wgmma batch in flight, each stage released to the producer
 //   once the batch after it is issued. After each of the first kRounds * kStepsPerRound
 //   steady k-steps, while that step's batch runs on the tensor cores, `between(u)` runs

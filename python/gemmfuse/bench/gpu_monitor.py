@@ -1,8 +1,8 @@
 """The GPU's SM clock, power and temperature while the bench times, sampled by `nvidia-smi`.
 
 Under sustained tensor-core load an H100 lowers its clock as it warms (its 700 W power cap),
-so one kernel's time differs by several percent between a cool and a warm chip (bench/NOTES.md,
-sessions 19-24). Each record then says at what clock and power it was measured.
+so one kernel's time differs by several percent between a cool and a warm chip
+(docs/measurements.md). Each record then says at what clock and power it was measured.
 
 `nvidia-smi --query-gpu ... -lms P` prints one sample every P ms with its own wall-clock
 timestamp; a reader thread keeps them, and `window(t0, t1)` returns the samples between two

@@ -1,4 +1,4 @@
-"""The five seed models (docs: /work/shared/seed-models.md), written from their description.
+"""The five seed models (docs/models.md), written from their description.
 
 Each class is built as ``Cls(*Cls.get_init_inputs())`` and called as
 ``model(*Cls.get_inputs())``. Modules stay in PyTorch's default training mode with default

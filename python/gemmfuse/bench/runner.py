@@ -31,7 +31,7 @@ from .gpu_monitor import GpuMonitor, summarize as summarize_gpu_state
 from .models import MODELS, M99
 from .record import OUT_DIR, record
 
-# H100 SXM ceilings (seed-models.md, /work/shared): cuBLAS bf16 GEMM rate, device copy bandwidth
+# H100 SXM ceilings (docs/measurements.md): cuBLAS bf16 GEMM rate, device copy bandwidth
 # (bytes read + written), and the measured fp32/TF32 cuBLAS rates at the seed GEMM for context.
 CEILINGS = {
     "bf16_tflops": 740.0,
@@ -47,7 +47,7 @@ FAST_REL_MAX = 2e-5  # design.md: `fast` within atol = rtol = 1e-4 of float64, r
 
 # The least GPU time of warm-up calls per round after the first (see CallTimer.round);
 # `gemmfuse bench --warmup-ms` sets it per run (5000: each variant timed at the clock the chip
-# settles to under its own sustained load; bench/NOTES.md, session 19).
+# settles to under its own sustained load; docs/measurements.md).
 WARMUP_MS = 20.0
 
 
@@ -132,7 +132,7 @@ class CallTimer:
         # After the first round, on a GPU, at least warmup_ms of calls, so that this variant
         # is not timed at the previous one's clock (`warmup` calls of a 0.2 ms variant after a
         # 2.7 ms one would be). 20 ms moves the clock most of the way; under a power cap it
-        # settles only over seconds, as the chip warms (NOTES, session 19).
+        # settles only over seconds, as the chip warms (docs/measurements.md).
         calls = warmup
         if self.dev.type == "cuda" and self.round_ms:
             calls = max(warmup, math.ceil(warmup_ms / max(self.round_ms[0], 1e-3)))
@@ -305,7 +305,7 @@ def variants_for(cfg, dev):
 
 
 def judge(rec, by_mode):
-    """Set `promise` and `pass`. Eager/compile rows report allclose(1e-4), as seed-models.md does."""
+    """Set `promise` and `pass`. Eager/compile rows report allclose(1e-4)."""
     m, rel = rec["mode"], rec.get("rel_err")
     base = {"gemmfuse-fp32": "eager", "gemmfuse-tf32": "eager-tf32",
             "gemmfuse-bf16": "eager-bf16"}.get(m)

@@ -38,10 +38,12 @@ test: test-cpp test-python
 bench: build
 	$(VPY) -m gemmfuse bench $(BENCH_ARGS)
 
-# A wheel of this checkout in dist/ (py3-none-linux_x86_64), built against the pinned torch.
+# A wheel of this checkout in dist/ (py3-none-linux_x86_64), built against the pinned torch
+# (in the same build folder as `make build`: only what changed is compiled).
 wheel: setup
+	rm -f dist/gemmfuse-*.whl
 	CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) $(VPY) -m pip wheel -q --no-build-isolation --no-deps \
-	  -Cbuild-dir=$(BUILD)/wheel -w dist .
+	  -Cbuild-dir=$(BUILD) -Ccmake.define.GEMMFUSE_TESTS=ON -w dist .
 
 clean:
 	rm -rf $(BUILD) dist

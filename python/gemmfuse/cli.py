@@ -1,4 +1,4 @@
-"""Command line: `python -m gemmfuse bench ...` (see `python -m gemmfuse bench -h`)."""
+"""Command line: `gemmfuse bench ...` or `python -m gemmfuse bench ...` (see `gemmfuse bench -h`)."""
 from __future__ import annotations
 
 import argparse
@@ -9,7 +9,7 @@ def _list(s):
 
 
 def parser():
-    p = argparse.ArgumentParser(prog="python -m gemmfuse")
+    p = argparse.ArgumentParser(prog="gemmfuse")
     sub = p.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("bench", help="time the seed models: eager, torch.compile, gemmfuse")
     b.add_argument("--models", type=_list, default=None, help="comma list (default: all five)")

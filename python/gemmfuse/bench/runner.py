@@ -38,7 +38,7 @@ CEILINGS = {
     "copy_tbs": 2.97,
     "sgemm_tflops": 2 * 1024 * 8192 * 8192 / 2.726e-3 / 1e12,
     "tf32_tflops": 2 * 1024 * 8192 * 8192 / 0.387e-3 / 1e12,
-    "source": "H100 80GB HBM3 figures from seed-models.md; other GPUs differ",
+    "source": "H100 80GB HBM3 figures (docs/measurements.md); other GPUs differ",
 }
 CPU_BATCH, CPU_FEATURES = 64, 1024
 SWEEP_M_GPU, SWEEP_M_CPU = (1, 16, 128, 1024, 4096), (1, 16, 64, 256)

@@ -186,8 +186,9 @@ double tolerance(const CudaOptions& o) {
   return 1e-5;
 }
 
-// NaN/inf pattern equal; ||got - ref|| <= tol ||ref||; elementwise within
-// 20 tol (|ref| + rms(ref)).
+// NaN/inf pattern equal; elementwise within 20 tol (|ref| + rms(ref)); and, over at least 16
+// finite values, ||got - ref|| <= tol ||ref|| (over fewer, one value's cancellation, e.g. a
+// GEMV's single sum, would set the norm).
 ::testing::AssertionResult close_to(const std::vector<float>& got, const std::vector<float>& ref,
                                     double tol) {
   if (got.size() != ref.size())
@@ -216,7 +217,7 @@ double tolerance(const CudaOptions& o) {
     if (!ok && bad++ < 6) msg << " [" << i << "] got " << g << " want " << r << ";";
   }
   if (bad) return ::testing::AssertionFailure() << bad << " elementwise mismatches:" << msg.str();
-  if (ss_err > tol * tol * ss_ref)
+  if (finite >= 16 && ss_err > tol * tol * ss_ref)
     return ::testing::AssertionFailure() << "normwise rel error " << std::sqrt(ss_err / ss_ref)
                                          << " > " << tol;
   return ::testing::AssertionSuccess();

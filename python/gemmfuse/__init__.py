@@ -15,7 +15,8 @@ from . import _lib
 from ._lib import LibraryMissing
 from .capture import find_chains
 from .explain import explain
-from .module import PRECISIONS, optimize, runtimes, weights_changed
+from .optimized import optimize, runtimes, weights_changed
+from .runtime import PRECISIONS
 
 from . import backend as _backend
 

@@ -21,7 +21,8 @@ import torch.nn as nn
 
 from . import _lib
 from .capture import TInfo, compile_time_numbers, find_chains, node_info
-from .module import PRECISIONS, rewrite_chain
+from .rewrite import rewrite_chain
+from .runtime import PRECISIONS
 from .reports import ChainEntry, OptimizeReport, remember
 
 BACKEND_NAME = "gemmfuse"

@@ -15,7 +15,8 @@ import torch
 
 from . import _lib, direct
 from .reports import compiled_graphs
-from .module import example_from_record, optimize
+from .optimized import optimize
+from .rewrite import example_from_record
 
 
 def _current_plan(module, entry, rt):

@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 # the call to PyTorch as the faster (test_route.py checks that routing without this).
 os.environ.setdefault("GEMMFUSE_ALWAYS_FUSE", "1")
 
-import gemmfuse  # noqa: E402
+import gemmfuse  # noqa: E402,F401
 from gemmfuse import _lib  # noqa: E402
 
 HAVE_LIB = _lib.available()

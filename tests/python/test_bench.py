@@ -1,7 +1,5 @@
 """`python -m gemmfuse bench` end to end on the CPU at a tiny shape."""
 import json
-import os
-import sys
 from pathlib import Path
 
 import pytest

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from conftest import make_seed, needs_lib, seed_ids
 from gemmfuse import _lib
 from gemmfuse.capture import compile_time_numbers, find_chains
-from gemmfuse.module import _propagate, _share_state
+from gemmfuse.optimized import _propagate, _share_state
 
 E5 = "1.0000000000000001e-05"
 P1 = "0.10000000000000001"

@@ -1,7 +1,6 @@
 """The bench's GPU state sampler (gpu_monitor.py) against a stand-in nvidia-smi: parsing, the
 field-set fallback of older drivers, samples by time window, and the per-record summary."""
 import stat
-import sys
 import time
 from pathlib import Path
 

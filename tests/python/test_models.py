@@ -1,6 +1,4 @@
 """The seed models (gemmfuse.bench.models) against their description in docs/models.md."""
-import sys
-from pathlib import Path
 
 import pytest
 import torch

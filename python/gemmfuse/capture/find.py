@@ -90,7 +90,7 @@ def find_chains(gm: fx.GraphModule, flavor: str = "fx", check: Optional[Callable
             continue
         chain = Chain(index=len(report.chains), linear=node, x=x, weight=w, bias=b,
                       in_features=int(wshape[1]), out_features=int(wshape[0]), linear_module=q)
-        _grow(chain, gm, order, numbers)
+        _grow(chain, gm, order, numbers, taken)
         chain.finish()
         if check is not None:
             bad = None
@@ -107,7 +107,8 @@ def find_chains(gm: fx.GraphModule, flavor: str = "fx", check: Optional[Callable
     return report
 
 
-def _grow(chain: Chain, gm: fx.GraphModule, order: dict, numbers: Optional[dict] = None):
+def _grow(chain: Chain, gm: fx.GraphModule, order: dict, numbers: Optional[dict] = None,
+          taken: frozenset = frozenset()):
     lin = chain.linear
     chain.values = {lin: 0}
     chain_nodes = {lin}
@@ -128,6 +129,9 @@ def _grow(chain: Chain, gm: fx.GraphModule, order: dict, numbers: Optional[dict]
             break
         if nxt in chain_nodes:  # cannot happen in a DAG, but be safe
             stop = f"{nxt.name} already in the chain"
+            break
+        if nxt in taken:  # e.g. two chains that meet: the earlier one holds the meeting node
+            stop = f"{nxt.name} belongs to an earlier chain"
             break
         try:
             stage = classify(nxt, ctx)

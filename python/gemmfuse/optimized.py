@@ -1,0 +1,157 @@
+"""``optimize(model, example_inputs, precision)``: the model traced with torch.fx, every
+``Linear -> stages`` chain (capture/) the C++ planner takes on the example inputs replaced by
+one ``_run_chain`` call (rewrite.py), everything else left to PyTorch. The result, a
+``GemmfuseModule``, shares the model's Parameters, buffers and submodules (the same objects,
+the same ``state_dict`` keys), follows ``.train()``/``.eval()`` and has the model's forward
+signature.
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.fx as fx
+import torch.nn as nn
+
+from . import _lib, direct
+from .capture import CaptureReport, InfoProp, find_chains
+from .reports import ChainEntry, OptimizeReport, compiled_graphs
+from .rewrite import example_tensor, rewrite_chain
+from .runtime import PRECISIONS, _run_chain
+
+class GemmfuseModule(fx.GraphModule):
+    """The optimized module: a GraphModule that keeps exactly the model's parameters, buffers
+    and children (GraphModule alone keeps only what its graph reads) also through deepcopy."""
+
+    def __deepcopy__(self, memo):
+        res = super().__deepcopy__(memo)
+        for k in ("_parameters", "_buffers", "_modules"):
+            d = getattr(res, k)
+            d.clear()
+            d.update(copy.deepcopy(getattr(self, k), memo))
+        res._non_persistent_buffers_set = set(self._non_persistent_buffers_set)
+        for k, v in self.__dict__.items():
+            if k not in res.__dict__:
+                res.__dict__[k] = copy.deepcopy(v, memo)
+        res.training = self.training
+        return res
+
+
+def _share_state(gm: fx.GraphModule, model: nn.Module):
+    """Make gm hold exactly the model's parameters, buffers and children (same objects, same
+    order), so state_dict keys and tensors are the model's."""
+    plain = {}
+    for n in gm.graph.nodes:
+        if n.op == "get_attr":
+            atom = n.target.split(".")[0]
+            if atom not in model._parameters and atom not in model._buffers and atom not in model._modules:
+                plain[atom] = getattr(model, atom)
+    gm._parameters.clear()
+    gm._parameters.update(model._parameters)
+    gm._buffers.clear()
+    gm._buffers.update(model._buffers)
+    gm._non_persistent_buffers_set = set(model._non_persistent_buffers_set)
+    gm._modules.clear()
+    gm._modules.update(model._modules)
+    for k, v in plain.items():
+        gm.__dict__[k] = v
+    gm.training = model.training
+
+
+def _propagate(gm: fx.GraphModule, inputs: tuple):
+    """Run the traced model once on the example inputs for shapes; undo its side effects on
+    buffers (BatchNorm running statistics) and on the RNG."""
+    saved = [(b, b.detach().clone()) for b in gm.buffers()]
+    devices = sorted({t.device.index or 0 for t in list(inputs) + [p for p in gm.parameters()]
+                      if isinstance(t, torch.Tensor) and t.device.type == "cuda"})
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=devices):
+            InfoProp(gm).run(*[t.clone() if isinstance(t, torch.Tensor) else t for t in inputs])
+    finally:
+        with torch.no_grad():
+            for b, v in saved:
+                b.copy_(v)
+
+
+def optimize(model: nn.Module, example_inputs, precision: str = "fp32") -> fx.GraphModule:
+    """Return ``model`` with every fusable ``Linear -> stages`` chain running as one gemmfuse op.
+
+    ``example_inputs``: a tensor or a tuple of the forward's positional arguments (used once,
+    to learn shapes; the model's buffers and the RNG are left as they were).
+    ``precision``: "fp32" (default, SGEMM-faithful), "fast" (split precision on tensor cores,
+    within 1e-4 of float64) or "tf32".
+    """
+    if precision not in PRECISIONS:
+        raise ValueError(f"gemmfuse.optimize: precision must be one of {PRECISIONS}, got {precision!r}")
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"gemmfuse.optimize expects an nn.Module, got {type(model).__name__}")
+    if getattr(model, "_gemmfuse", None) is not None:
+        raise ValueError("gemmfuse.optimize: this module is already optimized")
+    if isinstance(example_inputs, torch.Tensor):
+        example_inputs = (example_inputs,)
+    example_inputs = tuple(example_inputs)
+    _lib.load()
+    try:
+        tracer = fx.Tracer()
+        graph = tracer.trace(model)
+        name = model.__class__.__name__ if isinstance(model, nn.Module) else "Module"
+        gm = GemmfuseModule(tracer.root, graph, name)
+    except Exception as e:  # noqa: BLE001 - any tracing failure
+        raise RuntimeError(
+            f"gemmfuse.optimize: torch.fx.symbolic_trace failed on {type(model).__name__} "
+            f"({type(e).__name__}: {e}). Models with data-dependent control flow can use "
+            f"torch.compile(model, backend='gemmfuse') instead.") from e
+    _share_state(gm, model)
+    _propagate(gm, example_inputs)
+
+    report = OptimizeReport(precision=precision, flavor="fx")
+    cap: CaptureReport = find_chains(gm, "fx", check=_lib.check)
+    report.rejected = list(cap.rejected)
+    remap: dict = {}
+    for chain in cap.chains:
+        flags = tuple(bool(gm.get_submodule(q).training) for q in chain.mode_modules)
+        spec = chain.spec(flags)
+        entry = ChainEntry(index=chain.index, linear=chain.linear.name,
+                           nodes=chain.describe_nodes(), stop=chain.stop, spec=spec,
+                           status="pytorch", mode_modules=list(chain.mode_modules))
+        report.entries.append(entry)
+        try:
+            x = example_tensor(gm, chain.x)
+            w = example_tensor(gm, chain.weight)
+            b = example_tensor(gm, chain.bias) if chain.bias is not None else None
+            ops = [example_tensor(gm, s) for s in chain.operands]
+            st = [example_tensor(gm, s) for s in chain.state]
+            entry.example = {"x": list(x.shape), "operands": [list(t.shape) for t in ops]}
+            ops = [t.to(x.dtype) if t.dtype != x.dtype else t for t in ops]
+            entry.plan = _lib.describe(spec, x, w, b, ops, st, precision)
+        except (RuntimeError, ValueError, AttributeError, TypeError) as e:
+            entry.reason = (_lib.unsupported_reason(e) if _lib.is_unsupported(e)
+                            else f"describe failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+            continue
+        attr = f"_gemmfuse_chain_{chain.index}"
+        rewrite_chain(gm, chain, precision, remap, attr)
+        entry.status = "fused"
+        entry.attr = attr
+    gm.recompile()
+    gm._gemmfuse = report
+    direct.install(gm, _run_chain)
+    return gm
+
+
+def runtimes(module: nn.Module) -> list:
+    """The ChainRuntime objects of an optimized module, by chain index; of a module compiled
+    with backend="gemmfuse", those of every graph compiled for it (reports.compiled_graphs)."""
+    rep = getattr(module, "_gemmfuse", None)
+    if rep is None:
+        return [rt for gm in compiled_graphs(module) for rt in runtimes(gm)]
+    return [getattr(module, e.attr) for e in rep.entries if e.attr]
+
+
+def weights_changed(module: nn.Module) -> None:
+    """Tell gemmfuse that ``module``'s parameters or buffers were written behind autograd's back
+    (``p.data.copy_(...)`` and other writes through ``.data`` do not bump ``_version``, which
+    the C++ preparation cache keys on). Bumps every version counter, so prepared weights
+    (column sums, folded BatchNorm, split-precision parts) are rebuilt on the next call."""
+    for t in list(module.parameters()) + list(module.buffers()):
+        if not t.is_inference():
+            torch.autograd.graph.increment_version(t)

@@ -1,0 +1,262 @@
+"""The runtime of one fused chain: ``ChainRuntime`` checks each call's inputs and runs the
+fused op, or the chain's own PyTorch nodes for anything the fused op must not see (wrong dtype,
+shape or device, autograd recording, a shape the planner refuses or routes to PyTorch), so
+errors and results are PyTorch's own. Every such fallback is counted with its reason
+(``explain`` shows them).
+"""
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Optional
+
+import torch
+import torch.fx as fx
+
+from . import _lib
+
+PRECISIONS = ("fp32", "fast", "tf32")
+_BN_MSG = "Expected more than 1 value per channel when training"
+
+
+def always_fuse() -> bool:
+    """GEMMFUSE_ALWAYS_FUSE=1 runs every chain the planner takes fused, also where it expects
+    PyTorch to be faster (the CPU tests use it to exercise the CPU executor)."""
+    return os.environ.get("GEMMFUSE_ALWAYS_FUSE") == "1"
+
+
+def _call_module(mod, *args, **kwargs):
+    """The fallback graphs' stand-in for call_module: the module is an input, not an attribute."""
+    return mod(*args, **kwargs)
+
+
+# --------------------------------------------------------------------------------------------
+# The runtime of one chain.
+
+
+class ChainRuntime:
+    """Everything one fused chain needs at call time. Lives as a plain attribute of the
+    optimized GraphModule (not a submodule: it holds no parameters and adds no state_dict
+    keys); the graph passes it, and the chain's inputs, to ``_run_chain``."""
+
+    def __init__(self, index: int, specs: dict, x_idx: int, w_idx: int, b_idx: Optional[int],
+                 op_idx: list, st_idx: list, mode_idx: list, mode_names: list, precision: str,
+                 fallback: fx.GraphModule, in_features: int, x_rank: Optional[int] = None,
+                 guards: tuple = ()):
+        self.index = index
+        self.specs = specs                # training flags tuple -> spec text
+        self.x_idx, self.w_idx, self.b_idx = x_idx, w_idx, b_idx
+        self.op_idx, self.st_idx, self.mode_idx = list(op_idx), list(st_idx), list(mode_idx)
+        self.mode_names = list(mode_names)
+        self.precision = precision
+        self.fallback = fallback          # the original nodes, inputs as arguments
+        self.in_features = in_features
+        self.x_rank = x_rank              # dims were normalised for this input rank
+        # (input index, compile-time value, name): numbers the graph passes at run time that
+        # the specs hold as constants (Chain.guards); a call that brings another value runs
+        # in PyTorch.
+        self.guards = tuple(guards)
+        self.bn_training = {f: ("batch_norm training=1" in s) for f, s in specs.items()}
+        # Statistics (eager calls only).
+        self.fused_calls = 0
+        self.fallbacks: dict = {}         # reason -> count
+        self.refused: dict = {}           # (shape, dtype, device, flags) -> planner's reason
+        # The input signatures of fused calls, latest last (explain prints the plan at each;
+        # plans change with the shape). Recorded off the fast path: a new signature takes the
+        # checked call.
+        self.seen: dict = {}              # (shape, dtype, device, flags) -> None
+        self._warned = False
+        self._fast = None                 # (shape, dtype, device, flags, spec) of the last fused call
+        self._routed = None               # (shape, dtype, device, flags, reason) of the last call
+        #                                   the planner routed to PyTorch
+        # The C++ binding behind the OpOverload (its __call__ only forwards to it): one Python
+        # frame less per call, which matters for calls as short as m18's (~10 us).
+        self._op = torch.ops.gemmfuse.run.default._op
+
+    # -- pickling: the C++ binding and the per-process caches are rebuilt, not saved ----------
+    _TRANSIENT = ("_op", "_fast", "_routed", "refused")
+
+    def __getstate__(self):
+        return {k: v for k, v in self.__dict__.items() if k not in self._TRANSIENT}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._fast = self._routed = None
+        self.refused = {}
+        _lib.load()
+        self._op = torch.ops.gemmfuse.run.default._op
+
+    # -- helpers ---------------------------------------------------------------------------
+    def flags(self, inputs) -> tuple:
+        return tuple(bool(inputs[i].training) for i in self.mode_idx)
+
+    def spec(self, flags: tuple) -> str:
+        return self.specs[flags]
+
+    SEEN_MAX = 8  # input signatures kept for explain
+
+    def _saw(self, key: tuple):
+        self.seen.pop(key, None)
+        self.seen[key] = None
+        if len(self.seen) > self.SEEN_MAX:
+            del self.seen[next(iter(self.seen))]
+
+    def _changed_number(self, inputs):
+        """The name of the first guarded number that differs from its compile-time value."""
+        for i, v, name in self.guards:
+            now = inputs[i]
+            if not (now == v or (now != now and v != v)):  # NaN stays NaN
+                return name
+        return None
+
+    def _record(self, reason: str):
+        self.fallbacks[reason] = self.fallbacks.get(reason, 0) + 1
+
+    def _pytorch(self, inputs, reason: str):
+        self._record(reason)
+        return self.fallback(*inputs)
+
+    # -- the traced path (torch.compile / torch.export of the optimized module) --------------
+    def traced(self, inputs):
+        flags = tuple(bool(inputs[i].training) for i in self.mode_idx)
+        spec = self.specs[flags]
+        x = inputs[self.x_idx]
+        w = inputs[self.w_idx]
+        b = None if self.b_idx is None else inputs[self.b_idx]
+        ops = []
+        for i in self.op_idx:
+            t = inputs[i]
+            if t.dtype != x.dtype:
+                t = t.to(x.dtype)
+            ops.append(t.contiguous())
+        state = [inputs[i] for i in self.st_idx]
+        return torch.ops.gemmfuse.run(spec, x.contiguous(), w, b, ops, state, self.precision)
+
+    # -- the eager path ------------------------------------------------------------------------
+    def __call__(self, inputs):
+        # Fast path: the same input signature and modes as the last fused call, under no
+        # autograd. Skips the checks below; what could still differ (an operand moved or cast)
+        # the C++ op checks itself and raises PyTorch's own error for.
+        fast = self._fast
+        if fast is not None:
+            x = inputs[self.x_idx]
+            if self._same_signature(x, inputs, fast):
+                b = None if self.b_idx is None else inputs[self.b_idx]
+                op_idx, st_idx = self.op_idx, self.st_idx
+                # () for an empty list: no allocation (a list is a GC-tracked object each call)
+                out = self._op(fast[4], x if x.is_contiguous() else x.contiguous(),
+                               inputs[self.w_idx], b,
+                               [inputs[i] for i in op_idx] if op_idx else (),
+                               [inputs[i] for i in st_idx] if st_idx else (), self.precision)
+                self.fused_calls += 1
+                return out
+        routed = self._routed
+        if routed is not None and self._same_signature(inputs[self.x_idx], inputs, routed):
+            self.fallbacks[routed[4]] += 1
+            return self.fallback.forward(*inputs)
+        return self._checked_call(inputs)
+
+    def _same_signature(self, x, inputs, sig) -> bool:
+        """Whether a call has the signature (shape, dtype, device, training flags) of `sig`,
+        no autograd recording and its guarded numbers unchanged."""
+        return (type(x) is torch.Tensor and x.shape == sig[0] and x.dtype == sig[1]
+                and x.device == sig[2] and not torch.is_grad_enabled()
+                and (not self.mode_idx or self.flags(inputs) == sig[3])
+                and (not self.guards or self._changed_number(inputs) is None))
+
+    def _checked_call(self, inputs):
+        x = inputs[self.x_idx]
+        w = inputs[self.w_idx]
+        b = None if self.b_idx is None else inputs[self.b_idx]
+        if not isinstance(x, torch.Tensor):
+            return self._pytorch(inputs, "the input is not a tensor")
+        if x.device != w.device:
+            raise RuntimeError(
+                f"gemmfuse: Expected all tensors to be on the same device, but the input is on "
+                f"{x.device} and the Linear weight on {w.device} (chain {self.index}); move the "
+                f"input or the model with .to(device)")
+        if x.dtype != w.dtype or not x.is_floating_point():
+            return self._pytorch(inputs, f"input dtype {x.dtype} != weight dtype {w.dtype}")
+        changed = self._changed_number(inputs) if self.guards else None
+        if changed is not None:
+            return self._pytorch(inputs, f"{changed} differs from its value at compile time, "
+                                         f"which the fused chain holds")
+        if x.dim() == 0 or x.shape[-1] != self.in_features:
+            return self._pytorch(inputs, f"input shape {list(x.shape)} does not end in {self.in_features}")
+        if self.x_rank is not None and x.dim() != self.x_rank:
+            return self._pytorch(inputs, f"input rank {x.dim()} differs from the example's "
+                                         f"{self.x_rank} (dims were resolved for it)")
+        flags = tuple(bool(inputs[i].training) for i in self.mode_idx)
+        ops, state = [], []
+        for i in self.op_idx:
+            t = inputs[i]
+            if not isinstance(t, torch.Tensor):
+                return self._pytorch(inputs, "an operand is not a tensor")
+            if t.device != x.device:
+                if t.dim() == 0 and t.device.type == "cpu":
+                    t = t.to(x.device)
+                else:
+                    return self._pytorch(inputs, f"operand on {t.device}, input on {x.device}")
+            if t.dtype != x.dtype:
+                t = t.to(x.dtype)
+            ops.append(t.contiguous())
+        for i in self.st_idx:
+            t = inputs[i]
+            if t.device != x.device or not t.is_contiguous():
+                return self._pytorch(inputs, f"state tensor on {t.device} or not contiguous")
+            state.append(t)
+        if b is not None and (b.device != x.device or b.dtype != x.dtype):
+            return self._pytorch(inputs, "bias device/dtype differs from the input's")
+        if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad or
+                                        (b is not None and b.requires_grad) or
+                                        any(t.requires_grad for t in ops)):
+            if not self._warned:
+                self._warned = True
+                warnings.warn(
+                    "gemmfuse: autograd is recording and the chain's inputs require grad, so the "
+                    "chain runs in PyTorch (the fused op has no backward). Call the module under "
+                    "torch.no_grad() or torch.inference_mode() to run it fused.", stacklevel=3)
+            return self._pytorch(inputs, "autograd is recording (run under torch.no_grad() to fuse)")
+        if x.numel() == 0 and self.bn_training[flags]:
+            return self._pytorch(inputs, "empty batch with a training BatchNorm")
+        key = (tuple(x.shape), x.dtype, x.device, flags)
+        if key in self.refused:
+            return self._pytorch(inputs, self.refused[key])
+        spec = self.specs[flags]
+        if not x.is_contiguous():
+            x = x.contiguous()
+        try:
+            if key not in self.seen and not always_fuse():
+                # The planner's word on a new signature: where PyTorch runs the chain faster
+                # (e.g. transcendental ops on the CPU), the call runs there.
+                why = torch.ops.gemmfuse.route(spec, x, w, b, ops, state, self.precision)
+                if why:
+                    reason = f"PyTorch is faster at shape {list(x.shape)} on {x.device.type}: {why}"
+                    self.refused[key] = reason
+                    self._routed = key + (reason,)
+                    return self._pytorch(inputs, reason)
+            out = torch.ops.gemmfuse.run(spec, x, w, b, ops, state, self.precision)
+        except (RuntimeError, ValueError) as e:
+            if _lib.is_unsupported(e):
+                reason = f"planner refused shape {list(x.shape)} flags {flags}: {_lib.unsupported_reason(e)}"
+                self.refused[key] = reason
+                return self._pytorch(inputs, reason)
+            if _BN_MSG in str(e):
+                # PyTorch raises ValueError here; let the original nodes raise it verbatim.
+                self._record("training BatchNorm with one value per channel")
+                self.fallback(*inputs)  # PyTorch raises its own ValueError here, verbatim
+                raise ValueError(str(e).splitlines()[0]) from None
+            raise
+        self.fused_calls += 1
+        self._saw(key)
+        if (all(o is inputs[i] for o, i in zip(ops, self.op_idx))
+                and all(t is inputs[i] for t, i in zip(state, self.st_idx))):
+            self._fast = (x.shape, x.dtype, x.device, flags, spec)
+        return out
+
+
+def _run_chain(rt: ChainRuntime, inputs: list):
+    """The call_function target that replaces a chain in the graph."""
+    if torch.compiler.is_compiling():
+        return rt.traced(inputs)
+    return rt(inputs)

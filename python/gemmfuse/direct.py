@@ -24,7 +24,7 @@ _tracing_state = torch._C._get_tracing_state
 _DICTS = ("_parameters", "_buffers", "_modules")
 
 
-def _global_hooks() -> bool:
+def global_hooks() -> bool:
     return bool(_nn_module._global_forward_pre_hooks or _nn_module._global_forward_hooks
                 or _nn_module._global_backward_pre_hooks or _nn_module._global_backward_hooks)
 
@@ -129,18 +129,21 @@ def _plan(gm: fx.GraphModule, run_chain) -> _Direct | None:
 
 def _direct_call(self, *args, **kwargs):
     """The ``__call__`` install gives a class: the chain runtime straight from the module
-    dictionaries when the call allows it, else the normal path, which is nn.Module's own
-    ``__call__`` (hooks, then the generated forward) rather than fx's wrapper (that one
-    dispatches through ``super()`` and would come back here)."""
+    dictionaries when the call allows it, else the normal path: the ``__call__`` of the
+    class's base (the optimized module's, which checks what tracing read and then calls
+    nn.Module's: hooks, then the generated forward), not fx's wrapper (that one dispatches
+    through ``super()`` and would come back here)."""
     sd = self.__dict__  # instance attributes read from the dict: no MRO walk per lookup
     d = sd.get("_gemmfuse_direct")
+    watch = sd.get("_gemmfuse_watch")
     if (d is not None and not kwargs and len(args) == d.nargs and not _hooked(sd)
-            and not _global_hooks() and not _is_compiling() and not _tracing_state()):
+            and not global_hooks() and not _is_compiling() and not _tracing_state()
+            and (watch is None or watch.changed() is None)):
         rt = sd.get(d.rt_attr)
         inputs = d.inputs(self, args) if rt is not None else None
         if inputs is not None:
             return rt(inputs)
-    return nn.Module.__call__(self, *args, **kwargs)
+    return super(type(self), self).__call__(*args, **kwargs)
 
 
 def install(gm: fx.GraphModule, run_chain) -> bool:

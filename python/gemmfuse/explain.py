@@ -87,6 +87,9 @@ def explain_text(module) -> str:
     fused = [e for e in rep.entries if e.status == "fused"]
     out = [f"gemmfuse: {len(fused)} of {len(rep.entries)} chain(s) fused "
            f"(precision {rep.precision}, {rep.flavor} capture)"]
+    if rep.retraced:
+        out.append(f"traced again {len(rep.retraced)} time(s), because these changed since the "
+                   f"previous trace: " + ", ".join(rep.retraced))
     if direct.active(module):
         out.append("call path: direct (the whole forward is one fused chain; hooks, keyword "
                    "arguments, tracing and compiling take the normal module call)")

@@ -18,44 +18,131 @@ from .capture import CaptureReport, InfoProp, find_chains
 from .reports import ChainEntry, OptimizeReport, compiled_graphs
 from .rewrite import example_tensor, rewrite_chain
 from .runtime import PRECISIONS, _run_chain
+from .watch import AttributeWatch
 
 class GemmfuseModule(fx.GraphModule):
-    """The optimized module: a GraphModule that keeps exactly the model's parameters, buffers
-    and children (GraphModule alone keeps only what its graph reads) also through deepcopy."""
+    """The optimized module: a GraphModule that holds exactly the model's parameters, buffers
+    and children (the model's own dictionaries, so that assigning through either module
+    changes both), reads and writes the model's plain attributes through to it, and traces the
+    model again when something tracing read from it has changed (watch.py)."""
+
+    def __call__(self, *args, **kwargs):
+        d = self.__dict__
+        watch = d.get("_gemmfuse_watch")
+        if watch is not None:
+            what = watch.changed()
+            if what is not None:
+                self._gemmfuse_retrace(args, kwargs, what)
+        return super().__call__(*args, **kwargs)
+
+    def __getattr__(self, name):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            source = self.__dict__.get("_gemmfuse_source")
+            if source is not None and name in source.__dict__ and not name.startswith("_"):
+                return source.__dict__[name]
+            raise
+
+    def __setattr__(self, name, value):
+        source = self.__dict__.get("_gemmfuse_source")
+        if (source is not None and not name.startswith("_") and name != "training"
+                and name in source.__dict__ and name not in self.__dict__):
+            setattr(source, name, value)  # the model's own attribute: the watch sees the change
+            return
+        super().__setattr__(name, value)
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        source = self.__dict__.get("_gemmfuse_source")
+        if source is not None:
+            source.training = mode  # its children are this module's, already switched
+        return self
+
+    def _gemmfuse_retrace(self, args, kwargs, what: str):
+        """Optimize the model again with this call's arguments and take the result's graph,
+        chains and report: tracing read something (`what`) that has changed."""
+        source = self.__dict__["_gemmfuse_source"]
+        if kwargs:
+            raise RuntimeError(f"gemmfuse: {what} changed since optimize, and the module must "
+                               f"be traced again with positional arguments only")
+        new = optimize(source, args, self._gemmfuse.precision)
+        new._gemmfuse.retraced = self._gemmfuse.retraced + [what]
+        _adopt(self, new)
+
+    def __reduce__(self):
+        """Pickled as the model it was made from, its precision and its example inputs'
+        shapes: unpickling optimizes the model again."""
+        d = self.__dict__
+        return (_unpickle, (d["_gemmfuse_source"], d["_gemmfuse"].precision,
+                            d["_gemmfuse_examples"]))
 
     def __deepcopy__(self, memo):
         res = super().__deepcopy__(memo)
         for k in ("_parameters", "_buffers", "_modules"):
-            d = getattr(res, k)
-            d.clear()
-            d.update(copy.deepcopy(getattr(self, k), memo))
+            res.__dict__[k] = copy.deepcopy(self.__dict__[k], memo)
         res._non_persistent_buffers_set = set(self._non_persistent_buffers_set)
         for k, v in self.__dict__.items():
             if k not in res.__dict__:
                 res.__dict__[k] = copy.deepcopy(v, memo)
-        res.training = self.training
+        res.__dict__["training"] = self.training
+        direct.install(res, _run_chain)
         return res
 
 
+def _adopt(gm: GemmfuseModule, new: GemmfuseModule):
+    """Give gm new's graph, chain runtimes, report and watch (both hold the same model's state;
+    gm keeps its own hooks)."""
+    for k in [k for k in gm.__dict__ if k.startswith("_gemmfuse")]:
+        del gm.__dict__[k]
+    own = {"_graph", "_wrapped_call", "_gemmfuse_direct", "training"}
+    for k, v in new.__dict__.items():
+        if k in own or k.startswith("_forward") or k.startswith("_backward"):
+            continue
+        gm.__dict__[k] = v
+    gm.graph = new.graph  # takes ownership and recompiles gm's forward
+    direct.install(gm, _run_chain)
+
+
+def _example_record(v):
+    if isinstance(v, torch.Tensor):
+        return ("tensor", tuple(v.shape), v.dtype, v.device)
+    return ("value", v)
+
+
+def _unpickle(model: nn.Module, precision: str, examples: list) -> "GemmfuseModule":
+    params = [t for t in list(model.parameters()) + list(model.buffers())]
+    home = params[0].device if params else None
+    args = []
+    for rec in examples:
+        if rec[0] == "value":
+            args.append(rec[1])
+            continue
+        _, shape, dtype, device = rec
+        if home is not None and device.type != home.type:
+            device = home  # loaded with map_location: follow the model
+        make = torch.rand if dtype.is_floating_point else torch.zeros
+        args.append(make(shape, dtype=dtype, device=device))
+    return optimize(model, tuple(args), precision)
+
+
 def _share_state(gm: fx.GraphModule, model: nn.Module):
-    """Make gm hold exactly the model's parameters, buffers and children (same objects, same
-    order), so state_dict keys and tensors are the model's."""
+    """Make gm hold exactly the model's parameters, buffers and children: the model's own
+    dictionaries (same objects, same order), so state_dict keys and tensors are the model's
+    and assigning a parameter or submodule through either module changes both."""
     plain = {}
     for n in gm.graph.nodes:
         if n.op == "get_attr":
             atom = n.target.split(".")[0]
             if atom not in model._parameters and atom not in model._buffers and atom not in model._modules:
                 plain[atom] = getattr(model, atom)
-    gm._parameters.clear()
-    gm._parameters.update(model._parameters)
-    gm._buffers.clear()
-    gm._buffers.update(model._buffers)
-    gm._non_persistent_buffers_set = set(model._non_persistent_buffers_set)
-    gm._modules.clear()
-    gm._modules.update(model._modules)
+    gm.__dict__["_parameters"] = model._parameters
+    gm.__dict__["_buffers"] = model._buffers
+    gm.__dict__["_non_persistent_buffers_set"] = model._non_persistent_buffers_set
+    gm.__dict__["_modules"] = model._modules
     for k, v in plain.items():
         gm.__dict__[k] = v
-    gm.training = model.training
+    gm.__dict__["training"] = model.training
 
 
 def _propagate(gm: fx.GraphModule, inputs: tuple):
@@ -133,7 +220,11 @@ def optimize(model: nn.Module, example_inputs, precision: str = "fp32") -> fx.Gr
         entry.status = "fused"
         entry.attr = attr
     gm.recompile()
-    gm._gemmfuse = report
+    d = gm.__dict__  # plain entries: nn.Module.__setattr__ would register the model as a child
+    d["_gemmfuse"] = report
+    d["_gemmfuse_source"] = model
+    d["_gemmfuse_examples"] = [_example_record(v) for v in example_inputs]
+    d["_gemmfuse_watch"] = AttributeWatch(model)
     direct.install(gm, _run_chain)
     return gm
 

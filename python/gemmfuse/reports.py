@@ -33,6 +33,8 @@ class OptimizeReport:
     # (compiled_graphs finds a compiled module's graphs by them).
     graph: Any = None
     params: list = field(default_factory=list)
+    # fx flavour: what made the module trace the model again, one entry per time
+    retraced: list = field(default_factory=list)
 
 
 # The torch.compile backend's most recent compilations, newest last.

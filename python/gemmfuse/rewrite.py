@@ -48,12 +48,13 @@ def rewrite_chain(gm: fx.GraphModule, chain: Chain, precision: str, remap: dict,
             sources.append(src)
         return index[k]
 
+    module_idx = []  # the modules the chain replaces: their hooks send calls to the fallback
     for n in chain_nodes:
         for a in _flatten_nodes((n.args, n.kwargs)):
             if a not in chain_set:
                 add(a)
         if n.op == "call_module":
-            add(AttrRef(n.target))
+            module_idx.append((add(AttrRef(n.target)), n.target))
     x_idx = add(chain.x)
     w_idx = add(chain.weight)
     b_idx = add(chain.bias) if chain.bias is not None else None
@@ -87,7 +88,8 @@ def rewrite_chain(gm: fx.GraphModule, chain: Chain, precision: str, remap: dict,
     xinf = node_info(chain.x)
     rt = ChainRuntime(chain.index, specs, x_idx, w_idx, b_idx, op_idx, st_idx, mode_idx,
                       list(chain.mode_modules), precision, fallback, chain.in_features,
-                      xinf.rank if isinstance(xinf, TInfo) else None, guards)
+                      xinf.rank if isinstance(xinf, TInfo) else None, guards,
+                      dict(module_idx))
     rt.example_sources = [example_record(src) for src in sources]
     setattr(gm, attr_name, rt)
 

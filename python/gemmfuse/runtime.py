@@ -14,6 +14,7 @@ import torch
 import torch.fx as fx
 
 from . import _lib
+from .direct import global_hooks
 
 PRECISIONS = ("fp32", "fast", "tf32")
 _BN_MSG = "Expected more than 1 value per channel when training"
@@ -42,12 +43,16 @@ class ChainRuntime:
     def __init__(self, index: int, specs: dict, x_idx: int, w_idx: int, b_idx: Optional[int],
                  op_idx: list, st_idx: list, mode_idx: list, mode_names: list, precision: str,
                  fallback: fx.GraphModule, in_features: int, x_rank: Optional[int] = None,
-                 guards: tuple = ()):
+                 guards: tuple = (), module_idx=None):
         self.index = index
         self.specs = specs                # training flags tuple -> spec text
         self.x_idx, self.w_idx, self.b_idx = x_idx, w_idx, b_idx
         self.op_idx, self.st_idx, self.mode_idx = list(op_idx), list(st_idx), list(mode_idx)
         self.mode_names = list(mode_names)
+        # The inputs that are modules the chain replaces (the Linear, activations, norms): while
+        # one of them has hooks, calls run the fallback, which calls the modules (hooks and all).
+        self.module_names = dict(module_idx or {})  # input index -> the module's qualified name
+        self.module_idx = tuple(self.module_names)
         self.precision = precision
         self.fallback = fallback          # the original nodes, inputs as arguments
         self.in_features = in_features
@@ -114,7 +119,7 @@ class ChainRuntime:
 
     def _pytorch(self, inputs, reason: str):
         self._record(reason)
-        return self.fallback(*inputs)
+        return self.fallback.forward(*inputs)
 
     # -- the traced path (torch.compile / torch.export of the optimized module) --------------
     def traced(self, inputs):
@@ -162,7 +167,19 @@ class ChainRuntime:
         return (type(x) is torch.Tensor and x.shape == sig[0] and x.dtype == sig[1]
                 and x.device == sig[2] and not torch.is_grad_enabled()
                 and (not self.mode_idx or self.flags(inputs) == sig[3])
-                and (not self.guards or self._changed_number(inputs) is None))
+                and (not self.guards or self._changed_number(inputs) is None)
+                and (not self.module_idx or self._hooked(inputs) is None)
+                and not global_hooks())
+
+    def _hooked(self, inputs):
+        """The input index of the first module of the chain with a forward or backward hook,
+        or None."""
+        for i in self.module_idx:
+            m = inputs[i].__dict__
+            if (m.get("_forward_hooks") or m.get("_forward_pre_hooks")
+                    or m.get("_backward_hooks") or m.get("_backward_pre_hooks")):
+                return i
+        return None
 
     def _checked_call(self, inputs):
         x = inputs[self.x_idx]
@@ -177,6 +194,12 @@ class ChainRuntime:
                 f"input or the model with .to(device)")
         if x.dtype != w.dtype or not x.is_floating_point():
             return self._pytorch(inputs, f"input dtype {x.dtype} != weight dtype {w.dtype}")
+        hooked = self._hooked(inputs) if self.module_idx else None
+        if hooked is not None or global_hooks():
+            what = (f"module '{self.module_names[hooked]}'" if hooked is not None
+                    else "every module (global hooks)")
+            return self._pytorch(inputs, f"hooks on the {what}: the chain runs in PyTorch so "
+                                         f"that they run")
         changed = self._changed_number(inputs) if self.guards else None
         if changed is not None:
             return self._pytorch(inputs, f"{changed} differs from its value at compile time, "
@@ -244,7 +267,7 @@ class ChainRuntime:
             if _BN_MSG in str(e):
                 # PyTorch raises ValueError here; let the original nodes raise it verbatim.
                 self._record("training BatchNorm with one value per channel")
-                self.fallback(*inputs)  # PyTorch raises its own ValueError here, verbatim
+                self.fallback.forward(*inputs)  # PyTorch raises its own ValueError here, verbatim
                 raise ValueError(str(e).splitlines()[0]) from None
             raise
         self.fused_calls += 1

@@ -58,6 +58,10 @@ class InfoProp(fx.Interpreter):
         n.meta["gemmfuse_info"] = info_of_value(result)
         return result
 
+    def call_module(self, target, args, kwargs):
+        # The module's forward without its hooks: learning shapes must not run user hooks.
+        return self.fetch_attr(target).forward(*args, **kwargs)
+
 
 # --------------------------------------------------------------------------------------------
 # Operand references inside a stage.

@@ -50,7 +50,7 @@ def gemmfuse_backend(gm: fx.GraphModule, example_inputs, options=None, mode=None
     fused = 0
     for chain in cap.chains:
         entry = ChainEntry(index=chain.index, linear=chain.linear.name,
-                           nodes=chain.describe_nodes(), stop=chain.stop, spec=chain.spec(()),
+                           nodes=chain.describe_nodes(), stop=chain.stop, form=chain.form, spec=chain.spec(()),
                            status="pytorch")
         report.entries.append(entry)
         if grad:

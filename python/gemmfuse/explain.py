@@ -15,6 +15,7 @@ import torch
 
 from . import _lib, direct
 from .reports import compiled_graphs
+from .dynamo_module import GemmfuseDynamoModule
 from .optimized import optimize
 from .rewrite import example_from_record
 
@@ -38,7 +39,8 @@ def _describe_with_example(module, rt, spec, x=None):
           for i, r in enumerate(rt.example_sources)]
     x = ts[rt.x_idx] if x is None else x
     ops = [ts[i].to(x.dtype) for i in rt.op_idx]
-    return _lib.describe(spec, x, ts[rt.w_idx], None if rt.b_idx is None else ts[rt.b_idx], ops,
+    w = ts[rt.w_idx].t().contiguous() if rt.weight_kn else ts[rt.w_idx]
+    return _lib.describe(spec, x, w, None if rt.b_idx is None else ts[rt.b_idx], ops,
                          [ts[i] for i in rt.st_idx], rt.precision)
 
 
@@ -95,7 +97,7 @@ def explain_text(module) -> str:
                    "arguments, tracing and compiling take the normal module call)")
     for e in rep.entries:
         rt = getattr(module, e.attr) if e.attr else None
-        head = f"chain {e.index} (from {e.linear}): "
+        head = f"chain {e.index} (from {e.linear}, {e.form}): "
         head += "FUSED" if e.status == "fused" else f"left in PyTorch: {e.reason}"
         out.append("")
         out.append(head)
@@ -152,7 +154,8 @@ def explain(module, example_inputs=None, precision: str = "fp32", print_it: bool
     (its graphs). Returns the text; prints it too (with rich, when installed) unless
     ``print_it=False``."""
     optimized = getattr(module, "_gemmfuse", None) is not None
-    compiled = hasattr(module, "_orig_mod")  # torch.compile's wrapper
+    through_dynamo = isinstance(module, GemmfuseDynamoModule)
+    compiled = hasattr(module, "_orig_mod") or through_dynamo  # torch.compile's wrapper
     if (optimized or compiled) and example_inputs is not None:
         raise ValueError(f"gemmfuse.explain: the module is already "
                          f"{'optimized' if optimized else 'compiled'}, so example_inputs would "
@@ -164,6 +167,10 @@ def explain(module, example_inputs=None, precision: str = "fp32", print_it: bool
         graphs = compiled_graphs(module) if example_inputs is None else []
         if graphs:
             text = compiled_text(graphs)
+            if through_dynamo:
+                text = (f"optimize: torch.fx could not trace {type(module.__dict__['_gemmfuse_source']).__name__} "
+                        f"({module.__dict__['_gemmfuse_why_not_fx']}), so it was captured through "
+                        f"torch.compile with the gemmfuse backend\n" + text)
         elif example_inputs is None:
             raise ValueError(
                 "gemmfuse.explain: no gemmfuse compilation of this module found (a module "

@@ -19,6 +19,7 @@ from .reports import ChainEntry, OptimizeReport, compiled_graphs
 from .rewrite import example_tensor, rewrite_chain
 from .runtime import PRECISIONS, _run_chain
 from .watch import AttributeWatch
+from .dynamo_module import GemmfuseDynamoModule
 
 class GemmfuseModule(fx.GraphModule):
     """The optimized module: a GraphModule that holds exactly the model's parameters, buffers
@@ -172,7 +173,7 @@ def optimize(model: nn.Module, example_inputs, precision: str = "fp32") -> fx.Gr
         raise ValueError(f"gemmfuse.optimize: precision must be one of {PRECISIONS}, got {precision!r}")
     if not isinstance(model, nn.Module):
         raise TypeError(f"gemmfuse.optimize expects an nn.Module, got {type(model).__name__}")
-    if getattr(model, "_gemmfuse", None) is not None:
+    if getattr(model, "_gemmfuse", None) is not None or isinstance(model, GemmfuseDynamoModule):
         raise ValueError("gemmfuse.optimize: this module is already optimized")
     if isinstance(example_inputs, torch.Tensor):
         example_inputs = (example_inputs,)
@@ -183,11 +184,9 @@ def optimize(model: nn.Module, example_inputs, precision: str = "fp32") -> fx.Gr
         graph = tracer.trace(model)
         name = model.__class__.__name__ if isinstance(model, nn.Module) else "Module"
         gm = GemmfuseModule(tracer.root, graph, name)
-    except Exception as e:  # noqa: BLE001 - any tracing failure
-        raise RuntimeError(
-            f"gemmfuse.optimize: torch.fx.symbolic_trace failed on {type(model).__name__} "
-            f"({type(e).__name__}: {e}). Models with data-dependent control flow can use "
-            f"torch.compile(model, backend='gemmfuse') instead.") from e
+    except Exception as e:  # noqa: BLE001 - any tracing failure: capture through dynamo
+        why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
+        return _through_dynamo(model, example_inputs, precision, why)
     _share_state(gm, model)
     _propagate(gm, example_inputs)
 
@@ -199,12 +198,13 @@ def optimize(model: nn.Module, example_inputs, precision: str = "fp32") -> fx.Gr
         flags = tuple(bool(gm.get_submodule(q).training) for q in chain.mode_modules)
         spec = chain.spec(flags)
         entry = ChainEntry(index=chain.index, linear=chain.linear.name,
-                           nodes=chain.describe_nodes(), stop=chain.stop, spec=spec,
+                           nodes=chain.describe_nodes(), stop=chain.stop, form=chain.form, spec=spec,
                            status="pytorch", mode_modules=list(chain.mode_modules))
         report.entries.append(entry)
         try:
             x = example_tensor(gm, chain.x)
             w = example_tensor(gm, chain.weight)
+            w = w.t().contiguous() if chain.weight_kn else w
             b = example_tensor(gm, chain.bias) if chain.bias is not None else None
             ops = [example_tensor(gm, s) for s in chain.operands]
             st = [example_tensor(gm, s) for s in chain.state]
@@ -227,6 +227,23 @@ def optimize(model: nn.Module, example_inputs, precision: str = "fp32") -> fx.Gr
     d["_gemmfuse_watch"] = AttributeWatch(model)
     direct.install(gm, _run_chain)
     return gm
+
+
+def _through_dynamo(model: nn.Module, example_inputs: tuple, precision: str, why: str):
+    """The model captured through dynamo (torch.fx could not trace it: `why`), compiled once
+    on the example inputs with its buffers and the RNG left as they were."""
+    opt = GemmfuseDynamoModule(model, precision, [_example_record(v) for v in example_inputs], why)
+    saved = [(b, b.detach().clone()) for b in model.buffers()]
+    devices = sorted({t.device.index or 0 for t in list(example_inputs) + list(model.parameters())
+                      if isinstance(t, torch.Tensor) and t.device.type == "cuda"})
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=devices):
+            opt(*[t.clone() if isinstance(t, torch.Tensor) else t for t in example_inputs])
+    finally:
+        with torch.no_grad():
+            for b, v in saved:
+                b.copy_(v)
+    return opt
 
 
 def runtimes(module: nn.Module) -> list:

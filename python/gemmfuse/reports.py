@@ -21,6 +21,7 @@ class ChainEntry:
     attr: Optional[str] = None     # the ChainRuntime attribute on the module
     mode_modules: list = field(default_factory=list)
     example: dict = field(default_factory=dict)   # shapes used for describe
+    form: str = "nn.Linear"        # how the model wrote the Linear
 
 
 @dataclass

@@ -89,7 +89,7 @@ def rewrite_chain(gm: fx.GraphModule, chain: Chain, precision: str, remap: dict,
     rt = ChainRuntime(chain.index, specs, x_idx, w_idx, b_idx, op_idx, st_idx, mode_idx,
                       list(chain.mode_modules), precision, fallback, chain.in_features,
                       xinf.rank if isinstance(xinf, TInfo) else None, guards,
-                      dict(module_idx))
+                      dict(module_idx), chain.weight_kn)
     rt.example_sources = [example_record(src) for src in sources]
     setattr(gm, attr_name, rt)
 

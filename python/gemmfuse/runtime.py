@@ -43,7 +43,7 @@ class ChainRuntime:
     def __init__(self, index: int, specs: dict, x_idx: int, w_idx: int, b_idx: Optional[int],
                  op_idx: list, st_idx: list, mode_idx: list, mode_names: list, precision: str,
                  fallback: fx.GraphModule, in_features: int, x_rank: Optional[int] = None,
-                 guards: tuple = (), module_idx=None):
+                 guards: tuple = (), module_idx=None, weight_kn: bool = False):
         self.index = index
         self.specs = specs                # training flags tuple -> spec text
         self.x_idx, self.w_idx, self.b_idx = x_idx, w_idx, b_idx
@@ -53,6 +53,8 @@ class ChainRuntime:
         # one of them has hooks, calls run the fallback, which calls the modules (hooks and all).
         self.module_names = dict(module_idx or {})  # input index -> the module's qualified name
         self.module_idx = tuple(self.module_names)
+        self.weight_kn = weight_kn        # the weight input is stored [in, out]
+        self._wt = None                   # (weight, its version, its transpose): see _weight
         self.precision = precision
         self.fallback = fallback          # the original nodes, inputs as arguments
         self.in_features = in_features
@@ -79,19 +81,30 @@ class ChainRuntime:
         self._op = torch.ops.gemmfuse.run.default._op
 
     # -- pickling: the C++ binding and the per-process caches are rebuilt, not saved ----------
-    _TRANSIENT = ("_op", "_fast", "_routed", "refused")
+    _TRANSIENT = ("_op", "_fast", "_routed", "refused", "_wt")
 
     def __getstate__(self):
         return {k: v for k, v in self.__dict__.items() if k not in self._TRANSIENT}
 
     def __setstate__(self, state):
         self.__dict__.update(state)
-        self._fast = self._routed = None
+        self._fast = self._routed = self._wt = None
         self.refused = {}
         _lib.load()
         self._op = torch.ops.gemmfuse.run.default._op
 
     # -- helpers ---------------------------------------------------------------------------
+    def _weight(self, inputs):
+        """The Linear's weight as [N, K]. A weight stored [in, out] (`x @ W`) is transposed
+        once per version of it and the copy kept (one copy of W)."""
+        w = inputs[self.w_idx]
+        if not self.weight_kn:
+            return w
+        c = self._wt
+        if c is None or c[0] is not w or c[1] != w._version:
+            c = self._wt = (w, w._version, w.t().contiguous())
+        return c[2]
+
     def flags(self, inputs) -> tuple:
         return tuple(bool(inputs[i].training) for i in self.mode_idx)
 
@@ -127,6 +140,8 @@ class ChainRuntime:
         spec = self.specs[flags]
         x = inputs[self.x_idx]
         w = inputs[self.w_idx]
+        if self.weight_kn:
+            w = w.t().contiguous()  # traced values: nothing to cache
         b = None if self.b_idx is None else inputs[self.b_idx]
         ops = []
         for i in self.op_idx:
@@ -150,7 +165,7 @@ class ChainRuntime:
                 op_idx, st_idx = self.op_idx, self.st_idx
                 # () for an empty list: no allocation (a list is a GC-tracked object each call)
                 out = self._op(fast[4], x if x.is_contiguous() else x.contiguous(),
-                               inputs[self.w_idx], b,
+                               self._weight(inputs), b,
                                [inputs[i] for i in op_idx] if op_idx else (),
                                [inputs[i] for i in st_idx] if st_idx else (), self.precision)
                 self.fused_calls += 1
@@ -183,7 +198,7 @@ class ChainRuntime:
 
     def _checked_call(self, inputs):
         x = inputs[self.x_idx]
-        w = inputs[self.w_idx]
+        w = self._weight(inputs)
         b = None if self.b_idx is None else inputs[self.b_idx]
         if not isinstance(x, torch.Tensor):
             return self._pytorch(inputs, "the input is not a tensor")

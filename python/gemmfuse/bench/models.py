@@ -170,3 +170,56 @@ MODELS = {
     "m94": ModelSpec("m94", M94, "Linear→+bias→Hardtanh→Mish→GroupNorm(256)", False),
     "m99": ModelSpec("m99", M99, "Linear→gelu→softmax", False),
 }
+
+
+# --------------------------------------------------------------------------------------------
+# A transformer block in minGPT's style: pre-norm attention and MLP with residuals. Its
+# forward reads the input's shape (`B, T, C = x.size()`), which torch.fx cannot trace, so
+# gemmfuse.optimize captures it through dynamo.
+
+
+class CausalSelfAttention(nn.Module):
+    """minGPT's attention: explicit scores, causal mask, softmax, weighted values."""
+
+    def __init__(self, n_embd: int, n_head: int, block_size: int = 1024, dropout: float = 0.0):
+        super().__init__()
+        assert n_embd % n_head == 0
+        self.c_attn = nn.Linear(n_embd, 3 * n_embd)
+        self.c_proj = nn.Linear(n_embd, n_embd)
+        self.attn_dropout = nn.Dropout(dropout)
+        self.resid_dropout = nn.Dropout(dropout)
+        self.register_buffer("bias", torch.tril(torch.ones(block_size, block_size))
+                             .view(1, 1, block_size, block_size), persistent=False)
+        self.n_head, self.n_embd = n_head, n_embd
+
+    def forward(self, x):
+        B, T, C = x.size()
+        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
+        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+        att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf"))
+        att = self.attn_dropout(F.softmax(att, dim=-1))
+        y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)
+        return self.resid_dropout(self.c_proj(y))
+
+
+class GPTBlock(nn.Module):
+    """x + attn(ln_1(x)), then + mlp(ln_2(x)); the MLP is Linear -> GELU(tanh) -> Linear."""
+
+    def __init__(self, n_embd: int = 768, n_head: int = 8, block_size: int = 1024,
+                 dropout: float = 0.0):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(n_embd)
+        self.attn = CausalSelfAttention(n_embd, n_head, block_size, dropout)
+        self.ln_2 = nn.LayerNorm(n_embd)
+        self.mlp = nn.ModuleDict(dict(c_fc=nn.Linear(n_embd, 4 * n_embd),
+                                      act=nn.GELU(approximate="tanh"),
+                                      c_proj=nn.Linear(4 * n_embd, n_embd),
+                                      dropout=nn.Dropout(dropout)))
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        m = self.mlp
+        return x + m.dropout(m.c_proj(m.act(m.c_fc(self.ln_2(x)))))

@@ -60,6 +60,8 @@ class Chain:
     stop: str = ""                  # why the chain ends where it does
     values: dict = field(default_factory=dict)  # fx.Node -> value id
     linear_module: Optional[str] = None         # call_module Linear: its qualname
+    weight_kn: bool = False                     # the weight is stored [in, out] (x @ W)
+    form: str = "nn.Linear"                     # how the model wrote the Linear
 
     # Filled by finish():
     operands: list = field(default_factory=list)   # [Source] for t<i>

@@ -63,7 +63,6 @@ _CLAMP_FUNCS = {torch.clamp: "clamp", torch.clip: "clamp", torch.clamp_min: "cla
 _CLAMP_METHODS = {"clamp": "clamp", "clip": "clamp", "clamp_min": "clamp_min",
                   "clamp_max": "clamp_max"}
 
-_LINEAR_FUNCS = {F.linear}
 _MAX_POOL_FUNCS = {F.max_pool1d, F._max_pool1d, torch.max_pool1d}
 _IDENTITY_METHODS = {"contiguous"}
 

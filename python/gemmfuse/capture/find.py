@@ -6,36 +6,14 @@ from typing import Callable, Optional
 
 import torch
 import torch.fx as fx
-import torch.nn as nn
 
 from .values import AttrRef, TInfo, node_info
-from .chain import CaptureReport, Chain, Unsupported, bind
-from .classify import _Ctx, _LINEAR_FUNCS, classify
+from .chain import CaptureReport, Chain, Unsupported
+from .classify import _Ctx, classify
+from .linear_forms import linear_parts
 
 # --------------------------------------------------------------------------------------------
 # Finding chains.
-
-
-def _linear_parts(node: fx.Node, gm: fx.GraphModule):
-    """(x, weight source, bias source|None, module qualname|None) or raise Unsupported."""
-    if node.op == "call_module":
-        mod = gm.get_submodule(node.target)
-        if type(mod) is not nn.Linear:
-            return None
-        if len(node.args) != 1 or node.kwargs:
-            raise Unsupported("Linear called with extra arguments")
-        q = node.target
-        return (node.args[0], AttrRef(f"{q}.weight"),
-                AttrRef(f"{q}.bias") if mod.bias is not None else None, q)
-    if node.op == "call_function" and node.target in _LINEAR_FUNCS:
-        a = bind(node, ["input", "weight", "bias"], {"bias": None})
-        x, w, b = a["input"], a["weight"], a["bias"]
-        if not isinstance(x, fx.Node) or not isinstance(w, fx.Node):
-            raise Unsupported("F.linear with non-tensor arguments")
-        if b is not None and not isinstance(b, fx.Node):
-            raise Unsupported("F.linear bias is not a tensor")
-        return (x, w, b, None)
-    return None
 
 
 def _attr_tensor(gm: fx.GraphModule, q: str):
@@ -69,13 +47,13 @@ def find_chains(gm: fx.GraphModule, flavor: str = "fx", check: Optional[Callable
         if node in taken:
             continue
         try:
-            parts = _linear_parts(node, gm)
+            parts = linear_parts(node, gm)
         except Unsupported as e:
             report.rejected.append((node.name, str(e)))
             continue
         if parts is None:
             continue
-        x, w, b, q = parts
+        x, w, b, q = parts.x, parts.weight, parts.bias, parts.module
         wshape = _shape_of_source(gm, w)
         if wshape is None or len(wshape) != 2:
             report.rejected.append((node.name, f"linear weight shape unknown or not 2-d ({wshape})"))
@@ -88,9 +66,12 @@ def find_chains(gm: fx.GraphModule, flavor: str = "fx", check: Optional[Callable
         if xinf.rank < 1:
             report.rejected.append((node.name, "0-d input"))
             continue
+        n_out, k_in = (wshape[1], wshape[0]) if parts.weight_kn else (wshape[0], wshape[1])
         chain = Chain(index=len(report.chains), linear=node, x=x, weight=w, bias=b,
-                      in_features=int(wshape[1]), out_features=int(wshape[0]), linear_module=q)
+                      in_features=int(k_in), out_features=int(n_out), linear_module=q,
+                      weight_kn=parts.weight_kn, form=parts.form)
         _grow(chain, gm, order, numbers, taken)
+        _bias_from_first_add(chain)
         chain.finish()
         if check is not None:
             bad = None
@@ -192,6 +173,24 @@ def _grow(chain: Chain, gm: fx.GraphModule, order: dict, numbers: Optional[dict]
         for n in removed.nodes:
             chain.values.pop(n, None)
         chain.stop = f"{bad[0].name} is also used by {bad[1].name}, outside the chain"
+
+
+def _bias_from_first_add(chain: Chain):
+    """A Linear without a bias followed by `+ b` with a 1-d tensor of N values (`x @ W.t() + b`)
+    is a Linear with that bias: the add becomes the Linear's bias, not a row-pass stage."""
+    if chain.bias is not None or not chain.stages:
+        return
+    st = chain.stages[0]
+    line = st.variants.get(None) if st.mode_module is None else None
+    if not line or line[0] != "add" or set(line[1]) != {"b"} or line[1]["b"].kind != "t":
+        return
+    src = line[1]["b"].value
+    inf = node_info(src) if isinstance(src, fx.Node) else None
+    out = node_info(chain.linear)
+    if (isinstance(inf, TInfo) and isinstance(out, TInfo) and inf.shape == (chain.out_features,)
+            and inf.dtype == out.dtype):
+        chain.bias = src
+        st.variants = {None: None}  # the add's value is the Linear's
 
 
 def compile_time_numbers(gm: fx.GraphModule, example_inputs) -> dict:

@@ -55,6 +55,8 @@ class ChainRuntime:
         self.module_idx = tuple(self.module_names)
         self.weight_kn = weight_kn        # the weight input is stored [in, out]
         self._wt = None                   # (weight, its version, its transpose): see _weight
+        self._cast = None                 # (weight, its version, dtype, its cast): autocast
+        self._autocast_out = {}           # (shape, device, flags, dtype) -> eager's output dtype
         self.precision = precision
         self.fallback = fallback          # the original nodes, inputs as arguments
         self.in_features = in_features
@@ -81,14 +83,14 @@ class ChainRuntime:
         self._op = torch.ops.gemmfuse.run.default._op
 
     # -- pickling: the C++ binding and the per-process caches are rebuilt, not saved ----------
-    _TRANSIENT = ("_op", "_fast", "_routed", "refused", "_wt")
+    _TRANSIENT = ("_op", "_fast", "_routed", "refused", "_wt", "_cast")
 
     def __getstate__(self):
         return {k: v for k, v in self.__dict__.items() if k not in self._TRANSIENT}
 
     def __setstate__(self, state):
         self.__dict__.update(state)
-        self._fast = self._routed = self._wt = None
+        self._fast = self._routed = self._wt = self._cast = None
         self.refused = {}
         _lib.load()
         self._op = torch.ops.gemmfuse.run.default._op
@@ -176,11 +178,43 @@ class ChainRuntime:
             return self.fallback.forward(*inputs)
         return self._checked_call(inputs)
 
+    def _autocast_call(self, inputs, x):
+        """Under torch.autocast eager runs the Linear in the autocast dtype and each later op
+        in the dtype autocast and type promotion give it. On CUDA, with a 16-bit autocast dtype
+        and an fp32 model, the chain runs fused as a model of that dtype (x, W and b cast; W's
+        cast kept per version of W) and its output is cast to the dtype eager returns, which
+        the first such call learns by running the chain in PyTorch. Elsewhere the chain runs in
+        PyTorch, under the same autocast."""
+        dev = x.device.type
+        dt = torch.get_autocast_dtype(dev)
+        w = inputs[self.w_idx]
+        b = None if self.b_idx is None else inputs[self.b_idx]
+        if (dev != "cuda" or dt not in (torch.float16, torch.bfloat16) or x.dtype != torch.float32
+                or w.dtype != torch.float32 or (torch.is_grad_enabled() and w.requires_grad)):
+            return self._pytorch(inputs, f"autocast to {dt} on {dev}: the chain runs in PyTorch")
+        key = (tuple(x.shape), x.device, self.flags(inputs), dt)
+        out_dtype = self._autocast_out.get(key)
+        if out_dtype is None:  # eager's own result, and its dtype for the calls after it
+            out = self._pytorch(inputs, f"autocast to {dt}: the first call at this shape learns "
+                                        f"eager's output dtype")
+            self._autocast_out[key] = out.dtype
+            return out
+        c = self._cast
+        if c is None or c[0] is not w or c[1] != w._version or c[2] != dt:
+            c = self._cast = (w, w._version, dt, w.detach().to(dt))
+        cast = list(inputs)
+        cast[self.x_idx], cast[self.w_idx] = x.to(dt), c[3]
+        if b is not None:
+            cast[self.b_idx] = b.detach().to(dt)
+        with torch.autocast(dev, enabled=False):
+            return self._checked_call(cast).to(out_dtype)
+
     def _same_signature(self, x, inputs, sig) -> bool:
         """Whether a call has the signature (shape, dtype, device, training flags) of `sig`,
         no autograd recording and its guarded numbers unchanged."""
         return (type(x) is torch.Tensor and x.shape == sig[0] and x.dtype == sig[1]
                 and x.device == sig[2] and not torch.is_grad_enabled()
+                and not torch.is_autocast_enabled(x.device.type)
                 and (not self.mode_idx or self.flags(inputs) == sig[3])
                 and (not self.guards or self._changed_number(inputs) is None)
                 and (not self.module_idx or self._hooked(inputs) is None)
@@ -202,6 +236,8 @@ class ChainRuntime:
         b = None if self.b_idx is None else inputs[self.b_idx]
         if not isinstance(x, torch.Tensor):
             return self._pytorch(inputs, "the input is not a tensor")
+        if torch.is_autocast_enabled(x.device.type):
+            return self._autocast_call(inputs, x)
         if x.device != w.device:
             raise RuntimeError(
                 f"gemmfuse: Expected all tensors to be on the same device, but the input is on "

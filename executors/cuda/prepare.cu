@@ -165,9 +165,11 @@ void prepare_typed(const Plan& plan, const RunArgs& args, char* prepared, cudaSt
                       RowMarks{reinterpret_cast<int*>(prepared + L.w_flags), list},
                       stream);
   }
-  if (L.w_parts != kAbsent) {
+  const T* wp = L.w_folded != kAbsent ? reinterpret_cast<const T*>(prepared + L.w_folded) : w;
+  // A W off a 16-byte boundary (a view with a storage offset) is not split: the GEMM then runs
+  // on SGEMM (gemm_cublas.cu checks the same pointer).
+  if (L.w_parts != kAbsent && aligned16(wp)) {
     if (plan.dtype != DType::F32) throw std::logic_error("CUDA prepare: fp16 split of a 16-bit W");
-    const T* wp = L.w_folded != kAbsent ? reinterpret_cast<const T*>(prepared + L.w_folded) : w;
     int* list = reinterpret_cast<int*>(prepared + L.w_list);
     GF_CUDA_CHECK(cudaMemsetAsync(list, 0, sizeof(int), stream));
     launch_split_f16x2(reinterpret_cast<const float*>(wp), N, K,

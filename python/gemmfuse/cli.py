@@ -41,6 +41,11 @@ def parser():
     c.add_argument("--compile", dest="compile", action="store_true",
                    help="include torch.compile on the CPU too")
     b.add_argument("--no-bf16", dest="bf16", action="store_false", help="skip the bf16 variants")
+    b.add_argument("--suite", action="store_true",
+                   help="the suite of Linear -> chain problems and a transformer block "
+                        "(bench/suite.py) instead of the five reference models")
+    b.add_argument("--suite-only", type=_list, default=None,
+                   help="with --suite: only the problems whose name holds one of these")
     b.add_argument("--sweep", action="store_true",
                    help="also m99's chain at M in 1,16,128,1024,4096 (K=N=8192 on a GPU)")
     b.add_argument("--sweep-m", type=lambda s: [int(x) for x in _list(s)], help="M values")
@@ -64,6 +69,7 @@ def main(argv=None):
                      out_features=args.out_features, out=args.out, record=args.record,
                      compile=args.compile,
                      bf16=args.bf16, sweep=args.sweep, sweep_m=args.sweep_m,
+                     suite=args.suite, suite_only=args.suite_only,
                      device=args.device, seed=args.seed)
         if args.models:
             cfg.models = args.models

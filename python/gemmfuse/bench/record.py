@@ -1,7 +1,7 @@
 """Where bench results go. A run writes its JSON, PNG and log under ``bench/out/`` (ignored by
 git); ``--record`` also makes them the device kind's latest record in ``bench/results/``
 (``<kind>.json``, ``.png``, ``.log``) and adds the run's headline speedups to
-``bench/results/history.csv``."""
+``bench/results/history.csv``; a suite run (``--suite``) is recorded as ``<kind>-suite.*``."""
 from __future__ import annotations
 
 import csv
@@ -46,13 +46,16 @@ def record(result: dict, paths: list, results_dir: Path = RESULTS_DIR) -> list:
     if not results_dir.is_dir():
         raise SystemExit(f"--record: {results_dir} is not a folder here; run the bench from the "
                          f"gemmfuse checkout")
-    kind = device_kind(result["header"].get("gpu"))
+    suite = "suite" in result["header"]
+    kind = device_kind(result["header"].get("gpu")) + ("-suite" if suite else "")
     written = []
     for p in map(Path, paths):
         suffix = p.name[len(p.stem):] if not p.stem.endswith("-sweep") else "-sweep" + p.suffix
         dest = results_dir / f"{kind}{suffix}"
         shutil.copyfile(p, dest)
         written.append(str(dest))
+    if suite:  # the history holds the reference models' figures
+        return written
     hist = results_dir / HISTORY
     new = not hist.exists()
     with hist.open("a", newline="") as f:

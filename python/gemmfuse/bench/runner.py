@@ -70,6 +70,8 @@ class Config:
     bf16: bool = True
     sweep: bool = False
     sweep_m: list | None = None
+    suite: bool = False          # the suite (suite.py) instead of the reference models
+    suite_only: list | None = None
     device: str = "auto"
     seed: int = 0
 
@@ -620,7 +622,11 @@ def run(cfg: Config, console=None):
     monitor = GpuMonitor.for_device(dev).start() if gpu else None
     try:
         with torch.no_grad(), progress:
-            records = run_models(cfg, dev, (b, k, n), progress, base)
+            if cfg.suite:
+                from .suite import run_suite
+                records = run_suite(cfg, dev, progress, base, only=cfg.suite_only)
+            else:
+                records = run_models(cfg, dev, (b, k, n), progress, base)
             sweep = run_sweep(cfg, dev, k, n, progress, base) if cfg.sweep else None
     finally:
         torch.backends.cuda.matmul.allow_tf32 = old[0]
@@ -644,8 +650,12 @@ def run(cfg: Config, console=None):
                   input_sets=cfg.input_sets, grad="no_grad",
                   timestamp=time.strftime("%Y-%m-%dT%H:%M:%S%z"), notes=notes,
                   note="; ".join(notes), ceilings=CEILINGS,
-                  models={mid: {"summary": MODELS[mid].summary, **floors(MODELS[mid], b, k, n)}
-                          for mid in cfg.models})
+                  models={} if cfg.suite else
+                  {mid: {"summary": MODELS[mid].summary, **floors(MODELS[mid], b, k, n)}
+                   for mid in cfg.models})
+    if cfg.suite:
+        from .suite import summary
+        header["suite"] = summary(records)
     result = {"header": header, "records": records}
     if sweep is not None:
         result["sweep"] = sweep

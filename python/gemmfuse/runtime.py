@@ -26,6 +26,11 @@ def always_fuse() -> bool:
     return os.environ.get("GEMMFUSE_ALWAYS_FUSE") == "1"
 
 
+def autocast_on(device_type: str) -> bool:
+    """Whether torch.autocast is on for tensors of this device type (cpu and cuda have it)."""
+    return device_type in ("cuda", "cpu") and torch.is_autocast_enabled(device_type)
+
+
 def _call_module(mod, *args, **kwargs):
     """The fallback graphs' stand-in for call_module: the module is an input, not an attribute."""
     return mod(*args, **kwargs)
@@ -214,7 +219,7 @@ class ChainRuntime:
         no autograd recording and its guarded numbers unchanged."""
         return (type(x) is torch.Tensor and x.shape == sig[0] and x.dtype == sig[1]
                 and x.device == sig[2] and not torch.is_grad_enabled()
-                and not torch.is_autocast_enabled(x.device.type)
+                and not autocast_on(x.device.type)
                 and (not self.mode_idx or self.flags(inputs) == sig[3])
                 and (not self.guards or self._changed_number(inputs) is None)
                 and (not self.module_idx or self._hooked(inputs) is None)
@@ -236,7 +241,7 @@ class ChainRuntime:
         b = None if self.b_idx is None else inputs[self.b_idx]
         if not isinstance(x, torch.Tensor):
             return self._pytorch(inputs, "the input is not a tensor")
-        if torch.is_autocast_enabled(x.device.type):
+        if autocast_on(x.device.type):
             return self._autocast_call(inputs, x)
         if x.device != w.device:
             raise RuntimeError(

@@ -186,9 +186,10 @@ class ChainRuntime:
     def _autocast_call(self, inputs, x):
         """Under torch.autocast eager runs the Linear in the autocast dtype and each later op
         in the dtype autocast and type promotion give it. On CUDA, with a 16-bit autocast dtype
-        and an fp32 model, the chain runs fused as a model of that dtype (x, W and b cast; W's
-        cast kept per version of W) and its output is cast to the dtype eager returns, which
-        the first such call learns by running the chain in PyTorch. Elsewhere the chain runs in
+        and an fp32 model, where eager returns that dtype, the chain runs fused as a model of
+        that dtype (x, W and b cast; W's cast kept per version of W); the first call at a shape
+        learns eager's output dtype by running the chain in PyTorch. Elsewhere (and where the
+        last op returns fp32, as softmax and the norms do under autocast) the chain runs in
         PyTorch, under the same autocast."""
         dev = x.device.type
         dt = torch.get_autocast_dtype(dev)
@@ -204,6 +205,10 @@ class ChainRuntime:
                                         f"eager's output dtype")
             self._autocast_out[key] = out.dtype
             return out
+        if out_dtype != dt:  # the chain ends in an op autocast runs in fp32 (softmax, norms,
+            # reductions): a 16-bit fused chain would round its output, so PyTorch runs it
+            return self._pytorch(inputs, f"autocast to {dt}: the chain's last op returns "
+                                         f"{out_dtype}, which the fused op does not write")
         c = self._cast
         if c is None or c[0] is not w or c[1] != w._version or c[2] != dt:
             c = self._cast = (w, w._version, dt, w.detach().to(dt))
@@ -212,7 +217,7 @@ class ChainRuntime:
         if b is not None:
             cast[self.b_idx] = b.detach().to(dt)
         with torch.autocast(dev, enabled=False):
-            return self._checked_call(cast).to(out_dtype)
+            return self._checked_call(cast)
 
     def _same_signature(self, x, inputs, sig) -> bool:
         """Whether a call has the signature (shape, dtype, device, training flags) of `sig`,

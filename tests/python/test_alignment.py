@@ -49,14 +49,19 @@ def test_offset_views_and_odd_k(device, mode, k):
 @pytest.mark.parametrize("scale", [1e4, 1e20, 1e30])
 def test_bf16_softmax_chain_is_finite_where_eager_is(scale):
     """Linear -> gelu -> softmax in bf16 with pre-activations up to ~1e30: finite wherever eager
-    is, and the fused kernel's rows agree with eager's."""
+    is, and as close to the float64 result of the same bf16 model as eager (eager rounds the
+    Linear's output to bf16, which turns near-ties of huge logits into exact ones; the fused
+    kernel keeps them apart, as float64 does)."""
+    import copy
     torch.manual_seed(3)
     model = nn.Sequential(nn.Linear(512, 1024), nn.GELU(), nn.Softmax(dim=-1)).cuda().bfloat16()
     x = (torch.rand(512, 512, device="cuda") * scale).bfloat16()
     opt = gemmfuse.optimize(model, (x,))
     with torch.no_grad():
         eager, got = model(x), opt(x)
+        ref = copy.deepcopy(model).double()(x.double())
     finite = torch.isfinite(eager).all(dim=-1)
     assert finite.any()
     assert torch.isfinite(got[finite]).all(), "NaN or inf rows where eager is finite"
-    torch.testing.assert_close(got[finite].float(), eager[finite].float(), rtol=2e-2, atol=2e-2)
+    err = lambda out: float((out[finite].double() - ref[finite]).norm() / ref[finite].norm())  # noqa: E731
+    assert err(got) <= 1.25 * err(eager) + 1e-3, (err(got), err(eager))

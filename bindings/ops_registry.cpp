@@ -3,6 +3,7 @@
 //   describe  the plan as text (for gemmfuse.explain), or "gemmfuse unsupported: ..." raised
 //   route     "" where the plan runs fused, else why PyTorch is faster for this call
 //   check     "" when a spec parses, else the reason
+//   ops       the op table, one "<name> <family>" a line (the Python capture checks its names)
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
@@ -81,6 +82,8 @@ std::string route(c10::string_view spec, const at::Tensor& x, const at::Tensor& 
   return plan_for(spec, x, weight, bias, operands, state, precision).pytorch_faster;
 }
 
+std::string ops() { return op_table_text(); }
+
 std::string check(c10::string_view spec) {
   try {
     parse_chain(str(spec));
@@ -105,6 +108,7 @@ TORCH_LIBRARY(gemmfuse, m) {
       "Tensor[] state, str precision) -> str",
       &route);
   m.def("check(str spec) -> str", &check);
+  m.def("ops() -> str", &ops);
 }
 
 TORCH_LIBRARY_IMPL(gemmfuse, CPU, m) { m.impl("run", &run_cpu); }

@@ -576,25 +576,12 @@ class Builder {
   Step pass_;                       // the row pass being built
 };
 
-// Ops whose forward the CPU executor's row loops run as scalar library calls (exp, erf, tanh
-// and their compositions), where PyTorch's vectorized CPU kernels take 3-16x less time per
-// element (measured at 64x1024: softmax 308 against 21 us, gelu 146 against 23, mish 142
-// against 127). The other ops vectorize in those loops and cost about what PyTorch's do.
-bool cpu_row_op_is_scalar(OpCode op) {
-  switch (op) {
-    case OpCode::Exp: case OpCode::Sigmoid: case OpCode::Tanh: case OpCode::Silu:
-    case OpCode::Mish: case OpCode::GeluErf: case OpCode::GeluTanh: case OpCode::Softplus:
-    case OpCode::Elu: case OpCode::Pow: case OpCode::LogSumExp: case OpCode::Softmax:
-    case OpCode::LogSoftmax:
-      return true;
-    default:
-      return false;
-  }
-}
-
 // Why PyTorch runs the plan's chain faster than the plan on the CPU, or "" where it does not.
 // The CPU GEMM is PyTorch's own BLAS call, so fusing saves only passes over a result that
-// stays in cache, unless a rewrite removes the GEMM (the GEMV).
+// stays in cache, unless a rewrite removes the GEMM (the GEMV); and ops the row loops compute
+// by scalar library calls (op_table.h's cpu_scalar) take 3-16x PyTorch's vectorized kernels'
+// time per element (at 64x1024: softmax 308 against 21 us, gelu 146 against 23, mish 142
+// against 127; docs/measurements.md).
 std::string cpu_pytorch_faster(const Plan& plan) {
   if (plan.prep.column_sums) return "";
   if (plan.dtype != DType::F32)
@@ -603,7 +590,7 @@ std::string cpu_pytorch_faster(const Plan& plan) {
            dtype_name(plan.dtype) + " GEMM";
   for (const Step& st : plan.steps)
     for (const Instr& in : st.program)
-      if (in.kind != Instr::Kind::Save && cpu_row_op_is_scalar(in.node.op))
+      if (in.kind != Instr::Kind::Save && cpu_scalar(in.node.op))
         return std::string("on the CPU the row pass computes ") + op_name(in.node.op) +
                " one element at a time, several times slower than PyTorch's vectorized kernel";
   return "";

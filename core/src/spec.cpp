@@ -20,30 +20,22 @@ namespace {
 struct OpInfo {
   OpCode op;
   const char* name;
+  OpFamily family;
+  bool cpu_scalar;
 };
 
-// The spec's name for every op, in OpCode order.
 constexpr OpInfo kOps[] = {
-    {OpCode::Neg, "neg"},           {OpCode::Abs, "abs"},
-    {OpCode::Square, "square"},     {OpCode::Sqrt, "sqrt"},
-    {OpCode::Rsqrt, "rsqrt"},       {OpCode::Exp, "exp"},
-    {OpCode::Log, "log"},           {OpCode::Relu, "relu"},
-    {OpCode::Sigmoid, "sigmoid"},   {OpCode::Tanh, "tanh"},
-    {OpCode::Silu, "silu"},         {OpCode::Mish, "mish"},
-    {OpCode::GeluErf, "gelu"},      {OpCode::GeluTanh, "gelu_tanh"},
-    {OpCode::Softplus, "softplus"}, {OpCode::Elu, "elu"},
-    {OpCode::LeakyRelu, "leaky_relu"}, {OpCode::Clamp, "clamp"},
-    {OpCode::Pow, "pow"},           {OpCode::Reciprocal, "reciprocal"},
-    {OpCode::Add, "add"},           {OpCode::Sub, "sub"},
-    {OpCode::Mul, "mul"},           {OpCode::Div, "div"},
-    {OpCode::Minimum, "minimum"},   {OpCode::Maximum, "maximum"},
-    {OpCode::Sum, "sum"},           {OpCode::Mean, "mean"},
-    {OpCode::Max, "max"},           {OpCode::Min, "min"},
-    {OpCode::LogSumExp, "logsumexp"}, {OpCode::Softmax, "softmax"},
-    {OpCode::LogSoftmax, "log_softmax"}, {OpCode::GroupNorm, "group_norm"},
-    {OpCode::AvgPool, "avg_pool"},  {OpCode::MaxPool, "max_pool"},
-    {OpCode::BatchNorm, "batch_norm"}, {OpCode::Dropout, "dropout"},
+#define GF_OP_INFO(code, name, fam, scalar) {OpCode::code, name, OpFamily::fam, scalar},
+    GEMMFUSE_OPS(GF_OP_INFO)
+#undef GF_OP_INFO
 };
+
+const OpInfo& info(OpCode op) {
+  const auto i = static_cast<size_t>(op);
+  if (i >= sizeof(kOps) / sizeof(kOps[0]) || kOps[i].op != op)
+    throw std::logic_error("op table: OpCode " + std::to_string(i) + " out of order");
+  return kOps[i];
+}
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
@@ -215,31 +207,19 @@ std::string trim(const std::string& s) {
 
 // ---- names and families -----------------------------------------------------------------
 
-OpFamily family(OpCode op) {
-  switch (op) {
-    case OpCode::Add: case OpCode::Sub: case OpCode::Mul: case OpCode::Div:
-    case OpCode::Minimum: case OpCode::Maximum:
-      return OpFamily::Binary;
-    case OpCode::Sum: case OpCode::Mean: case OpCode::Max: case OpCode::Min:
-    case OpCode::LogSumExp:
-      return OpFamily::Reduce;
-    case OpCode::Softmax: case OpCode::LogSoftmax: case OpCode::GroupNorm:
-      return OpFamily::RowNorm;
-    case OpCode::AvgPool: case OpCode::MaxPool:
-      return OpFamily::Pool;
-    case OpCode::BatchNorm:
-      return OpFamily::ColumnNorm;
-    case OpCode::Dropout:
-      return OpFamily::Dropout;
-    default:
-      return OpFamily::Unary;
-  }
-}
+OpFamily family(OpCode op) { return info(op).family; }
 
-const char* op_name(OpCode op) {
-  for (const auto& o : kOps)
-    if (o.op == op) return o.name;
-  return "?";
+const char* op_name(OpCode op) { return info(op).name; }
+
+bool cpu_scalar(OpCode op) { return info(op).cpu_scalar; }
+
+std::string op_table_text() {
+  static const char* kFamilies[] = {"unary", "binary", "reduce", "row_norm", "pool",
+                                    "column_norm", "dropout"};
+  std::string s;
+  for (const OpInfo& o : kOps)
+    s += std::string(o.name) + " " + kFamilies[static_cast<int>(o.family)] + "\n";
+  return s;
 }
 
 bool op_from_name(const std::string& name, OpCode* out) {

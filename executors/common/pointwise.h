@@ -169,46 +169,218 @@ GF_HD float nan_min(float a, float b) {
 #endif
 }
 
+// ---- the pointwise ops: forward and derivative, one struct per row of op_table.h ----------
+// Unary: fwd(x) and bwd(x, y, g) = g dy/dx at x (y = fwd(x)), as PyTorch's derivative
+// formulas compute them (torch/csrc/autograd/FunctionsManual.cpp and derivatives.yaml),
+// including their values at 0, at the edges of clamp's range and for NaN.
+// Binary (l <op> r): fwd(l, r) and bwd(l, r, g) -> {dl, dr}.
+template <OpCode kOp>
+struct Pointwise;
+
+struct Grad2 {
+  float l, r;
+};
+
+GF_HD float gf_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+constexpr float kSqrt2OverPi = 0.79788456080286535588f;
+constexpr float kGeluTanhKappa = 0.044715f;
+
+template <> struct Pointwise<OpCode::Neg> {
+  GF_HD static float fwd(float x, const PointwiseParams&) { return -x; }
+  GF_HD static float bwd(float, float, float g, const PointwiseParams&) { return -g; }
+};
+template <> struct Pointwise<OpCode::Abs> {
+  GF_HD static float fwd(float x, const PointwiseParams&) { return fabsf(x); }
+  GF_HD static float bwd(float x, float, float g, const PointwiseParams&) {  // g sgn(x)
+    return gf_isnan(x) ? x : (x > 0.f ? g : (x < 0.f ? -g : 0.f * g));
+  }
+};
+template <> struct Pointwise<OpCode::Square> {
+  GF_HD static float fwd(float x, const PointwiseParams&) { return x * x; }
+  GF_HD static float bwd(float x, float, float g, const PointwiseParams&) { return g * (2.f * x); }
+};
+template <> struct Pointwise<OpCode::Sqrt> {
+  GF_HD static float fwd(float x, const PointwiseParams&) { return sqrtf(x); }
+  GF_HD static float bwd(float, float y, float g, const PointwiseParams&) { return g / (2.f * y); }
+};
+template <> struct Pointwise<OpCode::Rsqrt> {
+  GF_HD static float fwd(float x, const PointwiseParams&) { return 1.0f / sqrtf(x); }
+  GF_HD static float bwd(float, float y, float g, const PointwiseParams&) {
+    return -0.5f * g * y * y * y;
+  }
+};
+template <> struct Pointwise<OpCode::Exp> {
+  GF_HD static float fwd(float x, const PointwiseParams&) { return expf(x); }
+  GF_HD static float bwd(float, float y, float g, const PointwiseParams&) { return g * y; }
+};
+template <> struct Pointwise<OpCode::Log> {
+  GF_HD static float fwd(float x, const PointwiseParams&) { return logf(x); }
+  GF_HD static float bwd(float x, float, float g, const PointwiseParams&) { return g / x; }
+};
+template <> struct Pointwise<OpCode::Relu> {
+  GF_HD static float fwd(float x, const PointwiseParams&) {
+    return gf_isnan(x) ? x : (x > 0.f ? x : 0.f);
+  }
+  GF_HD static float bwd(float, float y, float g, const PointwiseParams&) {  // threshold_backward
+    return y <= 0.f ? 0.f : g;
+  }
+};
+template <> struct Pointwise<OpCode::Sigmoid> {
+  GF_HD static float fwd(float x, const PointwiseParams&) { return gf_sigmoid(x); }
+  GF_HD static float bwd(float, float y, float g, const PointwiseParams&) {
+    return g * (1.f - y) * y;
+  }
+};
+template <> struct Pointwise<OpCode::Tanh> {
+  GF_HD static float fwd(float x, const PointwiseParams&) { return tanhf(x); }
+  GF_HD static float bwd(float, float y, float g, const PointwiseParams&) {
+    return g * (1.f - y * y);
+  }
+};
+template <> struct Pointwise<OpCode::Silu> {
+  GF_HD static float fwd(float x, const PointwiseParams&) { return x / (1.0f + expf(-x)); }
+  GF_HD static float bwd(float x, float, float g, const PointwiseParams&) {
+    const float s = gf_sigmoid(x);
+    return g * s * (1.f + x * (1.f - s));
+  }
+};
+template <> struct Pointwise<OpCode::Mish> {
+  // x tanh(softplus(x)) with tanh(log(1 + e^x)) = n / (n + 2), n = e^x (e^x + 2): one exp and
+  // one division instead of exp, log1p and tanh (those three would bind m94's row pass). Above
+  // x = 20 the factor is 1 to within 2^-57 (and e^2x would overflow).
+  GF_HD static float fwd(float x, const PointwiseParams&) {
+    if (x > 20.f) return x;
+    const float e = expf(x), n = e * (e + 2.f);
+    return x * (n / (n + 2.f));
+  }
+  GF_HD static float bwd(float x, float, float g, const PointwiseParams&) {
+    float t = 1.f;  // tanh(softplus(x))
+    if (!(x > 20.f)) {
+      const float e = expf(x), n = e * (e + 2.f);
+      t = n / (n + 2.f);
+    }
+    return g * (t + x * gf_sigmoid(x) * (1.f - t * t));
+  }
+};
+template <> struct Pointwise<OpCode::GeluErf> {
+  GF_HD static float fwd(float x, const PointwiseParams&) {
+    return 0.5f * x * (1.0f + erff(x * 0.70710678118654752440f));
+  }
+  GF_HD static float bwd(float x, float, float g, const PointwiseParams&) {
+    const float cdf = 0.5f * (1.0f + erff(x * 0.70710678118654752440f));
+    const float pdf = expf(-0.5f * x * x) * 0.39894228040143267794f;  // 1/sqrt(2 pi)
+    return g * (cdf + x * pdf);
+  }
+};
+template <> struct Pointwise<OpCode::GeluTanh> {
+  GF_HD static float fwd(float x, const PointwiseParams&) {
+    return 0.5f * x * (1.0f + tanhf(kSqrt2OverPi * (x + kGeluTanhKappa * x * x * x)));
+  }
+  GF_HD static float bwd(float x, float, float g, const PointwiseParams&) {
+    const float x2 = x * x, t = tanhf(kSqrt2OverPi * (x + kGeluTanhKappa * x2 * x));
+    const float left = 0.5f * (1.f + t);
+    const float right = 0.5f * x * (1.f - t * t) * kSqrt2OverPi * (1.f + 3.f * kGeluTanhKappa * x2);
+    return g * (left + right);
+  }
+};
+template <> struct Pointwise<OpCode::Softplus> {
+  GF_HD static float fwd(float x, const PointwiseParams& p) { return gf_softplus(x, p.beta, p.threshold); }
+  GF_HD static float bwd(float x, float, float g, const PointwiseParams& p) {
+    const float z = expf(x * p.beta);
+    return (x * p.beta) > p.threshold ? g : g * z / (z + 1.f);
+  }
+};
+template <> struct Pointwise<OpCode::Elu> {
+  GF_HD static float fwd(float x, const PointwiseParams& p) { return x > 0.f ? x : p.alpha * expm1f(x); }
+  GF_HD static float bwd(float x, float, float g, const PointwiseParams& p) {
+    return x > 0.f ? g : g * p.alpha * expf(x);
+  }
+};
+template <> struct Pointwise<OpCode::LeakyRelu> {
+  GF_HD static float fwd(float x, const PointwiseParams& p) { return x > 0.f ? x : x * p.alpha; }
+  GF_HD static float bwd(float x, float, float g, const PointwiseParams& p) {
+    return x > 0.f ? g : g * p.alpha;
+  }
+};
+template <> struct Pointwise<OpCode::Clamp> {
+  GF_HD static float fwd(float x, const PointwiseParams& p) { return gf_clamp(x, p.lo, p.hi); }
+  GF_HD static float bwd(float x, float, float g, const PointwiseParams& p) {  // clamp_backward
+    return (x >= p.lo && x <= p.hi) ? g : 0.f;
+  }
+};
+template <> struct Pointwise<OpCode::Pow> {
+  GF_HD static float fwd(float x, const PointwiseParams& p) {  // PyTorch special-cases these
+    if (p.alpha == 2.f) return x * x;
+    if (p.alpha == 3.f) return x * x * x;
+    if (p.alpha == 0.5f) return sqrtf(x);
+    if (p.alpha == -0.5f) return 1.0f / sqrtf(x);
+    if (p.alpha == -1.f) return 1.0f / x;
+    if (p.alpha == -2.f) return 1.0f / (x * x);
+    return powf(x, p.alpha);
+  }
+  GF_HD static float bwd(float x, float, float g, const PointwiseParams& p) {  // pow_backward
+    if (p.alpha == 0.f) return 0.f;
+    const PointwiseParams q{p.lo, p.hi, p.alpha - 1.f, p.beta, p.threshold};
+    return g * (p.alpha * fwd(x, q));
+  }
+};
+template <> struct Pointwise<OpCode::Reciprocal> {
+  GF_HD static float fwd(float x, const PointwiseParams&) { return 1.0f / x; }
+  GF_HD static float bwd(float, float y, float g, const PointwiseParams&) { return -g * y * y; }
+};
+
+template <> struct Pointwise<OpCode::Add> {
+  GF_HD static float fwd(float l, float r) { return l + r; }
+  GF_HD static Grad2 bwd(float, float, float g) { return {g, g}; }
+};
+template <> struct Pointwise<OpCode::Sub> {
+  GF_HD static float fwd(float l, float r) { return l - r; }
+  GF_HD static Grad2 bwd(float, float, float g) { return {g, -g}; }
+};
+template <> struct Pointwise<OpCode::Mul> {
+  GF_HD static float fwd(float l, float r) { return l * r; }
+  GF_HD static Grad2 bwd(float l, float r, float g) { return {g * r, g * l}; }
+};
+template <> struct Pointwise<OpCode::Div> {
+  GF_HD static float fwd(float l, float r) { return l / r; }
+  GF_HD static Grad2 bwd(float l, float r, float g) { return {g / r, -g * l / (r * r)}; }
+};
+// minimum/maximum: the gradient goes to the chosen side, split in two on a tie.
+template <> struct Pointwise<OpCode::Minimum> {
+  GF_HD static float fwd(float l, float r) { return nan_min(l, r); }
+  GF_HD static Grad2 bwd(float l, float r, float g) {
+    const float t = l == r ? 0.5f * g : g;
+    return {l > r ? 0.f : t, l < r ? 0.f : t};
+  }
+};
+template <> struct Pointwise<OpCode::Maximum> {
+  GF_HD static float fwd(float l, float r) { return nan_max(l, r); }
+  GF_HD static Grad2 bwd(float l, float r, float g) {
+    const float t = l == r ? 0.5f * g : g;
+    return {l < r ? 0.f : t, l > r ? 0.f : t};
+  }
+};
+
+// Runtime dispatch over the table's rows. An op of another family never reaches these (the
+// planner emits pointwise instructions for these families only); it gives NaN, not a silent
+// identity.
 GF_HD float apply_unary(OpCode op, float x, const PointwiseParams& p) {
   switch (op) {
-    case OpCode::Neg: return -x;
-    case OpCode::Abs: return fabsf(x);
-    case OpCode::Square: return x * x;
-    case OpCode::Sqrt: return sqrtf(x);
-    case OpCode::Rsqrt: return 1.0f / sqrtf(x);
-    case OpCode::Exp: return expf(x);
-    case OpCode::Log: return logf(x);
-    case OpCode::Relu: return gf_isnan(x) ? x : (x > 0.f ? x : 0.f);
-    case OpCode::Sigmoid: return 1.0f / (1.0f + expf(-x));
-    case OpCode::Tanh: return tanhf(x);
-    case OpCode::Silu: return x / (1.0f + expf(-x));
-    case OpCode::Mish: {
-      // x * tanh(softplus(x)) with tanh(log(1 + e^x)) = n / (n + 2), n = e^x (e^x + 2): one exp
-      // and one division instead of exp, log1p and tanh (those three would bind m94's row
-      // pass). Above x = 20 the factor is 1 to within 2^-57 (and e^2x would overflow).
-      if (x > 20.f) return x;
-      const float e = expf(x), n = e * (e + 2.f);
-      return x * (n / (n + 2.f));
-    }
-    case OpCode::GeluErf: return 0.5f * x * (1.0f + erff(x * 0.70710678118654752440f));
-    case OpCode::GeluTanh: {
-      const float k = 0.79788456080286535588f;  // sqrt(2/pi)
-      return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
-    }
-    case OpCode::Softplus: return gf_softplus(x, p.beta, p.threshold);
-    case OpCode::Elu: return x > 0.f ? x : p.alpha * expm1f(x);
-    case OpCode::LeakyRelu: return x > 0.f ? x : x * p.alpha;
-    case OpCode::Clamp: return gf_clamp(x, p.lo, p.hi);
-    case OpCode::Pow:  // PyTorch special-cases these exponents
-      if (p.alpha == 2.f) return x * x;
-      if (p.alpha == 3.f) return x * x * x;
-      if (p.alpha == 0.5f) return sqrtf(x);
-      if (p.alpha == -0.5f) return 1.0f / sqrtf(x);
-      if (p.alpha == -1.f) return 1.0f / x;
-      if (p.alpha == -2.f) return 1.0f / (x * x);
-      return powf(x, p.alpha);
-    case OpCode::Reciprocal: return 1.0f / x;
-    default: return x;  // not a unary op: the planner never emits this
+#define GF_CASE(code, name, fam, scalar) \
+  case OpCode::code: return Pointwise<OpCode::code>::fwd(x, p);
+    GEMMFUSE_UNARY_OPS(GF_CASE)
+#undef GF_CASE
+    default: return NAN;
+  }
+}
+
+GF_HD float unary_grad(OpCode op, float x, float y, float g, const PointwiseParams& p) {
+  switch (op) {
+#define GF_CASE(code, name, fam, scalar) \
+  case OpCode::code: return Pointwise<OpCode::code>::bwd(x, y, g, p);
+    GEMMFUSE_UNARY_OPS(GF_CASE)
+#undef GF_CASE
+    default: return NAN;
   }
 }
 
@@ -216,14 +388,26 @@ GF_HD float apply_unary(OpCode op, float x, const PointwiseParams& p) {
 GF_HD float apply_binary(OpCode op, float x, float b, bool reversed) {
   const float l = reversed ? b : x, r = reversed ? x : b;
   switch (op) {
-    case OpCode::Add: return l + r;
-    case OpCode::Sub: return l - r;
-    case OpCode::Mul: return l * r;
-    case OpCode::Div: return l / r;
-    case OpCode::Minimum: return nan_min(l, r);
-    case OpCode::Maximum: return nan_max(l, r);
-    default: return l;
+#define GF_CASE(code, name, fam, scalar) \
+  case OpCode::code: return Pointwise<OpCode::code>::fwd(l, r);
+    GEMMFUSE_BINARY_OPS(GF_CASE)
+#undef GF_CASE
+    default: return NAN;
   }
+}
+
+// The gradients of x <op> b (or b <op> x when reversed) with respect to x (.l) and b (.r).
+GF_HD Grad2 binary_grad(OpCode op, float x, float b, bool reversed, float g) {
+  const float l = reversed ? b : x, r = reversed ? x : b;
+  Grad2 d{NAN, NAN};
+  switch (op) {
+#define GF_CASE(code, name, fam, scalar) \
+  case OpCode::code: d = Pointwise<OpCode::code>::bwd(l, r, g); break;
+    GEMMFUSE_BINARY_OPS(GF_CASE)
+#undef GF_CASE
+    default: break;
+  }
+  return reversed ? Grad2{d.r, d.l} : d;
 }
 
 // The shift PyTorch's logsumexp uses: the row max, or 0 when that max is +-inf.

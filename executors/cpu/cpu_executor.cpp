@@ -152,13 +152,13 @@ BoundRef bind(const Memory& mem, const OperandRef& r, int64_t width) {
 // arithmetic ops on a 1024-wide row).
 template <OpCode Op>
 void unary_row(float* x, int64_t w, const PointwiseParams& p) {
-  for (int64_t c = 0; c < w; ++c) x[c] = apply_unary(Op, x[c], p);
+  for (int64_t c = 0; c < w; ++c) x[c] = Pointwise<Op>::fwd(x[c], p);
 }
 
 template <OpCode Op>
 void binary_row(float* x, int64_t w, const BoundRef& b, int64_t row, bool reversed) {
   if (const float* v = row_values(b, row)) {
-    for (int64_t c = 0; c < w; ++c) x[c] = apply_binary(Op, x[c], v[c], reversed);
+    for (int64_t c = 0; c < w; ++c) x[c] = apply_binary(Op, x[c], v[c], reversed);  // Op constant
   } else {
     const float s = b.get(row, 0);
     for (int64_t c = 0; c < w; ++c) x[c] = apply_binary(Op, x[c], s, reversed);
@@ -168,16 +168,12 @@ void binary_row(float* x, int64_t w, const BoundRef& b, int64_t row, bool revers
 void pointwise_row(const Node& n, float* x, int64_t w, const BoundRef& b, int64_t row,
                    const PointwiseParams& p) {
   switch (n.op) {
-#define GF_UNARY(OP) \
-  case OpCode::OP: return unary_row<OpCode::OP>(x, w, p);
-#define GF_BINARY(OP) \
-  case OpCode::OP: return binary_row<OpCode::OP>(x, w, b, row, n.reversed);
-    GF_UNARY(Neg) GF_UNARY(Abs) GF_UNARY(Square) GF_UNARY(Sqrt) GF_UNARY(Rsqrt)
-    GF_UNARY(Exp) GF_UNARY(Log) GF_UNARY(Relu) GF_UNARY(Sigmoid) GF_UNARY(Tanh)
-    GF_UNARY(Silu) GF_UNARY(Mish) GF_UNARY(GeluErf) GF_UNARY(GeluTanh) GF_UNARY(Softplus)
-    GF_UNARY(Elu) GF_UNARY(LeakyRelu) GF_UNARY(Clamp) GF_UNARY(Pow) GF_UNARY(Reciprocal)
-    GF_BINARY(Add) GF_BINARY(Sub) GF_BINARY(Mul) GF_BINARY(Div) GF_BINARY(Minimum)
-    GF_BINARY(Maximum)
+#define GF_UNARY(code, name, fam, scalar) \
+  case OpCode::code: return unary_row<OpCode::code>(x, w, p);
+#define GF_BINARY(code, name, fam, scalar) \
+  case OpCode::code: return binary_row<OpCode::code>(x, w, b, row, n.reversed);
+    GEMMFUSE_UNARY_OPS(GF_UNARY)
+    GEMMFUSE_BINARY_OPS(GF_BINARY)
 #undef GF_UNARY
 #undef GF_BINARY
     default: throw std::logic_error(std::string("cpu executor: ") + op_name(n.op) + " is not pointwise");

@@ -82,29 +82,28 @@ __device__ __forceinline__ void binary4(float (&v)[4], const float (&b)[4], bool
   for (int j = 0; j < 4; ++j) v[j] = apply_binary(kOp, v[j], b[j], rev);
 }
 
+// The table's unary and binary rows (op_table.h). The host checks every pointwise
+// instruction's op against the table when it builds a program (row_program.cu), so no other
+// op reaches these switches.
 __device__ __forceinline__ void apply_unary4(OpCode op, float (&v)[4], const PointwiseParams& pp) {
-#define GF_UNARY(name) \
-  case OpCode::name: unary4<OpCode::name>(v, pp); break;
   switch (op) {
-    GF_UNARY(Neg) GF_UNARY(Abs) GF_UNARY(Square) GF_UNARY(Sqrt) GF_UNARY(Rsqrt) GF_UNARY(Exp)
-    GF_UNARY(Log) GF_UNARY(Relu) GF_UNARY(Sigmoid) GF_UNARY(Tanh) GF_UNARY(Silu) GF_UNARY(Mish)
-    GF_UNARY(GeluErf) GF_UNARY(GeluTanh) GF_UNARY(Softplus) GF_UNARY(Elu) GF_UNARY(LeakyRelu)
-    GF_UNARY(Clamp) GF_UNARY(Pow) GF_UNARY(Reciprocal)
-    default: break;  // identity (dropout in eval mode)
-  }
+#define GF_UNARY(code, name, fam, scalar) \
+  case OpCode::code: unary4<OpCode::code>(v, pp); break;
+    GEMMFUSE_UNARY_OPS(GF_UNARY)
 #undef GF_UNARY
+    default: __builtin_unreachable();
+  }
 }
 
 __device__ __forceinline__ void apply_binary4(OpCode op, float (&v)[4], const float (&b)[4],
                                               bool rev) {
-#define GF_BINARY(name) \
-  case OpCode::name: binary4<OpCode::name>(v, b, rev); break;
   switch (op) {
-    GF_BINARY(Add) GF_BINARY(Sub) GF_BINARY(Mul) GF_BINARY(Div) GF_BINARY(Minimum)
-    GF_BINARY(Maximum)
-    default: break;
-  }
+#define GF_BINARY(code, name, fam, scalar) \
+  case OpCode::code: binary4<OpCode::code>(v, b, rev); break;
+    GEMMFUSE_BINARY_OPS(GF_BINARY)
 #undef GF_BINARY
+    default: __builtin_unreachable();
+  }
 }
 
 // The binary operand for the `cnt` (1..4) columns c0.. of row r.

@@ -289,9 +289,10 @@ void launch_row_pass(const Plan& plan, const Step& step, const RunArgs& args, ch
               throw std::logic_error(std::string("CUDA row program: binary op ") +
                                      op_name(in.node.op) + " without an operand");
           }
-        } else if (family(in.node.op) != OpFamily::Unary &&
-                   family(in.node.op) != OpFamily::Dropout) {
-          unsupported(std::string("pointwise instruction for op ") + op_name(in.node.op));
+        } else if (family(in.node.op) != OpFamily::Unary) {
+          // The device's dispatch knows the table's unary and binary rows only.
+          throw std::logic_error(std::string("CUDA row program: pointwise instruction for op ") +
+                                 op_name(in.node.op));
         }
         break;
       }

@@ -20,24 +20,15 @@
 #include <string>
 #include <vector>
 
+#include "gemmfuse/op_table.h"
+
 namespace gemmfuse {
 
+// Every op, from the op table (op_table.h).
 enum class OpCode : uint8_t {
-  // Pointwise unary.
-  Neg, Abs, Square, Sqrt, Rsqrt, Exp, Log, Relu, Sigmoid, Tanh, Silu, Mish,
-  GeluErf, GeluTanh, Softplus, Elu, LeakyRelu, Clamp, Pow, Reciprocal,
-  // Pointwise binary: x <op> b (or b <op> x when `reversed`).
-  Add, Sub, Mul, Div, Minimum, Maximum,
-  // Row reductions over the last dim (to width 1, or dropping the dim when !keepdim).
-  Sum, Mean, Max, Min, LogSumExp,
-  // Row-broadcast normalisations over the last dim.
-  Softmax, LogSoftmax, GroupNorm,  // LayerNorm over the last dim is GroupNorm with groups=1.
-  // 1-d windows over the last dim.
-  AvgPool, MaxPool,
-  // Column statistics over the rows (training) or running statistics (eval).
-  BatchNorm,
-  // Identity unless training with p > 0 (then the chain cannot be fused).
-  Dropout,
+#define GF_OP_ENUM(code, name, family, cpu_scalar) code,
+  GEMMFUSE_OPS(GF_OP_ENUM)
+#undef GF_OP_ENUM
 };
 
 enum class OpFamily : uint8_t { Unary, Binary, Reduce, RowNorm, Pool, ColumnNorm, Dropout };
@@ -114,6 +105,10 @@ int64_t pool_output_width(int64_t width, const Node& pool);
 OpFamily family(OpCode op);
 const char* op_name(OpCode op);               // the spec's name
 bool op_from_name(const std::string& name, OpCode* out);
+// The CPU executor computes the op with scalar library calls (op_table.h's cpu_scalar).
+bool cpu_scalar(OpCode op);
+// The op table as text, one op a line: "<name> <family>" (for the Python capture's check).
+std::string op_table_text();
 
 // Parse the spec text; throws std::invalid_argument with a message naming the line.
 Chain parse_chain(const std::string& spec);

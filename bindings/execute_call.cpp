@@ -10,7 +10,8 @@ namespace gemmfuse::bindings {
 at::Tensor execute(Executor& executor, const CallInputs& in,
                    const std::function<CallTensors()>& convert, RunArgs args,
                    StateViews::Native16Bit native) {
-  const Plan& plan = plan_for(in.spec, in.x, in.weight, in.bias, in.operands, in.state, in.precision);
+  const Plan& plan = plan_for(in.spec, in.x, in.weight, in.bias, in.operands, in.state,
+                              in.precision, in.for_training);
   c10::SmallVector<int64_t, 5> shape(in.x.sizes().begin(), in.x.sizes().end() - 1);
   if (plan.out_has_feature_dim) shape.push_back(plan.out_width);
   if (plan.M == 0) return at::empty(shape, in.x.options());
@@ -34,7 +35,7 @@ at::Tensor execute(Executor& executor, const CallInputs& in,
       ws_bytes > 0 ? at::empty({ws_bytes}, t.x.options().dtype(at::kByte)) : at::Tensor();
   executor.run(plan, args, prepared.defined() ? prepared.data_ptr() : nullptr,
                workspace.defined() ? workspace.data_ptr() : nullptr);
-  state.finish(plan, in.state);
+  if (args.update_state) state.finish(plan, in.state);
   // The CPU computes 16-bit models in fp32; CUDA writes the model's dtype.
   return out.scalar_type() == in.x.scalar_type() ? out : out.to(in.x.scalar_type());
 }

@@ -3,6 +3,7 @@
 //   describe  the plan as text (for gemmfuse.explain), or "gemmfuse unsupported: ..." raised
 //   route     "" where the plan runs fused, else why PyTorch is faster for this call
 //   check     "" when a spec parses, else the reason
+//   train_forward, train_backward, update_running_stats: the differentiable form (train_ops.cpp)
 //   ops       the op table, one "<name> <family>" a line (the Python capture checks its names)
 #include <ATen/ATen.h>
 #include <torch/library.h>
@@ -107,6 +108,15 @@ TORCH_LIBRARY(gemmfuse, m) {
       "route(str spec, Tensor x, Tensor weight, Tensor? bias, Tensor[] operands, "
       "Tensor[] state, str precision) -> str",
       &route);
+  m.def(
+      "train_forward(str spec, Tensor x, Tensor weight, Tensor? bias, Tensor[] operands, "
+      "Tensor[] state, str precision) -> (Tensor, Tensor)");
+  m.def(
+      "train_backward(str spec, Tensor grad_out, Tensor x, Tensor weight, Tensor? bias, "
+      "Tensor[] operands, Tensor[] state, Tensor saved, str precision, bool[] needs) -> Tensor[]");
+  m.def(
+      "update_running_stats(str spec, Tensor x, Tensor weight, Tensor? bias, Tensor[] operands, "
+      "Tensor(a!)[] state, Tensor saved, str precision) -> ()");
   m.def("check(str spec) -> str", &check);
   m.def("ops() -> str", &ops);
 }

@@ -95,8 +95,9 @@ void check_call(const Chain& chain, const at::Tensor& x, const at::Tensor& weigh
 // device. On the stack for the usual ranks (this runs on every call).
 using Signature = c10::SmallVector<int64_t, 24>;
 Signature call_signature(const at::Tensor& x, at::TensorList operands,
-                         c10::string_view precision) {
+                         c10::string_view precision, bool for_training) {
   Signature sig(x.sizes().begin(), x.sizes().end());
+  sig.push_back(for_training ? -4 : -3);
   for (const auto& t : operands) {
     sig.push_back(-1);
     sig.insert(sig.end(), t.sizes().begin(), t.sizes().end());
@@ -113,7 +114,7 @@ Signature call_signature(const at::Tensor& x, at::TensorList operands,
 
 const Plan& plan_for(c10::string_view spec_view, const at::Tensor& x, const at::Tensor& weight,
                      const c10::optional<at::Tensor>& bias, at::TensorList operands,
-                     at::TensorList state, c10::string_view precision_view) {
+                     at::TensorList state, c10::string_view precision_view, bool for_training) {
   // The last call's chain and plan, per thread: a repeated call (the common case: one model
   // called again and again) skips the chain lookup and the plan map.
   struct LastCall {
@@ -123,7 +124,7 @@ const Plan& plan_for(c10::string_view spec_view, const at::Tensor& x, const at::
     const Plan* plan = nullptr;
   };
   thread_local LastCall last;
-  Signature signature = call_signature(x, operands, precision_view);
+  Signature signature = call_signature(x, operands, precision_view, for_training);
   if (last.plan != nullptr && last.signature == signature && c10::string_view(last.spec) == spec_view) {
     check_call(*last.chain, x, weight, bias, operands, state);
     return *last.plan;
@@ -149,6 +150,7 @@ const Plan& plan_for(c10::string_view spec_view, const at::Tensor& x, const at::
   req.batch_sizes.assign(x.sizes().begin(), x.sizes().end() - 1);
   for (const auto& t : operands) req.operand_sizes.emplace_back(t.sizes().vec());
   req.device = x.is_cuda() ? Device::CUDA : Device::CPU;
+  req.for_training = for_training;
   try {
     req.dtype = dtype_of(x);
   } catch (const Unsupported& e) {

@@ -18,9 +18,10 @@ std::shared_ptr<const Chain> chain_for(const std::string& spec);
 // Checks the call as PyTorch's F.linear would (same messages where PyTorch has one), then
 // returns its plan. Plans are cached per (spec, shapes, dtype, precision, device) and never
 // freed, so the reference stays valid. Refused chains raise "gemmfuse unsupported: <reason>".
+// `for_training`: the plan of gemmfuse::train_forward / train_backward (PlanRequest's).
 const Plan& plan_for(c10::string_view spec, const at::Tensor& x, const at::Tensor& weight,
                      const c10::optional<at::Tensor>& bias, at::TensorList operands,
-                     at::TensorList state, c10::string_view precision);
+                     at::TensorList state, c10::string_view precision, bool for_training = false);
 
 // Output shape of the chain for input x (leading dims of x, then the output width unless a
 // keepdim=false reduction dropped it). Used by the Meta kernel and by run.

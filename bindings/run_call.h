@@ -21,6 +21,7 @@ struct CallInputs {
   const c10::optional<at::Tensor>& bias;
   at::TensorList operands, state;
   c10::string_view precision;
+  bool for_training = false;  // gemmfuse::train_forward: the training plan, args.saved filled
 };
 
 // The call's tensors as an executor wants them (dtype, contiguity).
@@ -53,9 +54,15 @@ at::Tensor execute(Executor& executor, const CallInputs& in,
                    const std::function<CallTensors()>& convert, RunArgs args,
                    StateViews::Native16Bit native);
 
-at::Tensor run_on_cpu(const CallInputs& in);
+// With in.for_training (train_forward): `saved` (BackwardPlan::saved) is filled for the
+// backward and the running statistics are left alone.
+at::Tensor run_on_cpu(const CallInputs& in, float* saved = nullptr);
 #ifdef GEMMFUSE_WITH_CUDA
-at::Tensor run_on_cuda(const CallInputs& in);
+at::Tensor run_on_cuda(const CallInputs& in, float* saved = nullptr);
 #endif
+
+// The gradients of a training plan on the CPU (train_ops.cpp).
+std::vector<at::Tensor> backward_on_cpu(const CallInputs& in, const at::Tensor& grad_out,
+                                        const at::Tensor& saved, const std::vector<bool>& needs);
 
 }  // namespace gemmfuse::bindings

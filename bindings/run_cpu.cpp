@@ -18,10 +18,12 @@ void blas_gemm(int64_t M, int64_t N, int64_t K, const float* x, const float* w, 
 
 }  // namespace
 
-at::Tensor run_on_cpu(const CallInputs& in) {
+at::Tensor run_on_cpu(const CallInputs& in, float* saved) {
   static CpuExecutor executor;
   RunArgs args;
   args.cpu_gemm = blas_gemm;
+  args.saved = saved;
+  args.update_state = !in.for_training;
   return execute(executor, in, [&] {
     // The CPU executor computes in fp32 on contiguous tensors.
     auto f32 = [](const at::Tensor& t) { return t.to(at::kFloat).contiguous(); };

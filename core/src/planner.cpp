@@ -526,7 +526,7 @@ class Builder {
   // BatchNorm at node i. With batch statistics: close the pass (its output holds v<i>),
   // ColumnStats over it, then a new pass starting with the apply. With running statistics
   // (eval, not folded): a ColumnStats step with input -1 turns the running stats into the
-  // same [2, width] stats buffer; it reads no rows, so the pass is not cut.
+  // same [3, width] stats buffer; it reads no rows, so the pass is not cut.
   void batch_norm(int i) {
     const Node& n = chain_.nodes[i];
     const int64_t w = ctx_.row_width(i);
@@ -541,7 +541,7 @@ class Builder {
       // With an empty pass the buffer it would read (Y or an earlier cut) holds v<i> already.
       cs.input = value_buffer_.at(i);
     }
-    cs.output = add_buffer("bn" + std::to_string(i + 1), 2, w);
+    cs.output = add_buffer("bn" + std::to_string(i + 1), 3, w);  // mean, invstd, var
     if (batch) {
       const bool update = n.training && n.running_mean.present();
       cs.summary = plan_.buffers[cs.input].name + " → " + plan_.buffers[cs.output].name +
@@ -620,7 +620,8 @@ Plan make_plan(const PlanRequest& req) {
   }
 
   plan.chain = req.chain;
-  plan.rewrites = req.simplify ? simplify(plan.chain, plan.prep)
+  plan.for_training = req.for_training;
+  plan.rewrites = req.simplify ? simplify(plan.chain, plan.prep, req.for_training)
                                : drop_identity_dropout(plan.chain);
   // `fast` splits x and W into bf16 parts to run the GEMM on tensor cores. With few rows the
   // GEMM is bound by reading W once (H100, K=N=8192: fp32 SGEMM 0.128 ms at M=1 against

@@ -182,6 +182,10 @@ void apply_key(Node& n, const std::string& key, const std::string& val, const Li
         if (key == "rev") { n.reversed = boolean(); return; }
       }
       if (fam == OpFamily::Reduce && key == "keepdim") { n.keepdim = boolean(); return; }
+      if ((n.op == OpCode::Max || n.op == OpCode::Min) && key == "index") {
+        n.first_index = boolean();
+        return;
+      }
       break;
   }
   ctx.fail(std::string("unknown key '") + key + "' for " + op_name(n.op));
@@ -415,6 +419,7 @@ std::string to_spec_line(const Node& n) {
         if (n.reversed) put("rev", "1");
       }
       if (family(n.op) == OpFamily::Reduce && !n.keepdim) put("keepdim", "0");
+      if (n.first_index) put("index", "1");
       break;
   }
   return s;

@@ -340,7 +340,8 @@ void run_row_pass(const Step& st, const Memory& mem) {
   }
 }
 
-// Mean and invstd per column into buffer `output` ([2, w]); training updates running state.
+// Mean, invstd and biased var per column into buffer `output` ([3, w]); training updates the
+// running state unless the run only computes (train_forward: RunArgs::update_state).
 void run_column_stats(const Step& st, const Memory& mem) {
   const Node& n = st.node;
   const int64_t w = st.width_in, M = mem.plan.M;
@@ -377,9 +378,11 @@ void run_column_stats(const Step& st, const Memory& mem) {
   for (int64_t c = 0; c < w; ++c) {
     stats[c] = static_cast<float>(mean[c]);
     stats[w + c] = static_cast<float>(1.0 / std::sqrt(var[c] + n.eps));
+    stats[2 * w + c] = static_cast<float>(var[c]);
   }
 
   if (!n.training || !rm || !rv) return;  // eval without running stats: nothing to update
+  if (!mem.args.update_state) return;     // a differentiable forward: update_running_stats does it
   int64_t* nb = state_ptr<int64_t>(mem.args, n.num_batches);
   if (nb) *nb += 1;
   double m = n.momentum;
@@ -439,6 +442,23 @@ void run_gemv(const Step& st, const Memory& mem, const void* prepared) {
     }
     y[r] = any_nonfinite ? static_cast<float>(nonfinite * scale)
                          : static_cast<float>((s + sumb) * scale);
+  }
+}
+
+// What the backward reads, copied out of the workspace: the value the GEMM (GEMV) produced,
+// which the first row pass read from buffer 0, and each batch-statistics BatchNorm's stats.
+void save_for_backward(const Plan& plan, const Memory& mem) {
+  const BackwardPlan bp = make_backward_plan(plan);
+  float* saved = mem.args.saved;
+  if (bp.saved.v >= 0) {
+    const float* v = mem.buffer(0);
+    std::copy(v, v + plan.M * bp.saved.v_cols, saved + bp.saved.v);
+  }
+  for (const auto& [node, off] : bp.saved.batch_stats) {
+    const Instr& in = bp.program[node - bp.start];
+    const int64_t w = in.width_in;
+    const float* stats = mem.buffer(in.stats);
+    std::copy(stats, stats + 3 * w, saved + off);
   }
 }
 
@@ -539,6 +559,8 @@ void CpuExecutor::run(const Plan& plan, const RunArgs& args, const void* prepare
       case Step::Kind::ColumnStats: run_column_stats(st, mem); break;
     }
   }
+  if (args.saved) save_for_backward(plan, mem);
 }
+
 
 }  // namespace gemmfuse

@@ -22,8 +22,12 @@ class CpuExecutor : public Executor {
   // plan.buffers_bytes(): the CPU executor keeps its per-row scratch on the stack/heap.
   size_t workspace_bytes(const Plan& plan) const override;
   void prepare(const Plan& plan, const RunArgs& args, void* prepared) override;
-  // Synchronous. Updates BatchNorm running state in args.state when the plan trains.
+  // Synchronous. Updates BatchNorm running state in args.state when the plan trains (and
+  // args.update_state); writes args.saved when given (BackwardPlan::saved).
   void run(const Plan& plan, const RunArgs& args, const void* prepared, void* workspace) override;
+  // The reference backward (cpu_backward.cpp): every row's values recomputed from the saved
+  // GEMM output, the stages' derivatives in reverse, then dx, dW, db.
+  void backward(const Plan& plan, const BackwardPlan& bp, const BackwardArgs& args) override;
 };
 
 // y[M,N] = x[M,K] w[N,K]^T in fp32, cache-blocked, OpenMP over rows (no bias).

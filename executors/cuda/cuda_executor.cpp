@@ -198,4 +198,9 @@ void CudaExecutor::run(const Plan& plan, const RunArgs& args, const void* prepar
   run_steps(plan, args, prep, workspace_layout(plan), ws, stream);
 }
 
+void CudaExecutor::backward(const Plan&, const BackwardPlan&, const BackwardArgs&) {
+  throw Unsupported("the CUDA executor has no backward yet: while autograd records, the chain "
+                    "runs in PyTorch on CUDA");
+}
+
 }  // namespace gemmfuse

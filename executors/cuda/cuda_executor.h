@@ -46,6 +46,7 @@ class CudaExecutor : public Executor {
   size_t workspace_bytes(const Plan& plan) const override;
   void prepare(const Plan& plan, const RunArgs& args, void* prepared) override;
   void run(const Plan& plan, const RunArgs& args, const void* prepared, void* workspace) override;
+  void backward(const Plan& plan, const BackwardPlan& bp, const BackwardArgs& args) override;
 };
 
 }  // namespace gemmfuse

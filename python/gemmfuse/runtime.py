@@ -14,6 +14,7 @@ import torch
 import torch.fx as fx
 
 from . import _lib
+from .autograd import train_forward
 from .direct import global_hooks
 
 PRECISIONS = ("fp32", "fast", "tf32")
@@ -75,6 +76,8 @@ class ChainRuntime:
         self.fused_calls = 0
         self.fallbacks: dict = {}         # reason -> count
         self.refused: dict = {}           # (shape, dtype, device, flags) -> planner's reason
+        self.refused_train: dict = {}     # the same, for calls autograd records
+        self.train_calls = 0              # fused calls autograd recorded (of fused_calls)
         # The input signatures of fused calls, latest last (explain prints the plan at each;
         # plans change with the shape). Recorded off the fast path: a new signature takes the
         # checked call.
@@ -88,7 +91,7 @@ class ChainRuntime:
         self._op = torch.ops.gemmfuse.run.default._op
 
     # -- pickling: the C++ binding and the per-process caches are rebuilt, not saved ----------
-    _TRANSIENT = ("_op", "_fast", "_routed", "refused", "_wt", "_cast")
+    _TRANSIENT = ("_op", "_fast", "_routed", "refused", "refused_train", "_wt", "_cast")
 
     def __getstate__(self):
         return {k: v for k, v in self.__dict__.items() if k not in self._TRANSIENT}
@@ -96,7 +99,7 @@ class ChainRuntime:
     def __setstate__(self, state):
         self.__dict__.update(state)
         self._fast = self._routed = self._wt = self._cast = None
-        self.refused = {}
+        self.refused, self.refused_train = {}, {}
         _lib.load()
         self._op = torch.ops.gemmfuse.run.default._op
 
@@ -291,21 +294,18 @@ class ChainRuntime:
             state.append(t)
         if b is not None and (b.device != x.device or b.dtype != x.dtype):
             return self._pytorch(inputs, "bias device/dtype differs from the input's")
-        if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad or
-                                        (b is not None and b.requires_grad) or
-                                        any(t.requires_grad for t in ops)):
-            if not self._warned:
-                self._warned = True
-                warnings.warn(
-                    "gemmfuse: autograd is recording and the chain's inputs require grad, so the "
-                    "chain runs in PyTorch (the fused op has no backward). Call the module under "
-                    "torch.no_grad() or torch.inference_mode() to run it fused.", stacklevel=3)
-            return self._pytorch(inputs, "autograd is recording (run under torch.no_grad() to fuse)")
+        # While autograd records and something requires grad: the differentiable op
+        # (autograd.py), which also returns what its backward needs.
+        train = torch.is_grad_enabled() and (x.requires_grad or w.requires_grad or
+                                             (b is not None and b.requires_grad) or
+                                             any(t.requires_grad for t in ops))
         if x.numel() == 0 and self.bn_training[flags]:
             return self._pytorch(inputs, "empty batch with a training BatchNorm")
         key = (tuple(x.shape), x.dtype, x.device, flags)
         if key in self.refused:
             return self._pytorch(inputs, self.refused[key])
+        if train and key in self.refused_train:
+            return self._pytorch(inputs, self.refused_train[key])
         spec = self.specs[flags]
         if not x.is_contiguous():
             x = x.contiguous()
@@ -319,8 +319,23 @@ class ChainRuntime:
                     self.refused[key] = reason
                     self._routed = key + (reason,)
                     return self._pytorch(inputs, reason)
-            out = torch.ops.gemmfuse.run(spec, x, w, b, ops, state, self.precision)
+            if train:
+                out, saved = train_forward(spec, x, w, b, ops, state, self.precision)
+                if self.bn_training[flags]:
+                    torch.ops.gemmfuse.update_running_stats(spec, x, w, b, ops, state, saved,
+                                                            self.precision)
+            else:
+                out = torch.ops.gemmfuse.run(spec, x, w, b, ops, state, self.precision)
         except (RuntimeError, ValueError) as e:
+            if _lib.is_unsupported(e) and train:
+                reason = (f"autograd records: no fused backward at shape {list(x.shape)} on "
+                          f"{x.device.type}: {_lib.unsupported_reason(e)}")
+                self.refused_train[key] = reason
+                if not self._warned:
+                    self._warned = True
+                    warnings.warn(f"gemmfuse: {reason}; the chain runs in PyTorch while autograd "
+                                  f"records", stacklevel=3)
+                return self._pytorch(inputs, reason)
             if _lib.is_unsupported(e):
                 reason = f"planner refused shape {list(x.shape)} flags {flags}: {_lib.unsupported_reason(e)}"
                 self.refused[key] = reason
@@ -332,8 +347,9 @@ class ChainRuntime:
                 raise ValueError(str(e).splitlines()[0]) from None
             raise
         self.fused_calls += 1
+        self.train_calls += train
         self._saw(key)
-        if (all(o is inputs[i] for o, i in zip(ops, self.op_idx))
+        if not train and (all(o is inputs[i] for o, i in zip(ops, self.op_idx))
                 and all(t is inputs[i] for t, i in zip(state, self.st_idx))):
             self._fast = (x.shape, x.dtype, x.device, flags, spec)
         return out

@@ -108,7 +108,7 @@ TEST(Planner, M84CutsForColumnStats) {
   const Step& cs = p.steps[1];
   EXPECT_EQ(cs.kind, Step::Kind::ColumnStats);
   EXPECT_EQ(cs.input, 0);  // nothing before the BatchNorm: the stats read Y directly
-  EXPECT_EQ(p.buffers[cs.output].rows, 2);
+  EXPECT_EQ(p.buffers[cs.output].rows, 3);  // mean, invstd, var
   EXPECT_EQ(p.buffers[cs.output].cols, N);
   EXPECT_EQ(cs.node.op, OpCode::BatchNorm);
   const Step& rp = p.steps[2];

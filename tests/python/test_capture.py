@@ -16,7 +16,7 @@ P1 = "0.10000000000000001"
 SEED_SPECS = {
     "m18": """linear in=96 out=160 bias=1
 sum keepdim=1
-max keepdim=1
+max keepdim=1 index=1
 mean keepdim=1
 logsumexp keepdim=1
 logsumexp keepdim=1
@@ -375,7 +375,7 @@ def test_dynamo_functional_ops_and_max_getitem():
     assert spec == f"""linear in=8 out=12 bias=1
 batch_norm training=0 eps={E5} weight=t0 bias=t1 running_mean=s0 running_var=s1
 group_norm groups=3 eps={E5} weight=t2 bias=t3
-max keepdim=1
+max keepdim=1 index=1
 mish
 mul b=v3
 """

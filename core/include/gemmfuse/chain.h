@@ -73,6 +73,8 @@ struct Node {
   int64_t groups = 1;                      // group norm
   int64_t kernel = 1, stride = 1, padding = 0;  // pooling
   bool keepdim = true;                     // reductions
+  bool first_index = false;                // max/min: torch.max(x, dim).values, whose gradient
+                                           // goes to the first extreme (amax splits it on ties)
   bool ceil_mode = false;                  // pooling
   bool count_include_pad = true;           // avg pooling
   bool training = false;                   // batch norm, dropout

@@ -7,6 +7,7 @@
 #include <functional>
 #include <vector>
 
+#include "gemmfuse/backward.h"
 #include "gemmfuse/plan.h"
 
 namespace gemmfuse {
@@ -29,6 +30,36 @@ struct RunArgs {
   // the CPU executor uses its own blocked loop (enough for tests).
   std::function<void(int64_t M, int64_t N, int64_t K, const float* x, const float* w, float* y)>
       cpu_gemm;
+
+  // Training (gemmfuse::train_forward): where the forward writes what its backward needs
+  // (BackwardPlan::saved, fp32), and whether it updates the running statistics in `state`
+  // itself (a differentiable forward leaves that to gemmfuse::update_running_stats).
+  float* saved = nullptr;
+  bool update_state = true;
+};
+
+// CPU only: C[M,N] = op(A) op(B) in fp32, op(A) [M,K] and op(B) [K,N]; A is stored [M,K] (or
+// [K,M] when ta) and B [K,N] (or [N,K] when tb), row-major.
+using CpuMatmul = std::function<void(int64_t M, int64_t N, int64_t K, const float* a, bool ta,
+                                     const float* b, bool tb, float* c)>;
+
+// The tensors of one backward call (gemmfuse::train_backward). A gradient that is not wanted
+// is nullptr. On the CPU every float tensor is fp32.
+struct BackwardArgs {
+  const void* grad_out = nullptr;      // [M, plan.out_width]
+  const void* x = nullptr;             // [M, K]
+  const void* weight = nullptr;        // [N, K]
+  const void* bias = nullptr;          // [N] or nullptr
+  std::vector<const float*> operands;  // t<i>, fp32, contiguous
+  std::vector<int64_t> operand_numel;  // their sizes (the shape of their gradients)
+  std::vector<void*> state;            // s<i> (eval BatchNorm reads its running statistics)
+  const float* saved = nullptr;        // what the forward saved (BackwardPlan::saved)
+  void* grad_x = nullptr;              // [M, K]
+  void* grad_w = nullptr;              // [N, K]
+  void* grad_b = nullptr;              // [N]
+  std::vector<float*> grad_operands;   // fp32, operand_numel[i] values each, or nullptr
+  void* stream = nullptr;
+  CpuMatmul cpu_matmul;                // CPU only; when empty a plain loop
 };
 
 class Executor {
@@ -43,6 +74,8 @@ class Executor {
   // Run the plan. Asynchronous on CUDA (stream-ordered, no host sync).
   virtual void run(const Plan& plan, const RunArgs& args, const void* prepared,
                    void* workspace) = 0;
+  // The gradients of a plan made for training (backward.h), from what run() saved.
+  virtual void backward(const Plan& plan, const BackwardPlan& bp, const BackwardArgs& args) = 0;
 };
 
 }  // namespace gemmfuse

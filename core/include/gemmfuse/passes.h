@@ -57,7 +57,9 @@ Rewrites fold_eval_batchnorm(Chain& chain, WeightPrep& prep);
 Rewrites sum_to_gemv(Chain& chain, WeightPrep& prep);
 
 // All of the above, in the order dropout, size-1 reductions, scalar chains, eval BatchNorm,
-// GEMV, repeated until none applies.
-Rewrites simplify(Chain& chain, WeightPrep& prep);
+// GEMV, repeated until none applies. For a plan that autograd will differentiate
+// (`for_training`) the eval BatchNorm stays a stage: its fold would hide the pre-norm values
+// that the gradients of gamma and beta need.
+Rewrites simplify(Chain& chain, WeightPrep& prep, bool for_training = false);
 
 }  // namespace gemmfuse

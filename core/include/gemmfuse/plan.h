@@ -68,7 +68,7 @@ struct Instr {
   Node node;                 // the stage (attributes: eps, groups, kernel, ...)
   OperandRef b;              // Pointwise binary operand
   OperandRef weight, bias;   // GroupNorm / BatchNormApply affine (Col or None)
-  int stats = -1;            // BatchNormApply: buffer holding [2, width] = mean row, invstd row
+  int stats = -1;            // BatchNormApply: buffer holding [3, width] = mean, invstd, var rows
   int buffer = -1;           // Save: destination buffer
   int64_t width_in = 0, width_out = 0;
 };
@@ -85,7 +85,7 @@ struct Step {
     Gemm,         // output[M,N] = x W^T (+ b)  (bias added here; fp32 output buffer)
     Gemv,         // output[M,1] = x . colsum(W) + sum(b)   (scaled by 1/N for a mean)
     RowPass,      // output = program(input), row by row
-    ColumnStats,  // buffer `output` [2,width] = mean, invstd over the M rows of `input`
+    ColumnStats,  // buffer `output` [3,width] = mean, invstd, biased var over the M rows of `input`
                   // for BatchNorm node `node`; updates its running state when training
                   // (node.training and running stats present: running_mean/var, and
                   // num_batches += 1 when present; momentum < 0 means 1/num_batches).
@@ -131,6 +131,7 @@ struct Plan {
   int64_t out_width = 0;            // width of the output's last dim
   bool out_has_feature_dim = true;  // false: the output drops the last dim
   Device device = Device::CPU;
+  bool for_training = false;        // planned to be differentiated (PlanRequest::for_training)
   // Non-empty where the planner expects PyTorch to run this chain faster than this plan on
   // this device and shape: the reason. The plan still runs when called; the Python front
   // asks (`gemmfuse::route`) and runs such calls in PyTorch, and `explain` shows the reason.
@@ -159,6 +160,9 @@ struct PlanRequest {
   // false: plan the chain as captured (only identity dropouts are dropped). For tests and
   // for debugging a rewrite; products leave it on.
   bool simplify = true;
+  // The plan will be differentiated (gemmfuse::train_forward / train_backward): rewrites
+  // whose backward would need what they fold away are left out (passes.h).
+  bool for_training = false;
   // `fast` with at most this many rows runs its GEMM in fp32: there the GEMM is bound by
   // reading W, and fp32 is as fast and more accurate. Tests of the split path set 0.
   int64_t fast_min_rows = 16;

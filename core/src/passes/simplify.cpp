@@ -6,7 +6,7 @@
 
 namespace gemmfuse {
 
-Rewrites simplify(Chain& chain, WeightPrep& prep) {
+Rewrites simplify(Chain& chain, WeightPrep& prep, bool for_training) {
   Rewrites all;
   for (int round = 0; round < 64; ++round) {
     const size_t before = all.size();
@@ -14,7 +14,7 @@ Rewrites simplify(Chain& chain, WeightPrep& prep) {
     add(drop_identity_dropout(chain));
     add(drop_size1_reductions(chain));
     add(fold_scalar_chains(chain));
-    add(fold_eval_batchnorm(chain, prep));
+    if (!for_training) add(fold_eval_batchnorm(chain, prep));
     add(sum_to_gemv(chain, prep));
     if (all.size() == before) break;
   }

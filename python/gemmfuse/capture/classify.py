@@ -480,6 +480,7 @@ def _max_min(node: fx.Node, ctx: _Ctx, which: str, args: list, kwargs: dict) -> 
     if not ok:
         raise Unsupported(f"{which}(dim) indices are used")
     st = _reduce(g, ctx, which, a, value_node=g)
+    st.variants[None][1]["index"] = True  # the gradient goes to the index torch.max returns
     st.nodes = [node, g]
     return st
 

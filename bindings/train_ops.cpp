@@ -1,0 +1,208 @@
+// The differentiable form of a chain (autograd glue: python/gemmfuse/autograd.py):
+//   train_forward(...) -> (out, saved)    the forward of the training plan, functional: it also
+//                                         returns what the backward needs, and leaves the
+//                                         BatchNorm running statistics alone
+//   train_backward(..., grad_out, saved, needs) -> [dx, dW, db, d operand 0, ...]
+//                                         (an empty tensor where `needs` says no)
+//   update_running_stats(..., state, saved)   the running-statistics update the forward left
+//                                         out, as PyTorch's BatchNorm does it (in place)
+// All three take the forward's arguments, so they find the same (training) plan.
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#ifdef GEMMFUSE_WITH_CUDA
+#include <c10/cuda/CUDAGuard.h>
+#endif
+
+#include <tuple>
+#include <vector>
+
+#include "cpu_executor.h"
+#include "gemmfuse/backward.h"
+#include "plan_cache.h"
+#include "run_call.h"
+
+namespace gemmfuse::bindings {
+namespace {
+
+CallInputs training_inputs(c10::string_view spec, const at::Tensor& x, const at::Tensor& weight,
+                           const c10::optional<at::Tensor>& bias, at::TensorList operands,
+                           at::TensorList state, c10::string_view precision) {
+  return CallInputs{spec, x, weight, bias, operands, state, precision, /*for_training=*/true};
+}
+
+const Plan& training_plan(const CallInputs& in) {
+  return plan_for(in.spec, in.x, in.weight, in.bias, in.operands, in.state, in.precision, true);
+}
+
+std::tuple<at::Tensor, at::Tensor> train_forward(c10::string_view spec, const at::Tensor& x,
+                                                 const at::Tensor& weight,
+                                                 const c10::optional<at::Tensor>& bias,
+                                                 at::TensorList operands, at::TensorList state,
+                                                 c10::string_view precision) {
+  const CallInputs in = training_inputs(spec, x, weight, bias, operands, state, precision);
+  const Plan& plan = training_plan(in);
+  BackwardPlan bp;
+  try {
+    bp = make_backward_plan(plan);
+  } catch (const Unsupported& e) {
+    TORCH_CHECK(false, "gemmfuse unsupported: ", e.what());
+  }
+  at::Tensor saved = at::empty({bp.saved.total}, x.options().dtype(at::kFloat));
+#ifdef GEMMFUSE_WITH_CUDA
+  if (x.is_cuda()) {
+    // The CUDA executor's backward is not built: refuse here so that the front runs the
+    // chain in PyTorch before anything is computed.
+    TORCH_CHECK(false, "gemmfuse unsupported: the CUDA executor has no backward yet: while "
+                       "autograd records, the chain runs in PyTorch on CUDA");
+  }
+#endif
+  at::Tensor out = run_on_cpu(in, saved.numel() ? saved.data_ptr<float>() : nullptr);
+  return {out, saved};
+}
+
+std::tuple<at::Tensor, at::Tensor> train_forward_meta(
+    c10::string_view spec, const at::Tensor& x, const at::Tensor& weight,
+    const c10::optional<at::Tensor>& bias, at::TensorList operands, at::TensorList state,
+    c10::string_view precision) {
+  const CallInputs in = training_inputs(spec, x, weight, bias, operands, state, precision);
+  const Plan& plan = training_plan(in);
+  const BackwardPlan bp = make_backward_plan(plan);
+  auto chain = chain_for(std::string(spec.data(), spec.size()));
+  return {at::empty(output_shape(*chain, x.sizes()), x.options()),
+          at::empty({bp.saved.total}, x.options().dtype(at::kFloat))};
+}
+
+std::vector<at::Tensor> train_backward(c10::string_view spec, const at::Tensor& grad_out,
+                                       const at::Tensor& x, const at::Tensor& weight,
+                                       const c10::optional<at::Tensor>& bias,
+                                       at::TensorList operands, at::TensorList state,
+                                       const at::Tensor& saved, c10::string_view precision,
+                                       const c10::List<bool>& needs) {
+  const CallInputs in = training_inputs(spec, x, weight, bias, operands, state, precision);
+  TORCH_CHECK(!x.is_cuda(), "gemmfuse: the CUDA executor has no backward yet");
+  return backward_on_cpu(in, grad_out, saved, needs.vec());
+}
+
+std::vector<at::Tensor> train_backward_meta(c10::string_view, const at::Tensor&,
+                                            const at::Tensor& x, const at::Tensor& weight,
+                                            const c10::optional<at::Tensor>& bias,
+                                            at::TensorList operands, at::TensorList,
+                                            const at::Tensor&, c10::string_view,
+                                            const c10::List<bool>& needs) {
+  std::vector<at::Tensor> out;
+  auto like = [&](size_t i, const at::Tensor& t) {
+    out.push_back(i < needs.size() && needs.get(i) ? at::empty_like(t) : at::empty({0}, t.options()));
+  };
+  like(0, x);
+  like(1, weight);
+  if (bias) like(2, *bias);
+  else out.push_back(at::empty({0}, x.options()));
+  for (size_t i = 0; i < operands.size(); ++i) like(3 + i, operands[i]);
+  return out;
+}
+
+void update_running_stats(c10::string_view spec, const at::Tensor& x, const at::Tensor& weight,
+                          const c10::optional<at::Tensor>& bias, at::TensorList operands,
+                          at::TensorList state, const at::Tensor& saved,
+                          c10::string_view precision) {
+  const CallInputs in = training_inputs(spec, x, weight, bias, operands, state, precision);
+  const Plan& plan = training_plan(in);
+  const BackwardPlan bp = make_backward_plan(plan);
+  at::NoGradGuard no_grad;
+  for (const auto& [node, off] : bp.saved.batch_stats) {
+    const Node& n = plan.chain.nodes[node];
+    if (!n.training || !n.running_mean.present() || !n.running_var.present()) continue;
+    const int64_t w = plan.chain.width_of(node);
+    const at::Tensor mean = saved.narrow(0, off, w), var = saved.narrow(0, off + 2 * w, w);
+    at::Tensor rm = state[n.running_mean.index], rv = state[n.running_var.index];
+    double m = n.momentum;
+    if (n.num_batches.present()) {
+      at::Tensor nb = state[n.num_batches.index];
+      nb.add_(1);
+      if (m < 0) m = 1.0 / nb.item<double>();
+    }
+    TORCH_CHECK(m >= 0, "gemmfuse: BatchNorm with momentum=None needs num_batches_tracked");
+    const double unbias = plan.M > 1 ? double(plan.M) / double(plan.M - 1) : 0.0;
+    rm.mul_(1 - m).add_(mean.to(rm.scalar_type()), m);
+    rv.mul_(1 - m).add_(var.to(rv.scalar_type()), m * unbias);
+  }
+}
+
+}  // namespace
+
+// The CPU backward: fp32 tensors in, gradients in the inputs' dtypes out.
+std::vector<at::Tensor> backward_on_cpu(const CallInputs& in, const at::Tensor& grad_out,
+                                        const at::Tensor& saved, const std::vector<bool>& needs) {
+  static CpuExecutor executor;
+  const Plan& plan = training_plan(in);
+  const BackwardPlan bp = make_backward_plan(plan);
+  auto f32 = [](const at::Tensor& t) { return t.to(at::kFloat).contiguous(); };
+  const at::Tensor go = f32(grad_out), x = f32(in.x), w = f32(in.weight);
+  const at::Tensor b = in.bias ? f32(*in.bias) : at::Tensor();
+  std::vector<at::Tensor> ops;
+  for (const auto& o : in.operands) ops.push_back(f32(o));
+  StateViews state(in.state, StateViews::Native16Bit::No);
+  auto need = [&](size_t i) { return i < needs.size() && needs[i]; };
+
+  BackwardArgs a;
+  a.grad_out = go.data_ptr();
+  a.x = x.data_ptr();
+  a.weight = w.data_ptr();
+  a.bias = b.defined() ? b.data_ptr() : nullptr;
+  for (const auto& o : ops) {
+    a.operands.push_back(o.data_ptr<float>());
+    a.operand_numel.push_back(o.numel());
+  }
+  a.state = state.pointers;
+  a.saved = saved.numel() ? saved.data_ptr<float>() : nullptr;
+  at::Tensor dx = need(0) ? at::empty(x.sizes(), x.options()) : at::Tensor();
+  at::Tensor dw = need(1) ? at::empty(w.sizes(), w.options()) : at::Tensor();
+  at::Tensor db = need(2) && b.defined() ? at::empty(b.sizes(), b.options()) : at::Tensor();
+  std::vector<at::Tensor> dops;
+  for (size_t i = 0; i < ops.size(); ++i)
+    dops.push_back(need(3 + i) ? at::empty(ops[i].sizes(), ops[i].options()) : at::Tensor());
+  a.grad_x = dx.defined() ? dx.data_ptr() : nullptr;
+  a.grad_w = dw.defined() ? dw.data_ptr() : nullptr;
+  a.grad_b = db.defined() ? db.data_ptr() : nullptr;
+  for (auto& d : dops) a.grad_operands.push_back(d.defined() ? d.data_ptr<float>() : nullptr);
+  a.cpu_matmul = [](int64_t M, int64_t N, int64_t K, const float* pa, bool ta, const float* pb,
+                    bool tb, float* pc) {
+    auto o = at::TensorOptions().dtype(at::kFloat);
+    at::Tensor A = at::from_blob(const_cast<float*>(pa), ta ? at::IntArrayRef{K, M} : at::IntArrayRef{M, K}, o);
+    at::Tensor B = at::from_blob(const_cast<float*>(pb), tb ? at::IntArrayRef{N, K} : at::IntArrayRef{K, N}, o);
+    at::Tensor C = at::from_blob(pc, {M, N}, o);
+    at::mm_out(C, ta ? A.t() : A, tb ? B.t() : B);
+  };
+  executor.backward(plan, bp, a);
+
+  auto back = [](const at::Tensor& g, const at::Tensor& like) {
+    return g.defined() ? g.to(like.scalar_type()) : at::empty({0}, like.options());
+  };
+  std::vector<at::Tensor> out{back(dx, in.x), back(dw, in.weight),
+                              in.bias ? back(db, *in.bias) : at::empty({0}, in.x.options())};
+  for (size_t i = 0; i < ops.size(); ++i) out.push_back(back(dops[i], in.operands[i]));
+  return out;
+}
+
+TORCH_LIBRARY_IMPL(gemmfuse, CPU, m) {
+  m.impl("train_forward", &train_forward);
+  m.impl("train_backward", &train_backward);
+  m.impl("update_running_stats", &update_running_stats);
+}
+TORCH_LIBRARY_IMPL(gemmfuse, Meta, m) {
+  m.impl("train_forward", &train_forward_meta);
+  m.impl("train_backward", &train_backward_meta);
+  m.impl("update_running_stats", [](c10::string_view, const at::Tensor&, const at::Tensor&,
+                                    const c10::optional<at::Tensor>&, at::TensorList,
+                                    at::TensorList, const at::Tensor&, c10::string_view) {});
+}
+#ifdef GEMMFUSE_WITH_CUDA
+TORCH_LIBRARY_IMPL(gemmfuse, CUDA, m) {
+  m.impl("train_forward", &train_forward);
+  m.impl("train_backward", &train_backward);
+  m.impl("update_running_stats", &update_running_stats);
+}
+#endif
+
+}  // namespace gemmfuse::bindings

@@ -1,0 +1,594 @@
+// The CPU executor's backward (backward.h): the reference the CUDA backward is tested against.
+//
+// The chain is cut at BatchNorms that normalise with batch statistics (their input's gradient
+// needs column sums over all rows); each segment [lo, hi) runs row by row: the chain's values
+// v_start .. v_hi recomputed from the saved v_start (BatchNorms with their saved statistics),
+// the gradient at v_hi taken from the segment above (or the output's gradient), then every
+// stage's derivative in reverse. Reads of an earlier value v<j> add their share to v<j>'s
+// gradient, in the row when v<j> lies in the segment, else through a [M, w] buffer. Operand
+// tensors' gradients are summed per thread in double, then over threads.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "cpu_executor.h"
+#include "pointwise.h"
+
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
+
+namespace gemmfuse {
+
+namespace {
+
+int64_t row_width(const Chain& ch, int v) { return ch.has_feature_dim(v) ? ch.width_of(v) : 1; }
+
+void matmul_loop(int64_t M, int64_t N, int64_t K, const float* a, bool ta, const float* b,
+                 bool tb, float* c) {
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < N; ++j) {
+      double s = 0;
+      for (int64_t k = 0; k < K; ++k)
+        s += double(ta ? a[k * M + i] : a[i * K + k]) * double(tb ? b[j * K + k] : b[k * N + j]);
+      c[i * N + j] = static_cast<float>(s);
+    }
+}
+
+// Sums of operand gradients that many rows add to (Scalar, Col operands; norms' affine
+// parameters), per thread.
+struct Partials {
+  std::vector<std::vector<double>> sums;  // per operand, its numel (empty: not accumulated)
+};
+
+struct Backward {
+  const Plan& plan;
+  const BackwardPlan& bp;
+  const BackwardArgs& a;
+  const Chain& ch;
+  int64_t M;
+  int n;
+  // Gradients of values read through v<j> by stages in a later segment: j -> [M, w_j].
+  std::map<int, std::vector<float>> pending;
+  // The gradient at each batch-statistics BatchNorm's output, [M, w], and its column sums.
+  std::map<int, std::vector<float>> bn_grad;
+  std::map<int, std::vector<double>> bn_sum_g, bn_sum_gx;
+
+  Backward(const Plan& p, const BackwardPlan& b, const BackwardArgs& args)
+      : plan(p), bp(b), a(args), ch(p.chain), M(p.M), n(static_cast<int>(p.chain.nodes.size())) {}
+
+  const Instr& instr(int i) const { return bp.program[i - bp.start]; }
+
+  // The operand value of a binary stage at (row, col); `vals` holds the row's values.
+  float operand(const Instr& in, const std::vector<std::vector<float>>& vals, int64_t r,
+                int64_t c) const {
+    const Node& nd = in.node;
+    if (nd.b.kind == Operand::Kind::Value) {
+      const std::vector<float>& v = vals[nd.b.index];
+      return v.size() == 1 ? v[0] : v[c];
+    }
+    const OperandRef& o = in.b;
+    switch (o.kind) {
+      case OperandRef::Kind::Imm: return o.imm;
+      case OperandRef::Kind::Scalar: return a.operands[o.index][0];
+      case OperandRef::Kind::Col: return a.operands[o.index][c];
+      case OperandRef::Kind::Row: return a.operands[o.index][r];
+      case OperandRef::Kind::Full: return a.operands[o.index][r * in.width_in + c];
+      default: throw std::logic_error("cpu backward: operand kind");
+    }
+  }
+
+  const float* col_param(const OperandRef& o) const {
+    return o.kind == OperandRef::Kind::Col ? a.operands[o.index] : nullptr;
+  }
+  const float* saved_stats(int node) const { return a.saved + bp.saved.batch_stats.at(node); }
+
+  // Mean and invstd of a BatchNorm at column c: its saved batch statistics, or its running
+  // statistics (eval with running stats).
+  void bn_stats(int node, int64_t w, int64_t c, double* mean, double* invstd) const {
+    auto it = bp.saved.batch_stats.find(node);
+    if (it != bp.saved.batch_stats.end()) {
+      const float* s = a.saved + it->second;
+      *mean = s[c];
+      *invstd = s[w + c];
+      return;
+    }
+    const Node& nd = ch.nodes[node];
+    const float* rm = static_cast<const float*>(a.state[nd.running_mean.index]);
+    const float* rv = static_cast<const float*>(a.state[nd.running_var.index]);
+    *mean = rm[c];
+    *invstd = static_cast<float>(1.0 / std::sqrt(double(rv[c]) + nd.eps));
+  }
+
+  // ---- the forward of one stage on one row (the executors' formulas) ---------------------
+
+  void forward(int i, std::vector<std::vector<float>>& vals, int64_t r) const {
+    const Instr& in = instr(i);
+    const Node& nd = in.node;
+    const std::vector<float>& x = vals[i];
+    std::vector<float>& y = vals[i + 1];
+    const int64_t w = static_cast<int64_t>(x.size());
+    const PointwiseParams pp = pointwise_params(nd);
+    switch (in.kind) {
+      case Instr::Kind::Pointwise:
+        y.resize(w);
+        if (family(nd.op) == OpFamily::Binary)
+          for (int64_t c = 0; c < w; ++c)
+            y[c] = apply_binary(nd.op, x[c], operand(in, vals, r, c), nd.reversed);
+        else
+          for (int64_t c = 0; c < w; ++c) y[c] = apply_unary(nd.op, x[c], pp);
+        break;
+      case Instr::Kind::Reduce: {
+        y.assign(1, 0.f);
+        double s = 0;
+        float m = x[0];
+        switch (nd.op) {
+          case OpCode::Sum: case OpCode::Mean:
+            for (float v : x) s += v;
+            y[0] = static_cast<float>(nd.op == OpCode::Mean ? s / double(w) : s);
+            break;
+          case OpCode::Max: case OpCode::Min:
+            for (int64_t c = 1; c < w; ++c) m = nd.op == OpCode::Max ? nan_max(m, x[c]) : nan_min(m, x[c]);
+            y[0] = m;
+            break;
+          case OpCode::LogSumExp: {
+            for (int64_t c = 1; c < w; ++c) m = nan_max(m, x[c]);
+            const float shift = lse_shift(m);
+            for (float v : x) s += std::exp(double(v - shift));
+            y[0] = static_cast<float>(std::log(s) + double(shift));
+            break;
+          }
+          default: throw std::logic_error("cpu backward: reduction");
+        }
+        break;
+      }
+      case Instr::Kind::Softmax: {
+        y.resize(w);
+        float m = x[0];
+        for (int64_t c = 1; c < w; ++c) m = nan_max(m, x[c]);
+        double s = 0;
+        for (float v : x) s += std::exp(double(v - m));
+        for (int64_t c = 0; c < w; ++c)
+          y[c] = nd.op == OpCode::LogSoftmax
+                     ? static_cast<float>(double(x[c] - m) - std::log(s))
+                     : static_cast<float>(std::exp(double(x[c] - m)) / s);
+        break;
+      }
+      case Instr::Kind::GroupNorm: {
+        y.resize(w);
+        const float* wt = col_param(in.weight);
+        const float* bs = col_param(in.bias);
+        const int64_t gs = w / nd.groups;
+        for (int64_t g = 0; g < nd.groups; ++g) {
+          double mean = 0, var = 0;
+          for (int64_t c = 0; c < gs; ++c) mean += x[g * gs + c];
+          mean /= double(gs);
+          for (int64_t c = 0; c < gs; ++c) var += (x[g * gs + c] - mean) * (x[g * gs + c] - mean);
+          var /= double(gs);
+          const double rstd = 1.0 / std::sqrt(var + nd.eps);
+          for (int64_t c = 0; c < gs; ++c) {
+            const int64_t col = g * gs + c;
+            double v = (x[col] - mean) * rstd;
+            if (wt) v *= wt[col];
+            if (bs) v += bs[col];
+            y[col] = static_cast<float>(v);
+          }
+        }
+        break;
+      }
+      case Instr::Kind::Pool: {
+        y.assign(in.width_out, 0.f);
+        for (int64_t o = 0; o < in.width_out; ++o) {
+          int64_t st = o * nd.stride - nd.padding, en = std::min(st + nd.kernel, w + nd.padding);
+          const int64_t pool_size = en - st;
+          st = std::max<int64_t>(st, 0);
+          en = std::min(en, w);
+          if (nd.op == OpCode::AvgPool) {
+            double s = 0;
+            for (int64_t c = st; c < en; ++c) s += x[c];
+            y[o] = static_cast<float>(s / double(nd.count_include_pad ? pool_size : en - st));
+          } else {
+            float m = -INFINITY;
+            for (int64_t c = st; c < en; ++c)
+              if (x[c] > m || gf_isnan(x[c])) m = x[c];
+            y[o] = m;
+          }
+        }
+        break;
+      }
+      case Instr::Kind::BatchNormApply: {
+        y.resize(w);
+        const float* wt = col_param(in.weight);
+        const float* bs = col_param(in.bias);
+        for (int64_t c = 0; c < w; ++c) {
+          double mean, invstd;
+          bn_stats(i, w, c, &mean, &invstd);
+          float v = (x[c] - static_cast<float>(mean)) * static_cast<float>(invstd);
+          if (wt) v *= wt[c];
+          if (bs) v += bs[c];
+          y[c] = v;
+        }
+        break;
+      }
+      case Instr::Kind::Save: throw std::logic_error("cpu backward: a Save among the stages");
+    }
+  }
+
+  // ---- the derivative of one stage on one row ----------------------------------------------
+  // g: the gradient at v_{i+1} in, the gradient at v_i out; v<j> operands add to local[j]
+  // (this row) or pending[j] (an earlier segment).
+
+  void backward(int i, std::vector<std::vector<float>>& vals, std::vector<float>& g, int64_t r,
+                int lo, std::map<int, std::vector<float>>& local, Partials& part) {
+    const Instr& in = instr(i);
+    const Node& nd = in.node;
+    const std::vector<float>& x = vals[i];
+    const std::vector<float>& y = vals[i + 1];
+    const int64_t w = static_cast<int64_t>(x.size());
+    std::vector<float> gi(w, 0.f);
+    const PointwiseParams pp = pointwise_params(nd);
+    switch (in.kind) {
+      case Instr::Kind::Pointwise:
+        if (family(nd.op) != OpFamily::Binary) {
+          for (int64_t c = 0; c < w; ++c) gi[c] = unary_grad(nd.op, x[c], y[c], g[c], pp);
+          break;
+        }
+        for (int64_t c = 0; c < w; ++c) {
+          const Grad2 d = binary_grad(nd.op, x[c], operand(in, vals, r, c), nd.reversed, g[c]);
+          gi[c] = d.l;
+          operand_grad(in, r, c, d.r, lo, local, part);
+        }
+        break;
+      case Instr::Kind::Reduce: {
+        const float g0 = g[0], res = y[0];
+        switch (nd.op) {
+          case OpCode::Sum: std::fill(gi.begin(), gi.end(), g0); break;
+          case OpCode::Mean: std::fill(gi.begin(), gi.end(), g0 / static_cast<float>(w)); break;
+          case OpCode::LogSumExp:
+            for (int64_t c = 0; c < w; ++c) gi[c] = g0 * std::exp(x[c] - res);
+            break;
+          case OpCode::Max: case OpCode::Min:
+            if (nd.first_index) {  // torch.max(x, dim): the first extreme (the first NaN)
+              int64_t at = 0;
+              for (int64_t c = 0; c < w; ++c)
+                if ((gf_isnan(res) && gf_isnan(x[c])) || x[c] == res) { at = c; break; }
+              gi[at] = g0;
+            } else {  // amax/amin: split among ties
+              int64_t count = 0;
+              for (int64_t c = 0; c < w; ++c) count += x[c] == res;
+              for (int64_t c = 0; c < w; ++c)
+                gi[c] = (x[c] == res ? g0 : 0.f) / static_cast<float>(count);
+            }
+            break;
+          default: throw std::logic_error("cpu backward: reduction");
+        }
+        break;
+      }
+      case Instr::Kind::Softmax: {
+        double s = 0;
+        if (nd.op == OpCode::Softmax) {
+          for (int64_t c = 0; c < w; ++c) s += double(g[c]) * y[c];
+          for (int64_t c = 0; c < w; ++c) gi[c] = static_cast<float>(y[c] * (g[c] - s));
+        } else {
+          for (int64_t c = 0; c < w; ++c) s += g[c];
+          for (int64_t c = 0; c < w; ++c) gi[c] = static_cast<float>(g[c] - std::exp(double(y[c])) * s);
+        }
+        break;
+      }
+      case Instr::Kind::GroupNorm: {
+        const float* wt = col_param(in.weight);
+        const int64_t gs = w / nd.groups;
+        for (int64_t grp = 0; grp < nd.groups; ++grp) {
+          const int64_t c0 = grp * gs;
+          double mean = 0, var = 0;
+          for (int64_t c = 0; c < gs; ++c) mean += x[c0 + c];
+          mean /= double(gs);
+          for (int64_t c = 0; c < gs; ++c) var += (x[c0 + c] - mean) * (x[c0 + c] - mean);
+          var /= double(gs);
+          const double rstd = 1.0 / std::sqrt(var + nd.eps);
+          double m1 = 0, m2 = 0;
+          for (int64_t c = 0; c < gs; ++c) {
+            const double xh = (x[c0 + c] - mean) * rstd, gw = double(g[c0 + c]) * (wt ? wt[c0 + c] : 1.f);
+            m1 += gw;
+            m2 += gw * xh;
+            add_col(part, in.weight, c0 + c, double(g[c0 + c]) * xh);
+            add_col(part, in.bias, c0 + c, g[c0 + c]);
+          }
+          m1 /= double(gs);
+          m2 /= double(gs);
+          for (int64_t c = 0; c < gs; ++c) {
+            const double xh = (x[c0 + c] - mean) * rstd, gw = double(g[c0 + c]) * (wt ? wt[c0 + c] : 1.f);
+            gi[c0 + c] = static_cast<float>(rstd * (gw - m1 - xh * m2));
+          }
+        }
+        break;
+      }
+      case Instr::Kind::Pool:
+        for (int64_t o = 0; o < in.width_out; ++o) {
+          int64_t st = o * nd.stride - nd.padding, en = std::min(st + nd.kernel, w + nd.padding);
+          const int64_t pool_size = en - st;
+          st = std::max<int64_t>(st, 0);
+          en = std::min(en, w);
+          if (nd.op == OpCode::AvgPool) {
+            const float share = g[o] / static_cast<float>(nd.count_include_pad ? pool_size : en - st);
+            for (int64_t c = st; c < en; ++c) gi[c] += share;
+          } else {
+            int64_t at = -1;
+            float m = -INFINITY;
+            for (int64_t c = st; c < en; ++c)
+              if (x[c] > m || gf_isnan(x[c])) {
+                m = x[c];
+                at = c;
+                if (gf_isnan(m)) break;
+              }
+            if (at >= 0) gi[at] += g[o];
+          }
+        }
+        break;
+      case Instr::Kind::BatchNormApply: {  // running statistics (batch ones cut the rows)
+        const float* wt = col_param(in.weight);
+        for (int64_t c = 0; c < w; ++c) {
+          double mean, invstd;
+          bn_stats(i, w, c, &mean, &invstd);
+          const double xh = (x[c] - mean) * invstd;
+          gi[c] = static_cast<float>(double(g[c]) * (wt ? wt[c] : 1.f) * invstd);
+          add_col(part, in.weight, c, double(g[c]) * xh);
+          add_col(part, in.bias, c, g[c]);
+        }
+        break;
+      }
+      case Instr::Kind::Save: throw std::logic_error("cpu backward: a Save among the stages");
+    }
+    g.swap(gi);
+  }
+
+  void add_col(Partials& part, const OperandRef& o, int64_t c, double v) const {
+    if (o.kind != OperandRef::Kind::Col || !a.grad_operands[o.index]) return;
+    part.sums[o.index][c] += v;
+  }
+
+  // A binary stage's gradient for its operand at (r, c).
+  void operand_grad(const Instr& in, int64_t r, int64_t c, float d, int lo,
+                    std::map<int, std::vector<float>>& local, Partials& part) {
+    const Node& nd = in.node;
+    if (nd.b.kind == Operand::Kind::Value) {  // in this segment (backward_far takes the rest)
+      const int j = nd.b.index;
+      if (j < lo) throw std::logic_error("cpu backward: a far value read outside backward_far");
+      std::vector<float>& dst = local[j];
+      if (dst.empty()) dst.assign(row_width(ch, j), 0.f);
+      dst[dst.size() == 1 ? 0 : c] += d;
+      return;
+    }
+    const OperandRef& o = in.b;
+    if (o.kind == OperandRef::Kind::Imm || !a.grad_operands[o.index]) return;
+    float* out = a.grad_operands[o.index];
+    switch (o.kind) {
+      case OperandRef::Kind::Scalar: part.sums[o.index][0] += d; break;
+      case OperandRef::Kind::Col: part.sums[o.index][c] += d; break;
+      case OperandRef::Kind::Row: out[r] += d; break;  // rows belong to one thread each
+      case OperandRef::Kind::Full: out[r * in.width_in + c] += d; break;
+      default: break;
+    }
+  }
+
+  // ---- one segment [lo, hi) over all rows ---------------------------------------------------
+
+  void segment(int lo, int hi, std::vector<float>& dv_start) {
+    const bool top_is_output = hi == n;
+    const int bn_below = lo > bp.start ? lo - 1 : -1;  // the BatchNorm whose output is v_lo
+    const int64_t w_lo = row_width(ch, lo), w_hi = row_width(ch, hi);
+    // Values read through v<j> by this segment from an earlier segment.
+    std::vector<int> far;
+    for (int i = lo; i < hi; ++i) {
+      const Node& nd = ch.nodes[i];
+      if (family(nd.op) == OpFamily::Binary && nd.b.kind == Operand::Kind::Value && nd.b.index < lo)
+        far.push_back(nd.b.index);
+    }
+    for (int j : far)
+      if (!pending.count(j)) pending[j].assign(M * row_width(ch, j), 0.f);
+    if (bn_below >= 0) {
+      bn_grad[bn_below].assign(M * w_lo, 0.f);
+      bn_sum_g[bn_below].assign(w_lo, 0.0);
+      bn_sum_gx[bn_below].assign(w_lo, 0.0);
+    }
+    const int threads = max_threads();
+    std::vector<Partials> parts(threads);
+    for (Partials& p : parts) {
+      p.sums.resize(a.operands.size());
+      for (size_t t = 0; t < a.operands.size(); ++t)
+        if (a.grad_operands[t]) p.sums[t].assign(a.operand_numel[t], 0.0);
+    }
+    std::vector<std::vector<double>> sg(threads), sgx(threads);
+
+#if defined(_OPENMP)
+#pragma omp parallel for schedule(static)
+#endif
+    for (int64_t r = 0; r < M; ++r) {
+#if defined(_OPENMP)
+      const int t = omp_get_thread_num();
+#else
+      const int t = 0;
+#endif
+      std::vector<std::vector<float>> vals(n + 1);
+      vals[bp.start].assign(a.saved + bp.saved.v + r * bp.saved.v_cols,
+                            a.saved + bp.saved.v + (r + 1) * bp.saved.v_cols);
+      for (int i = bp.start; i < hi; ++i) forward(i, vals, r);
+      // The gradient at v_hi.
+      std::vector<float> g;
+      if (top_is_output) {
+        const float* go = static_cast<const float*>(a.grad_out) + r * w_hi;
+        g.assign(go, go + w_hi);
+      } else {  // v_hi is a batch-statistics BatchNorm's input: its backward, from the stats
+        const int b = hi;
+        const Instr& in = instr(b);
+        const float* wt = col_param(in.weight);
+        const float* s = saved_stats(b);
+        const std::vector<float>& x = vals[b];
+        const std::vector<float>& gb = bn_grad.at(b);
+        g.resize(w_hi);
+        for (int64_t c = 0; c < w_hi; ++c) {
+          const double xh = (x[c] - double(s[c])) * s[w_hi + c];
+          const double wc = wt ? wt[c] : 1.0;
+          // dx = invstd / M (M dxh - sum(dxh) - xh sum(dxh xh)), dxh = g w
+          g[c] = static_cast<float>(wc * s[w_hi + c] / double(M) *
+                                    (double(M) * gb[r * w_hi + c] - bn_sum_g.at(b)[c] -
+                                     xh * bn_sum_gx.at(b)[c]));
+        }
+      }
+      std::map<int, std::vector<float>> local;  // in-segment reads of v<j>: their gradients
+      auto add_pending = [&](int j) {
+        auto it = pending.find(j);
+        if (it != pending.end()) {
+          const int64_t wj = row_width(ch, j);
+          for (int64_t c = 0; c < wj; ++c) g[c] += it->second[r * wj + c];
+        }
+        auto lt = local.find(j);
+        if (lt != local.end()) {
+          for (size_t c = 0; c < g.size(); ++c) g[c] += lt->second[lt->second.size() == 1 ? 0 : c];
+          local.erase(lt);
+        }
+      };
+      add_pending(hi);
+      for (int i = hi - 1; i >= lo; --i) {
+        backward_far(i, vals, g, r, lo, local, parts[t]);
+        add_pending(i);
+      }
+      if (bn_below >= 0) {  // g is at the BatchNorm's output: keep it and its column sums
+        const Instr& in = instr(bn_below);
+        const float* s = saved_stats(bn_below);
+        const std::vector<float>& x = vals[bn_below];
+        if (sg[t].empty()) {
+          sg[t].assign(w_lo, 0.0);
+          sgx[t].assign(w_lo, 0.0);
+        }
+        for (int64_t c = 0; c < w_lo; ++c) {
+          const double xh = (x[c] - double(s[c])) * s[w_lo + c];
+          bn_grad.at(bn_below)[r * w_lo + c] = g[c];
+          sg[t][c] += g[c];
+          sgx[t][c] += double(g[c]) * xh;
+          add_col(parts[t], in.weight, c, double(g[c]) * xh);
+          add_col(parts[t], in.bias, c, g[c]);
+        }
+      } else {
+        std::copy(g.begin(), g.end(), dv_start.begin() + r * w_lo);
+      }
+    }
+    for (int t = 0; t < threads; ++t) {
+      for (size_t o = 0; o < parts[t].sums.size(); ++o)
+        for (size_t e = 0; e < parts[t].sums[o].size(); ++e)
+          a.grad_operands[o][e] += static_cast<float>(parts[t].sums[o][e]);
+      if (bn_below >= 0 && !sg[t].empty())
+        for (int64_t c = 0; c < w_lo; ++c) {
+          bn_sum_g[bn_below][c] += sg[t][c];
+          bn_sum_gx[bn_below][c] += sgx[t][c];
+        }
+    }
+  }
+
+  // backward() with reads of values below the segment going to `pending` (a row of its own).
+  void backward_far(int i, std::vector<std::vector<float>>& vals, std::vector<float>& g,
+                    int64_t r, int lo, std::map<int, std::vector<float>>& local, Partials& part) {
+    const Node& nd = ch.nodes[i];
+    if (family(nd.op) == OpFamily::Binary && nd.b.kind == Operand::Kind::Value && nd.b.index < lo) {
+      const int j = nd.b.index;
+      const Instr& in = instr(i);
+      const std::vector<float>& x = vals[i];
+      const int64_t w = static_cast<int64_t>(x.size()), wj = row_width(ch, j);
+      std::vector<float> gi(w);
+      float* dst = pending.at(j).data() + r * wj;
+      for (int64_t c = 0; c < w; ++c) {
+        const Grad2 d = binary_grad(nd.op, x[c], operand(in, vals, r, c), nd.reversed, g[c]);
+        gi[c] = d.l;
+        dst[wj == 1 ? 0 : c] += d.r;
+      }
+      g.swap(gi);
+      return;
+    }
+    backward(i, vals, g, r, lo, local, part);
+  }
+
+  static int max_threads() {
+#if defined(_OPENMP)
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+  }
+};
+
+}  // namespace
+
+void CpuExecutor::backward(const Plan& plan, const BackwardPlan& bp, const BackwardArgs& a) {
+  const int64_t M = plan.M, N = plan.N, K = plan.K;
+  if (a.grad_operands.size() != a.operands.size() || a.operand_numel.size() != a.operands.size())
+    throw std::invalid_argument("cpu backward: one gradient slot and size per operand");
+  for (size_t t = 0; t < a.grad_operands.size(); ++t)
+    if (a.grad_operands[t]) std::fill(a.grad_operands[t], a.grad_operands[t] + a.operand_numel[t], 0.f);
+  const Chain& ch = plan.chain;
+  const int n = static_cast<int>(ch.nodes.size());
+  const int64_t wv = row_width(ch, bp.start);
+  // dV: the gradient at the value the GEMM (GEMV) produced.
+  std::vector<float> dv(static_cast<size_t>(M * wv), 0.f);
+  if (M > 0) {
+    if (bp.start == n) {
+      const float* go = static_cast<const float*>(a.grad_out);
+      std::copy(go, go + M * wv, dv.begin());
+    } else {
+      Backward b(plan, bp, a);
+      int hi = n;
+      for (auto it = bp.batch_norms.rbegin(); it != bp.batch_norms.rend(); ++it) {
+        std::vector<float> unused;
+        b.segment(*it + 1, hi, unused);
+        hi = *it;
+      }
+      b.segment(bp.start, hi, dv);
+    }
+  }
+  const float* x = static_cast<const float*>(a.x);
+  const float* w = static_cast<const float*>(a.weight);
+  const CpuMatmul mm = a.cpu_matmul ? a.cpu_matmul : CpuMatmul(matmul_loop);
+  if (!bp.gemv) {
+    if (a.grad_x) mm(M, K, N, dv.data(), false, w, false, static_cast<float*>(a.grad_x));
+    if (a.grad_w) mm(N, K, M, dv.data(), true, x, false, static_cast<float*>(a.grad_w));
+    if (a.grad_b) {
+      float* db = static_cast<float*>(a.grad_b);
+      for (int64_t c = 0; c < N; ++c) {
+        double s = 0;
+        for (int64_t r = 0; r < M; ++r) s += dv[r * N + c];
+        db[c] = static_cast<float>(s);
+      }
+    }
+    return;
+  }
+  // The GEMV: v1[m] = s (x[m] . colsum(W) + sum(b)), so dx = s dv1 (x) colsum(W),
+  // dW[n] = s dv1ᵀ x for every n, db[n] = s sum(dv1).
+  const double s = bp.gemv_scale;
+  if (a.grad_x) {
+    std::vector<double> cs(K, 0.0);
+    for (int64_t r = 0; r < N; ++r)
+      for (int64_t k = 0; k < K; ++k) cs[k] += w[r * K + k];
+    float* dx = static_cast<float*>(a.grad_x);
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t k = 0; k < K; ++k) dx[m * K + k] = static_cast<float>(s * dv[m] * cs[k]);
+  }
+  if (a.grad_w) {
+    std::vector<double> row(K, 0.0);
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t k = 0; k < K; ++k) row[k] += double(dv[m]) * x[m * K + k];
+    float* dw = static_cast<float*>(a.grad_w);
+    for (int64_t r = 0; r < N; ++r)
+      for (int64_t k = 0; k < K; ++k) dw[r * K + k] = static_cast<float>(s * row[k]);
+  }
+  if (a.grad_b) {
+    double t = 0;
+    for (int64_t m = 0; m < M; ++m) t += dv[m];
+    float* db = static_cast<float*>(a.grad_b);
+    for (int64_t c = 0; c < N; ++c) db[c] = static_cast<float>(s * t);
+  }
+}
+
+}  // namespace gemmfuse

@@ -61,8 +61,8 @@ at::Tensor run_on_cpu(const CallInputs& in, float* saved = nullptr);
 at::Tensor run_on_cuda(const CallInputs& in, float* saved = nullptr);
 #endif
 
-// The gradients of a training plan on the CPU (train_ops.cpp).
-std::vector<at::Tensor> backward_on_cpu(const CallInputs& in, const at::Tensor& grad_out,
-                                        const at::Tensor& saved, const std::vector<bool>& needs);
+// The gradients of a training plan on the inputs' device (train_ops.cpp).
+std::vector<at::Tensor> backward_on_device(const CallInputs& in, const at::Tensor& grad_out,
+                                           const at::Tensor& saved, const std::vector<bool>& needs);
 
 }  // namespace gemmfuse::bindings

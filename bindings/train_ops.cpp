@@ -12,6 +12,9 @@
 
 #ifdef GEMMFUSE_WITH_CUDA
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "cuda_executor.h"
 #endif
 
 #include <tuple>
@@ -49,16 +52,16 @@ std::tuple<at::Tensor, at::Tensor> train_forward(c10::string_view spec, const at
     TORCH_CHECK(false, "gemmfuse unsupported: ", e.what());
   }
   at::Tensor saved = at::empty({bp.saved.total}, x.options().dtype(at::kFloat));
+  float* s = saved.numel() ? saved.data_ptr<float>() : nullptr;
 #ifdef GEMMFUSE_WITH_CUDA
   if (x.is_cuda()) {
-    // The CUDA executor's backward is not built: refuse here so that the front runs the
-    // chain in PyTorch before anything is computed.
-    TORCH_CHECK(false, "gemmfuse unsupported: the CUDA executor has no backward yet: while "
-                       "autograd records, the chain runs in PyTorch on CUDA");
+    if (bp.gemv && plan.dtype != DType::F32)
+      TORCH_CHECK(false, "gemmfuse unsupported: the CUDA backward of a 16-bit model's GEMV is "
+                         "not built");
+    return {run_on_cuda(in, s), saved};
   }
 #endif
-  at::Tensor out = run_on_cpu(in, saved.numel() ? saved.data_ptr<float>() : nullptr);
-  return {out, saved};
+  return {run_on_cpu(in, s), saved};
 }
 
 std::tuple<at::Tensor, at::Tensor> train_forward_meta(
@@ -80,8 +83,7 @@ std::vector<at::Tensor> train_backward(c10::string_view spec, const at::Tensor& 
                                        const at::Tensor& saved, c10::string_view precision,
                                        const c10::List<bool>& needs) {
   const CallInputs in = training_inputs(spec, x, weight, bias, operands, state, precision);
-  TORCH_CHECK(!x.is_cuda(), "gemmfuse: the CUDA executor has no backward yet");
-  return backward_on_cpu(in, grad_out, saved, needs.vec());
+  return backward_on_device(in, grad_out, saved, needs.vec());
 }
 
 std::vector<at::Tensor> train_backward_meta(c10::string_view, const at::Tensor&,
@@ -131,19 +133,32 @@ void update_running_stats(c10::string_view spec, const at::Tensor& x, const at::
 
 }  // namespace
 
-// The CPU backward: fp32 tensors in, gradients in the inputs' dtypes out.
-std::vector<at::Tensor> backward_on_cpu(const CallInputs& in, const at::Tensor& grad_out,
-                                        const at::Tensor& saved, const std::vector<bool>& needs) {
-  static CpuExecutor executor;
+// The backward on the inputs' device: grad_out, operands and state in fp32 (and on the CPU
+// x, W, b too; on CUDA those stay in the model's dtype); gradients computed in fp32 and
+// returned in the inputs' dtypes.
+std::vector<at::Tensor> backward_on_device(const CallInputs& in, const at::Tensor& grad_out,
+                                           const at::Tensor& saved, const std::vector<bool>& needs) {
+  static CpuExecutor cpu;
+  const bool gpu = in.x.is_cuda();
+#ifdef GEMMFUSE_WITH_CUDA
+  static CudaExecutor cuda;
+  c10::cuda::OptionalCUDAGuard guard;
+  if (gpu) guard.set_device(in.x.device());
+  Executor& executor = gpu ? static_cast<Executor&>(cuda) : cpu;
+#else
+  Executor& executor = cpu;
+#endif
   const Plan& plan = training_plan(in);
   const BackwardPlan bp = make_backward_plan(plan);
   auto f32 = [](const at::Tensor& t) { return t.to(at::kFloat).contiguous(); };
-  const at::Tensor go = f32(grad_out), x = f32(in.x), w = f32(in.weight);
-  const at::Tensor b = in.bias ? f32(*in.bias) : at::Tensor();
+  auto model = [&](const at::Tensor& t) { return gpu ? t.contiguous() : f32(t); };
+  const at::Tensor go = f32(grad_out), x = model(in.x), w = model(in.weight);
+  const at::Tensor b = in.bias ? model(*in.bias) : at::Tensor();
   std::vector<at::Tensor> ops;
   for (const auto& o : in.operands) ops.push_back(f32(o));
   StateViews state(in.state, StateViews::Native16Bit::No);
   auto need = [&](size_t i) { return i < needs.size() && needs[i]; };
+  const auto f32_options = in.x.options().dtype(at::kFloat);
 
   BackwardArgs a;
   a.grad_out = go.data_ptr();
@@ -156,9 +171,9 @@ std::vector<at::Tensor> backward_on_cpu(const CallInputs& in, const at::Tensor& 
   }
   a.state = state.pointers;
   a.saved = saved.numel() ? saved.data_ptr<float>() : nullptr;
-  at::Tensor dx = need(0) ? at::empty(x.sizes(), x.options()) : at::Tensor();
-  at::Tensor dw = need(1) ? at::empty(w.sizes(), w.options()) : at::Tensor();
-  at::Tensor db = need(2) && b.defined() ? at::empty(b.sizes(), b.options()) : at::Tensor();
+  at::Tensor dx = need(0) ? at::empty(x.sizes(), f32_options) : at::Tensor();
+  at::Tensor dw = need(1) ? at::empty(w.sizes(), f32_options) : at::Tensor();
+  at::Tensor db = need(2) && b.defined() ? at::empty(b.sizes(), f32_options) : at::Tensor();
   std::vector<at::Tensor> dops;
   for (size_t i = 0; i < ops.size(); ++i)
     dops.push_back(need(3 + i) ? at::empty(ops[i].sizes(), ops[i].options()) : at::Tensor());
@@ -174,7 +189,17 @@ std::vector<at::Tensor> backward_on_cpu(const CallInputs& in, const at::Tensor& 
     at::Tensor C = at::from_blob(pc, {M, N}, o);
     at::mm_out(C, ta ? A.t() : A, tb ? B.t() : B);
   };
-  executor.backward(plan, bp, a);
+  const int64_t ws_bytes = static_cast<int64_t>(executor.backward_workspace_bytes(plan, bp));
+  at::Tensor workspace = ws_bytes > 0 ? at::empty({ws_bytes}, in.x.options().dtype(at::kByte)) : at::Tensor();
+  a.workspace = workspace.defined() ? workspace.data_ptr() : nullptr;
+#ifdef GEMMFUSE_WITH_CUDA
+  if (gpu) a.stream = c10::cuda::getCurrentCUDAStream(in.x.device().index()).stream();
+#endif
+  try {
+    executor.backward(plan, bp, a);
+  } catch (const Unsupported& e) {
+    TORCH_CHECK(false, "gemmfuse unsupported: ", e.what());
+  }
 
   auto back = [](const at::Tensor& g, const at::Tensor& like) {
     return g.defined() ? g.to(like.scalar_type()) : at::empty({0}, like.options());

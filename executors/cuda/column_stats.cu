@@ -13,7 +13,7 @@
 // thread with 16-byte loads (a warp: 512 contiguous bytes per row), 8 rows in flight.
 // num_batches_tracked += 1 is done by one thread of level 1 (nothing in level 1 reads it).
 // Level 2 (colstats_finalize_kernel): a thread per column adds the R partials in order (loads
-// unrolled, all in flight): mean, biased var -> [2, W] (mean row, invstd row); running_mean/var
+// unrolled, all in flight): mean, biased var -> [3, W] (mean, invstd, var rows); running_mean/var
 // updated with the momentum (or 1/num_batches for momentum=None: the count already includes
 // this batch) and the unbiased var.
 // Eval (input == -1, a BatchNorm not folded into W): colstats_running_kernel, stats from the
@@ -178,6 +178,7 @@ __global__ void colstats_finalize_kernel(const float* __restrict__ y,
   const float meanf = static_cast<float>(mean);
   stats[c] = meanf;
   stats[W + c] = static_cast<float>(1.0 / sqrt(var + eps));
+  stats[2 * W + c] = static_cast<float>(var);
   if (running_mean && running_var) {
     // momentum < 0: None, the cumulative average with factor 1/num_batches_tracked (which
     // level 1 already incremented for this batch).
@@ -241,6 +242,7 @@ __global__ void __launch_bounds__(kFusedThreads)
     const double var = fmax((b - a * a / n) / n, 0.0);
     stats[col] = static_cast<float>(mean);
     stats[W + col] = static_cast<float>(1.0 / sqrt(var + eps));
+    stats[2 * W + col] = static_cast<float>(var);
     if (running_mean && running_var) {
       const double m =
           momentum >= 0.0 ? momentum : 1.0 / (static_cast<double>(*num_batches) + 1.0);
@@ -260,6 +262,7 @@ __global__ void colstats_running_kernel(RunningStat running_mean, RunningStat ru
   if (c >= W) return;
   stats[c] = static_cast<float>(load_stat(running_mean, c));
   stats[W + c] = static_cast<float>(1.0 / sqrt(load_stat(running_var, c) + eps));
+  stats[2 * W + c] = static_cast<float>(load_stat(running_var, c));
 }
 
 
@@ -304,8 +307,9 @@ void launch_column_stats(const Plan& plan, const Step& step, const RunArgs& args
   const float* y = reinterpret_cast<const float*>(workspace + plan.buffer_offset(step.input));
 
   // Running statistics are updated when training with both present (as PyTorch with
-  // track_running_stats); num_batches_tracked then counts the batch.
-  const bool update = bn.training && rm && rv;
+  // track_running_stats); num_batches_tracked then counts the batch. A differentiable forward
+  // (train_forward) leaves them to gemmfuse::update_running_stats.
+  const bool update = bn.training && rm && rv && args.update_state;
   int64_t* nb = update ? static_cast<int64_t*>(state_ptr(args, bn.num_batches)) : nullptr;
   if (update && bn.momentum < 0 && !nb)
     throw Unsupported("batch_norm momentum=None needs num_batches_tracked");

@@ -1,5 +1,6 @@
 // Training BatchNorm column statistics (ColumnStats steps): deterministic two-level reduction
-// over the M rows, mean and invstd to a [2, W] buffer, running statistics updated on device.
+// over the M rows, mean, invstd and biased var to a [3, W] buffer, running statistics updated
+// on device (unless RunArgs::update_state is off).
 #pragma once
 
 #include <cuda_runtime.h>

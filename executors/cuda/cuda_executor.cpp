@@ -96,6 +96,23 @@ void run_steps(const Plan& plan, const RunArgs& args, const char* prep, const Wo
   }
 }
 
+// What the backward reads, copied out of the workspace (backward.h's SavedLayout): the
+// value the GEMM (GEMV) produced, which the first row pass read from buffer 0, and each
+// batch-statistics BatchNorm's mean, invstd and var.
+void save_for_backward(const Plan& plan, float* saved, char* ws, cudaStream_t stream) {
+  const BackwardPlan bp = make_backward_plan(plan);
+  if (bp.saved.v >= 0)
+    GF_CUDA_CHECK(cudaMemcpyAsync(saved + bp.saved.v, ws + plan.buffer_offset(0),
+                                  sizeof(float) * plan.M * bp.saved.v_cols,
+                                  cudaMemcpyDeviceToDevice, stream));
+  for (const auto& [node, off] : bp.saved.batch_stats) {
+    const Instr& in = bp.program[node - bp.start];
+    GF_CUDA_CHECK(cudaMemcpyAsync(saved + off, ws + plan.buffer_offset(in.stats),
+                                  sizeof(float) * 3 * in.width_in, cudaMemcpyDeviceToDevice,
+                                  stream));
+  }
+}
+
 }  // namespace
 
 void CudaExecutor::check(const Plan& plan) {
@@ -196,11 +213,8 @@ void CudaExecutor::run(const Plan& plan, const RunArgs& args, const void* prepar
     return;
   }
   run_steps(plan, args, prep, workspace_layout(plan), ws, stream);
+  if (args.saved) save_for_backward(plan, args.saved, ws, stream);
 }
 
-void CudaExecutor::backward(const Plan&, const BackwardPlan&, const BackwardArgs&) {
-  throw Unsupported("the CUDA executor has no backward yet: while autograd records, the chain "
-                    "runs in PyTorch on CUDA");
-}
 
 }  // namespace gemmfuse

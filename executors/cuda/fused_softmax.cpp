@@ -21,6 +21,7 @@ FusedSoftmax match_fused_softmax(const Plan& plan) {
     return f;
   };
   if (plan.dtype == DType::F32) return no("fp32 model");
+  if (plan.for_training) return no("a training plan: its backward needs the GEMM's output");
   if (plan.steps.size() != 2 || plan.steps[0].kind != Step::Kind::Gemm ||
       plan.steps[1].kind != Step::Kind::RowPass)
     return no("the plan is not one GEMM and one row pass");

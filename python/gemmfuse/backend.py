@@ -8,19 +8,17 @@ buffers arrive as placeholders. The backend captures the chains of that graph (c
 constants in such graphs (dynamo guards on them and recompiles when they change).
 
 Precision: ``torch.compile(m, backend="gemmfuse", options={"precision": "fast"})``; default fp32.
-Chains whose inputs require grad while autograd records are left to PyTorch (the fused op has
-no backward).
+While autograd records, the chains run as the differentiable fused op (autograd.py).
 """
 from __future__ import annotations
 
 import weakref
 
-import torch
 import torch.fx as fx
 import torch.nn as nn
 
 from . import _lib
-from .capture import TInfo, compile_time_numbers, find_chains, node_info
+from .capture import compile_time_numbers, find_chains
 from .rewrite import rewrite_chain
 from .runtime import PRECISIONS
 from .reports import ChainEntry, OptimizeReport, remember
@@ -45,7 +43,6 @@ def gemmfuse_backend(gm: fx.GraphModule, example_inputs, options=None, mode=None
     cap = find_chains(gm, "dynamo", check=_lib.check,
                       numbers=compile_time_numbers(gm, example_inputs))
     report.rejected = list(cap.rejected)
-    grad = torch.is_grad_enabled()
     remap: dict = {}
     fused = 0
     for chain in cap.chains:
@@ -53,12 +50,6 @@ def gemmfuse_backend(gm: fx.GraphModule, example_inputs, options=None, mode=None
                            nodes=chain.describe_nodes(), stop=chain.stop, form=chain.form, spec=chain.spec(()),
                            status="pytorch")
         report.entries.append(entry)
-        if grad:
-            srcs = [chain.x, chain.weight, chain.bias] + list(chain.operands)
-            if any(isinstance(node_info(s), TInfo) and node_info(s).requires_grad
-                   for s in srcs if isinstance(s, fx.Node)):
-                entry.reason = "autograd is recording and inputs require grad (compile under torch.no_grad() to fuse)"
-                continue
         attr = f"_gemmfuse_chain_{chain.index}"
         rewrite_chain(gm, chain, precision, remap, attr)
         entry.status, entry.attr = "fused", attr

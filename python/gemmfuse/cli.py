@@ -41,6 +41,9 @@ def parser():
     c.add_argument("--compile", dest="compile", action="store_true",
                    help="include torch.compile on the CPU too")
     b.add_argument("--no-bf16", dest="bf16", action="store_false", help="skip the bf16 variants")
+    b.add_argument("--train", action="store_true",
+                   help="training through the reference models: forward + backward with and "
+                        "without x's gradient, and a full AdamW(fused) step (bench/train.py)")
     b.add_argument("--suite", action="store_true",
                    help="the suite of Linear -> chain problems and a transformer block "
                         "(bench/suite.py) instead of the five reference models")
@@ -69,7 +72,7 @@ def main(argv=None):
                      out_features=args.out_features, out=args.out, record=args.record,
                      compile=args.compile,
                      bf16=args.bf16, sweep=args.sweep, sweep_m=args.sweep_m,
-                     suite=args.suite, suite_only=args.suite_only,
+                     suite=args.suite, suite_only=args.suite_only, train=args.train,
                      device=args.device, seed=args.seed)
         if args.models:
             cfg.models = args.models

@@ -141,3 +141,23 @@ def test_record_keeps_the_latest_per_device_kind(tmp_path):
     assert (results / "h200-sweep.png").read_text() == "20260101-gpu-sweep.png"
     rows = (results / "history.csv").read_text().splitlines()
     assert len(rows) == 3 and rows[0].startswith("file,date") and ",4.568," in rows[1]
+
+
+def test_train_bench_records(tmp_path):
+    """--train: a record per model, variant and scenario, with gradient errors and speedups."""
+    out = tmp_path / "t.json"
+    assert main(["bench", "--train", "--device", "cpu", "--models", "m84", "--modes", "fp32",
+                 "--batch", "8", "--in-features", "32", "--out-features", "48", "--repeats", "2",
+                 "--rounds", "1", "--no-bf16", "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert res["header"]["train"]
+    recs = res["records"]
+    assert {(r["mode"], r["scenario"]) for r in recs} == {
+        (m, s) for m in ("eager", "gemmfuse-fp32") for s in ("fwd+bwd", "fwd+bwd(dx)", "step")}
+    for r in recs:
+        assert not r.get("error"), r
+        assert r["ms"] > 0 and r["speedup_vs_eager"] > 0
+        assert set(r["grad_rel_err"]) >= {"x", "gemm.weight", "bn.weight"}
+        # (gemm.bias's true gradient is 0: a BatchNorm follows; its relative error says nothing)
+        assert all(r["grad_rel_err"][n] < 1e-3 for n in ("x", "gemm.weight", "bn.weight")), r["grad_rel_err"]
+    assert out.with_suffix(".png").stat().st_size > 0

@@ -125,7 +125,7 @@ def test_explain_compiled_module():
         gemmfuse.explain(compiled, inputs, print_it=False)
 
 
-def test_backend_grad_mode_leaves_chain_to_pytorch():
+def test_backend_fuses_while_autograd_records():
     model, inputs = make_seed("m99")
     compiled = torch.compile(model, backend="gemmfuse")
     out = compiled(inputs[0])
@@ -133,7 +133,8 @@ def test_backend_grad_mode_leaves_chain_to_pytorch():
     out.sum().backward()
     assert model.linear.weight.grad is not None
     rep = gf_reports.COMPILED[-1]
-    assert rep.entries[0].status == "pytorch" and "autograd" in rep.entries[0].reason
+    assert rep.entries[0].status == "fused"
+    assert gemmfuse.runtimes(compiled)[-1].train_calls == 1
 
 
 def test_backend_mode_switch_recompiles():

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import gemmfuse
-from conftest import needs_lib
+from conftest import needs_cuda, needs_lib
 from test_fuzz import SEED, FuzzModel, gen_program
 
 pytestmark = needs_lib
@@ -51,17 +51,17 @@ def _close(got, ref, eager, nudged):
     return bool(d <= bound), f"|g - g64| {float(d):.3g} > {float(bound):.3g}"
 
 
-def check_grads(program, seed, where):
+def check_grads(program, seed, where, device="cpu"):
     torch.manual_seed(seed)
     K, N, M, lead, steps, bias = program
-    model = FuzzModel(program, seed)
-    x = torch.randn(*lead, M, K)
+    model = FuzzModel(program, seed).to(device)
+    x = torch.randn(*lead, M, K, device=device)
     ref = copy.deepcopy(model).double()
     eager = copy.deepcopy(model)
     opt = gemmfuse.optimize(model, (x,))
     with torch.no_grad():
         shape = copy.deepcopy(eager)(x).shape
-    gy = torch.randn(shape, dtype=torch.float64)
+    gy = torch.randn(shape, dtype=torch.float64, device=device)
     y, g = _grads(opt, x, gy)
     # A batch-statistics BatchNorm over an exactly constant column (var = 0, e.g. after a
     # minimum with a scalar) multiplies rounding noise by 1/sqrt(eps) in every gradient above
@@ -148,14 +148,19 @@ def test_every_table_op_has_a_gradient_test():
     assert table - covered == set(), sorted(table - covered)
 
 
+GPU_GRAD_COUNT = int(os.environ.get("GEMMFUSE_GPU_GRAD_FUZZ_N", "100"))
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_cuda)])
 @pytest.mark.parametrize("part", range(BATCHES))
-def test_fuzz_backward(part, capsys):
+def test_fuzz_backward(part, device, capsys):
     fused = 0
-    idx = range(part, GRAD_COUNT, BATCHES)
+    idx = range(part, GRAD_COUNT if device == "cpu" else GPU_GRAD_COUNT, BATCHES)
     for i in idx:
         rng = random.Random(SEED * 1000003 + 7919 * i + 1)
         program = gen_program(rng)
-        fused += check_grads(program, SEED + i, f"backward fuzz seed={SEED} index={i}: {program}")
+        fused += check_grads(program, SEED + i, f"backward fuzz seed={SEED} index={i} on "
+                                                f"{device}: {program}", device)
     with capsys.disabled():
-        print(f"\n[backward fuzz seed={SEED} part {part}] {len(idx)} chains, {fused} fused")
+        print(f"\n[backward fuzz seed={SEED} part {part} {device}] {len(idx)} chains, {fused} fused")
     assert fused >= 0.9 * len(idx)

@@ -44,7 +44,8 @@ using CpuMatmul = std::function<void(int64_t M, int64_t N, int64_t K, const floa
                                      const float* b, bool tb, float* c)>;
 
 // The tensors of one backward call (gemmfuse::train_backward). A gradient that is not wanted
-// is nullptr. On the CPU every float tensor is fp32.
+// is nullptr. grad_out, operands, state and the gradients are fp32; x, weight and bias are
+// fp32 on the CPU and in plan.dtype on CUDA.
 struct BackwardArgs {
   const void* grad_out = nullptr;      // [M, plan.out_width]
   const void* x = nullptr;             // [M, K]
@@ -52,13 +53,14 @@ struct BackwardArgs {
   const void* bias = nullptr;          // [N] or nullptr
   std::vector<const float*> operands;  // t<i>, fp32, contiguous
   std::vector<int64_t> operand_numel;  // their sizes (the shape of their gradients)
-  std::vector<void*> state;            // s<i> (eval BatchNorm reads its running statistics)
+  std::vector<void*> state;            // s<i>, fp32 (eval BatchNorm reads its running stats)
   const float* saved = nullptr;        // what the forward saved (BackwardPlan::saved)
-  void* grad_x = nullptr;              // [M, K]
-  void* grad_w = nullptr;              // [N, K]
-  void* grad_b = nullptr;              // [N]
+  void* grad_x = nullptr;              // [M, K], fp32
+  void* grad_w = nullptr;              // [N, K], fp32
+  void* grad_b = nullptr;              // [N], fp32
   std::vector<float*> grad_operands;   // fp32, operand_numel[i] values each, or nullptr
   void* stream = nullptr;
+  void* workspace = nullptr;           // CUDA: Executor::backward_workspace_bytes of scratch
   CpuMatmul cpu_matmul;                // CPU only; when empty a plain loop
 };
 
@@ -76,6 +78,8 @@ class Executor {
                    void* workspace) = 0;
   // The gradients of a plan made for training (backward.h), from what run() saved.
   virtual void backward(const Plan& plan, const BackwardPlan& bp, const BackwardArgs& args) = 0;
+  // Bytes of scratch backward() needs in BackwardArgs::workspace.
+  virtual size_t backward_workspace_bytes(const Plan&, const BackwardPlan&) const { return 0; }
 };
 
 }  // namespace gemmfuse

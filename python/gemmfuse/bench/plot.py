@@ -16,7 +16,8 @@ def plot_speedups(records, path, title=""):
     plt = _plt()
     models = list(dict.fromkeys(r["model"] for r in records))
     variants = [v for v in dict.fromkeys(r["mode"] for r in records)
-                if v not in ("eager", "eager-bf16")]  # the baselines: 1 by definition
+                if not v.startswith(("eager ", "eager-bf16")) and v not in ("eager", "eager-bf16")]
+    # (the baselines: 1 by definition)
     by = {(r["model"], r["mode"]): r for r in records}
     fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(models) + 2), 4.5))
     w = 0.8 / max(1, len(variants))

@@ -46,8 +46,9 @@ def record(result: dict, paths: list, results_dir: Path = RESULTS_DIR) -> list:
     if not results_dir.is_dir():
         raise SystemExit(f"--record: {results_dir} is not a folder here; run the bench from the "
                          f"gemmfuse checkout")
-    suite = "suite" in result["header"]
-    kind = device_kind(result["header"].get("gpu")) + ("-suite" if suite else "")
+    suite = "suite" in result["header"] or "train" in result["header"]
+    kind = device_kind(result["header"].get("gpu")) + ("-suite" if "suite" in result["header"] else
+                                                       "-train" if suite else "")
     written = []
     for p in map(Path, paths):
         suffix = p.name[len(p.stem):] if not p.stem.endswith("-sweep") else "-sweep" + p.suffix

@@ -71,6 +71,7 @@ class Config:
     sweep: bool = False
     sweep_m: list | None = None
     suite: bool = False          # the suite (suite.py) instead of the reference models
+    train: bool = False          # training through the reference models (train.py)
     suite_only: list | None = None
     device: str = "auto"
     seed: int = 0
@@ -621,8 +622,11 @@ def run(cfg: Config, console=None):
     # The SM clock, power and temperature of each record's timed calls (gpu_monitor.py).
     monitor = GpuMonitor.for_device(dev).start() if gpu else None
     try:
-        with torch.no_grad(), progress:
-            if cfg.suite:
+        with (contextlib.nullcontext() if cfg.train else torch.no_grad()), progress:
+            if cfg.train:
+                from .train import run_train
+                records = run_train(cfg, dev, progress, base)
+            elif cfg.suite:
                 from .suite import run_suite
                 records = run_suite(cfg, dev, progress, base, only=cfg.suite_only)
             else:
@@ -650,19 +654,24 @@ def run(cfg: Config, console=None):
                   input_sets=cfg.input_sets, grad="no_grad",
                   timestamp=time.strftime("%Y-%m-%dT%H:%M:%S%z"), notes=notes,
                   note="; ".join(notes), ceilings=CEILINGS,
-                  models={} if cfg.suite else
+                  models={} if cfg.suite or cfg.train else
                   {mid: {"summary": MODELS[mid].summary, **floors(MODELS[mid], b, k, n)}
                    for mid in cfg.models})
     if cfg.suite:
         from .suite import summary
         header["suite"] = summary(records)
+    if cfg.train:
+        header["train"] = True
     result = {"header": header, "records": records}
     if sweep is not None:
         result["sweep"] = sweep
     out.write_text(json.dumps(_clean(result), indent=1))
     from .plot import plot_speedups, plot_sweep
     png = out.with_suffix(".png")
-    plot_speedups(records, png, f"{header.get('gpu') or 'CPU'} M={b} K={k} N={n}")
+    plotted = ([dict(r, mode=f"{r['mode']} {r['scenario']}") for r in records] if cfg.train
+               else records)
+    plot_speedups(plotted, png, f"{header.get('gpu') or 'CPU'} M={b} K={k} N={n}"
+                  + (" training" if cfg.train else ""))
     paths = [str(out), str(png)]
     if sweep:
         paths.append(str(plot_sweep(sweep, out.with_name(out.stem + "-sweep.png"))))
@@ -678,7 +687,11 @@ def run(cfg: Config, console=None):
                       f"{f' and {len(where) - 4} more' if len(where) > 4 else ''}: {err}")
     if sweep:
         console.print(sweep_table(sweep))
-    console.print(main_table(records, header))
+    if cfg.train:
+        from .train import table as train_table
+        console.print(train_table(records, header))
+    else:
+        console.print(main_table(records, header))
     log = out.with_suffix(".log")
     console.save_text(str(log))  # everything printed above, as plain text
     paths.append(str(log))

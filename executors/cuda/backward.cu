@@ -1,0 +1,380 @@
+// The CUDA executor's backward (backward.h): the row backward by segments (row_backward.cu),
+// the column sums of operand and BatchNorm gradients, then dx = dV W and dW = dVᵀ x on cuBLAS
+// in the chain's precision (fp32 and `fast`: SGEMM, no TF32; `tf32`: TF32; 16-bit models:
+// their own type with fp32 accumulation), db = Σ_rows dV. Stream-ordered, no host sync.
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <stdexcept>
+#include <vector>
+
+#include "cuda_check.h"
+#include "cuda_executor.h"
+#include "row_backward.h"
+
+namespace gemmfuse {
+namespace cuda {
+namespace {
+
+std::mutex g_mutex;
+std::vector<cublasHandle_t> g_handles;  // per device, kept for the process
+
+cublasHandle_t blas_handle(cudaStream_t stream) {
+  int dev = 0;
+  GF_CUDA_CHECK(cudaGetDevice(&dev));
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (g_handles.size() <= static_cast<size_t>(dev)) g_handles.resize(dev + 1, nullptr);
+  if (!g_handles[dev]) GF_CUBLAS_CHECK(cublasCreate(&g_handles[dev]));
+  GF_CUBLAS_CHECK(cublasSetStream(g_handles[dev], stream));
+  return g_handles[dev];
+}
+
+int64_t row_width(const Chain& ch, int v) { return ch.has_feature_dim(v) ? ch.width_of(v) : 1; }
+
+// The scratch of one backward, laid out once per call in the order below (256-byte aligned).
+struct BackwardLayout {
+  size_t total = 0;
+  size_t dv = 0, dv16 = 0, g = 0;
+  std::map<int, size_t> vals, acc, bn_g, bn_gx, bn_sums, eval_stats, sinks;
+  std::map<int, int64_t> sink_cols;  // operand index -> sink columns (1: a Scalar's row sums)
+  size_t gemv_row = 0;
+
+  size_t add(size_t bytes) {
+    const size_t at = total;
+    total += (bytes + 255) / 256 * 256;
+    return at;
+  }
+
+  BackwardLayout(const Plan& plan, const BackwardPlan& bp) {
+    const Chain& ch = plan.chain;
+    const int n = static_cast<int>(ch.nodes.size());
+    const int64_t M = plan.M, wv = row_width(ch, bp.start);
+    int64_t wmax = wv;
+    dv = add(4 * M * wv);
+    if (plan.dtype != DType::F32) dv16 = add(2 * M * wv);
+    for (int j = bp.start + 1; j <= n; ++j) {
+      vals[j] = add(4 * M * row_width(ch, j));
+      wmax = std::max(wmax, row_width(ch, j));
+    }
+    g = add(4 * 2 * M * wmax);
+    for (int i = bp.start; i < n; ++i) {
+      const Node& nd = ch.nodes[i];
+      const Instr& in = bp.program[i - bp.start];
+      if (family(nd.op) == OpFamily::Binary && nd.b.kind == Operand::Kind::Value && !acc.count(nd.b.index))
+        acc[nd.b.index] = add(4 * M * row_width(ch, nd.b.index));
+      auto sink = [&](int index, int64_t cols) {
+        if (index >= 0 && !sinks.count(index)) {
+          sinks[index] = add(4 * M * cols);
+          sink_cols[index] = cols;
+        }
+      };
+      if (in.kind == Instr::Kind::Pointwise && in.b.kind == OperandRef::Kind::Col) sink(in.b.index, in.width_in);
+      if (in.kind == Instr::Kind::Pointwise && in.b.kind == OperandRef::Kind::Scalar) sink(in.b.index, 1);
+      const bool eval_bn = in.kind == Instr::Kind::BatchNormApply &&
+                           !bp.saved.batch_stats.count(i);
+      if (in.kind == Instr::Kind::GroupNorm || eval_bn) {
+        if (in.weight.kind == OperandRef::Kind::Col) sink(in.weight.index, in.width_in);
+        if (in.bias.kind == OperandRef::Kind::Col) sink(in.bias.index, in.width_in);
+      }
+      if (eval_bn) eval_stats[i] = add(4 * 3 * in.width_in);
+    }
+    for (int b : bp.batch_norms) {
+      const int64_t w = row_width(ch, b);
+      bn_g[b] = add(4 * M * w);
+      bn_gx[b] = add(4 * M * w);
+      bn_sums[b] = add(4 * 2 * w);
+    }
+    if (bp.gemv) gemv_row = add(4 * plan.K);
+  }
+};
+
+__global__ void running_to_stats_kernel(const float* rm, const float* rv, int64_t w, float eps,
+                                        float* stats) {
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= w) return;
+  stats[c] = rm[c];
+  stats[w + c] = static_cast<float>(1.0 / sqrt(static_cast<double>(rv[c]) + eps));
+  stats[2 * w + c] = rv[c];
+}
+
+template <typename T>
+__global__ void to_16bit_kernel(const float* in, int64_t n, T* out) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = static_cast<T>(in[i]);
+}
+
+// The GEMV's backward: dx[m, k] = s dv[m] colsum(W)[k]; row[k] = s sum_m dv[m] x[m, k];
+// dW[n, k] = row[k]; db[n] = s sum(dv).
+__global__ void gemv_dx_kernel(const float* dv, const float* colsum, int64_t M, int64_t K,
+                               float s, float* dx) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < M * K) dx[i] = s * dv[i / K] * colsum[i % K];
+}
+__global__ void gemv_row_kernel(const float* dv, const float* x, int64_t M, int64_t K, float s,
+                                float* row) {
+  const int64_t k = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (k >= K) return;
+  float t = 0.f;
+  for (int64_t m = 0; m < M; ++m) t += dv[m] * x[m * K + k];
+  row[k] = s * t;
+}
+__global__ void broadcast_rows_kernel(const float* row, int64_t N, int64_t K, float* out) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < N * K) out[i] = row[i % K];
+}
+
+unsigned blocks(int64_t n) { return static_cast<unsigned>((n + 255) / 256); }
+
+}  // namespace
+}  // namespace cuda
+
+size_t CudaExecutor::backward_workspace_bytes(const Plan& plan, const BackwardPlan& bp) const {
+  return cuda::BackwardLayout(plan, bp).total;
+}
+
+void CudaExecutor::backward(const Plan& plan, const BackwardPlan& bp, const BackwardArgs& a) {
+  using namespace cuda;
+  const cudaStream_t stream = static_cast<cudaStream_t>(a.stream);
+  const Chain& ch = plan.chain;
+  const int n = static_cast<int>(ch.nodes.size());
+  const int64_t M = plan.M, N = plan.N, K = plan.K;
+  const BackwardLayout L(plan, bp);
+  char* ws = static_cast<char*>(a.workspace);
+  if (L.total > 0 && ws == nullptr) throw std::invalid_argument("gemmfuse: no backward workspace");
+  auto at = [&](size_t off) { return reinterpret_cast<float*>(ws + off); };
+  if (bp.gemv && plan.dtype != DType::F32)
+    throw Unsupported("the CUDA backward of a 16-bit model's GEMV is not built: its chain runs in "
+                      "PyTorch while autograd records");
+  for (size_t t = 0; t < a.grad_operands.size(); ++t)
+    if (a.grad_operands[t])
+      GF_CUDA_CHECK(cudaMemsetAsync(a.grad_operands[t], 0, 4 * a.operand_numel[t], stream));
+  const int64_t wv = row_width(ch, bp.start);
+  float* dv = at(L.dv);
+
+  if (M > 0 && bp.start == n) {
+    GF_CUDA_CHECK(cudaMemcpyAsync(dv, a.grad_out, 4 * M * wv, cudaMemcpyDeviceToDevice, stream));
+  } else if (M > 0) {
+    for (const auto& [j, off] : L.acc)
+      GF_CUDA_CHECK(cudaMemsetAsync(at(off), 0, 4 * M * row_width(ch, j), stream));
+    for (const auto& [t, off] : L.sinks)
+      GF_CUDA_CHECK(cudaMemsetAsync(at(off), 0, 4 * M * L.sink_cols.at(t), stream));
+    // The instructions, shared by every segment.
+    std::vector<BwInstr> ins(n - bp.start);
+    for (int i = bp.start; i < n; ++i) {
+      const Instr& in = bp.program[i - bp.start];
+      const Node& nd = in.node;
+      BwInstr& d = ins[i - bp.start];
+      d.op = static_cast<uint8_t>(nd.op);
+      d.pp = pointwise_params(nd);
+      d.win = static_cast<int32_t>(in.width_in);
+      d.wout = static_cast<int32_t>(in.width_out);
+      d.eps = static_cast<float>(nd.eps);
+      auto operand = [&](const OperandRef& o) {
+        return o.kind == OperandRef::Kind::None ? nullptr : a.operands.at(o.index);
+      };
+      auto sink = [&](const OperandRef& o) -> float* {
+        if (o.kind == OperandRef::Kind::None || !a.grad_operands.at(o.index)) return nullptr;
+        auto it = L.sinks.find(o.index);
+        return it != L.sinks.end() ? at(it->second) : a.grad_operands[o.index];
+      };
+      switch (in.kind) {
+        case Instr::Kind::Pointwise:
+          d.kind = kBwPointwise;
+          if (family(nd.op) != OpFamily::Binary) break;
+          d.flags |= kBwBinary | (nd.reversed ? kBwReversed : 0);
+          if (nd.b.kind == Operand::Kind::Value) {
+            d.opnd = kBwValue;
+            d.value = nd.b.index - bp.start;
+            if (d.value < 0) throw Unsupported("CUDA backward: a stage reads a value before the GEMM's");
+            break;
+          }
+          switch (in.b.kind) {
+            case OperandRef::Kind::Imm: d.opnd = kBwImm; d.imm = in.b.imm; break;
+            case OperandRef::Kind::Scalar: d.opnd = kBwScalar; break;
+            case OperandRef::Kind::Col: d.opnd = kBwCol; break;
+            case OperandRef::Kind::Row: d.opnd = kBwRow; break;
+            case OperandRef::Kind::Full: d.opnd = kBwFull; break;
+            default: throw Unsupported("CUDA backward: operand kind");
+          }
+          if (d.opnd != kBwImm) {
+            d.b = operand(in.b);
+            d.b_grad = sink(in.b);
+          }
+          break;
+        case Instr::Kind::Reduce:
+          d.kind = kBwReduce;
+          if (nd.first_index) d.flags |= kBwFirstIndex;
+          break;
+        case Instr::Kind::Softmax: d.kind = kBwSoftmax; break;
+        case Instr::Kind::GroupNorm:
+          d.kind = kBwGroupNorm;
+          d.groups = static_cast<int32_t>(nd.groups);
+          d.weight = operand(in.weight);
+          d.bias = operand(in.bias);
+          d.weight_grad = sink(in.weight);
+          d.bias_grad = sink(in.bias);
+          break;
+        case Instr::Kind::Pool:
+          d.kind = kBwPool;
+          d.kernel = static_cast<int32_t>(nd.kernel);
+          d.stride = static_cast<int32_t>(nd.stride);
+          d.padding = static_cast<int32_t>(nd.padding);
+          if (nd.ceil_mode) d.flags |= kBwCeil;
+          if (nd.count_include_pad) d.flags |= kBwIncludePad;
+          break;
+        case Instr::Kind::BatchNormApply: {
+          d.kind = kBwBatchNorm;
+          d.weight = operand(in.weight);
+          d.bias = operand(in.bias);
+          auto it = bp.saved.batch_stats.find(i);
+          if (it != bp.saved.batch_stats.end()) {
+            d.flags |= kBwBatchStats;
+            d.stats = a.saved + it->second;
+          } else {  // eval: the running statistics as [3, w]
+            const float* rm = static_cast<const float*>(a.state.at(nd.running_mean.index));
+            const float* rv = static_cast<const float*>(a.state.at(nd.running_var.index));
+            float* st = at(L.eval_stats.at(i));
+            running_to_stats_kernel<<<blocks(in.width_in), 256, 0, stream>>>(rm, rv, in.width_in,
+                                                                            static_cast<float>(nd.eps), st);
+            GF_LAUNCH_CHECK();
+            d.stats = st;
+            d.weight_grad = sink(in.weight);
+            d.bias_grad = sink(in.bias);
+          }
+          break;
+        }
+        case Instr::Kind::Save: throw std::logic_error("CUDA backward: a Save among the stages");
+      }
+    }
+    // The segments, top down (cut at batch-statistics BatchNorms).
+    auto segment = [&](int lo, int hi) {
+      BwSegment s;
+      s.n = hi - bp.start;
+      s.lo = lo - bp.start;
+      if (s.n + 1 > kMaxBackwardInstrs) throw Unsupported("CUDA backward: the chain is too long");
+      for (int i = 0; i < s.n; ++i) s.ins[i] = ins[i];
+      s.M = M;
+      s.v0 = a.saved + bp.saved.v;
+      s.w0 = static_cast<int32_t>(wv);
+      s.vals = reinterpret_cast<float*>(ws);
+      int64_t wmax = wv;
+      for (int j = bp.start + 1; j <= hi; ++j) {
+        s.val_off[j - bp.start] = static_cast<int64_t>(L.vals.at(j) / 4);
+        wmax = std::max(wmax, row_width(ch, j));
+      }
+      for (const auto& [j, off] : L.acc)
+        if (j - bp.start <= s.n) s.acc[j - bp.start] = at(off);
+      for (int j = bp.start + 1; j <= n; ++j) wmax = std::max(wmax, row_width(ch, j));
+      s.w_max = static_cast<int32_t>(wmax);
+      s.g_scratch = at(L.g);
+      if (hi == n) {
+        s.g_top = static_cast<const float*>(a.grad_out);
+      } else {  // hi is a batch-statistics BatchNorm
+        s.bn_top = s.n;
+        s.ins[s.n] = ins[hi - bp.start];
+        s.g_top = at(L.bn_g.at(hi));
+        s.bn_sum_g = at(L.bn_sums.at(hi));
+        s.bn_sum_gx = s.bn_sum_g + row_width(ch, hi);
+      }
+      if (lo > bp.start) {
+        const int b = lo - 1;
+        s.bn_below = b - bp.start;
+        s.out = at(L.bn_g.at(b));
+        s.out_gx = at(L.bn_gx.at(b));
+      } else {
+        s.out = dv;
+      }
+      launch_row_backward(s, stream);
+      if (lo > bp.start) {  // the column sums the segment below needs, and the affine grads
+        const int b = lo - 1;
+        const int64_t w = row_width(ch, b);
+        float* sums = at(L.bn_sums.at(b));
+        launch_column_sums(at(L.bn_g.at(b)), M, w, sums, 1.f, false, stream);
+        launch_column_sums(at(L.bn_gx.at(b)), M, w, sums + w, 1.f, false, stream);
+        const Instr& in = bp.program[b - bp.start];
+        auto add_to = [&](const OperandRef& o, const float* src) {  // gamma: sum g x-hat; beta: sum g
+          if (o.kind == OperandRef::Kind::Col && a.grad_operands.at(o.index))
+            launch_column_sums(src, 1, w, a.grad_operands[o.index], 1.f, true, stream);
+        };
+        add_to(in.weight, sums + w);
+        add_to(in.bias, sums);
+      }
+    };
+    int hi = n;
+    for (auto it = bp.batch_norms.rbegin(); it != bp.batch_norms.rend(); ++it) {
+      segment(*it + 1, hi);
+      hi = *it;
+    }
+    segment(bp.start, hi);
+    // Operand sinks: sums over the rows (the batch BatchNorms' affine grads were added above,
+    // into gradients these do not touch).
+    for (const auto& [t, off] : L.sinks)
+      if (a.grad_operands.at(t))
+        launch_column_sums(at(off), M, L.sink_cols.at(t), a.grad_operands[t], 1.f, true, stream);
+  }
+
+  float* gx = static_cast<float*>(a.grad_x);
+  float* gw = static_cast<float*>(a.grad_w);
+  float* gb = static_cast<float*>(a.grad_b);
+  if (bp.gemv) {
+    const float s = static_cast<float>(bp.gemv_scale);
+    const float* x = static_cast<const float*>(a.x);
+    const float* w = static_cast<const float*>(a.weight);
+    float* row = at(L.gemv_row);
+    if (gx) {
+      launch_column_sums(w, N, K, row, 1.f, false, stream);  // colsum(W)
+      gemv_dx_kernel<<<blocks(M * K), 256, 0, stream>>>(dv, row, M, K, s, gx);
+      GF_LAUNCH_CHECK();
+    }
+    if (gw) {
+      gemv_row_kernel<<<blocks(K), 256, 0, stream>>>(dv, x, M, K, s, row);
+      GF_LAUNCH_CHECK();
+      broadcast_rows_kernel<<<blocks(N * K), 256, 0, stream>>>(row, N, K, gw);
+      GF_LAUNCH_CHECK();
+    }
+    if (gb) {
+      launch_column_sums(dv, M, 1, row, s, false, stream);
+      broadcast_rows_kernel<<<blocks(N), 256, 0, stream>>>(row, N, 1, gb);
+      GF_LAUNCH_CHECK();
+    }
+    return;
+  }
+  if (gb) launch_column_sums(dv, M, N, gb, 1.f, false, stream);
+  if (!gx && !gw) return;
+  if (M == 0) {
+    if (gw) GF_CUDA_CHECK(cudaMemsetAsync(gw, 0, 4 * N * K, stream));
+    return;
+  }
+  // Row-major dx[M,K] = dV[M,N] W[N,K] is column-major dxᵀ = Wᵀ dVᵀ: A = W (col-major [K,N],
+  // ld K), B = dV (col-major [N,M], ld N). dW[N,K] = dVᵀ x is column-major dWᵀ = xᵀ dV:
+  // A = x (col-major [K,M], ld K), B = dV transposed (stored col-major [N,M], ld N).
+  cublasHandle_t h = blas_handle(stream);
+  const void* dvp = dv;
+  cudaDataType_t ab = CUDA_R_32F;
+  cublasComputeType_t compute = plan.precision == Precision::TF32 && plan.dtype == DType::F32
+                                    ? CUBLAS_COMPUTE_32F_FAST_TF32
+                                    : CUBLAS_COMPUTE_32F;
+  if (plan.dtype != DType::F32) {  // a 16-bit model: its gradient of Y in its own type, as eager's
+    ab = plan.dtype == DType::BF16 ? CUDA_R_16BF : CUDA_R_16F;
+    void* d16 = ws + L.dv16;
+    if (plan.dtype == DType::BF16)
+      to_16bit_kernel<<<blocks(M * N), 256, 0, stream>>>(dv, M * N, static_cast<__nv_bfloat16*>(d16));
+    else
+      to_16bit_kernel<<<blocks(M * N), 256, 0, stream>>>(dv, M * N, static_cast<__half*>(d16));
+    GF_LAUNCH_CHECK();
+    dvp = d16;
+  }
+  const float one = 1.f, zero = 0.f;
+  if (gx)
+    GF_CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, K, M, N, &one, a.weight, ab, K, dvp,
+                                 ab, N, &zero, gx, CUDA_R_32F, K, compute, CUBLAS_GEMM_DEFAULT));
+  if (gw)
+    GF_CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_T, K, N, M, &one, a.x, ab, K, dvp, ab,
+                                 N, &zero, gw, CUDA_R_32F, K, compute, CUBLAS_GEMM_DEFAULT));
+}
+
+}  // namespace gemmfuse

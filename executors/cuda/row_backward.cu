@@ -1,0 +1,399 @@
+// The CUDA row backward (row_backward.h). A CTA per row, 256 threads over the columns; the
+// row's values live in global scratch (one row of each value: L2-resident while the CTA
+// works on it), reductions go through warp shuffles and shared memory. The formulas are the
+// CPU reference's (cpu_backward.cpp), in fp32.
+#include "row_backward.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+#include "cuda_check.h"
+#include "device_info.h"
+
+namespace gemmfuse::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = nan_max(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+__device__ __forceinline__ float warp_min(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = nan_min(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+enum class Red { Sum, Max, Min };
+
+// The block's reduction of v (every thread gets it). `red` holds kWarps floats.
+template <Red kRed>
+__device__ float block_reduce(float v, float* red) {
+  v = kRed == Red::Sum ? warp_sum(v) : kRed == Red::Max ? warp_max(v) : warp_min(v);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __syncthreads();  // red[] may still be read by the previous reduction
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  float r = red[0];
+  for (int i = 1; i < kWarps; ++i)
+    r = kRed == Red::Sum ? r + red[i] : kRed == Red::Max ? nan_max(r, red[i]) : nan_min(r, red[i]);
+  return r;
+}
+
+struct Row {
+  const BwSegment& s;
+  int64_t r;
+  float* red;
+  __device__ const float* value(int j) const {
+    return j == 0 ? s.v0 + r * s.w0 : s.vals + s.val_off[j] + r * width(j);
+  }
+  __device__ float* value_w(int j) const { return s.vals + s.val_off[j] + r * width(j); }
+  __device__ int width(int j) const { return j == 0 ? s.w0 : s.ins[j - 1].wout; }
+
+  __device__ float operand(const BwInstr& in, int64_t c) const {
+    switch (in.opnd) {
+      case kBwImm: return in.imm;
+      case kBwScalar: return in.b[0];
+      case kBwCol: return in.b[c];
+      case kBwRow: return in.b[r];
+      case kBwFull: return in.b[r * in.win + c];
+      case kBwValue: {
+        const int wj = width(in.value);
+        return value(in.value)[wj == 1 ? 0 : c];
+      }
+      default: return NAN;
+    }
+  }
+
+  // ---- forward: value i+1 from value i ------------------------------------------------------
+  __device__ void forward(int i) {
+    const BwInstr& in = s.ins[i];
+    const float* x = value(i);
+    float* y = value_w(i + 1);
+    const int w = in.win;
+    switch (in.kind) {
+      case kBwPointwise:
+        for (int c = threadIdx.x; c < w; c += kThreads)
+          y[c] = (in.flags & kBwBinary)
+                     ? apply_binary(static_cast<OpCode>(in.op), x[c], operand(in, c), in.flags & kBwReversed)
+                     : apply_unary(static_cast<OpCode>(in.op), x[c], in.pp);
+        break;
+      case kBwReduce: {
+        const OpCode op = static_cast<OpCode>(in.op);
+        float res;
+        if (op == OpCode::Sum || op == OpCode::Mean) {
+          float t = 0.f;
+          for (int c = threadIdx.x; c < w; c += kThreads) t += x[c];
+          res = block_reduce<Red::Sum>(t, red);
+          if (op == OpCode::Mean) res /= static_cast<float>(w);
+        } else if (op == OpCode::Max || op == OpCode::LogSumExp) {
+          float m = -INFINITY;
+          for (int c = threadIdx.x; c < w; c += kThreads) m = nan_max(m, x[c]);
+          res = block_reduce<Red::Max>(m, red);
+          if (op == OpCode::LogSumExp) {
+            const float shift = lse_shift(res);
+            float t = 0.f;
+            for (int c = threadIdx.x; c < w; c += kThreads) t += expf(x[c] - shift);
+            res = logf(block_reduce<Red::Sum>(t, red)) + shift;
+          }
+        } else {
+          float m = INFINITY;
+          for (int c = threadIdx.x; c < w; c += kThreads) m = nan_min(m, x[c]);
+          res = block_reduce<Red::Min>(m, red);
+        }
+        if (threadIdx.x == 0) y[0] = res;
+        break;
+      }
+      case kBwSoftmax: {
+        float m = -INFINITY;
+        for (int c = threadIdx.x; c < w; c += kThreads) m = nan_max(m, x[c]);
+        m = block_reduce<Red::Max>(m, red);
+        float t = 0.f;
+        for (int c = threadIdx.x; c < w; c += kThreads) t += expf(x[c] - m);
+        t = block_reduce<Red::Sum>(t, red);
+        const bool log = static_cast<OpCode>(in.op) == OpCode::LogSoftmax;
+        const float lt = logf(t), inv = 1.f / t;
+        for (int c = threadIdx.x; c < w; c += kThreads)
+          y[c] = log ? (x[c] - m) - lt : expf(x[c] - m) * inv;
+        break;
+      }
+      case kBwGroupNorm: group_norm(in, x, y, nullptr, nullptr); break;
+      case kBwPool:
+        for (int o = threadIdx.x; o < in.wout; o += kThreads) y[o] = pool_window(in, x, o, nullptr);
+        break;
+      case kBwBatchNorm:
+        for (int c = threadIdx.x; c < w; c += kThreads) {
+          float v = (x[c] - in.stats[c]) * in.stats[w + c];
+          if (in.weight) v *= in.weight[c];
+          if (in.bias) v += in.bias[c];
+          y[c] = v;
+        }
+        break;
+    }
+    __syncthreads();
+  }
+
+  // Pool window o's value (and, for max pooling, the column it takes: the first largest, NaN
+  // first).
+  __device__ float pool_window(const BwInstr& in, const float* x, int o, int* at) const {
+    int st = o * in.stride - in.padding, en = min(st + in.kernel, in.win + in.padding);
+    const int pool_size = en - st;
+    st = max(st, 0);
+    en = min(en, in.win);
+    if (static_cast<OpCode>(in.op) == OpCode::AvgPool) {
+      float t = 0.f;
+      for (int c = st; c < en; ++c) t += x[c];
+      return t / static_cast<float>((in.flags & kBwIncludePad) ? pool_size : en - st);
+    }
+    float m = -INFINITY;
+    int a = -1;
+    for (int c = st; c < en; ++c)
+      if (x[c] > m || gf_isnan(x[c])) {
+        m = x[c];
+        a = c;
+        if (gf_isnan(m)) break;
+      }
+    if (at) *at = a;
+    return m;
+  }
+
+  // GroupNorm forward (g == nullptr) or backward (g: the output's gradient in, gi: the
+  // input's out; affine sinks filled). A warp per group when groups are small, the block
+  // per group otherwise.
+  __device__ void group_norm(const BwInstr& in, const float* x, float* y, const float* g, float* gi) {
+    const int w = in.win, gs = w / in.groups;
+    const bool per_warp = in.groups >= kWarps && gs <= 1024;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int first = per_warp ? warp : 0, step = per_warp ? kWarps : 1;
+    const int t0 = per_warp ? lane : threadIdx.x, tn = per_warp ? 32 : kThreads;
+    for (int grp = first; grp < in.groups; grp += step) {
+      const float* xg = x + grp * gs;
+      float a = 0.f;
+      for (int c = t0; c < gs; c += tn) a += xg[c];
+      const float mean = (per_warp ? warp_sum(a) : block_reduce<Red::Sum>(a, red)) / gs;
+      float v = 0.f;
+      for (int c = t0; c < gs; c += tn) v += (xg[c] - mean) * (xg[c] - mean);
+      const float var = (per_warp ? warp_sum(v) : block_reduce<Red::Sum>(v, red)) / gs;
+      const float rstd = rsqrtf(var + in.eps);
+      if (g == nullptr) {
+        for (int c = t0; c < gs; c += tn) {
+          const int col = grp * gs + c;
+          float o = (xg[c] - mean) * rstd;
+          if (in.weight) o *= in.weight[col];
+          if (in.bias) o += in.bias[col];
+          y[col] = o;
+        }
+        continue;
+      }
+      float m1 = 0.f, m2 = 0.f;
+      for (int c = t0; c < gs; c += tn) {
+        const int col = grp * gs + c;
+        const float xh = (xg[c] - mean) * rstd, gw = g[col] * (in.weight ? in.weight[col] : 1.f);
+        m1 += gw;
+        m2 += gw * xh;
+        if (in.weight_grad) in.weight_grad[r * w + col] += g[col] * xh;
+        if (in.bias_grad) in.bias_grad[r * w + col] += g[col];
+      }
+      m1 = (per_warp ? warp_sum(m1) : block_reduce<Red::Sum>(m1, red)) / gs;
+      m2 = (per_warp ? warp_sum(m2) : block_reduce<Red::Sum>(m2, red)) / gs;
+      for (int c = t0; c < gs; c += tn) {
+        const int col = grp * gs + c;
+        const float xh = (xg[c] - mean) * rstd, gw = g[col] * (in.weight ? in.weight[col] : 1.f);
+        gi[col] = rstd * (gw - m1 - xh * m2);
+      }
+    }
+  }
+
+  // ---- backward: the gradient at value i (gi) from the one at value i+1 (g) --------------
+  __device__ void backward(int i, const float* g, float* gi) {
+    const BwInstr& in = s.ins[i];
+    const float* x = value(i);
+    const float* y = value(i + 1);
+    const int w = in.win;
+    const OpCode op = static_cast<OpCode>(in.op);
+    switch (in.kind) {
+      case kBwPointwise: {
+        if (!(in.flags & kBwBinary)) {
+          for (int c = threadIdx.x; c < w; c += kThreads) gi[c] = unary_grad(op, x[c], y[c], g[c], in.pp);
+          break;
+        }
+        float part = 0.f;  // Scalar / Row operands and one-wide values: the row's sum
+        const bool one_wide = in.opnd == kBwValue && width(in.value) == 1;
+        for (int c = threadIdx.x; c < w; c += kThreads) {
+          const Grad2 d = binary_grad(op, x[c], operand(in, c), in.flags & kBwReversed, g[c]);
+          gi[c] = d.l;
+          switch (in.opnd) {
+            case kBwCol: case kBwFull:
+              if (in.b_grad) in.b_grad[r * w + c] += d.r;
+              break;
+            case kBwValue:
+              if (!one_wide) s.acc[in.value][r * w + c] += d.r;
+              else part += d.r;
+              break;
+            default: part += d.r;
+          }
+        }
+        if (in.opnd == kBwScalar || in.opnd == kBwRow || one_wide) {
+          const float t = block_reduce<Red::Sum>(part, red);
+          if (threadIdx.x == 0) {
+            if (one_wide) s.acc[in.value][r] += t;
+            else if (in.b_grad) in.b_grad[r] += t;
+          }
+        }
+        break;
+      }
+      case kBwReduce: {
+        const float g0 = g[0], res = y[0];
+        if (op == OpCode::Sum || op == OpCode::Mean) {
+          const float v = op == OpCode::Mean ? g0 / static_cast<float>(w) : g0;
+          for (int c = threadIdx.x; c < w; c += kThreads) gi[c] = v;
+        } else if (op == OpCode::LogSumExp) {
+          for (int c = threadIdx.x; c < w; c += kThreads) gi[c] = g0 * expf(x[c] - res);
+        } else if (in.flags & kBwFirstIndex) {  // the first extreme (the first NaN)
+          float first = INFINITY;
+          for (int c = threadIdx.x; c < w; c += kThreads)
+            if ((gf_isnan(res) && gf_isnan(x[c])) || x[c] == res) first = fminf(first, static_cast<float>(c));
+          first = block_reduce<Red::Min>(first, red);
+          for (int c = threadIdx.x; c < w; c += kThreads) gi[c] = static_cast<float>(c) == first ? g0 : 0.f;
+        } else {  // amax/amin: split among ties
+          float n = 0.f;
+          for (int c = threadIdx.x; c < w; c += kThreads) n += x[c] == res;
+          n = block_reduce<Red::Sum>(n, red);
+          for (int c = threadIdx.x; c < w; c += kThreads) gi[c] = (x[c] == res ? g0 : 0.f) / n;
+        }
+        break;
+      }
+      case kBwSoftmax: {
+        const bool log = op == OpCode::LogSoftmax;
+        float t = 0.f;
+        for (int c = threadIdx.x; c < w; c += kThreads) t += log ? g[c] : g[c] * y[c];
+        t = block_reduce<Red::Sum>(t, red);
+        for (int c = threadIdx.x; c < w; c += kThreads)
+          gi[c] = log ? g[c] - expf(y[c]) * t : y[c] * (g[c] - t);
+        break;
+      }
+      case kBwGroupNorm: group_norm(in, x, nullptr, g, gi); break;
+      case kBwPool:
+        for (int c = threadIdx.x; c < w; c += kThreads) {
+          // The windows o whose span [o s - p, o s - p + k) holds c.
+          const int lo_o = max(0, (c + in.padding - in.kernel) / in.stride);
+          const int hi_o = min(in.wout - 1, (c + in.padding) / in.stride);
+          float acc = 0.f;
+          for (int o = lo_o; o <= hi_o; ++o) {
+            const int st = o * in.stride - in.padding;
+            if (c < st || c >= st + in.kernel) continue;
+            if (op == OpCode::AvgPool) {
+              int s0 = st, e0 = min(st + in.kernel, w + in.padding);
+              const int pool_size = e0 - s0;
+              s0 = max(s0, 0);
+              e0 = min(e0, w);
+              acc += g[o] / static_cast<float>((in.flags & kBwIncludePad) ? pool_size : e0 - s0);
+            } else {
+              int at = -1;
+              pool_window(in, x, o, &at);
+              if (at == c) acc += g[o];
+            }
+          }
+          gi[c] = acc;
+        }
+        break;
+      case kBwBatchNorm:  // running statistics (batch ones cut the segments)
+        for (int c = threadIdx.x; c < w; c += kThreads) {
+          const float xh = (x[c] - in.stats[c]) * in.stats[w + c];
+          gi[c] = g[c] * (in.weight ? in.weight[c] : 1.f) * in.stats[w + c];
+          if (in.weight_grad) in.weight_grad[r * w + c] += g[c] * xh;
+          if (in.bias_grad) in.bias_grad[r * w + c] += g[c];
+        }
+        break;
+    }
+    __syncthreads();
+  }
+};
+
+__global__ void __launch_bounds__(kThreads) row_backward_kernel(const BwSegment s) {
+  __shared__ float red[kWarps];
+  for (int64_t r = blockIdx.x; r < s.M; r += gridDim.x) {
+    Row row{s, r, red};
+    for (int i = 0; i < s.n; ++i) row.forward(i);
+    const int top = s.n;
+    const int wt = row.width(top);
+    float* g = s.g_scratch + r * s.w_max;
+    float* g2 = s.g_scratch + (s.M + r) * s.w_max;
+    if (s.bn_top >= 0) {  // the top value is a batch-statistics BatchNorm's input
+      const BwInstr& in = s.ins[s.bn_top];
+      const float* x = row.value(top);
+      const float n = static_cast<float>(s.M);
+      for (int c = threadIdx.x; c < wt; c += kThreads) {
+        const float xh = (x[c] - in.stats[c]) * in.stats[wt + c];
+        const float wc = in.weight ? in.weight[c] : 1.f;
+        g[c] = wc * in.stats[wt + c] / n * (n * s.g_top[r * wt + c] - s.bn_sum_g[c] - xh * s.bn_sum_gx[c]);
+      }
+    } else {
+      for (int c = threadIdx.x; c < wt; c += kThreads) g[c] = s.g_top[r * wt + c];
+    }
+    __syncthreads();
+    auto add_acc = [&](int j) {
+      if (!s.acc[j]) return;
+      const int wj = row.width(j);
+      for (int c = threadIdx.x; c < wj; c += kThreads) g[c] += s.acc[j][r * wj + c];
+      __syncthreads();
+    };
+    add_acc(top);
+    for (int i = s.n - 1; i >= s.lo; --i) {
+      row.backward(i, g, g2);
+      float* t = g;
+      g = g2;
+      g2 = t;
+      add_acc(i);
+    }
+    const int wl = row.width(s.lo);
+    if (s.bn_below >= 0) {  // g is at a batch-statistics BatchNorm's output
+      const BwInstr& in = s.ins[s.bn_below];
+      const float* x = row.value(s.bn_below);
+      for (int c = threadIdx.x; c < wl; c += kThreads) {
+        s.out[r * wl + c] = g[c];
+        s.out_gx[r * wl + c] = g[c] * (x[c] - in.stats[c]) * in.stats[wl + c];
+      }
+    } else {
+      for (int c = threadIdx.x; c < wl; c += kThreads) s.out[r * wl + c] = g[c];
+    }
+    __syncthreads();
+  }
+}
+
+__global__ void column_sums_kernel(const float* __restrict__ in, int64_t rows, int64_t cols,
+                                   float* __restrict__ out, float scale, bool accumulate) {
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= cols) return;
+  float t = 0.f;
+  for (int64_t r = 0; r < rows; ++r) t += in[r * cols + c];
+  out[c] = accumulate ? out[c] + scale * t : scale * t;
+}
+
+}  // namespace
+
+void launch_row_backward(const BwSegment& seg, cudaStream_t stream) {
+  if (seg.M <= 0) return;
+  if (seg.n > kMaxBackwardInstrs) throw Unsupported("CUDA backward: the chain is too long");
+  const int64_t grid = std::min<int64_t>(seg.M, int64_t(sm_count()) * 8);
+  row_backward_kernel<<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(seg);
+  GF_LAUNCH_CHECK();
+}
+
+void launch_column_sums(const float* in, int64_t rows, int64_t cols, float* out, float scale,
+                        bool accumulate, cudaStream_t stream) {
+  if (cols <= 0) return;
+  column_sums_kernel<<<static_cast<unsigned>((cols + 255) / 256), 256, 0, stream>>>(
+      in, rows, cols, out, scale, accumulate);
+  GF_LAUNCH_CHECK();
+}
+
+}  // namespace gemmfuse::cuda

@@ -1,0 +1,77 @@
+// The CUDA row backward (backward.h's RowBackward steps): a CTA per row recomputes the
+// chain's values from the saved GEMM output into a scratch row per value, then runs every
+// stage's derivative in reverse (pointwise.h's Pointwise<Op>::bwd for the pointwise ops).
+// Gradients of operand tensors go to per-row sinks that a column reduction sums afterwards,
+// so the result does not depend on the order in which CTAs run.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "gemmfuse/plan.h"
+#include "pointwise.h"
+
+namespace gemmfuse::cuda {
+
+constexpr int kMaxBackwardInstrs = 24;
+
+enum : uint8_t {
+  kBwPointwise = 0, kBwReduce, kBwSoftmax, kBwGroupNorm, kBwPool, kBwBatchNorm
+};
+enum : uint8_t {  // the operand of a binary stage
+  kBwNone = 0, kBwImm, kBwScalar, kBwCol, kBwRow, kBwFull, kBwValue
+};
+enum : uint8_t {
+  kBwBinary = 1, kBwReversed = 2, kBwFirstIndex = 4, kBwCeil = 8, kBwIncludePad = 16,
+  kBwBatchStats = 32
+};
+
+struct BwInstr {
+  uint8_t kind = kBwPointwise, op = 0, flags = 0, opnd = kBwNone;
+  PointwiseParams pp{};
+  float imm = 0.f, eps = 0.f;
+  int32_t value = -1;           // kBwValue: the value id read
+  int32_t win = 0, wout = 0;
+  int32_t groups = 1, kernel = 1, stride = 1, padding = 0;
+  const float* b = nullptr;     // the operand tensor (kBwScalar .. kBwFull)
+  float* b_grad = nullptr;      // its gradient sink: [M] (Scalar), [M, win] (Col, Full), [M] (Row)
+  const float* weight = nullptr;  // norms' affine parameters, [win]
+  const float* bias = nullptr;
+  float* weight_grad = nullptr;   // their sinks, [M, win]
+  float* bias_grad = nullptr;
+  const float* stats = nullptr;   // BatchNorm: [3, win] mean, invstd, var (saved or running)
+};
+
+// One segment [lo, hi) of the chain's nodes, for all rows (backward.h).
+struct BwSegment {
+  int32_t n = 0;                      // instructions: nodes start .. hi-1 (forward recompute)
+  int32_t lo = 0;                     // nodes lo .. hi-1 are differentiated (relative to start)
+  BwInstr ins[kMaxBackwardInstrs];
+  int64_t M = 0;
+  const float* v0 = nullptr;          // the saved start value, [M, w0]
+  int32_t w0 = 0;
+  float* vals = nullptr;              // scratch: value j (relative, 1..n) at vals + off[j] + r * w_j
+  int64_t val_off[kMaxBackwardInstrs + 1] = {};
+  float* acc[kMaxBackwardInstrs + 1] = {};  // value j's gradient from reads of v<j>, [M, w_j]
+  const float* g_top = nullptr;       // the gradient at the top value, [M, w_top]
+  // The top is a batch-statistics BatchNorm's input: g_top is its output's gradient, and
+  // these its column sums (sum g, sum g x-hat) and node (relative).
+  int32_t bn_top = -1;
+  const float* bn_sum_g = nullptr;
+  const float* bn_sum_gx = nullptr;
+  float* g_scratch = nullptr;         // [2, M, w_max]
+  int32_t w_max = 0;
+  float* out = nullptr;               // the gradient at value lo, [M, w_lo]
+  float* out_gx = nullptr;            // with a BatchNorm below: g x-hat per row, [M, w_lo]
+  int32_t bn_below = -1;              // that BatchNorm (relative)
+};
+
+void launch_row_backward(const BwSegment& seg, cudaStream_t stream);
+
+// out[c] = sum over rows of in[r, c] (deterministic: a thread per column walks the rows);
+// `scale` multiplies the sum, `accumulate` adds it to out.
+void launch_column_sums(const float* in, int64_t rows, int64_t cols, float* out, float scale,
+                        bool accumulate, cudaStream_t stream);
+
+}  // namespace gemmfuse::cuda

@@ -4,6 +4,7 @@
 #
 # Here, first:  make wheel && mkdir -p .gpu && cp dist/gemmfuse-*.whl build/tests/cpp/gemmfuse_*tests .gpu/
 # There:        TESTS=1 SANITIZE=1 BENCH=1 [BENCH_ARGS="..."] [PYTEST_ARGS="..."] bash scripts/device-run.sh
+#               SANITIZE_PY="-k ..." runs memcheck and racecheck over that pytest selection too.
 #   GEMMFUSE_GIT_COMMIT=<hash>: the commit the bench records (the copied tree's .git may be older).
 # The machine's own python3 holds torch; the wheel goes into it with --no-deps (no network).
 set -uo pipefail
@@ -40,6 +41,16 @@ if [ "${SANITIZE:-0}" = 1 ]; then
     { echo "===== $tool"; cat "$OUT/sanitize_tmp.log"; } >> "$OUT/sanitize.log"
   done
   rm -f "$OUT/sanitize_tmp.log"
+fi
+
+if [ -n "${SANITIZE_PY:-}" ]; then  # the sanitizers over a pytest selection (the Python-driven kernels)
+  for tool in memcheck racecheck; do
+    (cd tests && timeout ${SANITIZE_TIMEOUT:-240} compute-sanitizer --tool $tool --error-exitcode 9 \
+      python3 -m pytest python -q -x ${SANITIZE_PY}) > "$OUT/sanitize_py_tmp.log" 2>&1
+    note "compute-sanitizer $tool (pytest $SANITIZE_PY) rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize_py_tmp.log" | tail -1) $(grep -E 'passed|failed' "$OUT/sanitize_py_tmp.log" | tail -1)"
+    { echo "===== $tool"; cat "$OUT/sanitize_py_tmp.log"; } >> "$OUT/sanitize_py.log"
+  done
+  rm -f "$OUT/sanitize_py_tmp.log"
 fi
 
 if [ "${BENCH:-0}" = 1 ]; then

@@ -16,6 +16,7 @@
 
 #include "cuda_executor.h"
 #endif
+#include "gemmfuse/backward.h"
 #include "plan_cache.h"
 #include "run_call.h"
 
@@ -57,6 +58,32 @@ at::Tensor run_meta(c10::string_view spec, const at::Tensor& x, const at::Tensor
   return at::empty(output_shape(*chain, x.sizes()), x.options());
 }
 
+// The training plan and its backward (what runs while autograd records), or why the chain
+// then runs in PyTorch.
+std::string describe_training(c10::string_view spec, const at::Tensor& x, const at::Tensor& weight,
+                              const c10::optional<at::Tensor>& bias, at::TensorList operands,
+                              at::TensorList state, c10::string_view precision) {
+  std::ostringstream os;
+  os << "while autograd records (training):";
+  try {
+    const Plan& plan = plan_for(spec, x, weight, bias, operands, state, precision, /*for_training=*/true);
+    const BackwardPlan bp = make_backward_plan(plan);
+    for (const std::string& r : plan.rewrites) os << "\n  rewrite: " << r;
+    os << '\n' << bp.describe(plan);
+#ifdef GEMMFUSE_WITH_CUDA
+    if (x.is_cuda()) {
+      c10::cuda::CUDAGuard guard(x.device());
+      os << '\n' << CudaExecutor::describe_backward(plan, bp);
+    }
+#endif
+  } catch (const Unsupported& e) {
+    os << " the chain runs in PyTorch (" << e.what() << ")";
+  } catch (const c10::Error& e) {
+    os << " the chain runs in PyTorch (" << e.what_without_backtrace() << ")";
+  }
+  return os.str();
+}
+
 std::string describe(c10::string_view spec, const at::Tensor& x, const at::Tensor& weight,
                      const c10::optional<at::Tensor>& bias, at::TensorList operands,
                      at::TensorList state, c10::string_view precision) {
@@ -73,6 +100,7 @@ std::string describe(c10::string_view spec, const at::Tensor& x, const at::Tenso
     if (!k.empty()) os << '\n' << k;
   }
 #endif
+  if (weight.requires_grad()) os << '\n' << describe_training(spec, x, weight, bias, operands, state, precision);
   return os.str();
 }
 

@@ -55,9 +55,6 @@ std::tuple<at::Tensor, at::Tensor> train_forward(c10::string_view spec, const at
   float* s = saved.numel() ? saved.data_ptr<float>() : nullptr;
 #ifdef GEMMFUSE_WITH_CUDA
   if (x.is_cuda()) {
-    if (bp.gemv && plan.dtype != DType::F32)
-      TORCH_CHECK(false, "gemmfuse unsupported: the CUDA backward of a 16-bit model's GEMV is "
-                         "not built");
     return {run_on_cuda(in, s), saved};
   }
 #endif
@@ -151,7 +148,9 @@ std::vector<at::Tensor> backward_on_device(const CallInputs& in, const at::Tenso
   const Plan& plan = training_plan(in);
   const BackwardPlan bp = make_backward_plan(plan);
   auto f32 = [](const at::Tensor& t) { return t.to(at::kFloat).contiguous(); };
-  auto model = [&](const at::Tensor& t) { return gpu ? t.contiguous() : f32(t); };
+  // The GEMV's backward reads x and W in fp32 (a rank-one update: memory-bound, no GEMM).
+  const bool native = gpu && !bp.gemv;
+  auto model = [&](const at::Tensor& t) { return native ? t.contiguous() : f32(t); };
   const at::Tensor go = f32(grad_out), x = model(in.x), w = model(in.weight);
   const at::Tensor b = in.bias ? model(*in.bias) : at::Tensor();
   std::vector<at::Tensor> ops;

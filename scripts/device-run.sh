@@ -44,13 +44,20 @@ if [ "${SANITIZE:-0}" = 1 ]; then
 fi
 
 if [ -n "${SANITIZE_PY:-}" ]; then  # the sanitizers over a pytest selection (the Python-driven kernels)
+  eval "sel=(${SANITIZE_PY})"  # keeps quoted words whole: SANITIZE_PY="-k 'fp32 and m84'"
   for tool in memcheck racecheck; do
     (cd tests && timeout ${SANITIZE_TIMEOUT:-240} compute-sanitizer --tool $tool --error-exitcode 9 \
-      python3 -m pytest python -q -x ${SANITIZE_PY}) > "$OUT/sanitize_py_tmp.log" 2>&1
+      python3 -m pytest python -q -x "${sel[@]}") > "$OUT/sanitize_py_tmp.log" 2>&1
     note "compute-sanitizer $tool (pytest $SANITIZE_PY) rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize_py_tmp.log" | tail -1) $(grep -E 'passed|failed' "$OUT/sanitize_py_tmp.log" | tail -1)"
     { echo "===== $tool"; cat "$OUT/sanitize_py_tmp.log"; } >> "$OUT/sanitize_py.log"
   done
   rm -f "$OUT/sanitize_py_tmp.log"
+fi
+
+if [ -n "${PROFILE:-}" ]; then  # bench/micro/train_profile.py over these models
+  python3 bench/micro/train_profile.py ${PROFILE} > "$OUT/train_profile.log" 2>&1
+  note "train profile rc=$?"
+  cat "$OUT/train_profile.log"
 fi
 
 if [ "${BENCH:-0}" = 1 ]; then

@@ -627,6 +627,16 @@ Plan make_plan(const PlanRequest& req) {
   // GEMM is bound by reading W once (H100, K=N=8192: fp32 SGEMM 0.128 ms at M=1 against
   // 0.167 ms split; even at M=16), and fp32 is then as fast and more accurate.
   // With little work in all (req.fast_min_flops) the split path is bound by its launches.
+  // Training with `fast`: the derivatives of clamps, max, ReLU-like and other piecewise ops
+  // switch on the forward's values, so a value within fast's GEMM error of a kink takes the
+  // other branch's derivative (m94 at the seed shape: gradient error 1.1e-3 against 5.7e-7 with
+  // fp32's GEMM). fp32's GEMM holds them; on sm90 it runs at about fast's speed.
+  if (plan.precision == Precision::Fast && plan.dtype == DType::F32 && req.for_training) {
+    plan.precision = Precision::FP32;
+    plan.rewrites.push_back("fast while training: the GEMMs run in fp32, since derivatives of "
+                            "piecewise ops (clamp, max, ReLU-like) switch on the forward's values "
+                            "and fast's GEMM error would flip some of them");
+  }
   if (plan.precision == Precision::Fast && plan.dtype == DType::F32 && !plan.prep.column_sums) {
     const double flops = 2.0 * double(M) * double(plan.N) * double(plan.K);
     if (M <= req.fast_min_rows) {

@@ -1,7 +1,9 @@
 // The CUDA executor's backward (backward.h): the row backward by segments (row_backward.cu),
-// the column sums of operand and BatchNorm gradients, then dx = dV W and dW = dVᵀ x on cuBLAS
-// in the chain's precision (fp32 and `fast`: SGEMM, no TF32; `tf32`: TF32; 16-bit models:
-// their own type with fp32 accumulation), db = Σ_rows dV. Stream-ordered, no host sync.
+// the column sums of operand and BatchNorm gradients, then db = Σ_rows dV, and dx = dV W and
+// dW = dVᵀ x in the chain's precision: fp32 dW on the f16x3 kernel where its cost rule takes
+// the shape (dW = dVᵀ (xᵀ)ᵀ: both operands transposed so that M is their reduced dimension,
+// then split as the forward splits x and W), else cuBLAS (fp32: SGEMM, no TF32; `tf32`: TF32;
+// 16-bit models: their own type with fp32 accumulation). Stream-ordered, no host sync.
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -14,6 +16,8 @@
 
 #include "cuda_check.h"
 #include "cuda_executor.h"
+#include "fp32_gemm_f16x3.h"
+#include "gemm_f16x3.h"
 #include "row_backward.h"
 
 namespace gemmfuse {
@@ -35,6 +39,15 @@ cublasHandle_t blas_handle(cudaStream_t stream) {
 
 int64_t row_width(const Chain& ch, int v) { return ch.has_feature_dim(v) ? ch.width_of(v) : 1; }
 
+// nullptr where dW = dVᵀ x runs on the f16x3 kernel, else why cuBLAS computes it. As an f16x3
+// problem it has N rows (dVᵀ's), K columns (xᵀ's rows) and reduces over the M rows.
+const char* dw_f16x3_declines(const Plan& plan, const BackwardPlan& bp) {
+  if (plan.dtype != DType::F32 || plan.precision != Precision::FP32)
+    return "only fp32 mode's dW runs on the split kernel";
+  if (bp.gemv) return "the GEMV's dW is one row broadcast";
+  return sm90::f16x3_declines(plan.N, plan.K, plan.M);
+}
+
 // The scratch of one backward, laid out once per call in the order below (256-byte aligned).
 struct BackwardLayout {
   size_t total = 0;
@@ -42,6 +55,10 @@ struct BackwardLayout {
   std::map<int, size_t> vals, acc, bn_g, bn_gx, bn_sums, eval_stats, sinks;
   std::map<int, int64_t> sink_cols;  // operand index -> sink columns (1: a Scalar's row sums)
   size_t gemv_row = 0;
+  // dW on the f16x3 kernel (dw_f16x3_declines): after the row backward, over its scratch.
+  bool dw_f16x3 = false;
+  size_t dvt = 0, xt = 0, x_parts = 0, x_exps = 0, x_flags = 0, x_tiny = 0, w_parts = 0,
+         w_exps = 0, w_flags = 0, w_list = 0, gemm_ws = 0, gemm_ws_bytes = 0;
 
   size_t add(size_t bytes) {
     const size_t at = total;
@@ -56,6 +73,7 @@ struct BackwardLayout {
     int64_t wmax = wv;
     dv = add(4 * M * wv);
     if (plan.dtype != DType::F32) dv16 = add(2 * M * wv);
+    const size_t scratch = total;  // the row backward's buffers, then dW's over them
     for (int j = bp.start + 1; j <= n; ++j) {
       vals[j] = add(4 * M * row_width(ch, j));
       wmax = std::max(wmax, row_width(ch, j));
@@ -89,8 +107,67 @@ struct BackwardLayout {
       bn_sums[b] = add(4 * 2 * w);
     }
     if (bp.gemv) gemv_row = add(4 * plan.K);
+    const size_t row_end = total;
+    dw_f16x3 = M > 0 && dw_f16x3_declines(plan, bp) == nullptr;
+    if (dw_f16x3) {
+      const int64_t N = plan.N, K = plan.K;
+      total = scratch;
+      dvt = add(4 * N * M);
+      xt = add(4 * K * M);
+      x_parts = add(2 * 2 * N * M);
+      x_exps = add(4 * N);
+      x_flags = add(4 * N);
+      x_tiny = add(4 * N);
+      w_parts = add(2 * 2 * K * M);
+      w_exps = add(4 * K);
+      w_flags = add(4 * K);
+      w_list = add(4 * (1 + K));
+      gemm_ws_bytes = sm90::f16x3_workspace_bytes(N, K, M);
+      gemm_ws = add(gemm_ws_bytes);
+      total = std::max(total, row_end);
+    }
   }
 };
+
+// dW[N, K] = dVᵀ x on the f16x3 kernel: dVᵀ [N, M] and xᵀ [K, M] transposed by cuBLAS, xᵀ split
+// as the forward splits W (its rows marked for the fix-up's column recompute), dVᵀ as x;
+// no second level (rows with many tiny values are recomputed by the fix-up instead).
+void dw_on_f16x3(const Plan& plan, const BackwardLayout& L, char* ws, const float* dv, const float* x,
+                 float* gw, cublasHandle_t h, cudaStream_t stream) {
+  const int64_t M = plan.M, N = plan.N, K = plan.K;
+  auto f32 = [&](size_t off) { return reinterpret_cast<float*>(ws + off); };
+  auto i32 = [&](size_t off) { return reinterpret_cast<int*>(ws + off); };
+  auto f16 = [&](size_t off) { return reinterpret_cast<__half*>(ws + off); };
+  const float one = 1.f, zero = 0.f;
+  // Row-major A [r, c] is column-major [c, r]: C = Aᵀ (column-major [r, c], ld r) is row-major Aᵀ.
+  GF_CUBLAS_CHECK(cublasSgeam(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(M), static_cast<int>(N), &one, dv,
+                              static_cast<int>(N), &zero, f32(L.dvt), static_cast<int>(M), f32(L.dvt),
+                              static_cast<int>(M)));
+  GF_CUBLAS_CHECK(cublasSgeam(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(M), static_cast<int>(K), &one, x,
+                              static_cast<int>(K), &zero, f32(L.xt), static_cast<int>(M), f32(L.xt),
+                              static_cast<int>(M)));
+  GF_CUDA_CHECK(cudaMemsetAsync(i32(L.w_list), 0, sizeof(int), stream));
+  launch_split_f16x2(f32(L.xt), K, M, f16(L.w_parts), f32(L.w_exps), RowMarks{i32(L.w_flags), i32(L.w_list)},
+                     stream);
+  Fp32GemmF16x3 g;
+  g.M = N;
+  g.N = K;
+  g.K = M;
+  g.x = f32(L.dvt);
+  g.w = f32(L.xt);
+  g.w_parts = f16(L.w_parts);
+  g.w_exps = f32(L.w_exps);
+  g.w_list = i32(L.w_list);
+  g.w_flags = i32(L.w_flags);
+  g.y = gw;
+  g.scratch.x_parts = f16(L.x_parts);
+  g.scratch.x_exps = f32(L.x_exps);
+  g.scratch.x_flags = i32(L.x_flags);
+  g.scratch.x_tiny = i32(L.x_tiny);
+  g.gemm_workspace = ws + L.gemm_ws;
+  g.gemm_workspace_bytes = L.gemm_ws_bytes;
+  launch_fp32_gemm_f16x3(g, stream);
+}
 
 __global__ void running_to_stats_kernel(const float* rm, const float* rv, int64_t w, float eps,
                                         float* stats) {
@@ -132,6 +209,14 @@ unsigned blocks(int64_t n) { return static_cast<unsigned>((n + 255) / 256); }
 }  // namespace
 }  // namespace cuda
 
+std::string CudaExecutor::describe_backward(const Plan& plan, const BackwardPlan& bp) {
+  const char* why = cuda::dw_f16x3_declines(plan, bp);
+  if (why == nullptr)
+    return "cuda backward: dW = dVᵀ x on the fp32 f16x3 kernel (dV and x transposed by cuBLAS, "
+           "then split as the forward's x and W); dx = dV W on SGEMM";
+  return std::string("cuda backward: dx and dW on cuBLAS (") + why + ")";
+}
+
 size_t CudaExecutor::backward_workspace_bytes(const Plan& plan, const BackwardPlan& bp) const {
   return cuda::BackwardLayout(plan, bp).total;
 }
@@ -146,9 +231,6 @@ void CudaExecutor::backward(const Plan& plan, const BackwardPlan& bp, const Back
   char* ws = static_cast<char*>(a.workspace);
   if (L.total > 0 && ws == nullptr) throw std::invalid_argument("gemmfuse: no backward workspace");
   auto at = [&](size_t off) { return reinterpret_cast<float*>(ws + off); };
-  if (bp.gemv && plan.dtype != DType::F32)
-    throw Unsupported("the CUDA backward of a 16-bit model's GEMV is not built: its chain runs in "
-                      "PyTorch while autograd records");
   for (size_t t = 0; t < a.grad_operands.size(); ++t)
     if (a.grad_operands[t])
       GF_CUDA_CHECK(cudaMemsetAsync(a.grad_operands[t], 0, 4 * a.operand_numel[t], stream));
@@ -367,6 +449,10 @@ void CudaExecutor::backward(const Plan& plan, const BackwardPlan& bp, const Back
       to_16bit_kernel<<<blocks(M * N), 256, 0, stream>>>(dv, M * N, static_cast<__half*>(d16));
     GF_LAUNCH_CHECK();
     dvp = d16;
+  }
+  if (gw && L.dw_f16x3) {
+    dw_on_f16x3(plan, L, ws, dv, static_cast<const float*>(a.x), gw, h, stream);
+    gw = nullptr;
   }
   const float one = 1.f, zero = 0.f;
   if (gx)

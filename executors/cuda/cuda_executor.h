@@ -46,7 +46,9 @@ class CudaExecutor : public Executor {
   size_t workspace_bytes(const Plan& plan) const override;
   void prepare(const Plan& plan, const RunArgs& args, void* prepared) override;
   void run(const Plan& plan, const RunArgs& args, const void* prepared, void* workspace) override;
-  // backward.cu: the row backward by segments, then dx, dW, db on cuBLAS.
+  // What backward() runs for dx and dW on the current device, and why, for explain.
+  static std::string describe_backward(const Plan& plan, const BackwardPlan& bp);
+  // backward.cu: the row backward by segments, then db, and dx, dW on cuBLAS or f16x3.
   void backward(const Plan& plan, const BackwardPlan& bp, const BackwardArgs& args) override;
   size_t backward_workspace_bytes(const Plan& plan, const BackwardPlan& bp) const override;
 };

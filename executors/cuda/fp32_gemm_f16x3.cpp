@@ -10,7 +10,11 @@ namespace gemmfuse::cuda {
 void launch_fp32_gemm_f16x3(const Fp32GemmF16x3& g, cudaStream_t stream) {
   const F16x3Scratch& s = g.scratch;
   launch_split_f16x2(g.x, g.M, g.K, s.x_parts, s.x_exps, RowMarks{s.x_flags, nullptr, s.x_tiny}, stream);
-  launch_split_second_level(g.x, g.M, g.K, s.x_exps, s.x_flags, s.x_tiny, s.second, stream);
+  const bool second_level = s.second.parts != nullptr;
+  if (second_level)
+    launch_split_second_level(g.x, g.M, g.K, s.x_exps, s.x_flags, s.x_tiny, s.second, stream);
+  else
+    launch_recompute_crowded_rows(s.x_flags, s.x_tiny, g.M, g.K, stream);
   sm90::F16x3Problem p;
   p.M = g.M;
   p.N = g.N;
@@ -25,6 +29,11 @@ void launch_fp32_gemm_f16x3(const Fp32GemmF16x3& g, cudaStream_t stream) {
   if (!sm90::launch_f16x3_gemm(p, g.gemm_workspace, g.gemm_workspace_bytes, stream))
     throw std::logic_error("CUDA gemm: the f16x3 GEMM declined an accepted call");
   // The second level: its slots' parts times W's, into second.y (no bias: Y has it).
+  if (!second_level) {
+    launch_fixup_exceptional(g.x, g.w, nullptr, g.bias, g.y, g.M, g.N, g.K, s.x_exps, s.x_flags, g.w_list,
+                             g.w_flags, SecondLevel{}, stream);
+    return;
+  }
   sm90::F16x3Problem q = p;
   q.x_parts = s.second.parts;
   q.x_exps = s.second.exps;

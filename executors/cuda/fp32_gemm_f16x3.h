@@ -21,7 +21,10 @@ struct F16x3Scratch {
   float* x_exps = nullptr;    // [M]
   int* x_flags = nullptr;     // [M]
   int* x_tiny = nullptr;      // [M]
-  SecondLevel second;         // second.y may alias x_parts: x's parts are dead by then
+  SecondLevel second;         // second.y may alias x_parts: x's parts are dead by then.
+                              // Without second.parts there is no second level: rows with more
+                              // tiny values than the fix-up corrects are recomputed by it (fp32
+                              // FMA: slower where many rows have them, as exact)
 };
 
 struct Fp32GemmF16x3 {

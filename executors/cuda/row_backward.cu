@@ -369,13 +369,42 @@ __global__ void __launch_bounds__(kThreads) row_backward_kernel(const BwSegment 
   }
 }
 
-__global__ void column_sums_kernel(const float* __restrict__ in, int64_t rows, int64_t cols,
-                                   float* __restrict__ out, float scale, bool accumulate) {
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (c >= cols) return;
-  float t = 0.f;
-  for (int64_t r = 0; r < rows; ++r) t += in[r * cols + c];
-  out[c] = accumulate ? out[c] + scale * t : scale * t;
+// A CTA sums kSumCols columns over every row: kSumRowGroups groups of threads each take every
+// kSumRowGroups-th row in fp64, then the groups' sums are added in a fixed order (the result
+// does not depend on scheduling). fp64 keeps the sum of ~1e6 fp32 terms (a scalar's gradient
+// over every element) at fp32's last bit, as PyTorch's cascaded sums do.
+constexpr int kSumCols = 32, kSumRowGroups = 8;
+
+__global__ void __launch_bounds__(kSumCols * kSumRowGroups)
+    column_sums_kernel(const float* __restrict__ in, int64_t rows, int64_t cols,
+                       float* __restrict__ out, float scale, bool accumulate) {
+  __shared__ double part[kSumRowGroups][kSumCols];
+  const int lane = threadIdx.x % kSumCols, group = threadIdx.x / kSumCols;
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kSumCols + lane;
+  double t = 0.0;
+  if (c < cols)
+    for (int64_t r = group; r < rows; r += kSumRowGroups) t += in[r * cols + c];
+  part[group][lane] = t;
+  __syncthreads();
+  if (group != 0 || c >= cols) return;
+  for (int g = 1; g < kSumRowGroups; ++g) t += part[g][lane];
+  const float sum = static_cast<float>(scale * t);
+  out[c] = accumulate ? out[c] + sum : sum;
+}
+
+// One column (a scalar's per-row sinks): the CTA's threads stride the rows.
+__global__ void __launch_bounds__(kSumCols * kSumRowGroups)
+    column_sum_one_kernel(const float* __restrict__ in, int64_t rows, float* __restrict__ out,
+                          float scale, bool accumulate) {
+  __shared__ double part[kSumCols * kSumRowGroups];
+  double t = 0.0;
+  for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) t += in[r];
+  part[threadIdx.x] = t;
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  for (int i = 1; i < kSumCols * kSumRowGroups; ++i) t += part[i];
+  const float sum = static_cast<float>(scale * t);
+  *out = accumulate ? *out + sum : sum;
 }
 
 }  // namespace
@@ -391,8 +420,11 @@ void launch_row_backward(const BwSegment& seg, cudaStream_t stream) {
 void launch_column_sums(const float* in, int64_t rows, int64_t cols, float* out, float scale,
                         bool accumulate, cudaStream_t stream) {
   if (cols <= 0) return;
-  column_sums_kernel<<<static_cast<unsigned>((cols + 255) / 256), 256, 0, stream>>>(
-      in, rows, cols, out, scale, accumulate);
+  if (cols == 1)
+    column_sum_one_kernel<<<1, kSumCols * kSumRowGroups, 0, stream>>>(in, rows, out, scale, accumulate);
+  else
+    column_sums_kernel<<<static_cast<unsigned>((cols + kSumCols - 1) / kSumCols), kSumCols * kSumRowGroups,
+                         0, stream>>>(in, rows, cols, out, scale, accumulate);
   GF_LAUNCH_CHECK();
 }
 

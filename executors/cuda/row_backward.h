@@ -69,7 +69,7 @@ struct BwSegment {
 
 void launch_row_backward(const BwSegment& seg, cudaStream_t stream);
 
-// out[c] = sum over rows of in[r, c] (deterministic: a thread per column walks the rows);
+// out[c] = sum over rows of in[r, c], accumulated in fp64 in a fixed order (deterministic);
 // `scale` multiplies the sum, `accumulate` adds it to out.
 void launch_column_sums(const float* in, int64_t rows, int64_t cols, float* out, float scale,
                         bool accumulate, cudaStream_t stream);

@@ -199,6 +199,11 @@ void launch_split_second_level(const float* x, int64_t M, int64_t K, const float
                                const int* x_flags, const int* x_tiny, SecondLevel second,
                                cudaStream_t stream);
 
+// Without a second level (its buffers not given: fp32_gemm_f16x3.h): x's kRowTiny rows holding
+// more tiny values than the fix-up corrects (correctable_tiny_values) become kRowRecompute.
+void launch_recompute_crowded_rows(int* x_flags, const int* x_tiny, int64_t M, int64_t K,
+                                   cudaStream_t stream);
+
 // Mends Y after a split GEMM, as the splits mark (fp32 FMA, so the values a split cannot
 // carry reach Y as in SGEMM: inf, NaN, overflow, tiny values), W'[n, k] = w[n, k] * w_scale[n]
 // (w_scale may be nullptr: W' = w). w_flags (W's rows' marks) and w_list are given in every

@@ -265,4 +265,19 @@ void launch_split_second_level(const float* x, int64_t M, int64_t K, const float
                       stream, x, M, K, x_exps, x_flags, x_tiny, second);
 }
 
+namespace {
+__global__ void recompute_crowded_rows_kernel(int* __restrict__ x_flags, const int* __restrict__ x_tiny,
+                                              int64_t M, int64_t K) {
+  const int64_t m = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (m < M && x_flags[m] == kRowTiny && x_tiny[m] > correctable_tiny_values(K)) x_flags[m] = kRowRecompute;
+}
+}  // namespace
+
+void launch_recompute_crowded_rows(int* x_flags, const int* x_tiny, int64_t M, int64_t K,
+                                   cudaStream_t stream) {
+  if (M <= 0) return;
+  recompute_crowded_rows_kernel<<<static_cast<unsigned>((M + 255) / 256), 256, 0, stream>>>(x_flags, x_tiny, M, K);
+  GF_LAUNCH_CHECK();
+}
+
 }  // namespace gemmfuse::cuda

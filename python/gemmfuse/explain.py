@@ -118,7 +118,8 @@ def explain_text(module) -> str:
             out.append("  plan:")
             out.append(_indent(plan))
         if rt is not None:
-            out.append(f"  runtime: {rt.fused_calls} fused call(s)")
+            out.append(f"  runtime: {rt.fused_calls} fused call(s), {rt.train_calls} of them "
+                       f"while autograd recorded")
             out.extend(_plans_by_input(module, rt, spec if plan else None))
             if rt.fallbacks:
                 out.append("  fallbacks to PyTorch:")

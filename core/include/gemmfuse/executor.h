@@ -45,7 +45,7 @@ using CpuMatmul = std::function<void(int64_t M, int64_t N, int64_t K, const floa
 
 // The tensors of one backward call (gemmfuse::train_backward). A gradient that is not wanted
 // is nullptr. grad_out, operands, state and the gradients are fp32; x, weight and bias are
-// fp32 on the CPU and in plan.dtype on CUDA.
+// fp32 on the CPU and for a GEMV's backward, else in plan.dtype on CUDA.
 struct BackwardArgs {
   const void* grad_out = nullptr;      // [M, plan.out_width]
   const void* x = nullptr;             // [M, K]

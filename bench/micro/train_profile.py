@@ -1,0 +1,50 @@
+"""Where a training step's GPU time goes: torch.profiler over fwd+bwd of seed models with
+gemmfuse (fp32) and eager, the kernels by total CUDA time per call. Answers which of the
+backward's pieces (row backward, column sums, transposes, splits, GEMMs) is worth work.
+Usage: python bench/micro/train_profile.py [m84 m94 m99 ...]"""
+import sys
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+import gemmfuse
+from gemmfuse.bench.models import MODELS
+
+CALLS = 5
+
+
+def profile_calls(fn, x, gy):
+    for _ in range(3):
+        fn(x).backward(gy)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(CALLS):
+            fn(x).backward(gy)
+        torch.cuda.synchronize()
+    rows = []
+    for e in prof.key_averages():
+        t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+        if t > 0:
+            rows.append((t / CALLS / 1e3, e.count // CALLS, e.key))
+    rows.sort(reverse=True)
+    total = sum(r[0] for r in rows)
+    return total, rows
+
+
+def main(ids):
+    dev = torch.device("cuda")
+    for mid in ids:
+        spec = MODELS[mid]
+        torch.manual_seed(0)
+        model, _ = spec.make(1024, 8192, 8192, device=dev)
+        x = spec.cls.get_inputs(1024, 8192, device=dev)[0]
+        gy = torch.randn_like(model(x))
+        for name, fn in (("eager", model), ("gemmfuse-fp32", gemmfuse.optimize(model, (x,)))):
+            total, rows = profile_calls(fn, x, gy)
+            print(f"\n{mid} {name}: {total:.3f} ms of kernels per fwd+bwd")
+            for ms, n, key in rows[:12]:
+                print(f"  {ms:8.3f} ms  x{n:<3d} {key[:110]}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:] or ["m84", "m94", "m99"])

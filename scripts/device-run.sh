@@ -5,6 +5,8 @@
 # Here, first:  make wheel && mkdir -p .gpu && cp dist/gemmfuse-*.whl build/tests/cpp/gemmfuse_*tests .gpu/
 # There:        TESTS=1 SANITIZE=1 BENCH=1 [BENCH_ARGS="..."] [PYTEST_ARGS="..."] bash scripts/device-run.sh
 #               SANITIZE_PY="-k ..." runs memcheck and racecheck over that pytest selection too.
+#               DDP="m99 m84" runs gemmfuse.bench.ddp on two GPUs per model; PROFILE="m94"
+#               bench/micro/train_profile.py.
 #   GEMMFUSE_GIT_COMMIT=<hash>: the commit the bench records (the copied tree's .git may be older).
 # The machine's own python3 holds torch; the wheel goes into it with --no-deps (no network).
 set -uo pipefail
@@ -52,6 +54,16 @@ if [ -n "${SANITIZE_PY:-}" ]; then  # the sanitizers over a pytest selection (th
     { echo "===== $tool"; cat "$OUT/sanitize_py_tmp.log"; } >> "$OUT/sanitize_py.log"
   done
   rm -f "$OUT/sanitize_py_tmp.log"
+fi
+
+if [ -n "${DDP:-}" ]; then  # gemmfuse.bench.ddp on two GPUs (torchrun), one run per model named
+  export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # no NVLink multicast
+  for m in ${DDP}; do
+    python3 -m torch.distributed.run --nproc-per-node 2 -m gemmfuse.bench.ddp --model "$m" \
+      --out "$OUT/ddp-$m.json" ${DDP_ARGS:-} > "$OUT/ddp-$m.log" 2>&1
+    note "ddp $m rc=$? $(grep -E 'PASS|FAIL' "$OUT/ddp-$m.log" | tail -1 | grep -oE 'PASS|FAIL')"
+    grep -vE '^(W|I)[0-9]{4}' "$OUT/ddp-$m.log" | tail -14
+  done
 fi
 
 if [ -n "${PROFILE:-}" ]; then  # bench/micro/train_profile.py over these models

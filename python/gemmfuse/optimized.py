@@ -258,8 +258,9 @@ def runtimes(module: nn.Module) -> list:
 def weights_changed(module: nn.Module) -> None:
     """Tell gemmfuse that ``module``'s parameters or buffers were written behind autograd's back
     (``p.data.copy_(...)`` and other writes through ``.data`` do not bump ``_version``, which
-    the C++ preparation cache keys on). Bumps every version counter, so prepared weights
-    (column sums, folded BatchNorm, split-precision parts) are rebuilt on the next call."""
+    the C++ preparation cache keys on; torch.optim steps, fused ones too, are seen without this).
+    Bumps every version counter, so prepared weights (column sums, folded BatchNorm,
+    split-precision parts) are rebuilt on the next call."""
     for t in list(module.parameters()) + list(module.buffers()):
         if not t.is_inference():
             torch.autograd.graph.increment_version(t)

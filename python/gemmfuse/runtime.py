@@ -41,6 +41,25 @@ def _call_module(mod, *args, **kwargs):
 # The runtime of one chain.
 
 
+_optimizer_hook = None
+
+
+def _bump_versions_after_step(optimizer, args, kwargs):
+    """Fused optimizers (AdamW(fused=True), apex's, ...) write parameters without bumping
+    their version counters, which gemmfuse's prepared weights (split parts, column sums,
+    folded BatchNorm, converted operands) key on: bump them after every optimizer step."""
+    params = [p for g in optimizer.param_groups for p in g["params"] if not p.is_inference()]
+    if params:
+        torch.autograd.graph.increment_version(params)
+
+
+def _watch_optimizer_steps():
+    global _optimizer_hook
+    if _optimizer_hook is None:
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+        _optimizer_hook = register_optimizer_step_post_hook(_bump_versions_after_step)
+
+
 class ChainRuntime:
     """Everything one fused chain needs at call time. Lives as a plain attribute of the
     optimized GraphModule (not a submodule: it holds no parameters and adds no state_dict
@@ -50,6 +69,7 @@ class ChainRuntime:
                  op_idx: list, st_idx: list, mode_idx: list, mode_names: list, precision: str,
                  fallback: fx.GraphModule, in_features: int, x_rank: Optional[int] = None,
                  guards: tuple = (), module_idx=None, weight_kn: bool = False):
+        _watch_optimizer_steps()
         self.index = index
         self.specs = specs                # training flags tuple -> spec text
         self.x_idx, self.w_idx, self.b_idx = x_idx, w_idx, b_idx

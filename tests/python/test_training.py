@@ -112,3 +112,21 @@ def test_no_grad_saves_nothing():
     assert rt.train_calls == 0 and rt.fused_calls == 2 and not calls and real is not None
     y = opt(x)
     assert y.grad_fn is not None and rt.train_calls == 1
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fused_optimizer_steps_are_seen(device):
+    """AdamW(fused=True) writes parameters without bumping their version counters; the
+    weights gemmfuse prepares from them (m18: W's column sums for its GEMV) must follow."""
+    model, ref, x = _pair("m18", device)
+    opt = gemmfuse.optimize(model, (x,))
+    o1 = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
+    o2 = torch.optim.AdamW(ref.parameters(), lr=1e-2, fused=True)
+    for _ in range(2):
+        for m, o in ((opt, o1), (ref, o2)):
+            o.zero_grad()
+            m(x).sum().backward()
+            o.step()
+        with torch.no_grad():
+            torch.testing.assert_close(opt(x), ref(x), rtol=1e-4, atol=1e-4)
+    assert gemmfuse.runtimes(opt)[0].train_calls == 2

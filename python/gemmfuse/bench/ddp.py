@@ -41,7 +41,10 @@ def _args(argv):
     p.add_argument("--batch", type=int, help="rows per rank (default 1024 on GPUs, 32 on the CPU)")
     p.add_argument("--features", type=int, help="K = N (default 8192 on GPUs, 256 on the CPU)")
     p.add_argument("--lr", type=float, default=1e-4, help="AdamW's (timed steps)")
-    p.add_argument("--sgd-lr", type=float, default=1e-2, help="SGD's (checked steps)")
+    p.add_argument("--sgd-step", type=float, default=1e-3,
+                   help="checked steps: SGD's lr makes the first step move the parameters by this "
+                        "fraction of their norm (the seed models' gradients span 1e-4 to 1e3: a "
+                        "fixed lr would leave some still and make others chaotic)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
                    help="auto: the GPUs where there are, else the CPU with gloo")
     p.add_argument("--out", help="JSON path (rank 0 writes it)")
@@ -122,7 +125,16 @@ def run(argv=None) -> dict:
     model, (x0,) = spec.make(b, k, k, device=dev)
     with torch.no_grad():
         shape_out = copy.deepcopy(model)(x0).shape
-    copies = [Copy(n, model, x0, dev, a.mode, True, a.sgd_lr, "sgd") for n in ("float64", "eager", "gemmfuse")]
+    probe = copy.deepcopy(model).double()
+    x, gy = _batch(rank, b, k, shape_out, dev)
+    (probe(x.double()) * gy.double()).sum().backward()
+    norm = lambda ts: float(sum(t.double().norm() ** 2 for t in ts) ** 0.5)  # noqa: E731
+    sgd_lr = a.sgd_step * norm(probe.parameters()) / max(norm(p.grad for p in probe.parameters()), 1e-30)
+    sgd_lr = torch.tensor(sgd_lr, device=dev)
+    dist.broadcast(sgd_lr, 0)  # rank 0's, on every rank
+    sgd_lr = float(sgd_lr)
+    del probe
+    copies = [Copy(n, model, x0, dev, a.mode, True, sgd_lr, "sgd") for n in ("float64", "eager", "gemmfuse")]
     del model
 
     # Checked steps: the same batches for the three copies, different ones per rank.
@@ -176,7 +188,7 @@ def run(argv=None) -> dict:
         "header": {"model": a.model, "mode": a.mode, "world_size": world, "batch_per_rank": b,
                    "in_features": k, "out_features": k, "steps": a.steps, "lr": a.lr,
                    "optimizer": "AdamW" + ("(fused=True)" if cuda else ""),
-                   "checked_with": f"SGD(lr={a.sgd_lr}, momentum=0.9)",
+                   "checked_with": f"SGD(lr={sgd_lr:.3g}, momentum=0.9)",
                    "backend": dist.get_backend(), "torch": torch.__version__,
                    "gpu": per_rank[0]["device"] if cuda else None,
                    "git": os.environ.get("GEMMFUSE_GIT_COMMIT", ""),

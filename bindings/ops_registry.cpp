@@ -1,7 +1,7 @@
 // TORCH_LIBRARY(gemmfuse): the operators the Python front calls.
 //   run       the chain on x (CPU, CUDA; Meta gives the shape for torch.compile/export)
 //   describe  the plan as text (for gemmfuse.explain), or "gemmfuse unsupported: ..." raised
-//   route     "" where the plan runs fused, else why PyTorch is faster for this call
+//   route     "" where the plan (inference or training) runs fused, else why PyTorch is faster
 //   check     "" when a spec parses, else the reason
 //   train_forward, train_backward, update_running_stats: the differentiable form (train_ops.cpp)
 //   ops       the op table, one "<name> <family>" a line (the Python capture checks its names)
@@ -107,8 +107,8 @@ std::string describe(c10::string_view spec, const at::Tensor& x, const at::Tenso
 // "" where the plan runs fused, else why PyTorch runs this call faster (Plan::pytorch_faster).
 std::string route(c10::string_view spec, const at::Tensor& x, const at::Tensor& weight,
                   const c10::optional<at::Tensor>& bias, at::TensorList operands,
-                  at::TensorList state, c10::string_view precision) {
-  return plan_for(spec, x, weight, bias, operands, state, precision).pytorch_faster;
+                  at::TensorList state, c10::string_view precision, bool for_training) {
+  return plan_for(spec, x, weight, bias, operands, state, precision, for_training).pytorch_faster;
 }
 
 std::string ops() { return op_table_text(); }
@@ -134,7 +134,7 @@ TORCH_LIBRARY(gemmfuse, m) {
       &describe);
   m.def(
       "route(str spec, Tensor x, Tensor weight, Tensor? bias, Tensor[] operands, "
-      "Tensor[] state, str precision) -> str",
+      "Tensor[] state, str precision, bool for_training=False) -> str",
       &route);
   m.def(
       "train_forward(str spec, Tensor x, Tensor weight, Tensor? bias, Tensor[] operands, "

@@ -661,6 +661,13 @@ Plan make_plan(const PlanRequest& req) {
   const Context ctx{req, plan.chain, M};
   Builder(plan, ctx).build();
   if (plan.device == Device::CPU) plan.pytorch_faster = cpu_pytorch_faster(plan);
+  // 16-bit training on CUDA: the fused backward (its row pass in fp32, dV converted for
+  // cuBLAS's 16-bit GEMMs, the scratch it reads and writes) costs more than the GEMMs' time it
+  // shares with eager: 0.53-0.84x eager bf16 at the seed shapes on an H100 (docs/measurements.md).
+  else if (plan.for_training && plan.dtype != DType::F32)
+    plan.pytorch_faster = std::string("while autograd records, a ") + dtype_name(plan.dtype) +
+                          " model's fused forward and backward run slower than eager " +
+                          dtype_name(plan.dtype) + "'s (0.53-0.84x on an H100 at the seed shapes)";
   return plan;
 }
 

@@ -54,8 +54,8 @@ def _plans_by_input(module, rt, shown_spec) -> list:
     kind, info = rt.example_sources[rt.x_idx]
     example = (tuple(info.shape), info.dtype, info.device) if kind == "info" and info else None
     lines = ["  fused calls by input (latest last):"]
-    for shape, dtype, device, flags in rt.seen:
-        head = f"    x {list(shape)} {dtype} on {device}"
+    for shape, dtype, device, flags, train in rt.seen:
+        head = f"    x {list(shape)} {dtype} on {device}" + (" while autograd recorded" if train else "")
         if rt.mode_names:
             head += " (training: " + ", ".join(
                 f"{q}={f}" for q, f in zip(rt.mode_names, flags)) + ")"

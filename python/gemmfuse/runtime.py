@@ -101,7 +101,7 @@ class ChainRuntime:
         # The input signatures of fused calls, latest last (explain prints the plan at each;
         # plans change with the shape). Recorded off the fast path: a new signature takes the
         # checked call.
-        self.seen: dict = {}              # (shape, dtype, device, flags) -> None
+        self.seen: dict = {}              # (shape, dtype, device, flags, autograd records) -> None
         self._warned = False
         self._fast = None                 # (shape, dtype, device, flags, spec) of the last fused call
         self._routed = None               # (shape, dtype, device, flags, reason) of the last call
@@ -330,14 +330,17 @@ class ChainRuntime:
         if not x.is_contiguous():
             x = x.contiguous()
         try:
-            if key not in self.seen and not always_fuse():
+            if key + (train,) not in self.seen and not always_fuse():
                 # The planner's word on a new signature: where PyTorch runs the chain faster
                 # (e.g. transcendental ops on the CPU), the call runs there.
-                why = torch.ops.gemmfuse.route(spec, x, w, b, ops, state, self.precision)
+                why = torch.ops.gemmfuse.route(spec, x, w, b, ops, state, self.precision, train)
                 if why:
                     reason = f"PyTorch is faster at shape {list(x.shape)} on {x.device.type}: {why}"
-                    self.refused[key] = reason
-                    self._routed = key + (reason,)
+                    if train:
+                        self.refused_train[key] = reason
+                    else:
+                        self.refused[key] = reason
+                        self._routed = key + (reason,)
                     return self._pytorch(inputs, reason)
             if train:
                 out, saved = train_forward(spec, x, w, b, ops, state, self.precision)
@@ -368,7 +371,7 @@ class ChainRuntime:
             raise
         self.fused_calls += 1
         self.train_calls += train
-        self._saw(key)
+        self._saw(key + (train,))
         if not train and (all(o is inputs[i] for o, i in zip(ops, self.op_idx))
                 and all(t is inputs[i] for t, i in zip(state, self.st_idx))):
             self._fast = (x.shape, x.dtype, x.device, flags, spec)

@@ -111,3 +111,19 @@ def test_dw_on_split_kernel_with_tiny_and_nan_values():
     assert err <= 1.25 * err_e + 1e-7 * float(r.norm()), (err, err_e)
     for name, gg, rr in (("row 5", g[5], r[5]), ("column 11", g[:, 11], r[:, 11])):
         assert float((gg - rr).norm()) <= 1e-6 * float(rr.norm()), name
+
+
+def test_16bit_training_routes_to_pytorch(monkeypatch):
+    """While autograd records, a bf16 model's chain runs in PyTorch (the fused backward is
+    slower than eager bf16's); under no_grad it runs fused."""
+    monkeypatch.setenv("GEMMFUSE_ALWAYS_FUSE", "0")
+    model, (x,) = make_seed("m99", device="cuda")
+    model, x = model.to(torch.bfloat16), x.to(torch.bfloat16)
+    opt = gemmfuse.optimize(model, (x,))
+    opt(x).float().sum().backward()
+    (rt,) = gemmfuse.runtimes(opt)
+    assert rt.train_calls == 0 and any("while autograd records" in k for k in rt.fallbacks), rt.fallbacks
+    assert model.linear.weight.grad is not None
+    with torch.no_grad():
+        opt(x)
+    assert rt.fused_calls == 1

@@ -28,6 +28,19 @@ namespace {
 
 int64_t row_width(const Chain& ch, int v) { return ch.has_feature_dim(v) ? ch.width_of(v) : 1; }
 
+// Pool window o over a row of w values: its columns [st, en) and the average's divisor.
+struct PoolWindow {
+  int64_t st, en;
+  float divisor;
+};
+PoolWindow pool_window(const Node& nd, int64_t o, int64_t w) {
+  int64_t st = o * nd.stride - nd.padding, en = std::min(st + nd.kernel, w + nd.padding);
+  const int64_t pool_size = en - st;
+  st = std::max<int64_t>(st, 0);
+  en = std::min(en, w);
+  return {st, en, static_cast<float>(nd.count_include_pad ? pool_size : en - st)};
+}
+
 void matmul_loop(int64_t M, int64_t N, int64_t K, const float* a, bool ta, const float* b,
                  bool tb, float* c) {
   for (int64_t i = 0; i < M; ++i)
@@ -183,14 +196,11 @@ struct Backward {
       case Instr::Kind::Pool: {
         y.assign(in.width_out, 0.f);
         for (int64_t o = 0; o < in.width_out; ++o) {
-          int64_t st = o * nd.stride - nd.padding, en = std::min(st + nd.kernel, w + nd.padding);
-          const int64_t pool_size = en - st;
-          st = std::max<int64_t>(st, 0);
-          en = std::min(en, w);
+          const auto [st, en, divisor] = pool_window(nd, o, w);
           if (nd.op == OpCode::AvgPool) {
             double s = 0;
             for (int64_t c = st; c < en; ++c) s += x[c];
-            y[o] = static_cast<float>(s / double(nd.count_include_pad ? pool_size : en - st));
+            y[o] = static_cast<float>(s / double(divisor));
           } else {
             float m = -INFINITY;
             for (int64_t c = st; c < en; ++c)
@@ -309,12 +319,9 @@ struct Backward {
       }
       case Instr::Kind::Pool:
         for (int64_t o = 0; o < in.width_out; ++o) {
-          int64_t st = o * nd.stride - nd.padding, en = std::min(st + nd.kernel, w + nd.padding);
-          const int64_t pool_size = en - st;
-          st = std::max<int64_t>(st, 0);
-          en = std::min(en, w);
+          const auto [st, en, divisor] = pool_window(nd, o, w);
           if (nd.op == OpCode::AvgPool) {
-            const float share = g[o] / static_cast<float>(nd.count_include_pad ? pool_size : en - st);
+            const float share = g[o] / divisor;
             for (int64_t c = st; c < en; ++c) gi[c] += share;
           } else {
             int64_t at = -1;

@@ -17,6 +17,7 @@
 
 #include "cpu_executor.h"
 #include "pointwise.h"
+#include "row_ops.h"
 
 #if defined(_OPENMP)
 #include <omp.h>
@@ -27,19 +28,6 @@ namespace gemmfuse {
 namespace {
 
 int64_t row_width(const Chain& ch, int v) { return ch.has_feature_dim(v) ? ch.width_of(v) : 1; }
-
-// Pool window o over a row of w values: its columns [st, en) and the average's divisor.
-struct PoolWindow {
-  int64_t st, en;
-  float divisor;
-};
-PoolWindow pool_window(const Node& nd, int64_t o, int64_t w) {
-  int64_t st = o * nd.stride - nd.padding, en = std::min(st + nd.kernel, w + nd.padding);
-  const int64_t pool_size = en - st;
-  st = std::max<int64_t>(st, 0);
-  en = std::min(en, w);
-  return {st, en, static_cast<float>(nd.count_include_pad ? pool_size : en - st)};
-}
 
 void matmul_loop(int64_t M, int64_t N, int64_t K, const float* a, bool ta, const float* b,
                  bool tb, float* c) {
@@ -135,81 +123,21 @@ struct Backward {
         else
           for (int64_t c = 0; c < w; ++c) y[c] = apply_unary(nd.op, x[c], pp);
         break;
-      case Instr::Kind::Reduce: {
-        y.assign(1, 0.f);
-        double s = 0;
-        float m = x[0];
-        switch (nd.op) {
-          case OpCode::Sum: case OpCode::Mean:
-            for (float v : x) s += v;
-            y[0] = static_cast<float>(nd.op == OpCode::Mean ? s / double(w) : s);
-            break;
-          case OpCode::Max: case OpCode::Min:
-            for (int64_t c = 1; c < w; ++c) m = nd.op == OpCode::Max ? nan_max(m, x[c]) : nan_min(m, x[c]);
-            y[0] = m;
-            break;
-          case OpCode::LogSumExp: {
-            for (int64_t c = 1; c < w; ++c) m = nan_max(m, x[c]);
-            const float shift = lse_shift(m);
-            for (float v : x) s += std::exp(double(v - shift));
-            y[0] = static_cast<float>(std::log(s) + double(shift));
-            break;
-          }
-          default: throw std::logic_error("cpu backward: reduction");
-        }
+      case Instr::Kind::Reduce:
+        y.assign(1, reduce_row(nd.op, x.data(), w));
         break;
-      }
-      case Instr::Kind::Softmax: {
-        y.resize(w);
-        float m = x[0];
-        for (int64_t c = 1; c < w; ++c) m = nan_max(m, x[c]);
-        double s = 0;
-        for (float v : x) s += std::exp(double(v - m));
-        for (int64_t c = 0; c < w; ++c)
-          y[c] = nd.op == OpCode::LogSoftmax
-                     ? static_cast<float>(double(x[c] - m) - std::log(s))
-                     : static_cast<float>(std::exp(double(x[c] - m)) / s);
+      case Instr::Kind::Softmax:
+        y = x;
+        softmax_row(nd.op == OpCode::LogSoftmax, y.data(), w);
         break;
-      }
-      case Instr::Kind::GroupNorm: {
-        y.resize(w);
-        const float* wt = col_param(in.weight);
-        const float* bs = col_param(in.bias);
-        const int64_t gs = w / nd.groups;
-        for (int64_t g = 0; g < nd.groups; ++g) {
-          double mean = 0, var = 0;
-          for (int64_t c = 0; c < gs; ++c) mean += x[g * gs + c];
-          mean /= double(gs);
-          for (int64_t c = 0; c < gs; ++c) var += (x[g * gs + c] - mean) * (x[g * gs + c] - mean);
-          var /= double(gs);
-          const double rstd = 1.0 / std::sqrt(var + nd.eps);
-          for (int64_t c = 0; c < gs; ++c) {
-            const int64_t col = g * gs + c;
-            double v = (x[col] - mean) * rstd;
-            if (wt) v *= wt[col];
-            if (bs) v += bs[col];
-            y[col] = static_cast<float>(v);
-          }
-        }
+      case Instr::Kind::GroupNorm:
+        y = x;
+        group_norm_row(nd, y.data(), w, col_param(in.weight), col_param(in.bias));
         break;
-      }
-      case Instr::Kind::Pool: {
-        y.assign(in.width_out, 0.f);
-        for (int64_t o = 0; o < in.width_out; ++o) {
-          const auto [st, en, divisor] = pool_window(nd, o, w);
-          if (nd.op == OpCode::AvgPool) {
-            double s = 0;
-            for (int64_t c = st; c < en; ++c) s += x[c];
-            y[o] = static_cast<float>(s / double(divisor));
-          } else {
-            float m = -INFINITY;
-            for (int64_t c = st; c < en; ++c)
-              if (x[c] > m || gf_isnan(x[c])) m = x[c];
-            y[o] = m;
-          }
-        }
+      case Instr::Kind::Pool:
+        y.resize(in.width_out);
+        pool_row(nd, x.data(), w, y.data(), in.width_out);
         break;
-      }
       case Instr::Kind::BatchNormApply: {
         y.resize(w);
         const float* wt = col_param(in.weight);

@@ -12,6 +12,7 @@
 
 #include "gemv_nonfinite.h"
 #include "pointwise.h"
+#include "row_ops.h"
 
 #if defined(_OPENMP)
 #define GF_OMP_FOR _Pragma("omp parallel for schedule(static)")
@@ -177,89 +178,6 @@ void pointwise_row(const Node& n, float* x, int64_t w, const BoundRef& b, int64_
 #undef GF_UNARY
 #undef GF_BINARY
     default: throw std::logic_error(std::string("cpu executor: ") + op_name(n.op) + " is not pointwise");
-  }
-}
-
-float reduce_row(OpCode op, const float* x, int64_t w) {
-  switch (op) {
-    case OpCode::Sum: case OpCode::Mean: {
-      double s = 0;
-      for (int64_t c = 0; c < w; ++c) s += x[c];
-      return static_cast<float>(op == OpCode::Mean ? s / static_cast<double>(w) : s);
-    }
-    case OpCode::Max: case OpCode::Min: {
-      float m = x[0];
-      for (int64_t c = 1; c < w; ++c) m = op == OpCode::Max ? nan_max(m, x[c]) : nan_min(m, x[c]);
-      return m;
-    }
-    case OpCode::LogSumExp: {
-      float m = x[0];
-      for (int64_t c = 1; c < w; ++c) m = nan_max(m, x[c]);
-      const float shift = lse_shift(m);
-      double s = 0;
-      for (int64_t c = 0; c < w; ++c) s += std::exp(static_cast<double>(x[c] - shift));
-      return static_cast<float>(std::log(s) + static_cast<double>(shift));
-    }
-    default: throw std::logic_error("reduce_row: not a reduction");
-  }
-}
-
-// softmax = exp(x - max) / sum; log_softmax = x - max - log(sum), as PyTorch computes them.
-void softmax_row(bool log, float* x, int64_t w) {
-  float m = x[0];
-  for (int64_t c = 1; c < w; ++c) m = nan_max(m, x[c]);
-  double s = 0;
-  for (int64_t c = 0; c < w; ++c) s += std::exp(static_cast<double>(x[c] - m));
-  if (log) {
-    const double ls = std::log(s);
-    for (int64_t c = 0; c < w; ++c) x[c] = static_cast<float>(static_cast<double>(x[c] - m) - ls);
-  } else {
-    for (int64_t c = 0; c < w; ++c)
-      x[c] = static_cast<float>(std::exp(static_cast<double>(x[c] - m)) / s);
-  }
-}
-
-// Two-pass mean and biased variance per group of w/groups contiguous columns.
-void group_norm_row(const Node& n, float* x, int64_t w, const float* wt, const float* bs) {
-  const int64_t gs = w / n.groups;
-  for (int64_t g = 0; g < n.groups; ++g) {
-    float* v = x + g * gs;
-    double mean = 0;
-    for (int64_t c = 0; c < gs; ++c) mean += v[c];
-    mean /= static_cast<double>(gs);
-    double var = 0;
-    for (int64_t c = 0; c < gs; ++c) var += (v[c] - mean) * (v[c] - mean);
-    var /= static_cast<double>(gs);
-    const double rstd = 1.0 / std::sqrt(var + n.eps);
-    for (int64_t c = 0; c < gs; ++c) {
-      const int64_t col = g * gs + c;
-      double y = (v[c] - mean) * rstd;
-      if (wt) y *= wt[col];
-      if (bs) y += bs[col];
-      v[c] = static_cast<float>(y);
-    }
-  }
-}
-
-// PyTorch's avg_pool1d / max_pool1d (dilation 1) over one row; `out` has w_out entries.
-void pool_row(const Node& n, const float* x, int64_t w, float* out, int64_t w_out) {
-  for (int64_t o = 0; o < w_out; ++o) {
-    int64_t start = o * n.stride - n.padding;
-    int64_t end = std::min(start + n.kernel, w + n.padding);
-    const int64_t pool_size = end - start;  // includes padding (count_include_pad)
-    start = std::max<int64_t>(start, 0);
-    end = std::min(end, w);
-    if (n.op == OpCode::AvgPool) {
-      double s = 0;
-      for (int64_t c = start; c < end; ++c) s += x[c];
-      const int64_t div = n.count_include_pad ? pool_size : (end - start);
-      out[o] = static_cast<float>(s / static_cast<double>(div));
-    } else {
-      float m = -std::numeric_limits<float>::infinity();  // padding is -inf
-      for (int64_t c = start; c < end; ++c)
-        if (x[c] > m || gf_isnan(x[c])) m = x[c];  // as PyTorch: NaN wins
-      out[o] = m;
-    }
   }
 }
 

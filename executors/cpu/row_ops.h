@@ -1,0 +1,32 @@
+// The CPU executor's row functions, shared by its row passes and by its backward's recompute
+// of the chain's values: one row at a time, fp32 in and out, sums in double.
+#pragma once
+
+#include <cstdint>
+
+#include "gemmfuse/chain.h"
+
+namespace gemmfuse {
+
+// sum, mean, max, min (NaN propagates) or logsumexp (shifted by the row max, 0 when it is +-inf).
+float reduce_row(OpCode op, const float* x, int64_t w);
+
+// In place: softmax = exp(x - max) / sum; log_softmax = x - max - log(sum), as PyTorch.
+void softmax_row(bool log, float* x, int64_t w);
+
+// In place: two-pass mean and biased variance per group of w/groups contiguous columns, then
+// the affine weight and bias (either may be nullptr).
+void group_norm_row(const Node& n, float* x, int64_t w, const float* wt, const float* bs);
+
+// Pool window o over a row of w values: its columns [st, en) and the average's divisor
+// (count_include_pad counts the padding).
+struct PoolWindow {
+  int64_t st, en;
+  float divisor;
+};
+PoolWindow pool_window(const Node& n, int64_t o, int64_t w);
+
+// PyTorch's avg_pool1d / max_pool1d (dilation 1) over one row; `out` has w_out entries.
+void pool_row(const Node& n, const float* x, int64_t w, float* out, int64_t w_out);
+
+}  // namespace gemmfuse

@@ -13,7 +13,7 @@ RESULTS_DIR = Path("bench/results")
 HISTORY = "history.csv"
 MODELS = ("m18", "m22", "m84", "m94", "m99")
 MODES = ("fp32", "fast", "tf32", "bf16")
-HISTORY_FIELDS = (["file", "date", "session", "gpu", "commit", "batch", "K", "N"]
+HISTORY_FIELDS = (["file", "date", "gpu", "commit", "batch", "K", "N"]
                   + [f"{m}_{v}" for m in MODELS for v in MODES])
 
 
@@ -30,7 +30,7 @@ def device_kind(gpu_name) -> str:
 
 def history_row(result: dict, name: str) -> dict:
     h = result["header"]
-    row = {"file": name, "date": h.get("timestamp", "")[:10], "session": "", "gpu": h.get("gpu") or "cpu",
+    row = {"file": name, "date": h.get("timestamp", "")[:10], "gpu": h.get("gpu") or "cpu",
            "commit": h.get("git") or "", "batch": h.get("batch"), "K": h.get("in_features"),
            "N": h.get("out_features")}
     for r in result["records"]:

@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from .. import optimize, runtimes
 from .models import MODELS
 
 
@@ -55,13 +56,12 @@ class Copy:
     """One copy of the model, its optimizer, and its step (DDP-wrapped or not)."""
 
     def __init__(self, name, model, x0, dev, mode, ddp, lr, optimizer="adamw"):
-        import gemmfuse
         self.name = name
         self.dtype = torch.float64 if name == "float64" else torch.float32
         self.model = copy.deepcopy(model).to(self.dtype)
         fn = self.model
         if name == "gemmfuse":
-            fn = gemmfuse.optimize(self.model, (x0.to(self.dtype),), precision=mode)
+            fn = optimize(self.model, (x0.to(self.dtype),), precision=mode)
         self.runtime = fn
         self.fn = DDP(fn, device_ids=[dev.index] if dev.type == "cuda" else None) if ddp else fn
         if optimizer == "sgd":
@@ -150,9 +150,8 @@ def run(argv=None) -> dict:
     dist.all_gather(gathered, flat)
     ranks_equal = all(torch.equal(gathered[0], t) for t in gathered[1:])
     rt = gf.runtime
-    import gemmfuse
-    train_calls = sum(r.train_calls for r in gemmfuse.runtimes(rt))
-    fallbacks = {k_: v for r in gemmfuse.runtimes(rt) for k_, v in r.fallbacks.items()}
+    train_calls = sum(r.train_calls for r in runtimes(rt))
+    fallbacks = {k_: v for r in runtimes(rt) for k_, v in r.fallbacks.items()}
     loss_rel = max(abs(l1 - l0) / max(abs(l0), 1e-30) for l0, l1 in zip(losses["float64"], losses["gemmfuse"]))
     loss_rel_eager = max(abs(l1 - l0) / max(abs(l0), 1e-30)
                          for l0, l1 in zip(losses["float64"], losses["eager"]))

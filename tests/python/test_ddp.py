@@ -20,7 +20,7 @@ def _torchrun(tmp_path, *args, env=None):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
            "--master-port", str(29500 + os.getpid() % 1000),
            "-m", "gemmfuse.bench.ddp", "--out", str(out), *args]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=240,
                        env={**os.environ, **(env or {})}, cwd=tmp_path)
     assert out.exists(), p.stdout[-3000:] + p.stderr[-3000:]
     return json.loads(out.read_text()), p

@@ -21,4 +21,9 @@ at::Tensor prepared_for(const Plan& plan, Executor& executor,
                         const c10::optional<at::Tensor>& bias, at::TensorList operands,
                         at::TensorList state);
 
+// The prepared bytes of this plan and weight for the caller to overwrite (the backward's
+// Executor::backward_weight_bytes), when they exist and hold at least `bytes`; the entry is
+// then stale, and the next prepared_for prepares it again. Else an undefined tensor.
+at::Tensor borrow_prepared(const Plan& plan, const at::Tensor& weight, size_t bytes);
+
 }  // namespace gemmfuse::bindings

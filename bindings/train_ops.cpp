@@ -23,6 +23,7 @@
 #include "cpu_executor.h"
 #include "gemmfuse/backward.h"
 #include "plan_cache.h"
+#include "prepared_cache.h"
 #include "run_call.h"
 
 namespace gemmfuse::bindings {
@@ -191,6 +192,16 @@ std::vector<at::Tensor> backward_on_device(const CallInputs& in, const at::Tenso
   const int64_t ws_bytes = static_cast<int64_t>(executor.backward_workspace_bytes(plan, bp));
   at::Tensor workspace = ws_bytes > 0 ? at::empty({ws_bytes}, in.x.options().dtype(at::kByte)) : at::Tensor();
   a.workspace = workspace.defined() ? workspace.data_ptr() : nullptr;
+  // What the backward builds from W goes over the forward's prepared W where there is one
+  // (the next forward prepares it again; in training W has changed by then anyway).
+  const size_t weight_bytes = executor.backward_weight_bytes(plan, bp);
+  at::Tensor weight_scratch;
+  if (weight_bytes > 0) {
+    weight_scratch = borrow_prepared(plan, in.weight, weight_bytes);
+    if (!weight_scratch.defined())
+      weight_scratch = at::empty({static_cast<int64_t>(weight_bytes)}, in.x.options().dtype(at::kByte));
+    a.weight_scratch = weight_scratch.data_ptr();
+  }
 #ifdef GEMMFUSE_WITH_CUDA
   if (gpu) a.stream = c10::cuda::getCurrentCUDAStream(in.x.device().index()).stream();
 #endif

@@ -2,7 +2,8 @@
 // the column sums of operand and BatchNorm gradients, then db = Σ_rows dV, and dx = dV W and
 // dW = dVᵀ x in the chain's precision: fp32 dW on the f16x3 kernel where its cost rule takes
 // the shape (dW = dVᵀ (xᵀ)ᵀ: both operands transposed so that M is their reduced dimension,
-// then split as the forward splits x and W), else cuBLAS (fp32: SGEMM, no TF32; `tf32`: TF32;
+// then split as the forward splits x and W), fp32 dx on it too (dV split by rows as x is, W
+// split by columns and read MN-major where it lies, its parts in the weight scratch), else cuBLAS (fp32: SGEMM, no TF32; `tf32`: TF32;
 // 16-bit models: their own type with fp32 accumulation). Stream-ordered, no host sync.
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
@@ -48,6 +49,15 @@ const char* dw_f16x3_declines(const Plan& plan, const BackwardPlan& bp) {
   return sm90::f16x3_declines(plan.N, plan.K, plan.M);
 }
 
+// nullptr where dx = dV W runs on the f16x3 kernel, else why cuBLAS computes it. As an f16x3
+// problem it has M rows, K columns and reduces over N, W [N, K] read MN-major.
+const char* dx_f16x3_declines(const Plan& plan, const BackwardPlan& bp) {
+  if (plan.dtype != DType::F32 || plan.precision != Precision::FP32)
+    return "only fp32 mode's dx runs on the split kernel";
+  if (bp.gemv) return "the GEMV's dx is a rank-one product";
+  return sm90::f16x3_declines_mn_major(plan.M, plan.K, plan.N);
+}
+
 // The scratch of one backward, laid out once per call in the order below (256-byte aligned).
 struct BackwardLayout {
   size_t total = 0;
@@ -59,6 +69,13 @@ struct BackwardLayout {
   bool dw_f16x3 = false;
   size_t dvt = 0, xt = 0, x_parts = 0, x_exps = 0, x_flags = 0, x_tiny = 0, w_parts = 0,
          w_exps = 0, w_flags = 0, w_list = 0, gemm_ws = 0, gemm_ws_bytes = 0;
+  // dx on the f16x3 kernel (dx_f16x3_declines): after dW, over the same scratch; W's column
+  // split's parts in the weight scratch (CudaExecutor::backward_weight_bytes). With dV's
+  // second level (softmax-like gradients hold many values ~2^-30 below their row's largest).
+  bool dx_f16x3 = false;
+  size_t dv_parts = 0, dv_exps = 0, dv_flags = 0, dv_tiny = 0, wc_exps = 0, wc_flags = 0, wc_list = 0,
+         wc_stats = 0, dx_ws = 0, dx_ws_bytes = 0, second_rows = 0, slot_row = 0, slot_tiny = 0,
+         slot_exps = 0, slot_parts = 0, slot_y = 0;
 
   size_t add(size_t bytes) {
     const size_t at = total;
@@ -124,8 +141,30 @@ struct BackwardLayout {
       w_list = add(4 * (1 + K));
       gemm_ws_bytes = sm90::f16x3_workspace_bytes(N, K, M);
       gemm_ws = add(gemm_ws_bytes);
-      total = std::max(total, row_end);
     }
+    const size_t dw_end = total;
+    dx_f16x3 = M > 0 && dx_f16x3_declines(plan, bp) == nullptr;
+    if (dx_f16x3) {
+      const int64_t N = plan.N, K = plan.K;
+      total = scratch;
+      dv_parts = add(std::max(2 * 2 * M * N, 4 * M * K));  // the slots' products (slot_y) after
+      slot_y = dv_parts;                                     // the parts are read
+      dv_exps = add(4 * M);
+      dv_flags = add(4 * M);
+      dv_tiny = add(4 * M);
+      wc_exps = add(4 * K);
+      wc_flags = add(4 * K);
+      wc_list = add(4 * (1 + K));
+      wc_stats = add(split_f16x2_columns_scratch_bytes(K));
+      second_rows = add(4);
+      slot_row = add(4 * M);
+      slot_tiny = add(4 * M);
+      slot_exps = add(4 * M);
+      slot_parts = add(2 * 2 * M * N);
+      dx_ws_bytes = sm90::f16x3_workspace_bytes(M, K, N, /*w_mn_major=*/true);
+      dx_ws = add(dx_ws_bytes);
+    }
+    total = std::max({total, dw_end, row_end});
   }
 };
 
@@ -166,6 +205,44 @@ void dw_on_f16x3(const Plan& plan, const BackwardLayout& L, char* ws, const floa
   g.scratch.x_tiny = i32(L.x_tiny);
   g.gemm_workspace = ws + L.gemm_ws;
   g.gemm_workspace_bytes = L.gemm_ws_bytes;
+  launch_fp32_gemm_f16x3(g, stream);
+}
+
+// dx[M, K] = dV W on the f16x3 kernel: dV split by rows as the forward's x (with its second
+// level), W [N, K] by columns (its parts into `w_parts`: N K fp16 pairs) and read MN-major.
+void dx_on_f16x3(const Plan& plan, const BackwardLayout& L, char* ws, void* w_parts, const float* dv,
+                 const float* w, float* gx, cudaStream_t stream) {
+  const int64_t M = plan.M, N = plan.N, K = plan.K;
+  auto f32 = [&](size_t off) { return reinterpret_cast<float*>(ws + off); };
+  auto i32 = [&](size_t off) { return reinterpret_cast<int*>(ws + off); };
+  auto f16 = [&](size_t off) { return reinterpret_cast<__half*>(ws + off); };
+  GF_CUDA_CHECK(cudaMemsetAsync(i32(L.wc_list), 0, sizeof(int), stream));
+  launch_split_f16x2_columns(w, N, K, static_cast<__half*>(w_parts), f32(L.wc_exps),
+                             RowMarks{i32(L.wc_flags), i32(L.wc_list)}, ws + L.wc_stats, stream);
+  Fp32GemmF16x3 g;
+  g.M = M;
+  g.N = K;
+  g.K = N;
+  g.x = dv;
+  g.w = w;
+  g.w_parts = static_cast<const __half*>(w_parts);
+  g.w_exps = f32(L.wc_exps);
+  g.w_list = i32(L.wc_list);
+  g.w_flags = i32(L.wc_flags);
+  g.w_transposed = true;
+  g.y = gx;
+  g.scratch.x_parts = f16(L.dv_parts);
+  g.scratch.x_exps = f32(L.dv_exps);
+  g.scratch.x_flags = i32(L.dv_flags);
+  g.scratch.x_tiny = i32(L.dv_tiny);
+  g.scratch.second.rows = i32(L.second_rows);
+  g.scratch.second.slot_row = i32(L.slot_row);
+  g.scratch.second.slot_tiny = i32(L.slot_tiny);
+  g.scratch.second.exps = f32(L.slot_exps);
+  g.scratch.second.parts = f16(L.slot_parts);
+  g.scratch.second.y = f32(L.slot_y);
+  g.gemm_workspace = ws + L.dx_ws;
+  g.gemm_workspace_bytes = L.dx_ws_bytes;
   launch_fp32_gemm_f16x3(g, stream);
 }
 
@@ -210,15 +287,25 @@ unsigned blocks(int64_t n) { return static_cast<unsigned>((n + 255) / 256); }
 }  // namespace cuda
 
 std::string CudaExecutor::describe_backward(const Plan& plan, const BackwardPlan& bp) {
-  const char* why = cuda::dw_f16x3_declines(plan, bp);
-  if (why == nullptr)
-    return "cuda backward: dW = dVᵀ x on the fp32 f16x3 kernel (dV and x transposed by cuBLAS, "
-           "then split as the forward's x and W); dx = dV W on SGEMM";
-  return std::string("cuda backward: dx and dW on cuBLAS (") + why + ")";
+  const char* dw = cuda::dw_f16x3_declines(plan, bp);
+  const char* dx = cuda::dx_f16x3_declines(plan, bp);
+  std::string s = "cuda backward: ";
+  s += dw == nullptr ? "dW = dVᵀ x on the fp32 f16x3 kernel (dV and x transposed by cuBLAS, then split as "
+                       "the forward's x and W)"
+                     : std::string("dW on cuBLAS (") + dw + ")";
+  s += dx == nullptr ? "; dx = dV W on the fp32 f16x3 kernel (dV split as the forward's x, W split by columns "
+                       "and read MN-major, its parts over the forward's prepared W, which the next forward "
+                       "prepares again)"
+                     : std::string("; dx on cuBLAS (") + dx + ")";
+  return s;
 }
 
 size_t CudaExecutor::backward_workspace_bytes(const Plan& plan, const BackwardPlan& bp) const {
   return cuda::BackwardLayout(plan, bp).total;
+}
+
+size_t CudaExecutor::backward_weight_bytes(const Plan& plan, const BackwardPlan& bp) const {
+  return cuda::dx_f16x3_declines(plan, bp) == nullptr ? size_t(4) * plan.N * plan.K : 0;
 }
 
 void CudaExecutor::backward(const Plan& plan, const BackwardPlan& bp, const BackwardArgs& a) {
@@ -453,6 +540,11 @@ void CudaExecutor::backward(const Plan& plan, const BackwardPlan& bp, const Back
   if (gw && L.dw_f16x3) {
     dw_on_f16x3(plan, L, ws, dv, static_cast<const float*>(a.x), gw, h, stream);
     gw = nullptr;
+  }
+  if (gx && L.dx_f16x3) {
+    if (a.weight_scratch == nullptr) throw std::invalid_argument("gemmfuse: no backward weight scratch");
+    dx_on_f16x3(plan, L, ws, a.weight_scratch, dv, static_cast<const float*>(a.weight), gx, stream);
+    gx = nullptr;
   }
   const float one = 1.f, zero = 0.f;
   if (gx)

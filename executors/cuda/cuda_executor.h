@@ -51,6 +51,7 @@ class CudaExecutor : public Executor {
   // backward.cu: the row backward by segments, then db, and dx, dW on cuBLAS or f16x3.
   void backward(const Plan& plan, const BackwardPlan& bp, const BackwardArgs& args) override;
   size_t backward_workspace_bytes(const Plan& plan, const BackwardPlan& bp) const override;
+  size_t backward_weight_bytes(const Plan& plan, const BackwardPlan& bp) const override;
 };
 
 }  // namespace gemmfuse

@@ -34,18 +34,34 @@ __device__ __forceinline__ bool row_paths_write(const int* __restrict__ w_flags,
   return w_flags[n] == kRowKept;
 }
 
+// W' as the paths read it: W'[n, k] = w[n K + k] times scale[n] (scale null: 1) for W stored
+// [N, K] (the forward's), or w[k N + n] with kTransposed (W stored [K, N]: dx = dV W). A
+// template, so that the forward's kernel keeps its 16-byte loads and registers.
+template <bool kTransposed>
+struct WPrime {
+  const float* w;
+  const float* scale;
+  int64_t N, K;
+  __device__ __forceinline__ float at(int64_t n, int64_t k) const {
+    return __ldg(w + (kTransposed ? k * N + n : n * K + k));
+  }
+  __device__ __forceinline__ float scale_of(int64_t n) const { return scale ? scale[n] : 1.f; }
+  // Four values of row n from k on (0 past K): one 16-byte load where rows are contiguous and
+  // 16-byte aligned (vec).
+  __device__ __forceinline__ float4 load4(int64_t n, int64_t k, bool vec) const;
+};
+
 // Y[m, n] = x[m, :] . W'[n, :] (+ bias[n]) by one warp: lanes take every 32nd k, fp32 FMA,
 // then a warp tree. For W's listed columns, and for a chunk's recomputed rows where they are
 // few (at most kWarpRowsMax: a tile's 64 rows would be mostly idle).
-__device__ __forceinline__ void recompute(const float* __restrict__ x, const float* __restrict__ w,
-                                          const float* __restrict__ w_scale,
+template <class WP>
+__device__ __forceinline__ void recompute(const float* __restrict__ x, const WP& wp,
                                           const float* __restrict__ bias, float* __restrict__ y,
                                           int64_t m, int64_t n, int64_t N, int64_t K, int lane) {
   const float* xr = x + m * K;
-  const float* wr = w + n * K;
-  const float s = w_scale ? w_scale[n] : 1.f;
+  const float s = wp.scale_of(n);
   float acc = 0.f;
-  for (int64_t k = lane; k < K; k += 32) acc = fmaf(__ldg(xr + k), __ldg(wr + k) * s, acc);  // W' rounded once
+  for (int64_t k = lane; k < K; k += 32) acc = fmaf(__ldg(xr + k), wp.at(n, k) * s, acc);  // W' rounded once
   for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
   if (lane == 0) y[m * N + n] = bias ? acc + bias[n] : acc;
 }
@@ -87,6 +103,18 @@ __device__ __forceinline__ float4 load4(const float* __restrict__ row, int64_t k
   return make_float4(v[0], v[1], v[2], v[3]);
 }
 
+template <bool kTransposed>
+__device__ __forceinline__ float4 WPrime<kTransposed>::load4(int64_t n, int64_t k, bool vec) const {
+  if constexpr (!kTransposed) {
+    return gemmfuse::cuda::load4(w + n * K, k, K, vec);
+  } else {
+    float v[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) v[j] = k + j < K ? at(n, k + j) : 0.f;
+    return make_float4(v[0], v[1], v[2], v[3]);
+  }
+}
+
 template <int kRows, int kPitch>
 __device__ __forceinline__ void stash4(float (&dst)[kRows][kPitch], int k, int r, float4 v) {
   dst[k][r] = v.x;
@@ -95,9 +123,8 @@ __device__ __forceinline__ void stash4(float (&dst)[kRows][kPitch], int k, int r
   dst[k + 3][r] = v.w;
 }
 
-template <class Shape>
-__device__ void recompute_tile(const float* __restrict__ x, const float* __restrict__ w,
-                               const float* __restrict__ w_scale, const int* __restrict__ w_flags,
+template <class Shape, class WP>
+__device__ void recompute_tile(const float* __restrict__ x, const WP& wp, const int* __restrict__ w_flags,
                                const float* __restrict__ bias, float* __restrict__ y,
                                const int* rows, int count, int64_t n0, int64_t N, int64_t K, bool vec,
                                typename Shape::Stage (&stage)[2]) {
@@ -114,14 +141,14 @@ __device__ void recompute_tile(const float* __restrict__ x, const float* __restr
     const int r = sr + Shape::kStageRows * l;
     xm[l] = rows[min(r, count - 1)];
     wn[l] = static_cast<int>(min(n0 + r, N - 1));
-    s[l] = w_scale ? w_scale[wn[l]] : 1.f;
+    s[l] = wp.scale_of(wn[l]);
   }
   float4 gx[kLoads], gw[kLoads];
   auto fetch = [&](int64_t k0) {
 #pragma unroll
     for (int l = 0; l < kLoads; ++l) {
       gx[l] = load4(x + static_cast<int64_t>(xm[l]) * K, k0 + sk, K, vec);
-      const float4 v = load4(w + static_cast<int64_t>(wn[l]) * K, k0 + sk, K, vec);
+      const float4 v = wp.load4(wn[l], k0 + sk, vec);
       gw[l] = make_float4(v.x * s[l], v.y * s[l], v.z * s[l], v.w * s[l]);  // W' rounded once
     }
   };
@@ -177,9 +204,8 @@ __device__ void recompute_tile(const float* __restrict__ x, const float* __restr
 // The recomputed rows of a chunk, `rows` of them, by tiles of Shape: each CTA of the grid takes
 // items (a group of kTile rows by a tile of columns) row-group-fastest, so that the CTAs running
 // at once share tiles of W'.
-template <class Shape>
-__device__ void recompute_rows_by_tiles(const float* __restrict__ x, const float* __restrict__ w,
-                                        const float* __restrict__ w_scale, const int* __restrict__ w_flags,
+template <class Shape, class WP>
+__device__ void recompute_rows_by_tiles(const float* __restrict__ x, const WP& wp, const int* __restrict__ w_flags,
                                         const float* __restrict__ bias, float* __restrict__ y,
                                         const int* listed, int rows, int64_t N, int64_t K, bool vec,
                                         typename Shape::Stage (&stage)[2]) {
@@ -188,7 +214,7 @@ __device__ void recompute_rows_by_tiles(const float* __restrict__ x, const float
   const int64_t col_tiles = (N + kTile - 1) / kTile;
   for (int64_t item = blockIdx.x; item < groups * col_tiles; item += gridDim.x) {
     const int g = static_cast<int>(item % groups);
-    recompute_tile<Shape>(x, w, w_scale, w_flags, bias, y, listed + g * kTile, min(kTile, rows - g * kTile),
+    recompute_tile<Shape>(x, wp, w_flags, bias, y, listed + g * kTile, min(kTile, rows - g * kTile),
                           (item / groups) * kTile, N, K, vec, stage);
   }
 }
@@ -245,8 +271,8 @@ __device__ int list_left_out(const float* __restrict__ xr, float e, int64_t K, L
 // Y[m, n0 .. n0 + kCorrectCols) += add[n] (the second level's products, or nothing when add is
 // null), then + the row's values left out times W' at their k: four columns a thread, each sum
 // in k order (a 32-byte sector of W' per value and column). For short lists.
-__device__ __forceinline__ void correct(const LeftOutList& list, int count, const float* __restrict__ w,
-                                        const float* __restrict__ w_scale,
+template <class WP>
+__device__ __forceinline__ void correct(const LeftOutList& list, int count, const WP& wp,
                                         const int* __restrict__ w_flags, const float* __restrict__ add,
                                         float* __restrict__ y, int64_t m, int64_t n0, int64_t N, int64_t K) {
   constexpr int kCols = kCorrectCols / kFixupThreads;
@@ -265,12 +291,12 @@ __device__ __forceinline__ void correct(const LeftOutList& list, int count, cons
     const float v = list.v[j];
 #pragma unroll
     for (int i = 0; i < kCols; ++i)
-      if (live[i]) acc[i] = fmaf(v, __ldg(w + n[i] * K + k), acc[i]);
+      if (live[i]) acc[i] = fmaf(v, wp.at(n[i], k), acc[i]);
   }
 #pragma unroll
   for (int i = 0; i < kCols; ++i) {
     if (live[i])
-      y[m * N + n[i]] = (y[m * N + n[i]] + (add ? add[n[i]] : 0.f)) + (w_scale ? acc[i] * w_scale[n[i]] : acc[i]);
+      y[m * N + n[i]] = (y[m * N + n[i]] + (add ? add[n[i]] : 0.f)) + acc[i] * wp.scale_of(n[i]);
   }
 }
 
@@ -281,8 +307,8 @@ __device__ __forceinline__ void correct(const LeftOutList& list, int count, cons
 // 0.574 (docs/measurements.md).
 constexpr int kWarpCols = 4;
 constexpr int kWarpListFrom = 8;
-__device__ __forceinline__ void correct_by_warp(const LeftOutList& list, int count, const float* __restrict__ w,
-                                                const float* __restrict__ w_scale,
+template <class WP>
+__device__ __forceinline__ void correct_by_warp(const LeftOutList& list, int count, const WP& wp,
                                                 const int* __restrict__ w_flags,
                                                 const float* __restrict__ add, float* __restrict__ y,
                                                 int64_t m, int64_t n0, int64_t N, int64_t K) {
@@ -294,17 +320,17 @@ __device__ __forceinline__ void correct_by_warp(const LeftOutList& list, int cou
     const bool live_own = lane < kWarpCols && own < N && row_paths_write(w_flags, own);
     const float y_own = live_own ? y[m * N + own] + (add ? add[own] : 0.f) : 0.f;
     float acc[kWarpCols];
-    const float* wr[kWarpCols];
+    int64_t wn[kWarpCols];
 #pragma unroll
     for (int i = 0; i < kWarpCols; ++i) {
       acc[i] = 0.f;
-      wr[i] = w + min(nb + i, N - 1) * K;  // a column past N reads row N - 1, unused
+      wn[i] = min(nb + i, N - 1);  // a column past N reads row N - 1, unused
     }
     for (int j = lane; j < count; j += 32) {
       const float v = list.v[j];
       const int64_t k = list.k[j];
 #pragma unroll
-      for (int i = 0; i < kWarpCols; ++i) acc[i] = fmaf(v, __ldg(wr[i] + k), acc[i]);
+      for (int i = 0; i < kWarpCols; ++i) acc[i] = fmaf(v, wp.at(wn[i], k), acc[i]);
     }
     float mine = 0.f;
 #pragma unroll
@@ -312,23 +338,22 @@ __device__ __forceinline__ void correct_by_warp(const LeftOutList& list, int cou
       for (int o = 16; o > 0; o >>= 1) acc[i] += __shfl_xor_sync(0xffffffffu, acc[i], o);
       if (lane == i) mine = acc[i];
     }
-    if (live_own) y[m * N + own] = y_own + (w_scale ? mine * w_scale[own] : mine);
+    if (live_own) y[m * N + own] = y_own + mine * wp.scale_of(own);
   }
 }
 
 // Item `item` of a row m whose values left out the fix-up adds (kCorrectCols columns from n0):
 // list them (those left out at exponent e) and add their products, after `add` (or nothing).
-template <typename Scan>
-__device__ void correct_item(const float* __restrict__ x, float e, const float* __restrict__ w,
-                             const float* __restrict__ w_scale, const int* __restrict__ w_flags,
+template <typename Scan, class WP>
+__device__ void correct_item(const float* __restrict__ x, float e, const WP& wp, const int* __restrict__ w_flags,
                              const float* __restrict__ add, float* __restrict__ y, int64_t m,
                              int64_t n0, int64_t N, int64_t K, LeftOutList& list,
                              typename Scan::TempStorage& scan) {
   const int count = list_left_out<Scan>(x + m * K, e, K, list, scan);
   if (count >= kWarpListFrom)
-    correct_by_warp(list, count, w, w_scale, w_flags, add, y, m, n0, N, K);
+    correct_by_warp(list, count, wp, w_flags, add, y, m, n0, N, K);
   else
-    correct(list, count, w, w_scale, w_flags, add, y, m, n0, N, K);
+    correct(list, count, wp, w_flags, add, y, m, n0, N, K);
   __syncthreads();  // the list is rebuilt by the next item
 }
 
@@ -343,9 +368,9 @@ __device__ void correct_item(const float* __restrict__ x, float e, const float* 
 // in local memory (none in the tiles' k loops); with one CTA an SM the corrections run 19-38%
 // slower. With nothing marked the whole path costs ~1.5 us a call more than with the small
 // tile alone (docs/measurements.md).
+template <class WP>
 __global__ void __launch_bounds__(kFixupThreads, 2)  // the grid: two CTAs an SM
-    fixup_kernel(const float* __restrict__ x, const float* __restrict__ w,
-                 const float* __restrict__ w_scale, const float* __restrict__ bias,
+    fixup_kernel(const float* __restrict__ x, const WP wp, const float* __restrict__ bias,
                  float* __restrict__ y, int64_t M, int64_t N, int64_t K,
                  const float* __restrict__ x_exps, const int* __restrict__ x_flags,
                  const int* __restrict__ w_list, const int* __restrict__ w_flags, SecondLevel second) {
@@ -370,7 +395,7 @@ __global__ void __launch_bounds__(kFixupThreads, 2)  // the grid: two CTAs an SM
   const int64_t slots = second.rows ? *second.rows : 0;
   const int64_t items_per_row = (N + kCorrectCols - 1) / kCorrectCols;
   // 16-byte loads of x's and W's rows in the tiles
-  const bool vec = K % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0;
+  const bool vec = K % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(wp.w) % 16 == 0;
   int64_t slot_base = 0;  // the slot of the chunk's first kRowTiny row
   for (int64_t base = 0; base < M; base += kFlagChunk) {
     const int64_t first = base + kFlagsPerThread * threadIdx.x;
@@ -412,19 +437,19 @@ __global__ void __launch_bounds__(kFixupThreads, 2)  // the grid: two CTAs an SM
       for (int64_t i = warp; i < recomputed * N; i += warps) {
         const int64_t n = i % N;
         if (row_paths_write(w_flags, n))
-          recompute(x, w, w_scale, bias, y, recomputed_rows[i / N], n, N, K, lane);
+          recompute(x, wp, bias, y, recomputed_rows[i / N], n, N, K, lane);
       }
     } else if (choose_large_tile(recomputed, N)) {
-      recompute_rows_by_tiles<LargeTile>(x, w, w_scale, w_flags, bias, y, recomputed_rows, recomputed, N, K, vec,
+      recompute_rows_by_tiles<LargeTile>(x, wp, w_flags, bias, y, recomputed_rows, recomputed, N, K, vec,
                                          work.large);
     } else {
-      recompute_rows_by_tiles<SmallTile>(x, w, w_scale, w_flags, bias, y, recomputed_rows, recomputed, N, K, vec,
+      recompute_rows_by_tiles<SmallTile>(x, wp, w_flags, bias, y, recomputed_rows, recomputed, N, K, vec,
                                          work.small);
     }
     // items row-fastest: the CTAs running at once gather from the same kCorrectCols rows of W'
     for (int64_t item = blockIdx.x; item < corrected * items_per_row; item += gridDim.x) {
       const int64_t m = tiny_rows[item % corrected];
-      correct_item<Scan>(x, x_exps[m], w, w_scale, w_flags, nullptr, y, m, (item / corrected) * kCorrectCols,
+      correct_item<Scan>(x, x_exps[m], wp, w_flags, nullptr, y, m, (item / corrected) * kCorrectCols,
                          N, K, work.list, scan);
     }
     __syncthreads();  // the lists are rewritten by the next chunk
@@ -432,13 +457,13 @@ __global__ void __launch_bounds__(kFixupThreads, 2)  // the grid: two CTAs an SM
   for (int64_t item = blockIdx.x; item < slots * items_per_row; item += gridDim.x) {  // row-fastest too
     const int64_t s = item % slots, n0 = (item / slots) * kCorrectCols;
     if (second.slot_tiny[s] > correctable_tiny_values(K)) continue;  // recomputed above
-    correct_item<Scan>(x, second.exps[s], w, w_scale, w_flags, second.y + s * N, y, second.slot_row[s], n0, N, K,
+    correct_item<Scan>(x, second.exps[s], wp, w_flags, second.y + s * N, y, second.slot_row[s], n0, N, K,
                        work.list, scan);
   }
   for (int64_t i = warp; i < n_cols * M; i += warps) {
     const int64_t m = i % M, n = w_list[1 + i / M];
     if (w_flags[n] != kRowNaN)
-      recompute(x, w, w_scale, bias, y, m, n, N, K, lane);
+      recompute(x, wp, bias, y, m, n, N, K, lane);
     else if (lane == 0)
       y[m * N + n] = nan_output();
   }
@@ -448,11 +473,16 @@ __global__ void __launch_bounds__(kFixupThreads, 2)  // the grid: two CTAs an SM
 void launch_fixup_exceptional(const float* x, const float* w, const float* w_scale,
                               const float* bias, float* y, int64_t M, int64_t N, int64_t K,
                               const float* x_exps, const int* x_flags, const int* w_list,
-                              const int* w_flags, SecondLevel second, cudaStream_t stream) {
+                              const int* w_flags, SecondLevel second, cudaStream_t stream,
+                              bool w_transposed) {
   if (M <= 0 || N <= 0) return;
-  launch_programmatic(fixup_kernel, dim3(static_cast<unsigned>(sm_count()) * 2), dim3(kFixupThreads),
-                      0, stream, x, w, w_scale, bias, y, M, N, K, x_exps, x_flags, w_list, w_flags,
-                      second);
+  const dim3 grid(static_cast<unsigned>(sm_count()) * 2), block(kFixupThreads);
+  if (w_transposed)
+    launch_programmatic(fixup_kernel<WPrime<true>>, grid, block, 0, stream, x, WPrime<true>{w, w_scale, N, K},
+                        bias, y, M, N, K, x_exps, x_flags, w_list, w_flags, second);
+  else
+    launch_programmatic(fixup_kernel<WPrime<false>>, grid, block, 0, stream, x, WPrime<false>{w, w_scale, N, K},
+                        bias, y, M, N, K, x_exps, x_flags, w_list, w_flags, second);
 }
 
 }  // namespace gemmfuse::cuda

@@ -26,24 +26,21 @@ void launch_fp32_gemm_f16x3(const Fp32GemmF16x3& g, cudaStream_t stream) {
   p.bias = g.bias;
   p.y = g.y;
   p.splits = g.splits;
+  p.w_mn_major = g.w_transposed;
   if (!sm90::launch_f16x3_gemm(p, g.gemm_workspace, g.gemm_workspace_bytes, stream))
     throw std::logic_error("CUDA gemm: the f16x3 GEMM declined an accepted call");
-  // The second level: its slots' parts times W's, into second.y (no bias: Y has it).
-  if (!second_level) {
-    launch_fixup_exceptional(g.x, g.w, nullptr, g.bias, g.y, g.M, g.N, g.K, s.x_exps, s.x_flags, g.w_list,
-                             g.w_flags, SecondLevel{}, stream);
-    return;
+  if (second_level) {  // the second level: its slots' parts times W's, into second.y (no bias: Y has it)
+    sm90::F16x3Problem q = p;
+    q.x_parts = s.second.parts;
+    q.x_exps = s.second.exps;
+    q.bias = nullptr;
+    q.y = s.second.y;
+    q.rows = s.second.rows;
+    if (!sm90::launch_f16x3_gemm(q, g.gemm_workspace, g.gemm_workspace_bytes, stream))
+      throw std::logic_error("CUDA gemm: the f16x3 GEMM declined the second level");
   }
-  sm90::F16x3Problem q = p;
-  q.x_parts = s.second.parts;
-  q.x_exps = s.second.exps;
-  q.bias = nullptr;
-  q.y = s.second.y;
-  q.rows = s.second.rows;
-  if (!sm90::launch_f16x3_gemm(q, g.gemm_workspace, g.gemm_workspace_bytes, stream))
-    throw std::logic_error("CUDA gemm: the f16x3 GEMM declined the second level");
   launch_fixup_exceptional(g.x, g.w, nullptr, g.bias, g.y, g.M, g.N, g.K, s.x_exps, s.x_flags, g.w_list,
-                           g.w_flags, s.second, stream);
+                           g.w_flags, second_level ? s.second : SecondLevel{}, stream, g.w_transposed);
 }
 
 }  // namespace gemmfuse::cuda

@@ -41,6 +41,9 @@ struct Fp32GemmF16x3 {
   void* gemm_workspace = nullptr;  // the kernel's (sm90::f16x3_workspace_bytes)
   size_t gemm_workspace_bytes = 0;
   int splits = 0;                  // as sm90::F16x3Problem's (tests and probes)
+  // w and w_parts stored [K, N] (W read MN-major, as dx = dV W reads the weight), w_exps per
+  // n from launch_split_f16x2_columns.
+  bool w_transposed = false;
 };
 
 // Enqueues the whole GEMM on `stream`. Throws std::logic_error where the kernel declines the

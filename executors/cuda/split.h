@@ -191,6 +191,16 @@ __device__ __forceinline__ void mark_row(bool nan, bool exceptional, int64_t r, 
 void launch_split_f16x2(const float* src, int64_t rows, int64_t K, __half* parts, float* exps,
                         RowMarks marks, cudaStream_t stream);
 
+// The same split by columns, for an operand read MN-major (dx = dV W reads W [N, K] as B with
+// K, its output columns, contiguous): each column c of src [rows, cols] (cols a multiple of 8)
+// scaled by 2^exps[c] from the column's largest finite value, parts [2, rows, cols] in src's
+// layout. Marks per column: kRowNaN (its parts zero), kRowTiny where it holds a value left out
+// (tiny or infinite; no count kept), listed in marks.list (zeroed by the caller) with every
+// other mark; marks.flags is required. `scratch` holds split_f16x2_columns_scratch_bytes(cols).
+size_t split_f16x2_columns_scratch_bytes(int64_t cols);
+void launch_split_f16x2_columns(const float* src, int64_t rows, int64_t cols, __half* parts, float* exps,
+                                RowMarks marks, void* scratch, cudaStream_t stream);
+
 // The second level of x [M, K] after launch_split_f16x2 (its exps, flags and tiny counts):
 // whether second_level_pays for this x, and if so each kRowTiny row's slot (SecondLevel), its
 // exponent from its largest tiny value (the row's own where it holds only infinities).
@@ -221,10 +231,12 @@ void launch_recompute_crowded_rows(int* x_flags, const int* x_tiny, int64_t M, i
 //     second level (from second.exps[s]); or, with more than correctable_tiny_values(K) of
 //     them, the row is recomputed as a kRowRecompute row.
 // Nothing to do costs one launch whose CTAs read the M flags and the list's count.
+// With w_transposed, w is stored [K, N] (W'[n, k] = w[k * N + n] * w_scale[n]).
 void launch_fixup_exceptional(const float* x, const float* w, const float* w_scale,
                               const float* bias, float* y, int64_t M, int64_t N, int64_t K,
                               const float* x_exps, const int* x_flags, const int* w_list,
-                              const int* w_flags, SecondLevel second, cudaStream_t stream);
+                              const int* w_flags, SecondLevel second, cudaStream_t stream,
+                              bool w_transposed = false);
 
 // The `fast` split of src [rows, K] fp32 (times scale[r] per row when scale is not nullptr)
 // into out [rows, 3 * Kh] bf16, three segments of the row's parts, each zero padded to Kh, in

@@ -27,17 +27,17 @@ __device__ __forceinline__ void load8(const float* __restrict__ row, int64_t c, 
   v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
 }
 
-// Eight values of a row scaled by 2^e, as two fp16 part planes (a 16-byte store into each:
-// dst and dst + plane). A value not taken, or left out (tiny once scaled, or infinite), gets
-// zero parts; returns how many taken values were left out. Both levels of the split store
-// their parts this way.
-__device__ __forceinline__ int split8(const float (&v)[8], int e, const bool (&take)[8], __half* dst,
-                                      int64_t plane) {
+// Eight values of a row, value j scaled by 2^e[j], as two fp16 part planes (a 16-byte store
+// into each: dst and dst + plane). A value not taken, or left out (tiny once scaled, or
+// infinite), gets zero parts; returns how many taken values were left out. Both levels of the
+// row split (one exponent for the eight) and the column split store their parts this way.
+__device__ __forceinline__ int split8(const float (&v)[8], const int (&e)[8], const bool (&take)[8],
+                                      __half* dst, int64_t plane) {
   __half p[2][8];
   int left = 0;
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
-    float s = take[j] ? ldexpf(v[j], e) : 0.f;
+    float s = take[j] ? ldexpf(v[j], e[j]) : 0.f;
     if (take[j] && left_out_once_scaled(v[j], s)) {
       ++left;
       s = 0.f;
@@ -47,6 +47,13 @@ __device__ __forceinline__ int split8(const float (&v)[8], int e, const bool (&t
 #pragma unroll
   for (int i = 0; i < 2; ++i) *reinterpret_cast<uint4*>(dst + i * plane) = *reinterpret_cast<const uint4*>(p[i]);
   return left;
+}
+__device__ __forceinline__ int split8(const float (&v)[8], int e, const bool (&take)[8], __half* dst,
+                                      int64_t plane) {
+  int es[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) es[j] = e;
+  return split8(v, es, take, dst, plane);
 }
 
 // A CTA per row (grid-stride over rows), 8 values a thread per step: the row's largest finite
@@ -251,6 +258,136 @@ void launch_split_f16x2(const float* src, int64_t rows, int64_t K, __half* parts
     launch_programmatic(split_f16x2_kernel<8>, blocks, threads, 0, stream, src, rows, K, parts, exps, marks);
   else
     launch_programmatic(split_f16x2_kernel<0>, blocks, threads, 0, stream, src, rows, K, parts, exps, marks);
+}
+
+namespace {
+
+// The column split (launch_split_f16x2_columns). Per column, gathered by the stats kernel:
+// the largest finite magnitude's bits, the least nonzero magnitude's bits inverted (so that
+// both are atomicMax over a zeroed buffer; 0 inverted is "none"), and whether the column
+// holds a NaN or an infinity.
+struct ColumnStats {
+  unsigned top, least_inv;
+  int nan, inf;
+};
+constexpr int kColQuads = 64, kColLanes = 4, kColRowsPerLane = 16;  // 256 columns x 64 rows a CTA
+
+// A CTA takes 256 columns (a float4 of 4 columns a thread) by chunks of 64 rows (16 a thread,
+// loads unrolled by 4), reduces its four row lanes through shared memory, then one atomic per column
+// and statistic. Memory bound: one read of src.
+__global__ void __launch_bounds__(kColQuads * kColLanes)
+    column_stats_kernel(const float* __restrict__ src, int64_t rows, int64_t cols,
+                        ColumnStats* __restrict__ stats) {
+  __shared__ ColumnStats part[kColLanes][4 * kColQuads];
+  const int64_t c0 = (static_cast<int64_t>(blockIdx.x) * kColQuads + threadIdx.x) * 4;
+  unsigned top[4] = {}, least[4] = {0x7f800000u, 0x7f800000u, 0x7f800000u, 0x7f800000u};
+  int nan[4] = {}, inf[4] = {};
+  constexpr int64_t kChunk = kColLanes * kColRowsPerLane;
+  for (int64_t r0 = blockIdx.y * kChunk + threadIdx.y; c0 < cols && r0 < rows; r0 += gridDim.y * kChunk) {
+#pragma unroll 4
+    for (int i = 0; i < kColRowsPerLane; ++i) {
+      const int64_t r = r0 + static_cast<int64_t>(i) * kColLanes;
+      if (r >= rows) break;
+      const float4 q = __ldg(reinterpret_cast<const float4*>(src + r * cols + c0));
+      const float v[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const unsigned b = __float_as_uint(fabsf(v[j]));
+        nan[j] |= v[j] != v[j];
+        inf[j] |= isinf(v[j]);
+        if (b < 0x7f800000u) {  // finite
+          top[j] = max(top[j], b);
+          if (b != 0u) least[j] = min(least[j], b);
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < 4; ++j) part[threadIdx.y][4 * threadIdx.x + j] = {top[j], ~least[j], nan[j], inf[j]};
+  __syncthreads();
+  const int t = threadIdx.y * kColQuads + threadIdx.x;  // one column of the CTA's 256 per thread
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * 4 * kColQuads + t;
+  if (c >= cols) return;
+  ColumnStats s = part[0][t];
+#pragma unroll
+  for (int l = 1; l < kColLanes; ++l) {
+    const ColumnStats o = part[l][t];
+    s = {max(s.top, o.top), max(s.least_inv, o.least_inv), s.nan | o.nan, s.inf | o.inf};
+  }
+  if (s.top) atomicMax(&stats[c].top, s.top);
+  if (s.least_inv != ~0x7f800000u) atomicMax(&stats[c].least_inv, s.least_inv);
+  if (s.nan) atomicOr(&stats[c].nan, 1);
+  if (s.inf) atomicOr(&stats[c].inf, 1);
+}
+
+// Per column: its exponent (as the row split's: 14 - floor(log2 of the largest finite
+// magnitude), 0 where none is nonzero or the column holds a NaN) and its mark: kRowNaN, or
+// kRowTiny where it holds a value left out (an infinity, or a least nonzero magnitude tiny at
+// the exponent: then so is nothing larger), every mark but kRowKept listed.
+__global__ void column_marks_kernel(const ColumnStats* __restrict__ stats, int64_t cols,
+                                    float* __restrict__ exps, RowMarks marks) {
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= cols) return;
+  const ColumnStats s = stats[c];
+  const float top = __uint_as_float(s.top);
+  const int e = s.nan || top == 0.f ? 0 : 14 - ilogbf(top);
+  const bool tiny = s.least_inv != 0u && tiny_at(__uint_as_float(~s.least_inv), e);
+  const int mark = s.nan ? kRowNaN : s.inf || tiny ? kRowTiny : kRowKept;
+  exps[c] = static_cast<float>(e);
+  if (marks.flags) marks.flags[c] = mark;
+  if (marks.list && mark != kRowKept) marks.list[1 + atomicAdd(marks.list, 1)] = static_cast<int>(c);
+}
+
+// Eight values of a row a thread, each scaled by its column's exponent (a NaN column's parts
+// zero, as are the values left out).
+__global__ void __launch_bounds__(kSplitThreads)
+    split_columns_kernel(const float* __restrict__ src, int64_t rows, int64_t cols,
+                         const float* __restrict__ exps, const int* __restrict__ flags,
+                         __half* __restrict__ parts) {
+  const int64_t per_row = cols / 8, plane = rows * cols;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < rows * per_row;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = i / per_row, c = 8 * (i % per_row);
+    float v[8];
+    load8(src + r * cols, c, v);
+    int e[8];
+    bool take[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      e[j] = static_cast<int>(__ldg(exps + c + j));
+      take[j] = __ldg(flags + c + j) != kRowNaN;
+    }
+    split8(v, e, take, parts + r * cols + c, plane);
+  }
+}
+
+}  // namespace
+
+size_t split_f16x2_columns_scratch_bytes(int64_t cols) { return sizeof(ColumnStats) * static_cast<size_t>(cols); }
+
+void launch_split_f16x2_columns(const float* src, int64_t rows, int64_t cols, __half* parts, float* exps,
+                                RowMarks marks, void* scratch, cudaStream_t stream) {
+  if (cols % 8 != 0 || reinterpret_cast<uintptr_t>(src) % 16 != 0 ||
+      reinterpret_cast<uintptr_t>(parts) % 16 != 0 || marks.flags == nullptr)
+    throw std::logic_error("CUDA fp16 column split: columns a multiple of 8, 16-byte aligned buffers, flags given");
+  if (cols <= 0) return;
+  auto* stats = static_cast<ColumnStats*>(scratch);
+  GF_CUDA_CHECK(cudaMemsetAsync(stats, 0, split_f16x2_columns_scratch_bytes(cols), stream));
+  if (rows > 0) {
+    const dim3 grid(static_cast<unsigned>((cols + 4 * kColQuads - 1) / (4 * kColQuads)),
+                    static_cast<unsigned>(std::min<int64_t>(
+                        (rows + kColLanes * kColRowsPerLane - 1) / (kColLanes * kColRowsPerLane), 65535)));
+    column_stats_kernel<<<grid, dim3(kColQuads, kColLanes), 0, stream>>>(src, rows, cols, stats);
+    GF_LAUNCH_CHECK();
+  }
+  column_marks_kernel<<<static_cast<unsigned>((cols + 255) / 256), 256, 0, stream>>>(stats, cols, exps, marks);
+  GF_LAUNCH_CHECK();
+  if (rows <= 0) return;
+  const int64_t grid = std::min<int64_t>((rows * (cols / 8) + kSplitThreads - 1) / kSplitThreads,
+                                         int64_t(sm_count()) * 16);
+  split_columns_kernel<<<static_cast<unsigned>(grid), kSplitThreads, 0, stream>>>(src, rows, cols, exps,
+                                                                                   marks.flags, parts);
+  GF_LAUNCH_CHECK();
 }
 
 void launch_split_second_level(const float* x, int64_t M, int64_t K, const float* x_exps,

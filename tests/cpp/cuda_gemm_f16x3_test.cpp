@@ -61,20 +61,32 @@ void scale_rows(std::vector<float>& v, int64_t cols, std::mt19937_64& rng) {
 // Y = x W^T (+ b) as the executor runs it (fp32_gemm_f16x3.h): W's parts and marked rows,
 // then x's split, its second level, the kernel, the second level's GEMM and the fix-up.
 // `splits` as F16x3Problem's (0: the shape's choice). `second_rows`, if given, gets how many
-// rows the second level took.
+// rows the second level took. With `mn_major`, as the backward's dx = dV W runs it: W stored
+// transposed ([K, N]), split by columns, read MN-major.
 std::vector<float> run_gemm(int64_t M, int64_t N, int64_t K, const std::vector<float>& x,
                             const std::vector<float>& w, const float* bias_host, int splits = 0,
-                            int* second_rows = nullptr) {
+                            int* second_rows = nullptr, bool mn_major = false) {
   DevMem dx(M * K * 4), dxp(std::max(M * K * 4, M * N * 4)), dxe(M * 4), dxf(M * 4), dxt(M * 4),
       dw(N * K * 4), dwp(N * K * 4), dwe(N * 4), dwf(N * 4), dwl((N + 1) * 4), db(N * 4), dy(M * N * 4),
       ws(size_t(32) << 20), d2rows(4), d2row(M * 4), d2tiny(M * 4), d2exps(M * 4), d2parts(M * K * 4);
   CK(cudaMemcpy(dx.p, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
-  CK(cudaMemcpy(dw.p, w.data(), w.size() * 4, cudaMemcpyHostToDevice));
   if (bias_host) CK(cudaMemcpy(db.p, bias_host, N * 4, cudaMemcpyHostToDevice));
   CK(cudaMemset(dwl.p, 0, 4));  // x's flags stay poisoned: the split writes every row's
-  launch_split_f16x2(static_cast<float*>(dw.p), N, K, static_cast<__half*>(dwp.p),
-                     static_cast<float*>(dwe.p),
-                     RowMarks{static_cast<int*>(dwf.p), static_cast<int*>(dwl.p)}, nullptr);
+  const RowMarks w_marks{static_cast<int*>(dwf.p), static_cast<int*>(dwl.p)};
+  if (mn_major) {
+    std::vector<float> wt(N * K);
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t k = 0; k < K; ++k) wt[k * N + n] = w[n * K + k];
+    CK(cudaMemcpy(dw.p, wt.data(), wt.size() * 4, cudaMemcpyHostToDevice));
+    DevMem stats(gemmfuse::cuda::split_f16x2_columns_scratch_bytes(N));
+    gemmfuse::cuda::launch_split_f16x2_columns(static_cast<float*>(dw.p), K, N, static_cast<__half*>(dwp.p),
+                                               static_cast<float*>(dwe.p), w_marks, stats.p, nullptr);
+    CK(cudaDeviceSynchronize());
+  } else {
+    CK(cudaMemcpy(dw.p, w.data(), w.size() * 4, cudaMemcpyHostToDevice));
+    launch_split_f16x2(static_cast<float*>(dw.p), N, K, static_cast<__half*>(dwp.p), static_cast<float*>(dwe.p),
+                       w_marks, nullptr);
+  }
   Fp32GemmF16x3 g;
   g.M = M;
   g.N = N;
@@ -100,6 +112,7 @@ std::vector<float> run_gemm(int64_t M, int64_t N, int64_t K, const std::vector<f
   g.gemm_workspace = ws.p;
   g.gemm_workspace_bytes = ws.bytes;
   g.splits = splits;
+  g.w_transposed = mn_major;
   launch_fp32_gemm_f16x3(g, nullptr);
   CK(cudaDeviceSynchronize());
   std::vector<float> y(M * N);
@@ -139,10 +152,10 @@ void expect_within_bound(int64_t M, int64_t N, int64_t K, const std::vector<floa
 }
 
 void check(int64_t M, int64_t N, int64_t K, bool with_bias, std::mt19937_64& rng, int splits = 0,
-           bool scaled = false) {
+           bool scaled = false, bool mn_major = false) {
   std::ostringstream what;
   what << "M=" << M << " N=" << N << " K=" << K << " bias=" << with_bias << " splits=" << splits
-       << " scaled=" << scaled;
+       << " scaled=" << scaled << " mn_major=" << mn_major;
   SCOPED_TRACE(what.str());
   if (splits == 0 && K >= gemmfuse::cuda::sm90::kF16x3MinK) ASSERT_EQ(f16x3_unfit(M, N, K), nullptr);
   auto x = uniform(M * K, rng), w = uniform(N * K, rng);
@@ -151,7 +164,7 @@ void check(int64_t M, int64_t N, int64_t K, bool with_bias, std::mt19937_64& rng
     scale_rows(x, K, rng);
     scale_rows(w, K, rng);
   }
-  const std::vector<float> y = run_gemm(M, N, K, x, w, with_bias ? b.data() : nullptr, splits);
+  const std::vector<float> y = run_gemm(M, N, K, x, w, with_bias ? b.data() : nullptr, splits, nullptr, mn_major);
   expect_within_bound(M, N, K, x, w, with_bias ? b.data() : nullptr, y);
 }
 
@@ -248,9 +261,10 @@ TEST(CudaF16x3Gemm, SplitKAgainstFloat64) {
 // Y from inputs with values the split cannot carry, checked against float64: NaN and
 // infinities as fp32 has them, everything else within 64 u of sum |x w|.
 void check_exceptional(int64_t M, int64_t N, int64_t K, const std::vector<float>& x,
-                       const std::vector<float>& w, const std::vector<float>& b, bool second_level) {
+                       const std::vector<float>& w, const std::vector<float>& b, bool second_level,
+                       bool mn_major = false) {
   int second_rows = -1;
-  const std::vector<float> y = run_gemm(M, N, K, x, w, b.data(), 0, &second_rows);
+  const std::vector<float> y = run_gemm(M, N, K, x, w, b.data(), 0, &second_rows, mn_major);
   EXPECT_EQ(second_rows > 0, second_level) << second_rows << " rows at the second level";
   int bad = 0;
   for (int64_t m = 0; m < M; ++m)
@@ -291,11 +305,7 @@ void plant_tiny_beside_large_weights(std::vector<float>& x, std::vector<float>& 
 // a whole tiny row, which the row scales carry, too. NaN rows (x's 3, W's 7) are written NaN;
 // rows with few infinities are corrected (11, 12: one each; 25: with tiny values), with more
 // than correctable_infinities(K) recomputed (24).
-TEST(CudaF16x3Gemm, ExceptionalInputs) {
-  SKIP_WITHOUT_SM90();
-  std::mt19937_64 rng(gftest::test_seed());
-  const int64_t M = 256, N = 64, K = 1024;
-  auto x = uniform(M * K, rng), w = uniform(N * K, rng);
+void exceptional_inputs(std::vector<float>& x, std::vector<float>& w, int64_t K) {
   for (float& v : x) v = std::fabs(v);  // x >= 0, so an infinite W entry keeps one sign
   x[3 * K + 5] = std::numeric_limits<float>::quiet_NaN();
   x[11 * K + 2] = std::numeric_limits<float>::infinity();
@@ -327,8 +337,17 @@ TEST(CudaF16x3Gemm, ExceptionalInputs) {
   x[25 * K + 1] = 1e-10f;
   x[25 * K + 8] = 1e-30f;
   x[25 * K + 4] = std::numeric_limits<float>::infinity();
+}
+
+TEST(CudaF16x3Gemm, ExceptionalInputs) {
+  SKIP_WITHOUT_SM90();
+  std::mt19937_64 rng(gftest::test_seed());
+  const int64_t M = 256, N = 64, K = 1024;
+  auto x = uniform(M * K, rng), w = uniform(N * K, rng);
+  exceptional_inputs(x, w, K);
   check_exceptional(M, N, K, x, w, std::vector<float>(N, 0.25f), true);
 }
+
 
 // Few tiny values (7, at most K/32 = 16): the fix-up corrects them, no second level; and an
 // infinity (as many as correctable_infinities(K) = 1), corrected the same way.
@@ -347,8 +366,8 @@ TEST(CudaF16x3Gemm, FewTinyValuesAreCorrected) {
 // largest, so the second level takes every row. sigma = 12: most rows also hold more than K/8
 // values below 2^-56 of their largest, still tiny at the second level, so the fix-up
 // recomputes them, by tiles.
-void check_softmax_rows(double sigma, std::mt19937_64& rng) {
-  SCOPED_TRACE("sigma=" + std::to_string(sigma));
+void check_softmax_rows(double sigma, std::mt19937_64& rng, bool mn_major = false) {
+  SCOPED_TRACE("sigma=" + std::to_string(sigma) + " mn_major=" + std::to_string(mn_major));
   const int64_t M = 300, N = 200, K = 1024;
   std::normal_distribution<double> logit(0.0, sigma);
   std::vector<float> x(M * K);
@@ -360,7 +379,7 @@ void check_softmax_rows(double sigma, std::mt19937_64& rng) {
   }
   const auto w = uniform(N * K, rng), b = uniform(N, rng);
   int second_rows = -1;
-  const std::vector<float> y = run_gemm(M, N, K, x, w, b.data(), 0, &second_rows);
+  const std::vector<float> y = run_gemm(M, N, K, x, w, b.data(), 0, &second_rows, mn_major);
   EXPECT_EQ(second_rows, M);
   expect_within_bound(M, N, K, x, w, b.data(), y);
 }
@@ -370,6 +389,27 @@ TEST(CudaF16x3Gemm, SoftmaxRowsAgainstFloat64) {
   std::mt19937_64 rng(gftest::test_seed());
   check_softmax_rows(4.0, rng);
   check_softmax_rows(12.0, rng);
+}
+
+// W read MN-major (the backward's dx = dV W: W [N_out, K_in] is the B operand [K, N] of that
+// GEMM), split by columns: columns 2^-40..2^40 apart (the column exponents), tails, the wide
+// and split-K kernels; the exceptional inputs above, W's columns marked by the column split
+// (NaN, infinite, tiny) recomputed by the fix-up reading W transposed; softmax rows (x's
+// second level, the counted kernel reading W MN-major).
+TEST(CudaF16x3Gemm, MnMajorAgainstFloat64) {
+  SKIP_WITHOUT_SM90();
+  std::mt19937_64 rng(gftest::test_seed());
+  check(256, 128, 128, true, rng, 0, false, true);
+  check(300, 264, 1000, false, rng, 0, true, true);
+  check(100, 264, 1000, false, rng, 3, true, true);
+  check(520, 200, 4160, true, rng, 0, false, true);
+  check(128, 256, 1024, true, rng, 2, false, true);
+  const int64_t M = 256, N = 64, K = 1024;
+  auto x = uniform(M * K, rng), w = uniform(N * K, rng);
+  exceptional_inputs(x, w, K);
+  check_exceptional(M, N, K, x, w, std::vector<float>(N, 0.25f), true, true);
+  check_softmax_rows(4.0, rng, true);
+  check_softmax_rows(12.0, rng, true);
 }
 
 }  // namespace

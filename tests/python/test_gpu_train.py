@@ -113,6 +113,46 @@ def test_dw_on_split_kernel_with_tiny_and_nan_values():
         assert float((gg - rr).norm()) <= 1e-6 * float(rr.norm()), name
 
 
+def test_dx_on_split_kernel_with_tiny_and_nan_values():
+    """dx = dV W on the f16x3 kernel (W split by columns, read MN-major): as accurate as SGEMM
+    overall, exact where only values the split leaves out contribute (a row of dV tiny but one
+    value, against a zero row of W: corrected; a column of W tiny but one value, whose dV
+    column is zero: recomputed), NaN where W holds a NaN; rows of dV spread over 2^40 (as
+    softmax gradients are) through the second level."""
+    M, K, N = 512, 1024, 2048
+    torch.manual_seed(6)
+    model = _Scaled(K, N).cuda()
+    with torch.no_grad():
+        w = model.linear.weight
+        w[0] = 0.0
+        w[:, 17] *= 1e-12              # dx[:, 17]: only tiny values (dV[:, 9] = 0)
+        w[9, 17] = 1.0
+        w[7, 13] = float("nan")        # dx[:, 13] NaN
+    x = torch.rand(M, K, device="cuda")
+    gy = torch.randn(M, N, device="cuda")
+    gy[4] *= 1e-12                     # dx[4]: only tiny values (W[0] = 0)
+    gy[4, 0] = 1.0
+    gy[:, 9] = 0.0
+    gy[8:40] *= torch.exp2(-40 * torch.rand(32, N, device="cuda"))
+    opt = gemmfuse.optimize(model, (x,))
+    assert "dx = dV W on the fp32 f16x3 kernel" in gemmfuse.explain(opt)
+    eager = copy.deepcopy(model)
+    got = _step(opt, x, gy)["x"].double()
+    eag = _step(eager, x, gy)["x"].double()
+    ref = 3.0 * gy.double() @ model.linear.weight.detach().double()
+    assert gemmfuse.runtimes(opt)[0].train_calls == 1
+    assert torch.isnan(got[:, 13]).all() and torch.isnan(eag[:, 13]).all()
+    fin = torch.ones(K, dtype=torch.bool, device="cuda")
+    fin[13] = False
+    g, e, r = got[:, fin], eag[:, fin], ref[:, fin]
+    assert torch.isfinite(g).all()
+    err, err_e = float((g - r).norm()), float((e - r).norm())
+    assert err <= 1.25 * err_e + 1e-7 * float(r.norm()), (err, err_e)
+    for name, gg, rr in (("row 4", got[4, fin], ref[4, fin]), ("column 17", got[:, 17], ref[:, 17]),
+                         ("rows 8-39", got[8:40, fin], ref[8:40, fin])):
+        assert float((gg - rr).norm()) <= 1e-6 * float(rr.norm()), name
+
+
 def test_16bit_training_routes_to_pytorch(monkeypatch):
     """While autograd records, a bf16 model's chain runs in PyTorch (the fused backward is
     slower than eager bf16's); under no_grad it runs fused."""

@@ -61,6 +61,8 @@ struct BackwardArgs {
   std::vector<float*> grad_operands;   // fp32, operand_numel[i] values each, or nullptr
   void* stream = nullptr;
   void* workspace = nullptr;           // CUDA: Executor::backward_workspace_bytes of scratch
+  void* weight_scratch = nullptr;      // Executor::backward_weight_bytes for what the backward
+                                       // builds from W (dx's split of it), or null when none
   CpuMatmul cpu_matmul;                // CPU only; when empty a plain loop
 };
 
@@ -80,6 +82,10 @@ class Executor {
   virtual void backward(const Plan& plan, const BackwardPlan& bp, const BackwardArgs& args) = 0;
   // Bytes of scratch backward() needs in BackwardArgs::workspace.
   virtual size_t backward_workspace_bytes(const Plan&, const BackwardPlan&) const { return 0; }
+  // Bytes backward() needs in BackwardArgs::weight_scratch for data it builds from W. They may
+  // be the forward's prepared bytes for this weight (as large at least), which the caller then
+  // marks stale: so the backward adds no weight-sized memory of its own.
+  virtual size_t backward_weight_bytes(const Plan&, const BackwardPlan&) const { return 0; }
 };
 
 }  // namespace gemmfuse

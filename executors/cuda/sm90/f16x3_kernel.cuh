@@ -79,17 +79,20 @@ using UnscaleBias = fusion::Sm90EVT<
     fusion::Sm90Compute<Unscale, float, float, cutlass::FloatRoundStyle::round_to_nearest>,
     fusion::Sm90AccFetch, RowExps, ColVector /* W's exps */, ColVector /* bias */>;
 
-template <class ClusterShape, class TileScheduler>
+template <class ClusterShape, class TileScheduler, class LayoutB = ColumnMajor>
 struct F16x3Kernel {
+  static constexpr bool kSplitK = std::is_same_v<TileScheduler, cutlass::gemm::StreamKScheduler>;
+  static constexpr bool kCounted = std::is_same_v<TileScheduler, CountedRows>;
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
       cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, RowMajor, kAlignOut,
       float, RowMajor, kAlignOut, EpilogueSchedule, UnscaleBias>::CollectiveOp;
-  // x [M,K] row-major is A K-major; W [N,K] row-major is B K-major ("column-major" K x N).
-  // kStages stages of kParts slots (the mainloop's layout of the builder's stages).
+  // x [M,K] row-major is A K-major; W [N,K] row-major is B K-major ("column-major" K x N),
+  // or, with LayoutB RowMajor, W stored [K,N] is B MN-major (wgmma reads 16-bit operands
+  // either way). kStages stages of kParts slots (the mainloop's layout of the builder's stages).
   using Built = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Part, RowMajor, kAlignIn, Part,
-      ColumnMajor, kAlignIn, float, TileShape, ClusterShape,
+      LayoutB, kAlignIn, float, TileShape, ClusterShape,
       cutlass::gemm::collective::StageCount<kStages * kParts>, Schedule>::CollectiveOp;
   using Mainloop = SplitProductsMainloop<Built, Schedule, kParts, kProducts>;
   using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue,
@@ -97,18 +100,27 @@ struct F16x3Kernel {
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
   static_assert(sizeof(typename Kernel::SharedStorage) <= 227 * 1024, "an sm90 CTA's shared memory");
 };
-// The wide kernel (gemm_f16x3.cu), the split-K one (gemm_f16x3_split_k.cu), and the wide one
-// over a row count read on the device (gemm_f16x3_counted.cu).
+// The wide kernel (gemm_f16x3.cu), the split-K one (gemm_f16x3_split_k.cu), the wide one
+// over a row count read on the device (gemm_f16x3_counted.cu), and the wide, counted and
+// split-K ones reading W MN-major (gemm_f16x3_mn_major.cu, gemm_f16x3_split_k_mn.cu).
 using Wide = F16x3Kernel<Shape<_2, _1, _1>, void>;
 using SplitK = F16x3Kernel<Shape<_1, _1, _1>, cutlass::gemm::StreamKScheduler>;
 using Counted = F16x3Kernel<Shape<_2, _1, _1>, CountedRows>;
+using WideMN = F16x3Kernel<Shape<_2, _1, _1>, void, RowMajor>;
+using SplitKMN = F16x3Kernel<Shape<_1, _1, _1>, cutlass::gemm::StreamKScheduler, RowMajor>;
+using CountedMN = F16x3Kernel<Shape<_2, _1, _1>, CountedRows, RowMajor>;
 
-// The stride of a packed row-major [rows, cols] operand (batch of one): (cols, 1, rows*cols).
+// The strides (rows, cols, batch) of a packed operand of `rows` by `cols` (batch of one):
+// (cols, 1, rows*cols) where cols is the contiguous mode (row-major), else (1, rows, rows*cols).
 template <class Stride>
 Stride packed(int64_t rows, int64_t cols) {
-  static_assert(cute::is_static<cute::tuple_element_t<1, Stride>>::value, "unit stride along cols");
   Stride s{};
-  get<0>(s) = cols;
+  if constexpr (cute::is_static<cute::tuple_element_t<1, Stride>>::value) {
+    get<0>(s) = cols;
+  } else {
+    static_assert(cute::is_static<cute::tuple_element_t<0, Stride>>::value, "a unit-stride mode");
+    get<1>(s) = rows;
+  }
   get<2>(s) = rows * cols;
   return s;
 }
@@ -149,11 +161,11 @@ typename Variant::Gemm::Arguments arguments(const F16x3Problem& p, int splits) {
       {p.w_exps, 0.f, {_0{}, _1{}, int64_t(N)}},             // W's row exponents, per n
       {p.bias, 0.f, {_0{}, _1{}, int64_t(N)}},               // bias, per n (null: 0)
       {}};
-  if constexpr (std::is_same_v<Variant, SplitK>) {
+  if constexpr (Variant::kSplitK) {
     args.scheduler.splits = splits;
     args.scheduler.decomposition_mode = decltype(args.scheduler.decomposition_mode)::SplitK;
   }
-  if constexpr (std::is_same_v<Variant, Counted>) args.scheduler.rows = p.rows;
+  if constexpr (Variant::kCounted) args.scheduler.rows = p.rows;
   return args;
 }
 

@@ -14,6 +14,7 @@
 #if defined(GEMMFUSE_WITH_SM90_KERNELS)
 #include "f16x3_kernel.cuh"
 #include "gemm_f16x3_counted.h"
+#include "gemm_f16x3_mn_major.h"
 #include "gemm_f16x3_split_k.h"
 #endif
 
@@ -47,12 +48,14 @@ const char* f16x3_unfit(int64_t M, int64_t N, int64_t K) {
   return nullptr;
 }
 
-size_t f16x3_workspace_bytes(int64_t M, int64_t N, int64_t K) {
+size_t f16x3_workspace_bytes(int64_t M, int64_t N, int64_t K, bool w_mn_major) {
   F16x3Problem p;
   p.M = M;
   p.N = N;
   p.K = K;
+  p.w_mn_major = w_mn_major;
   const int splits = splits_of(p);
+  if (w_mn_major) return f16x3_mn_major_workspace_bytes(p, splits);
   return splits > 1 ? f16x3_split_k_workspace_bytes(p, splits) : workspace_size<Wide>(p, 1);
 }
 
@@ -61,6 +64,10 @@ bool launch_f16x3_gemm(const F16x3Problem& p, void* workspace, size_t workspace_
   if (!aligned16(p.x_parts) || !aligned16(p.w_parts) || !aligned16(p.x_exps) || !aligned16(p.w_exps) ||
       !aligned16(p.y) || !aligned16(workspace) || (p.bias != nullptr && !aligned16(p.bias)))
     return false;
+  if (p.w_mn_major) {
+    if (p.N % 8 != 0) return false;
+    return launch_f16x3_mn_major(p, splits_of(p), workspace, workspace_bytes, stream);
+  }
   if (p.rows) return launch_f16x3_counted(p, workspace, workspace_bytes, stream);
   const int splits = splits_of(p);
   if (splits > 1) return launch_f16x3_split_k(p, splits, workspace, workspace_bytes, stream);
@@ -78,7 +85,7 @@ const char* f16x3_unfit(int64_t, int64_t, int64_t) {
   return "built without the sm90 kernels (the nvidia-cutlass package was not found)";
 }
 
-size_t f16x3_workspace_bytes(int64_t, int64_t, int64_t) { return 0; }
+size_t f16x3_workspace_bytes(int64_t, int64_t, int64_t, bool) { return 0; }
 
 bool launch_f16x3_gemm(const F16x3Problem&, void*, size_t, cudaStream_t) {
   throw std::logic_error("f16x3 GEMM: built without the sm90 kernels");
@@ -115,6 +122,12 @@ const char* f16x3_slower_than_sgemm(int64_t M, int64_t N, int64_t K, int sms) {
 
 const char* f16x3_declines(int64_t M, int64_t N, int64_t K) {
   if (const char* why = f16x3_unfit(M, N, K)) return why;
+  return f16x3_slower_than_sgemm(M, N, K, sm_count());
+}
+
+const char* f16x3_declines_mn_major(int64_t M, int64_t N, int64_t K) {
+  if (const char* why = f16x3_unfit(M, N, K)) return why;
+  if (N % 8 != 0) return "N must be a multiple of 8 (16-byte TMA rows of W read MN-major)";
   return f16x3_slower_than_sgemm(M, N, K, sm_count());
 }
 

@@ -38,7 +38,7 @@ namespace gemmfuse::cuda::sm90 {
 struct F16x3Problem {
   int64_t M = 0, N = 0, K = 0;
   const __half* x_parts = nullptr;  // 2 planes of [M, K]: x0, x1 (launch_split_f16x2)
-  const __half* w_parts = nullptr;  // 2 planes of [N, K]: w0, w1
+  const __half* w_parts = nullptr;  // 2 planes of [N, K]: w0, w1 (w_mn_major: of [K, N])
   const float* x_exps = nullptr;    // [M]: x's row exponents
   const float* w_exps = nullptr;    // [N]: W's row exponents
   const float* bias = nullptr;      // [N], or null
@@ -50,6 +50,9 @@ struct F16x3Problem {
   // [0, M]; the wide kernel, whatever `splits` says), the count read when the kernel starts,
   // after the kernel before it on the stream has finished (fp32's second level, split.h).
   const int* rows = nullptr;
+  // W's parts stored [K, N] and read MN-major (with w_exps per n, a column split: split.h's
+  // launch_split_f16x2_columns); N a multiple of 8.
+  bool w_mn_major = false;
 };
 
 // The kernel's output tiles are kF16x3TileMN x kF16x3TileMN.
@@ -78,8 +81,8 @@ constexpr int kF16x3MaxSplits = 8;
 int f16x3_splits(int64_t M, int64_t N, int sms);
 
 // The workspace launch_f16x3_gemm needs for this shape on the current device (the split-K
-// kernel keeps its partial tiles there).
-size_t f16x3_workspace_bytes(int64_t M, int64_t N, int64_t K);
+// kernel keeps its partial tiles there), W read K-major or (w_mn_major) MN-major.
+size_t f16x3_workspace_bytes(int64_t M, int64_t N, int64_t K, bool w_mn_major = false);
 
 // nullptr when the kernel runs this shape on the current device, else why not (a string
 // that lives as long as the process; no allocation per call): an sm_90 GPU, the kernel
@@ -103,6 +106,9 @@ const char* f16x3_slower_than_sgemm(int64_t M, int64_t N, int64_t K, int sms);
 // accepts it and f16x3_slower_than_sgemm (for this device's SMs) does not rule it out;
 // else the reason, for explain.
 const char* f16x3_declines(int64_t M, int64_t N, int64_t K);
+
+// The same for the kernel reading W MN-major (F16x3Problem::w_mn_major): N a multiple of 8 too.
+const char* f16x3_declines_mn_major(int64_t M, int64_t N, int64_t K);
 
 // Enqueues the GEMM on `stream` for a shape f16x3_unfit accepted. False (nothing enqueued)
 // when a pointer is not 16-byte aligned or the kernel needs more workspace than given.

@@ -151,6 +151,13 @@ const Plan& plan_for(c10::string_view spec_view, const at::Tensor& x, const at::
   for (const auto& t : operands) req.operand_sizes.emplace_back(t.sizes().vec());
   req.device = x.is_cuda() ? Device::CUDA : Device::CPU;
   req.for_training = for_training;
+#ifdef GEMMFUSE_WITH_CUDA
+  if (x.is_cuda()) {
+    int64_t M = 1;
+    for (int64_t d : req.batch_sizes) M *= d;
+    req.fast_min_rows = CudaExecutor::fast_min_rows(M, chain->out_features, chain->in_features);
+  }
+#endif
   try {
     req.dtype = dtype_of(x);
   } catch (const Unsupported& e) {

@@ -643,8 +643,8 @@ Plan make_plan(const PlanRequest& req) {
       plan.precision = Precision::FP32;
       plan.rewrites.push_back("fast with M = " + std::to_string(M) + " <= " +
                               std::to_string(req.fast_min_rows) +
-                              " rows: the GEMM is bound by reading W, so it runs as fp32 SGEMM "
-                              "(as fast, more accurate)");
+                              " rows: fp32's GEMM is as fast or faster there (bound by reading "
+                              "W, or split-K on the f16x3 kernel) and more accurate");
     } else if (flops < req.fast_min_flops) {
       plan.precision = Precision::FP32;
       char gflop[32];

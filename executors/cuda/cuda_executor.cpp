@@ -115,6 +115,13 @@ void save_for_backward(const Plan& plan, float* saved, char* ws, cudaStream_t st
 
 }  // namespace
 
+int64_t CudaExecutor::fast_min_rows(int64_t M, int64_t N, int64_t K) {
+  const int64_t rows = cuda::sm90::kF16x3TileMN;
+  if (M > rows || M < cuda::sm90::kF16x3MinRows || cuda::sm90::f16x3_declines(M, N, K) != nullptr)
+    return PlanRequest{}.fast_min_rows;
+  return rows;
+}
+
 void CudaExecutor::check(const Plan& plan) {
   if (plan.steps.empty()) throw std::logic_error("CUDA executor: empty plan");
   if (plan.steps.back().output != kOutput)

@@ -13,7 +13,7 @@ from typing import Optional
 import torch
 import torch.fx as fx
 
-from . import _lib
+from . import _lib, route_timer
 from .autograd import train_forward
 from .direct import global_hooks
 
@@ -102,6 +102,7 @@ class ChainRuntime:
         # plans change with the shape). Recorded off the fast path: a new signature takes the
         # checked call.
         self.seen: dict = {}              # (shape, dtype, device, flags, autograd records) -> None
+        self.timed: dict = {}             # (shape, dtype, device, flags) -> (fused ms, PyTorch ms)
         self._warned = False
         self._fast = None                 # (shape, dtype, device, flags, spec) of the last fused call
         self._routed = None               # (shape, dtype, device, flags, reason) of the last call
@@ -111,7 +112,7 @@ class ChainRuntime:
         self._op = torch.ops.gemmfuse.run.default._op
 
     # -- pickling: the C++ binding and the per-process caches are rebuilt, not saved ----------
-    _TRANSIENT = ("_op", "_fast", "_routed", "refused", "refused_train", "_wt", "_cast")
+    _TRANSIENT = ("_op", "_fast", "_routed", "refused", "refused_train", "_wt", "_cast", "timed")
 
     def __getstate__(self):
         return {k: v for k, v in self.__dict__.items() if k not in self._TRANSIENT}
@@ -119,7 +120,7 @@ class ChainRuntime:
     def __setstate__(self, state):
         self.__dict__.update(state)
         self._fast = self._routed = self._wt = self._cast = None
-        self.refused, self.refused_train = {}, {}
+        self.refused, self.refused_train, self.timed = {}, {}, {}
         _lib.load()
         self._op = torch.ops.gemmfuse.run.default._op
 
@@ -263,6 +264,21 @@ class ChainRuntime:
                 return i
         return None
 
+    def _timed_route(self, key, inputs, flags, spec, x, w, b, ops, state) -> str:
+        """At a new signature the planner would fuse: "" where the fused op is at least as fast
+        as the chain's PyTorch nodes (route_timer), else why not. Chains that update state
+        (training BatchNorm's running statistics) are not timed: a timed call would update it."""
+        if not route_timer.timed_routes_on(x.device) or self.bn_training[flags]:
+            return ""
+        with torch.no_grad():
+            fused_ms = route_timer.timer(
+                lambda: torch.ops.gemmfuse.run(spec, x, w, b, ops, state, self.precision), x.device)
+            eager_ms = route_timer.timer(lambda: self.fallback.forward(*inputs), x.device)
+        self.timed[key] = (fused_ms, eager_ms)
+        if fused_ms <= eager_ms:
+            return ""
+        return f"timed once: PyTorch {eager_ms:.4g} ms, fused {fused_ms:.4g} ms"
+
     def _checked_call(self, inputs):
         x = inputs[self.x_idx]
         w = self._weight(inputs)
@@ -334,6 +350,8 @@ class ChainRuntime:
                 # The planner's word on a new signature: where PyTorch runs the chain faster
                 # (e.g. transcendental ops on the CPU), the call runs there.
                 why = torch.ops.gemmfuse.route(spec, x, w, b, ops, state, self.precision, train)
+                if not why and not train:
+                    why = self._timed_route(key, inputs, flags, spec, x, w, b, ops, state)
                 if why:
                     reason = f"PyTorch is faster at shape {list(x.shape)} on {x.device.type}: {why}"
                     if train:

@@ -329,6 +329,41 @@ def test_fp32_split_k_gemm(mid, M, K, N):
     assert rt.fallbacks == {}, rt.fallbacks
 
 
+def test_fast_with_128_rows_runs_fp32_kernel():
+    """`fast` with one row of 128-row tiles runs fp32's split-K f16x3 GEMM (faster there than
+    fast's three bf16 products, and more accurate); from 129 rows its own."""
+    if not is_sm90():
+        pytest.skip("the f16x3 kernel needs an sm90 GPU")
+    for M, fp32 in ((128, True), (256, False)):
+        model, inputs = _seed_gpu("m99", batch=M, k=4096, n=4096)
+        opt = gemmfuse.optimize(model, inputs, precision="fast")
+        text = gemmfuse.explain(opt, print_it=False)
+        assert (f"fast with M = {M} <= 128 rows" in text) == fp32, text
+
+
+def test_new_shapes_are_timed_on_cuda(monkeypatch):
+    """On CUDA each new input signature is timed fused and in PyTorch once (route_timer); the
+    faster runs, with PyTorch's result where PyTorch runs, and explain shows the times."""
+    monkeypatch.setenv("GEMMFUSE_ALWAYS_FUSE", "0")
+    monkeypatch.delenv("GEMMFUSE_TIMED_ROUTES", raising=False)
+    model, inputs = _seed_gpu("m99", batch=256, k=1024, n=1024)
+    eager = copy.deepcopy(model)
+    opt = gemmfuse.optimize(model, inputs)
+    with torch.no_grad():
+        for _ in range(2):
+            x = torch.rand_like(inputs[0])
+            out, ref = opt(x), eager(x)
+    rt = gemmfuse.runtimes(opt)[0]
+    assert len(rt.timed) == 1
+    (fused_ms, eager_ms), = rt.timed.values()
+    if fused_ms > eager_ms:
+        torch.testing.assert_close(out, ref, rtol=0, atol=0)
+        assert rt.fused_calls == 0
+    else:
+        assert rt.fused_calls == 2
+    assert "timed once" in gemmfuse.explain(opt, print_it=False)
+
+
 @pytest.mark.parametrize("fold", [False, True], ids=["linear", "linear-eval-bn"])
 @pytest.mark.parametrize("M", [64, 512])
 @pytest.mark.parametrize("precision", ["fp32", "fast", "tf32"])

@@ -1,0 +1,109 @@
+"""Plan selection by timing (route_timer) on the CPU with an injected timer: at a new input
+signature a chain the planner would fuse is timed fused and in PyTorch once; the faster runs
+from then on, explain says which and the two times; chains that update state are not timed."""
+import pytest
+import torch
+import torch.nn as nn
+
+import gemmfuse
+from gemmfuse import route_timer
+from conftest import needs_lib
+
+pytestmark = needs_lib
+
+
+class ReluClamp(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(32, 48)
+
+    def forward(self, x):
+        return torch.clamp(torch.relu(self.fc(x)) * 2.0, max=1.5)
+
+
+class LinearBatchNorm(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(32, 48)
+        self.bn = nn.BatchNorm1d(48)
+
+    def forward(self, x):
+        return torch.relu(self.bn(self.fc(x)))
+
+
+class ScriptedTimer:
+    """Calls each timed function once (so both paths really run) and returns the next scripted
+    time: the runtime times the fused op first, then PyTorch."""
+
+    def __init__(self, times):
+        self.times = list(times)
+        self.calls = 0
+
+    def __call__(self, fn, device):
+        fn()
+        self.calls += 1
+        return self.times.pop(0)
+
+
+@pytest.fixture
+def timed(monkeypatch):
+    monkeypatch.setenv("GEMMFUSE_ALWAYS_FUSE", "0")
+    monkeypatch.setenv("GEMMFUSE_TIMED_ROUTES", "1")
+
+    def install(times):
+        t = ScriptedTimer(times)
+        monkeypatch.setattr(route_timer, "timer", t)
+        return t
+    return install
+
+
+def test_faster_fused_plan_is_kept_and_explained(timed):
+    t = timed([1.0, 2.0])
+    torch.manual_seed(0)
+    model, x = ReluClamp(), torch.randn(8, 32)
+    with torch.no_grad():
+        opt = gemmfuse.optimize(model, (x,))
+        for _ in range(3):
+            torch.testing.assert_close(opt(x), model(x), rtol=1e-5, atol=1e-5)
+    (rt,) = gemmfuse.runtimes(opt)
+    assert t.calls == 2 and rt.fused_calls == 3 and not rt.fallbacks
+    assert "timed once: fused 1 ms, PyTorch 2 ms" in gemmfuse.explain(opt, print_it=False)
+
+
+def test_slower_fused_plan_routes_to_pytorch_and_new_shape_is_timed_again(timed):
+    t = timed([3.0, 2.0, 1.0, 5.0])
+    torch.manual_seed(0)
+    model, x = ReluClamp(), torch.randn(8, 32)
+    with torch.no_grad():
+        opt = gemmfuse.optimize(model, (x,))
+        for _ in range(3):
+            torch.testing.assert_close(opt(x), model(x), rtol=0, atol=0)  # PyTorch's own ops
+        assert t.calls == 2  # timed once at this shape
+        x2 = torch.randn(16, 32)
+        torch.testing.assert_close(opt(x2), model(x2), rtol=1e-5, atol=1e-5)
+    (rt,) = gemmfuse.runtimes(opt)
+    assert t.calls == 4 and rt.fused_calls == 1
+    (reason,) = rt.fallbacks
+    assert "timed once: PyTorch 2 ms, fused 3 ms" in reason and rt.fallbacks[reason] == 3
+    text = gemmfuse.explain(opt, print_it=False)
+    assert "timed once: PyTorch 2 ms, fused 3 ms" in text
+    assert "timed once: fused 1 ms, PyTorch 5 ms" in text
+
+
+def test_chains_that_update_state_or_train_are_not_timed(timed, monkeypatch):
+    t = timed([])
+    torch.manual_seed(0)
+    bn, x = LinearBatchNorm(), torch.randn(8, 32)
+    eager = __import__("copy").deepcopy(bn)
+    with torch.no_grad():
+        opt = gemmfuse.optimize(bn, (x,))
+        torch.testing.assert_close(opt(x), eager(x), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(bn.bn.running_mean, eager.bn.running_mean)  # updated once
+    plain = ReluClamp()
+    opt2 = gemmfuse.optimize(plain, (x,))
+    opt2(x).sum().backward()  # autograd records: not timed
+    assert t.calls == 0
+    monkeypatch.setenv("GEMMFUSE_TIMED_ROUTES", "0")
+    with torch.no_grad():
+        gemmfuse.optimize(ReluClamp(), (x,))(x)
+    assert t.calls == 0

@@ -192,9 +192,9 @@ std::vector<at::Tensor> backward_on_device(const CallInputs& in, const at::Tenso
   const int64_t ws_bytes = static_cast<int64_t>(executor.backward_workspace_bytes(plan, bp));
   at::Tensor workspace = ws_bytes > 0 ? at::empty({ws_bytes}, in.x.options().dtype(at::kByte)) : at::Tensor();
   a.workspace = workspace.defined() ? workspace.data_ptr() : nullptr;
-  // What the backward builds from W goes over the forward's prepared W where there is one
-  // (the next forward prepares it again; in training W has changed by then anyway).
-  const size_t weight_bytes = executor.backward_weight_bytes(plan, bp);
+  // What the backward builds from W (for dx) goes over the forward's prepared W where there is
+  // one (the next forward prepares it again; in training W has changed by then anyway).
+  const size_t weight_bytes = need(0) ? executor.backward_weight_bytes(plan, bp) : 0;
   at::Tensor weight_scratch;
   if (weight_bytes > 0) {
     weight_scratch = borrow_prepared(plan, in.weight, weight_bytes);

@@ -82,7 +82,8 @@ class Executor {
   virtual void backward(const Plan& plan, const BackwardPlan& bp, const BackwardArgs& args) = 0;
   // Bytes of scratch backward() needs in BackwardArgs::workspace.
   virtual size_t backward_workspace_bytes(const Plan&, const BackwardPlan&) const { return 0; }
-  // Bytes backward() needs in BackwardArgs::weight_scratch for data it builds from W. They may
+  // Bytes backward() needs in BackwardArgs::weight_scratch for data it builds from W to compute
+  // dx (none where dx is not asked for). They may
   // be the forward's prepared bytes for this weight (as large at least), which the caller then
   // marks stale: so the backward adds no weight-sized memory of its own.
   virtual size_t backward_weight_bytes(const Plan&, const BackwardPlan&) const { return 0; }

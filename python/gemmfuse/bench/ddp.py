@@ -44,9 +44,11 @@ def _args(argv):
     p.add_argument("--features", type=int, help="K = N (default 8192 on GPUs, 256 on the CPU)")
     p.add_argument("--lr", type=float, default=1e-4, help="AdamW's (timed steps)")
     p.add_argument("--sgd-step", type=float, default=1e-4,
-                   help="checked steps: SGD's lr makes the first step move the parameters by this "
-                        "fraction of their norm (the seed models' gradients span 1e-4 to 1e3: a "
-                        "fixed lr would leave some still and make others chaotic)")
+                   help="checked steps: SGD's lr makes the first step move no parameter tensor by "
+                        "more than this fraction of its norm (the seed models' gradients span 1e-4 "
+                        "to 1e3: a fixed lr would leave some still and make others chaotic; a rule "
+                        "over all parameters at once let m84's scale, beside a W whose gradient "
+                        "BatchNorm makes tiny, take steps of 1e4); lr at most 1")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
                    help="auto: the GPUs where there are, else the CPU with gloo")
     p.add_argument("--out", help="JSON path (rank 0 writes it)")
@@ -130,7 +132,10 @@ def run(argv=None) -> dict:
     x, gy = _batch(rank, b, k, shape_out, dev)
     (probe(x.double()) * gy.double()).sum().backward()
     norm = lambda ts: float(sum(t.detach().double().norm() ** 2 for t in ts) ** 0.5)  # noqa: E731
-    sgd_lr = a.sgd_step * norm(probe.parameters()) / max(norm(p.grad for p in probe.parameters()), 1e-30)
+    # At most 1: where the first gradients are ~0 (m94 at the CPU's shapes, its hardtanh
+    # saturated), a larger lr turns chaotic once they grow.
+    sgd_lr = min(1.0, a.sgd_step * min(norm([p]) / norm([p.grad]) for p in probe.parameters()
+                                       if p.grad is not None and norm([p.grad]) > 0 and norm([p]) > 0))
     sgd_lr = torch.tensor(sgd_lr, device=dev)
     dist.broadcast(sgd_lr, 0)  # rank 0's, on every rank
     sgd_lr = float(sgd_lr)

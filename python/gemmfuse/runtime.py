@@ -107,19 +107,21 @@ class ChainRuntime:
         self._fast = None                 # (shape, dtype, device, flags, spec) of the last fused call
         self._routed = None               # (shape, dtype, device, flags, reason) of the last call
         #                                   the planner routed to PyTorch
+        self._routed_train = None         # the same for calls autograd records
         # The C++ binding behind the OpOverload (its __call__ only forwards to it): one Python
         # frame less per call, which matters for calls as short as m18's (~10 us).
         self._op = torch.ops.gemmfuse.run.default._op
 
     # -- pickling: the C++ binding and the per-process caches are rebuilt, not saved ----------
-    _TRANSIENT = ("_op", "_fast", "_routed", "refused", "refused_train", "_wt", "_cast", "timed")
+    _TRANSIENT = ("_op", "_fast", "_routed", "_routed_train", "refused", "refused_train", "_wt", "_cast",
+                  "timed")
 
     def __getstate__(self):
         return {k: v for k, v in self.__dict__.items() if k not in self._TRANSIENT}
 
     def __setstate__(self, state):
         self.__dict__.update(state)
-        self._fast = self._routed = self._wt = self._cast = None
+        self._fast = self._routed = self._routed_train = self._wt = self._cast = None
         self.refused, self.refused_train, self.timed = {}, {}, {}
         _lib.load()
         self._op = torch.ops.gemmfuse.run.default._op
@@ -201,8 +203,14 @@ class ChainRuntime:
                                [inputs[i] for i in st_idx] if st_idx else (), self.precision)
                 self.fused_calls += 1
                 return out
-        routed = self._routed
-        if routed is not None and self._same_signature(inputs[self.x_idx], inputs, routed):
+        # A signature routed to PyTorch: while autograd records, the weight requiring grad makes
+        # the call one that records (the planner's routes differ for those).
+        recording = torch.is_grad_enabled()
+        if recording and inputs[self.w_idx].requires_grad:
+            routed = self._routed_train
+        else:
+            routed, recording = self._routed, False
+        if routed is not None and self._same_signature(inputs[self.x_idx], inputs, routed, recording):
             self.fallbacks[routed[4]] += 1
             return self.fallback.forward(*inputs)
         return self._checked_call(inputs)
@@ -243,11 +251,11 @@ class ChainRuntime:
         with torch.autocast(dev, enabled=False):
             return self._checked_call(cast)
 
-    def _same_signature(self, x, inputs, sig) -> bool:
+    def _same_signature(self, x, inputs, sig, recording=False) -> bool:
         """Whether a call has the signature (shape, dtype, device, training flags) of `sig`,
-        no autograd recording and its guarded numbers unchanged."""
+        autograd recording or not as `recording` says, and its guarded numbers unchanged."""
         return (type(x) is torch.Tensor and x.shape == sig[0] and x.dtype == sig[1]
-                and x.device == sig[2] and not torch.is_grad_enabled()
+                and x.device == sig[2] and torch.is_grad_enabled() == recording
                 and not autocast_on(x.device.type)
                 and (not self.mode_idx or self.flags(inputs) == sig[3])
                 and (not self.guards or self._changed_number(inputs) is None)
@@ -356,6 +364,8 @@ class ChainRuntime:
                     reason = f"PyTorch is faster at shape {list(x.shape)} on {x.device.type}: {why}"
                     if train:
                         self.refused_train[key] = reason
+                        if w.requires_grad:
+                            self._routed_train = key + (reason,)
                     else:
                         self.refused[key] = reason
                         self._routed = key + (reason,)

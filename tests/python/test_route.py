@@ -67,3 +67,21 @@ def test_bf16_model_runs_in_pytorch_on_cpu(monkeypatch):
         torch.testing.assert_close(opt(x), model(x), rtol=0, atol=0)
     (rt,) = gemmfuse.runtimes(opt)
     assert rt.fused_calls == 0 and any("bf16" in r for r in rt.fallbacks), rt.fallbacks
+
+
+@needs_lib
+def test_routed_training_calls_run_pytorch_each_time(monkeypatch):
+    """A signature the planner routes to PyTorch while autograd records stays routed on every
+    later recorded call (one check, then the routed path), with eager's gradients."""
+    _route_on(monkeypatch)
+    model, (x,) = make_seed("m99")
+    eager = __import__("copy").deepcopy(model)
+    opt = gemmfuse.optimize(model, (x,))
+    for _ in range(3):
+        opt(x).sum().backward()
+        eager(x).sum().backward()
+    torch.testing.assert_close(model.linear.weight.grad, eager.linear.weight.grad, rtol=0, atol=0)
+    (rt,) = gemmfuse.runtimes(opt)
+    assert rt.fused_calls == 0 and sum(rt.fallbacks.values()) == 3
+    (reason,) = rt.fallbacks
+    assert "PyTorch is faster" in reason and rt._routed_train is not None

@@ -8,17 +8,9 @@ import torch.nn as nn
 import gemmfuse
 from gemmfuse import route_timer
 from conftest import needs_lib
+from test_route import ReluClamp
 
 pytestmark = needs_lib
-
-
-class ReluClamp(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc = nn.Linear(32, 48)
-
-    def forward(self, x):
-        return torch.clamp(torch.relu(self.fc(x)) * 2.0, max=1.5)
 
 
 class LinearBatchNorm(nn.Module):

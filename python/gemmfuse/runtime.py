@@ -102,9 +102,12 @@ class ChainRuntime:
         # plans change with the shape). Recorded off the fast path: a new signature takes the
         # checked call.
         self.seen: dict = {}              # (shape, dtype, device, flags, autograd records) -> None
-        self.timed: dict = {}             # (shape, dtype, device, flags) -> (fused ms, PyTorch ms)
+        self.timed: dict = {}             # (shape, dtype, device, flags) -> (fused ms, PyTorch ms,
+        #                                   fast's own ms where fp32's kernel ran faster, else None)
+        self.precision_at: dict = {}      # the same keys -> "fp32" where `fast` runs fp32's kernel
         self._warned = False
-        self._fast = None                 # (shape, dtype, device, flags, spec) of the last fused call
+        self._fast = None                 # (shape, dtype, device, flags, spec, precision) of the
+        #                                   last fused call
         self._routed = None               # (shape, dtype, device, flags, reason) of the last call
         #                                   the planner routed to PyTorch
         self._routed_train = None         # the same for calls autograd records
@@ -114,7 +117,7 @@ class ChainRuntime:
 
     # -- pickling: the C++ binding and the per-process caches are rebuilt, not saved ----------
     _TRANSIENT = ("_op", "_fast", "_routed", "_routed_train", "refused", "refused_train", "_wt", "_cast",
-                  "timed")
+                  "timed", "precision_at")
 
     def __getstate__(self):
         return {k: v for k, v in self.__dict__.items() if k not in self._TRANSIENT}
@@ -122,7 +125,7 @@ class ChainRuntime:
     def __setstate__(self, state):
         self.__dict__.update(state)
         self._fast = self._routed = self._routed_train = self._wt = self._cast = None
-        self.refused, self.refused_train, self.timed = {}, {}, {}
+        self.refused, self.refused_train, self.timed, self.precision_at = {}, {}, {}, {}
         _lib.load()
         self._op = torch.ops.gemmfuse.run.default._op
 
@@ -200,7 +203,7 @@ class ChainRuntime:
                 out = self._op(fast[4], x if x.is_contiguous() else x.contiguous(),
                                self._weight(inputs), b,
                                [inputs[i] for i in op_idx] if op_idx else (),
-                               [inputs[i] for i in st_idx] if st_idx else (), self.precision)
+                               [inputs[i] for i in st_idx] if st_idx else (), fast[5])
                 self.fused_calls += 1
                 return out
         # A signature routed to PyTorch: while autograd records, the weight requiring grad makes
@@ -274,15 +277,24 @@ class ChainRuntime:
 
     def _timed_route(self, key, inputs, flags, spec, x, w, b, ops, state) -> str:
         """At a new signature the planner would fuse: "" where the fused op is at least as fast
-        as the chain's PyTorch nodes (route_timer), else why not. Chains that update state
-        (training BatchNorm's running statistics) are not timed: a timed call would update it."""
+        as the chain's PyTorch nodes (route_timer), else why not. `fast` is timed against fp32's
+        kernel too, and runs it where it is faster (more accurate, so within fast's promise).
+        Chains that update state (training BatchNorm's running statistics) are not timed: a
+        timed call would update it."""
         if not route_timer.timed_routes_on(x.device) or self.bn_training[flags]:
             return ""
+
+        def fused(precision):
+            return lambda: torch.ops.gemmfuse.run(spec, x, w, b, ops, state, precision)
         with torch.no_grad():
-            fused_ms = route_timer.timer(
-                lambda: torch.ops.gemmfuse.run(spec, x, w, b, ops, state, self.precision), x.device)
+            fused_ms, own_ms = route_timer.timer(fused(self.precision), x.device), None
+            if self.precision == "fast":
+                fp32_ms = route_timer.timer(fused("fp32"), x.device)
+                if fp32_ms < fused_ms:
+                    self.precision_at[key] = "fp32"
+                    fused_ms, own_ms = fp32_ms, fused_ms
             eager_ms = route_timer.timer(lambda: self.fallback.forward(*inputs), x.device)
-        self.timed[key] = (fused_ms, eager_ms)
+        self.timed[key] = (fused_ms, eager_ms, own_ms)
         if fused_ms <= eager_ms:
             return ""
         return f"timed once: PyTorch {eager_ms:.4g} ms, fused {fused_ms:.4g} ms"
@@ -376,7 +388,8 @@ class ChainRuntime:
                     torch.ops.gemmfuse.update_running_stats(spec, x, w, b, ops, state, saved,
                                                             self.precision)
             else:
-                out = torch.ops.gemmfuse.run(spec, x, w, b, ops, state, self.precision)
+                out = torch.ops.gemmfuse.run(spec, x, w, b, ops, state,
+                                             self.precision_at.get(key, self.precision))
         except (RuntimeError, ValueError) as e:
             if _lib.is_unsupported(e) and train:
                 reason = (f"autograd records: no fused backward at shape {list(x.shape)} on "
@@ -402,7 +415,7 @@ class ChainRuntime:
         self._saw(key + (train,))
         if not train and (all(o is inputs[i] for o, i in zip(ops, self.op_idx))
                 and all(t is inputs[i] for t, i in zip(state, self.st_idx))):
-            self._fast = (x.shape, x.dtype, x.device, flags, spec)
+            self._fast = (x.shape, x.dtype, x.device, flags, spec, self.precision_at.get(key, self.precision))
         return out
 
 

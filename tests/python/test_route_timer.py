@@ -99,3 +99,22 @@ def test_chains_that_update_state_or_train_are_not_timed(timed, monkeypatch):
     with torch.no_grad():
         gemmfuse.optimize(ReluClamp(), (x,))(x)
     assert t.calls == 0
+
+
+@pytest.mark.parametrize("fast_ms, fp32_ms, chosen", [(3.0, 2.0, "fp32"), (2.0, 3.0, None)])
+def test_fast_runs_fp32_kernel_where_timed_faster(timed, fast_ms, fp32_ms, chosen):
+    t = timed([fast_ms, fp32_ms, 5.0])  # fast's kernel, fp32's, then PyTorch
+    torch.manual_seed(0)
+    model, x = ReluClamp(), torch.randn(8, 32)
+    with torch.no_grad():
+        opt = gemmfuse.optimize(model, (x,), precision="fast")
+        for _ in range(2):
+            torch.testing.assert_close(opt(x), model(x), rtol=1e-4, atol=1e-4)
+    (rt,) = gemmfuse.runtimes(opt)
+    assert t.calls == 3 and rt.fused_calls == 2 and not rt.fallbacks
+    assert list(rt.precision_at.values()) == ([chosen] if chosen else [])
+    text = gemmfuse.explain(opt, print_it=False)
+    if chosen:
+        assert "timed once: fused 2 ms on fp32's kernel, fast's own 3 ms, PyTorch 5 ms" in text
+    else:
+        assert "timed once: fused 2 ms, PyTorch 5 ms" in text

@@ -280,9 +280,11 @@ class ChainRuntime:
         as the chain's PyTorch nodes (route_timer), else why not. `fast` is timed against fp32's
         kernel too, and runs it where it is faster (more accurate, so within fast's promise).
         Chains that update state (training BatchNorm's running statistics) are not timed: a
-        timed call would update it."""
+        timed call would update it; nor calls made while a CUDA graph is being captured."""
         if not route_timer.timed_routes_on(x.device) or self.bn_training[flags]:
             return ""
+        if x.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return ""  # timing synchronizes, which a CUDA graph capture forbids: fused, untimed
 
         def fused(precision):
             return lambda: torch.ops.gemmfuse.run(spec, x, w, b, ops, state, precision)

@@ -364,6 +364,29 @@ def test_new_shapes_are_timed_on_cuda(monkeypatch):
     assert "timed once" in gemmfuse.explain(opt, print_it=False)
 
 
+def test_first_call_inside_cuda_graph_capture_is_not_timed(monkeypatch):
+    """A new signature's first call made while a CUDA graph is captured runs fused, untimed
+    (timing synchronizes, which capture forbids), and replays correctly."""
+    monkeypatch.setenv("GEMMFUSE_ALWAYS_FUSE", "0")
+    monkeypatch.delenv("GEMMFUSE_TIMED_ROUTES", raising=False)
+    model, inputs = _seed_gpu("m99", batch=256, k=1024, n=1024)
+    eager = copy.deepcopy(model)
+    opt = gemmfuse.optimize(model, inputs)
+    static_x = torch.rand_like(inputs[0])
+    with torch.no_grad():
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                static_out = opt(static_x)
+        torch.cuda.synchronize()
+        static_x.copy_(torch.rand_like(static_x))
+        graph.replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(static_out, eager(static_x), rtol=1e-4, atol=1e-5)
+    assert not gemmfuse.runtimes(opt)[0].timed
+
+
 @pytest.mark.parametrize("fold", [False, True], ids=["linear", "linear-eval-bn"])
 @pytest.mark.parametrize("M", [64, 512])
 @pytest.mark.parametrize("precision", ["fp32", "fast", "tf32"])

@@ -27,6 +27,8 @@ at::Tensor execute(Executor& executor, const CallInputs& in,
   args.state = state.pointers;
   args.state_dtypes = state.dtypes;
   args.out = out.data_ptr();
+  args.update_state = !in.for_training;
+  if (args.saved) args.backward = &backward_plan_for(plan);
 
   at::Tensor prepared =
       prepared_for(plan, executor, args, in.weight, in.bias, in.operands, in.state);

@@ -67,7 +67,7 @@ std::string describe_training(c10::string_view spec, const at::Tensor& x, const 
   os << "while autograd records (training):";
   try {
     const Plan& plan = plan_for(spec, x, weight, bias, operands, state, precision, /*for_training=*/true);
-    const BackwardPlan bp = make_backward_plan(plan);
+    const BackwardPlan& bp = backward_plan_for(plan);
     for (const std::string& r : plan.rewrites) os << "\n  rewrite: " << r;
     os << '\n' << bp.describe(plan);
 #ifdef GEMMFUSE_WITH_CUDA

@@ -186,4 +186,17 @@ const Plan& plan_for(c10::string_view spec_view, const at::Tensor& x, const at::
   return remember(*g_plans.emplace(std::move(key), std::move(plan)).first->second);
 }
 
+const BackwardPlan& backward_plan_for(const Plan& plan) {
+  static std::mutex mutex;
+  static std::map<const Plan*, std::unique_ptr<const BackwardPlan>> plans;  // plans are never freed
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = plans.find(&plan);
+    if (it != plans.end()) return *it->second;
+  }
+  auto bp = std::make_unique<const BackwardPlan>(make_backward_plan(plan));
+  std::lock_guard<std::mutex> lock(mutex);
+  return *plans.emplace(&plan, std::move(bp)).first->second;
+}
+
 }  // namespace gemmfuse::bindings

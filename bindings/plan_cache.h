@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 
+#include "gemmfuse/backward.h"
 #include "gemmfuse/chain.h"
 #include "gemmfuse/plan.h"
 
@@ -22,6 +23,10 @@ std::shared_ptr<const Chain> chain_for(const std::string& spec);
 const Plan& plan_for(c10::string_view spec, const at::Tensor& x, const at::Tensor& weight,
                      const c10::optional<at::Tensor>& bias, at::TensorList operands,
                      at::TensorList state, c10::string_view precision, bool for_training = false);
+
+// The backward plan of a training plan (plan_for(..., true)), made once per plan and kept as
+// long as it. Throws Unsupported where gemmfuse builds no backward.
+const BackwardPlan& backward_plan_for(const Plan& plan);
 
 // Output shape of the chain for input x (leading dims of x, then the output width unless a
 // keepdim=false reduction dropped it). Used by the Meta kernel and by run.

@@ -23,7 +23,6 @@ at::Tensor run_on_cpu(const CallInputs& in, float* saved) {
   RunArgs args;
   args.cpu_gemm = blas_gemm;
   args.saved = saved;
-  args.update_state = !in.for_training;
   return execute(executor, in, [&] {
     // The CPU executor computes in fp32 on contiguous tensors.
     auto f32 = [](const at::Tensor& t) { return t.to(at::kFloat).contiguous(); };

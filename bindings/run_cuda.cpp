@@ -16,7 +16,6 @@ at::Tensor run_on_cuda(const CallInputs& in, float* saved) {
   RunArgs args;
   args.stream = c10::cuda::getCurrentCUDAStream(in.x.device().index()).stream();
   args.saved = saved;
-  args.update_state = !in.for_training;
   return execute(executor, in, [&] {
     // x, W, b and the output in the model's dtype; operands fp32 (a no-op for fp32 params,
     // converted once per version for 16-bit ones); running statistics as the module keeps them.

@@ -46,13 +46,13 @@ std::tuple<at::Tensor, at::Tensor> train_forward(c10::string_view spec, const at
                                                  c10::string_view precision) {
   const CallInputs in = training_inputs(spec, x, weight, bias, operands, state, precision);
   const Plan& plan = training_plan(in);
-  BackwardPlan bp;
+  const BackwardPlan* bp = nullptr;
   try {
-    bp = make_backward_plan(plan);
+    bp = &backward_plan_for(plan);
   } catch (const Unsupported& e) {
     TORCH_CHECK(false, "gemmfuse unsupported: ", e.what());
   }
-  at::Tensor saved = at::empty({bp.saved.total}, x.options().dtype(at::kFloat));
+  at::Tensor saved = at::empty({bp->saved.total}, x.options().dtype(at::kFloat));
   float* s = saved.numel() ? saved.data_ptr<float>() : nullptr;
 #ifdef GEMMFUSE_WITH_CUDA
   if (x.is_cuda()) {
@@ -68,7 +68,7 @@ std::tuple<at::Tensor, at::Tensor> train_forward_meta(
     c10::string_view precision) {
   const CallInputs in = training_inputs(spec, x, weight, bias, operands, state, precision);
   const Plan& plan = training_plan(in);
-  const BackwardPlan bp = make_backward_plan(plan);
+  const BackwardPlan& bp = backward_plan_for(plan);
   auto chain = chain_for(std::string(spec.data(), spec.size()));
   return {at::empty(output_shape(*chain, x.sizes()), x.options()),
           at::empty({bp.saved.total}, x.options().dtype(at::kFloat))};
@@ -108,7 +108,7 @@ void update_running_stats(c10::string_view spec, const at::Tensor& x, const at::
                           c10::string_view precision) {
   const CallInputs in = training_inputs(spec, x, weight, bias, operands, state, precision);
   const Plan& plan = training_plan(in);
-  const BackwardPlan bp = make_backward_plan(plan);
+  const BackwardPlan& bp = backward_plan_for(plan);
   at::NoGradGuard no_grad;
   for (const auto& [node, off] : bp.saved.batch_stats) {
     const Node& n = plan.chain.nodes[node];
@@ -147,7 +147,7 @@ std::vector<at::Tensor> backward_on_device(const CallInputs& in, const at::Tenso
   Executor& executor = cpu;
 #endif
   const Plan& plan = training_plan(in);
-  const BackwardPlan bp = make_backward_plan(plan);
+  const BackwardPlan& bp = backward_plan_for(plan);
   auto f32 = [](const at::Tensor& t) { return t.to(at::kFloat).contiguous(); };
   // The GEMV's backward reads x and W in fp32 (a rank-one update: memory-bound, no GEMM).
   const bool native = gpu && !bp.gemv;

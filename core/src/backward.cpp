@@ -51,7 +51,7 @@ BackwardPlan make_backward_plan(const Plan& fwd) {
   SavedLayout& s = bp.saved;
   if (bp.start < n) {
     s.v = 0;
-    s.v_cols = chain.has_feature_dim(bp.start) ? chain.width_of(bp.start) : 1;
+    s.v_cols = chain.row_width(bp.start);
     s.total = fwd.M * s.v_cols;
   }
   for (int i : bp.batch_norms) {

@@ -151,10 +151,7 @@ struct Context {
     if (chain.has_feature_dim(v)) s.push_back(chain.width_of(v));
     return s;
   }
-  // Row-program width of value v: its feature width, or 1 per row without a feature dim.
-  int64_t row_width(int v) const {
-    return chain.has_feature_dim(v) ? chain.width_of(v) : 1;
-  }
+  int64_t row_width(int v) const { return chain.row_width(v); }
   std::string where(int node) const {
     return "v" + std::to_string(node + 1) + " = " + to_spec_line(chain.nodes[node]);
   }

@@ -9,10 +9,8 @@
 // tensors' gradients are summed per thread in double, then over threads.
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <map>
 #include <stdexcept>
-#include <string>
 #include <vector>
 
 #include "cpu_executor.h"
@@ -26,8 +24,6 @@
 namespace gemmfuse {
 
 namespace {
-
-int64_t row_width(const Chain& ch, int v) { return ch.has_feature_dim(v) ? ch.width_of(v) : 1; }
 
 void matmul_loop(int64_t M, int64_t N, int64_t K, const float* a, bool ta, const float* b,
                  bool tb, float* c) {
@@ -47,7 +43,6 @@ struct Partials {
 };
 
 struct Backward {
-  const Plan& plan;
   const BackwardPlan& bp;
   const BackwardArgs& a;
   const Chain& ch;
@@ -60,7 +55,7 @@ struct Backward {
   std::map<int, std::vector<double>> bn_sum_g, bn_sum_gx;
 
   Backward(const Plan& p, const BackwardPlan& b, const BackwardArgs& args)
-      : plan(p), bp(b), a(args), ch(p.chain), M(p.M), n(static_cast<int>(p.chain.nodes.size())) {}
+      : bp(b), a(args), ch(p.chain), M(p.M), n(static_cast<int>(p.chain.nodes.size())) {}
 
   const Instr& instr(int i) const { return bp.program[i - bp.start]; }
 
@@ -294,7 +289,7 @@ struct Backward {
       const int j = nd.b.index;
       if (j < lo) throw std::logic_error("cpu backward: a far value read outside backward_far");
       std::vector<float>& dst = local[j];
-      if (dst.empty()) dst.assign(row_width(ch, j), 0.f);
+      if (dst.empty()) dst.assign(ch.row_width(j), 0.f);
       dst[dst.size() == 1 ? 0 : c] += d;
       return;
     }
@@ -315,7 +310,7 @@ struct Backward {
   void segment(int lo, int hi, std::vector<float>& dv_start) {
     const bool top_is_output = hi == n;
     const int bn_below = lo > bp.start ? lo - 1 : -1;  // the BatchNorm whose output is v_lo
-    const int64_t w_lo = row_width(ch, lo), w_hi = row_width(ch, hi);
+    const int64_t w_lo = ch.row_width(lo), w_hi = ch.row_width(hi);
     // Values read through v<j> by this segment from an earlier segment.
     std::vector<int> far;
     for (int i = lo; i < hi; ++i) {
@@ -324,7 +319,7 @@ struct Backward {
         far.push_back(nd.b.index);
     }
     for (int j : far)
-      if (!pending.count(j)) pending[j].assign(M * row_width(ch, j), 0.f);
+      if (!pending.count(j)) pending[j].assign(M * ch.row_width(j), 0.f);
     if (bn_below >= 0) {
       bn_grad[bn_below].assign(M * w_lo, 0.f);
       bn_sum_g[bn_below].assign(w_lo, 0.0);
@@ -378,7 +373,7 @@ struct Backward {
       auto add_pending = [&](int j) {
         auto it = pending.find(j);
         if (it != pending.end()) {
-          const int64_t wj = row_width(ch, j);
+          const int64_t wj = ch.row_width(j);
           for (int64_t c = 0; c < wj; ++c) g[c] += it->second[r * wj + c];
         }
         auto lt = local.find(j);
@@ -432,7 +427,7 @@ struct Backward {
       const int j = nd.b.index;
       const Instr& in = instr(i);
       const std::vector<float>& x = vals[i];
-      const int64_t w = static_cast<int64_t>(x.size()), wj = row_width(ch, j);
+      const int64_t w = static_cast<int64_t>(x.size()), wj = ch.row_width(j);
       std::vector<float> gi(w);
       float* dst = pending.at(j).data() + r * wj;
       for (int64_t c = 0; c < w; ++c) {
@@ -465,7 +460,7 @@ void CpuExecutor::backward(const Plan& plan, const BackwardPlan& bp, const Backw
     if (a.grad_operands[t]) std::fill(a.grad_operands[t], a.grad_operands[t] + a.operand_numel[t], 0.f);
   const Chain& ch = plan.chain;
   const int n = static_cast<int>(ch.nodes.size());
-  const int64_t wv = row_width(ch, bp.start);
+  const int64_t wv = ch.row_width(bp.start);
   // dV: the gradient at the value the GEMM (GEMV) produced.
   std::vector<float> dv(static_cast<size_t>(M * wv), 0.f);
   if (M > 0) {

@@ -366,7 +366,7 @@ void run_gemv(const Step& st, const Memory& mem, const void* prepared) {
 // What the backward reads, copied out of the workspace: the value the GEMM (GEMV) produced,
 // which the first row pass read from buffer 0, and each batch-statistics BatchNorm's stats.
 void save_for_backward(const Plan& plan, const Memory& mem) {
-  const BackwardPlan bp = make_backward_plan(plan);
+  const BackwardPlan& bp = *mem.args.backward;
   float* saved = mem.args.saved;
   if (bp.saved.v >= 0) {
     const float* v = mem.buffer(0);

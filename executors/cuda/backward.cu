@@ -38,8 +38,6 @@ cublasHandle_t blas_handle(cudaStream_t stream) {
   return g_handles[dev];
 }
 
-int64_t row_width(const Chain& ch, int v) { return ch.has_feature_dim(v) ? ch.width_of(v) : 1; }
-
 // nullptr where dW = dVᵀ x runs on the f16x3 kernel, else why cuBLAS computes it. As an f16x3
 // problem it has N rows (dVᵀ's), K columns (xᵀ's rows) and reduces over the M rows.
 const char* dw_f16x3_declines(const Plan& plan, const BackwardPlan& bp) {
@@ -86,21 +84,21 @@ struct BackwardLayout {
   BackwardLayout(const Plan& plan, const BackwardPlan& bp) {
     const Chain& ch = plan.chain;
     const int n = static_cast<int>(ch.nodes.size());
-    const int64_t M = plan.M, wv = row_width(ch, bp.start);
+    const int64_t M = plan.M, wv = ch.row_width(bp.start);
     int64_t wmax = wv;
     dv = add(4 * M * wv);
     if (plan.dtype != DType::F32) dv16 = add(2 * M * wv);
     const size_t scratch = total;  // the row backward's buffers, then dW's over them
     for (int j = bp.start + 1; j <= n; ++j) {
-      vals[j] = add(4 * M * row_width(ch, j));
-      wmax = std::max(wmax, row_width(ch, j));
+      vals[j] = add(4 * M * ch.row_width(j));
+      wmax = std::max(wmax, ch.row_width(j));
     }
     g = add(4 * 2 * M * wmax);
     for (int i = bp.start; i < n; ++i) {
       const Node& nd = ch.nodes[i];
       const Instr& in = bp.program[i - bp.start];
       if (family(nd.op) == OpFamily::Binary && nd.b.kind == Operand::Kind::Value && !acc.count(nd.b.index))
-        acc[nd.b.index] = add(4 * M * row_width(ch, nd.b.index));
+        acc[nd.b.index] = add(4 * M * ch.row_width(nd.b.index));
       auto sink = [&](int index, int64_t cols) {
         if (index >= 0 && !sinks.count(index)) {
           sinks[index] = add(4 * M * cols);
@@ -118,7 +116,7 @@ struct BackwardLayout {
       if (eval_bn) eval_stats[i] = add(4 * 3 * in.width_in);
     }
     for (int b : bp.batch_norms) {
-      const int64_t w = row_width(ch, b);
+      const int64_t w = ch.row_width(b);
       bn_g[b] = add(4 * M * w);
       bn_gx[b] = add(4 * M * w);
       bn_sums[b] = add(4 * 2 * w);
@@ -294,8 +292,8 @@ std::string CudaExecutor::describe_backward(const Plan& plan, const BackwardPlan
                        "the forward's x and W)"
                      : std::string("dW on cuBLAS (") + dw + ")";
   s += dx == nullptr ? "; dx = dV W on the fp32 f16x3 kernel (dV split as the forward's x, W split by columns "
-                       "and read MN-major, its parts over the forward's prepared W, which the next forward "
-                       "prepares again)"
+                       "and read MN-major, its parts over the forward's prepared W where it is cached, which "
+                       "the next forward prepares again)"
                      : std::string("; dx on cuBLAS (") + dx + ")";
   return s;
 }
@@ -321,14 +319,14 @@ void CudaExecutor::backward(const Plan& plan, const BackwardPlan& bp, const Back
   for (size_t t = 0; t < a.grad_operands.size(); ++t)
     if (a.grad_operands[t])
       GF_CUDA_CHECK(cudaMemsetAsync(a.grad_operands[t], 0, 4 * a.operand_numel[t], stream));
-  const int64_t wv = row_width(ch, bp.start);
+  const int64_t wv = ch.row_width(bp.start);
   float* dv = at(L.dv);
 
   if (M > 0 && bp.start == n) {
     GF_CUDA_CHECK(cudaMemcpyAsync(dv, a.grad_out, 4 * M * wv, cudaMemcpyDeviceToDevice, stream));
   } else if (M > 0) {
     for (const auto& [j, off] : L.acc)
-      GF_CUDA_CHECK(cudaMemsetAsync(at(off), 0, 4 * M * row_width(ch, j), stream));
+      GF_CUDA_CHECK(cudaMemsetAsync(at(off), 0, 4 * M * ch.row_width(j), stream));
     for (const auto& [t, off] : L.sinks)
       GF_CUDA_CHECK(cudaMemsetAsync(at(off), 0, 4 * M * L.sink_cols.at(t), stream));
     // The instructions, shared by every segment.
@@ -430,14 +428,11 @@ void CudaExecutor::backward(const Plan& plan, const BackwardPlan& bp, const Back
       s.v0 = a.saved + bp.saved.v;
       s.w0 = static_cast<int32_t>(wv);
       s.vals = reinterpret_cast<float*>(ws);
-      int64_t wmax = wv;
-      for (int j = bp.start + 1; j <= hi; ++j) {
-        s.val_off[j - bp.start] = static_cast<int64_t>(L.vals.at(j) / 4);
-        wmax = std::max(wmax, row_width(ch, j));
-      }
+      for (int j = bp.start + 1; j <= hi; ++j) s.val_off[j - bp.start] = static_cast<int64_t>(L.vals.at(j) / 4);
       for (const auto& [j, off] : L.acc)
         if (j - bp.start <= s.n) s.acc[j - bp.start] = at(off);
-      for (int j = bp.start + 1; j <= n; ++j) wmax = std::max(wmax, row_width(ch, j));
+      int64_t wmax = wv;  // the g rows' pitch, as BackwardLayout sized them
+      for (int j = bp.start + 1; j <= n; ++j) wmax = std::max(wmax, ch.row_width(j));
       s.w_max = static_cast<int32_t>(wmax);
       s.g_scratch = at(L.g);
       if (hi == n) {
@@ -447,7 +442,7 @@ void CudaExecutor::backward(const Plan& plan, const BackwardPlan& bp, const Back
         s.ins[s.n] = ins[hi - bp.start];
         s.g_top = at(L.bn_g.at(hi));
         s.bn_sum_g = at(L.bn_sums.at(hi));
-        s.bn_sum_gx = s.bn_sum_g + row_width(ch, hi);
+        s.bn_sum_gx = s.bn_sum_g + ch.row_width(hi);
       }
       if (lo > bp.start) {
         const int b = lo - 1;
@@ -460,7 +455,7 @@ void CudaExecutor::backward(const Plan& plan, const BackwardPlan& bp, const Back
       launch_row_backward(s, stream);
       if (lo > bp.start) {  // the column sums the segment below needs, and the affine grads
         const int b = lo - 1;
-        const int64_t w = row_width(ch, b);
+        const int64_t w = ch.row_width(b);
         float* sums = at(L.bn_sums.at(b));
         launch_column_sums(at(L.bn_g.at(b)), M, w, sums, 1.f, false, stream);
         launch_column_sums(at(L.bn_gx.at(b)), M, w, sums + w, 1.f, false, stream);

@@ -99,8 +99,8 @@ void run_steps(const Plan& plan, const RunArgs& args, const char* prep, const Wo
 // What the backward reads, copied out of the workspace (backward.h's SavedLayout): the
 // value the GEMM (GEMV) produced, which the first row pass read from buffer 0, and each
 // batch-statistics BatchNorm's mean, invstd and var.
-void save_for_backward(const Plan& plan, float* saved, char* ws, cudaStream_t stream) {
-  const BackwardPlan bp = make_backward_plan(plan);
+void save_for_backward(const Plan& plan, const BackwardPlan& bp, float* saved, char* ws,
+                       cudaStream_t stream) {
   if (bp.saved.v >= 0)
     GF_CUDA_CHECK(cudaMemcpyAsync(saved + bp.saved.v, ws + plan.buffer_offset(0),
                                   sizeof(float) * plan.M * bp.saved.v_cols,
@@ -220,7 +220,7 @@ void CudaExecutor::run(const Plan& plan, const RunArgs& args, const void* prepar
     return;
   }
   run_steps(plan, args, prep, workspace_layout(plan), ws, stream);
-  if (args.saved) save_for_backward(plan, args.saved, ws, stream);
+  if (args.saved) save_for_backward(plan, *args.backward, args.saved, ws, stream);
 }
 
 

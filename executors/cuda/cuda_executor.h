@@ -53,7 +53,7 @@ class CudaExecutor : public Executor {
   void run(const Plan& plan, const RunArgs& args, const void* prepared, void* workspace) override;
   // What backward() runs for dx and dW on the current device, and why, for explain.
   static std::string describe_backward(const Plan& plan, const BackwardPlan& bp);
-  // backward.cu: the row backward by segments, then db, and dx, dW on cuBLAS or f16x3.
+  // backward.cu: the row backward by segments, then db, dW and dx on cuBLAS or f16x3.
   void backward(const Plan& plan, const BackwardPlan& bp, const BackwardArgs& args) override;
   size_t backward_workspace_bytes(const Plan& plan, const BackwardPlan& bp) const override;
   size_t backward_weight_bytes(const Plan& plan, const BackwardPlan& bp) const override;

@@ -5,9 +5,10 @@
 //                          stages follow it; each BatchNorm's batch mean, invstd and var
 //   RowBackward            per row: the chain's values recomputed from V (cheaper than saving
 //                          them: eager saves one tensor per stage), then each stage's
-//                          derivative in reverse (op_table.h's Pointwise<Op>::bwd for the
-//                          pointwise ops); residual reads v<i> add their share to v<i>'s
-//                          gradient. Operand tensors' gradients are reduced over the rows.
+//                          derivative in reverse (executors/common/pointwise.h's
+//                          Pointwise<Op>::bwd for the pointwise ops); residual reads v<i>
+//                          add their share to v<i>'s gradient. Operand tensors' gradients
+//                          are reduced over the rows.
 //   ColumnGradStats        where a BatchNorm normalised with batch statistics: the column sums
 //                          of its output gradient (and of that times x-hat) over all rows,
 //                          which the rows below it need: the row backward is cut there

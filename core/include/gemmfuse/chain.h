@@ -95,6 +95,8 @@ struct Chain {
   int64_t width_of(int value_id) const;
   // Whether value v still has the feature dim (false after a keepdim=false reduction).
   bool has_feature_dim(int value_id) const;
+  // Row width of value v: its feature width, or 1 per row without a feature dim.
+  int64_t row_width(int value_id) const { return has_feature_dim(value_id) ? width_of(value_id) : 1; }
   int64_t output_width() const { return width_of(static_cast<int>(nodes.size())); }
   bool output_has_feature_dim() const { return has_feature_dim(static_cast<int>(nodes.size())); }
 };

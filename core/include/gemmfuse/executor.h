@@ -32,9 +32,10 @@ struct RunArgs {
       cpu_gemm;
 
   // Training (gemmfuse::train_forward): where the forward writes what its backward needs
-  // (BackwardPlan::saved, fp32), and whether it updates the running statistics in `state`
-  // itself (a differentiable forward leaves that to gemmfuse::update_running_stats).
+  // (backward->saved says what, fp32), and whether it updates the running statistics in
+  // `state` itself (a differentiable forward leaves that to gemmfuse::update_running_stats).
   float* saved = nullptr;
+  const struct BackwardPlan* backward = nullptr;  // given with `saved`
   bool update_state = true;
 };
 
@@ -83,9 +84,9 @@ class Executor {
   // Bytes of scratch backward() needs in BackwardArgs::workspace.
   virtual size_t backward_workspace_bytes(const Plan&, const BackwardPlan&) const { return 0; }
   // Bytes backward() needs in BackwardArgs::weight_scratch for data it builds from W to compute
-  // dx (none where dx is not asked for). They may
-  // be the forward's prepared bytes for this weight (as large at least), which the caller then
-  // marks stale: so the backward adds no weight-sized memory of its own.
+  // dx (callers not asking for dx give none). They may be the forward's prepared bytes for
+  // this weight (as large at least), which the caller then marks stale: so the backward adds
+  // no weight-sized memory of its own.
   virtual size_t backward_weight_bytes(const Plan&, const BackwardPlan&) const { return 0; }
 };
 

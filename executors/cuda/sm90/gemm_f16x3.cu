@@ -53,7 +53,6 @@ size_t f16x3_workspace_bytes(int64_t M, int64_t N, int64_t K, bool w_mn_major) {
   p.M = M;
   p.N = N;
   p.K = K;
-  p.w_mn_major = w_mn_major;
   const int splits = splits_of(p);
   if (w_mn_major) return f16x3_mn_major_workspace_bytes(p, splits);
   return splits > 1 ? f16x3_split_k_workspace_bytes(p, splits) : workspace_size<Wide>(p, 1);

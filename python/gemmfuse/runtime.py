@@ -132,14 +132,15 @@ class ChainRuntime:
     # -- helpers ---------------------------------------------------------------------------
     def _weight(self, inputs):
         """The Linear's weight as [N, K]. A weight stored [in, out] (`x @ W`) is transposed
-        once per version of it and the copy kept (one copy of W)."""
+        once per version of it and grad mode (a copy made under no_grad does not carry W's
+        gradient) and the copy kept (one copy of W)."""
         w = inputs[self.w_idx]
         if not self.weight_kn:
             return w
-        c = self._wt
-        if c is None or c[0] is not w or c[1] != w._version:
-            c = self._wt = (w, w._version, w.t().contiguous())
-        return c[2]
+        c, grad = self._wt, torch.is_grad_enabled()
+        if c is None or c[0] is not w or c[1] != w._version or c[2] != grad:
+            c = self._wt = (w, w._version, grad, w.t().contiguous())
+        return c[3]
 
     def flags(self, inputs) -> tuple:
         return tuple(bool(inputs[i].training) for i in self.mode_idx)

@@ -54,6 +54,20 @@ def test_every_linear_form_is_captured():
     assert "linear in=8 out=12 bias=1\nsigmoid" in text.replace("    ", "")  # `+ b` became the bias
 
 
+def test_weight_stored_in_out_trains_after_a_no_grad_call():
+    """The [N, K] copy of a weight stored [in, out] made under no_grad is not reused while
+    autograd records: W still gets its gradient."""
+    torch.manual_seed(2)
+    model, x = Forms(), torch.randn(5, 8)
+    eager = copy.deepcopy(model)
+    opt = gemmfuse.optimize(model, (x,))
+    with torch.no_grad():
+        opt(x)
+    opt(x).sum().backward()
+    eager(x).sum().backward()
+    torch.testing.assert_close(model.V.grad, eager.V.grad, rtol=1e-4, atol=1e-5)
+
+
 class Meet(nn.Module):
     def __init__(self):
         super().__init__()

@@ -31,7 +31,6 @@ def _setup_context(ctx, inputs, output):
     _, saved = output
     ctx.spec, ctx.precision = spec, precision
     ctx.has_bias = bias is not None
-    ctx.n_operands = len(operands)
     ctx.save_for_backward(x, weight, bias, saved, *operands)
     # The running statistics: an eval BatchNorm's backward reads them; kept out of
     # save_for_backward, whose version check a training BatchNorm's update (after this forward)
@@ -48,7 +47,7 @@ def _backward(ctx, grad_out, _grad_saved):
                                               list(operands), list(state), saved,
                                               ctx.precision, needs)
     dx, dw, db, *dops = [g if n else None for g, n in zip(grads, needs)]
-    return (None, dx, dw, db if ctx.has_bias else None, dops, [None] * len(state), None)
+    return (None, dx, dw, db, dops, [None] * len(state), None)
 
 
 def train_forward(spec, x, weight, bias, operands, state, precision):

@@ -59,10 +59,9 @@ def _plans_by_input(module, rt, shown_spec) -> list:
         if rt.mode_names:
             head += " (training: " + ", ".join(
                 f"{q}={f}" for q, f in zip(rt.mode_names, flags)) + ")"
-        timed = getattr(rt, "timed", {}).get((shape, dtype, device, flags))
+        timed = rt.timed.get((shape, dtype, device, flags))
         if timed is not None and not train:
-            own = (f" on fp32's kernel, fast's own {timed[2]:.4g} ms"
-                   if len(timed) > 2 and timed[2] is not None else "")
+            own = f" on fp32's kernel, fast's own {timed[2]:.4g} ms" if timed[2] is not None else ""
             head += f" (timed once: fused {timed[0]:.4g} ms{own}, PyTorch {timed[1]:.4g} ms)"
         spec = rt.specs[flags]
         if (shape, dtype, device) == example and spec == shown_spec:

@@ -1,9 +1,10 @@
 """``optimize(model, example_inputs, precision)``: the model traced with torch.fx, every
 ``Linear -> stages`` chain (capture/) the C++ planner takes on the example inputs replaced by
-one ``_run_chain`` call (rewrite.py), everything else left to PyTorch. The result, a
-``GemmfuseModule``, shares the model's Parameters, buffers and submodules (the same objects,
-the same ``state_dict`` keys), follows ``.train()``/``.eval()`` and has the model's forward
-signature.
+one ``_run_chain`` call (rewrite.py), everything else left to PyTorch; a model torch.fx cannot
+trace is captured through dynamo instead (``GemmfuseDynamoModule``, dynamo_module.py). The
+result (a ``GemmfuseModule`` or that) shares the model's Parameters, buffers and submodules
+(the same objects, the same ``state_dict`` keys), follows ``.train()``/``.eval()`` and has the
+model's forward signature.
 """
 from __future__ import annotations
 
@@ -161,7 +162,7 @@ def _propagate(gm: fx.GraphModule, inputs: tuple):
                 b.copy_(v)
 
 
-def optimize(model: nn.Module, example_inputs, precision: str = "fp32") -> fx.GraphModule:
+def optimize(model: nn.Module, example_inputs, precision: str = "fp32") -> nn.Module:
     """Return ``model`` with every fusable ``Linear -> stages`` chain running as one gemmfuse op.
 
     ``example_inputs``: a tensor or a tuple of the forward's positional arguments (used once,

@@ -23,7 +23,16 @@ def timed_routes_on(device: torch.device) -> bool:
     return device.type == "cuda"
 
 
-BATCH_BELOW_MS = 0.5  # as the bench (bench/runner.py's CallTimer)
+# A call shorter than this is timed in batches of back-to-back calls (here and in the bench's
+# CallTimer): alone it mostly measures the idle GPU waiting for its launch.
+BATCH_BELOW_MS = 0.5
+
+
+def calls_per_batch(one_call_ms: float) -> int:
+    """Back-to-back calls per timed batch for a call of `one_call_ms` (1: timed alone)."""
+    if one_call_ms >= BATCH_BELOW_MS:
+        return 1
+    return max(2, int(2 * BATCH_BELOW_MS / max(one_call_ms, 1e-3)))
 
 
 def median_ms(fn: Callable[[], object], device: torch.device, warmup: int = 2, runs: int = 7) -> float:
@@ -45,10 +54,8 @@ def median_ms(fn: Callable[[], object], device: torch.device, warmup: int = 2, r
                 times.append((time.perf_counter() - t) * 1e3)
             return statistics.median(times)
         one = statistics.median(_cuda_batches(fn, 1, runs))
-        if one >= BATCH_BELOW_MS:
-            return one
-        per = max(2, int(2 * BATCH_BELOW_MS / max(one, 1e-3)))
-        return statistics.median(_cuda_batches(fn, per, runs))
+        per = calls_per_batch(one)
+        return one if per == 1 else statistics.median(_cuda_batches(fn, per, runs))
     finally:
         if gc_on:
             gc.enable()

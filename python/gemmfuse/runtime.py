@@ -1,7 +1,8 @@
 """The runtime of one fused chain: ``ChainRuntime`` checks each call's inputs and runs the
-fused op, or the chain's own PyTorch nodes for anything the fused op must not see (wrong dtype,
-shape or device, autograd recording, a shape the planner refuses or routes to PyTorch), so
-errors and results are PyTorch's own. Every such fallback is counted with its reason
+fused op (differentiable while autograd records), or the chain's own PyTorch nodes for anything
+the fused op must not see (wrong dtype, shape or device, hooks, a shape the planner refuses or
+routes to PyTorch, or that timing found PyTorch faster at), so errors and results are PyTorch's
+own. Every such fallback is counted with its reason
 (``explain`` shows them).
 """
 from __future__ import annotations
@@ -202,7 +203,7 @@ class ChainRuntime:
                 op_idx, st_idx = self.op_idx, self.st_idx
                 # () for an empty list: no allocation (a list is a GC-tracked object each call)
                 out = self._op(fast[4], x if x.is_contiguous() else x.contiguous(),
-                               self._weight(inputs), b,
+                               self._weight(inputs) if self.weight_kn else inputs[self.w_idx], b,
                                [inputs[i] for i in op_idx] if op_idx else (),
                                [inputs[i] for i in st_idx] if st_idx else (), fast[5])
                 self.fused_calls += 1
@@ -385,14 +386,14 @@ class ChainRuntime:
                         self.refused[key] = reason
                         self._routed = key + (reason,)
                     return self._pytorch(inputs, reason)
+            precision = self.precision_at.get(key, self.precision)  # `fast` may run fp32's kernel
             if train:
                 out, saved = train_forward(spec, x, w, b, ops, state, self.precision)
                 if self.bn_training[flags]:
                     torch.ops.gemmfuse.update_running_stats(spec, x, w, b, ops, state, saved,
                                                             self.precision)
             else:
-                out = torch.ops.gemmfuse.run(spec, x, w, b, ops, state,
-                                             self.precision_at.get(key, self.precision))
+                out = torch.ops.gemmfuse.run(spec, x, w, b, ops, state, precision)
         except (RuntimeError, ValueError) as e:
             if _lib.is_unsupported(e) and train:
                 reason = (f"autograd records: no fused backward at shape {list(x.shape)} on "
@@ -418,7 +419,7 @@ class ChainRuntime:
         self._saw(key + (train,))
         if not train and (all(o is inputs[i] for o, i in zip(ops, self.op_idx))
                 and all(t is inputs[i] for t, i in zip(state, self.st_idx))):
-            self._fast = (x.shape, x.dtype, x.device, flags, spec, self.precision_at.get(key, self.precision))
+            self._fast = (x.shape, x.dtype, x.device, flags, spec, precision)
         return out
 
 

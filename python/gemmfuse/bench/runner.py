@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from ..route_timer import calls_per_batch
 from .gpu_monitor import GpuMonitor, summarize as summarize_gpu_state
 from .models import MODELS, M99
 from .record import OUT_DIR, record
@@ -88,9 +89,6 @@ def _free(dev):
     if dev.type == "cuda":
         torch.cuda.empty_cache()
 
-
-# A call shorter than this is timed in back-to-back batches as well (see CallTimer).
-BATCH_BELOW_MS = 0.5
 
 
 def _tick(progress, task):
@@ -163,7 +161,7 @@ class CallTimer:
             latency = self._timed(1, repeats)
             if self.per is None:
                 med = statistics.median(latency)
-                self.per = max(2, int(2 * BATCH_BELOW_MS / max(med, 1e-3))) if med < BATCH_BELOW_MS else 1
+                self.per = calls_per_batch(med)
             batched = self._timed(self.per, repeats) if self.per > 1 else None
         finally:
             if gc_on:
@@ -651,7 +649,7 @@ def run(cfg: Config, console=None):
 
     header = dict(info, batch=b, in_features=k, out_features=n, repeats=cfg.repeats,
                   warmup=cfg.warmup, warmup_ms=cfg.warmup_ms, rounds=cfg.rounds,
-                  input_sets=cfg.input_sets, grad="no_grad",
+                  input_sets=cfg.input_sets, grad="autograd records" if cfg.train else "no_grad",
                   timestamp=time.strftime("%Y-%m-%dT%H:%M:%S%z"), notes=notes,
                   note="; ".join(notes), ceilings=CEILINGS,
                   models={} if cfg.suite or cfg.train else

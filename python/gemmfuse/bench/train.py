@@ -157,8 +157,8 @@ def _finish(records):
             base = "eager-tf32"
         e = by.get((r["model"], base, r["scenario"])) or {}
         eager = by.get((r["model"], "eager", r["scenario"])) or {}
-        r["speedup_vs_eager"] = (eager.get("ms") if base == "eager-tf32" else e.get("ms")) / r["ms"] \
-            if r.get("ms") and (e.get("ms") or eager.get("ms")) else None
+        ref = eager.get("ms") if base == "eager-tf32" else e.get("ms")
+        r["speedup_vs_eager"] = ref / r["ms"] if r.get("ms") and ref else None
         mine, theirs = r.get("grad_rel_err") or {}, e.get("grad_rel_err") or {}
         worst = [m / t for n, m in mine.items() if (t := theirs.get(n)) and m is not None]
         r["grad_err_vs_eager"] = max(worst) if worst else None

@@ -54,8 +54,21 @@ struct Backward {
   std::map<int, std::vector<float>> bn_grad;
   std::map<int, std::vector<double>> bn_sum_g, bn_sum_gx;
 
+  // Eval BatchNorms' [2, w] mean and invstd from their running statistics.
+  std::map<int, std::vector<float>> running_stats;
+
   Backward(const Plan& p, const BackwardPlan& b, const BackwardArgs& args)
-      : bp(b), a(args), ch(p.chain), M(p.M), n(static_cast<int>(p.chain.nodes.size())) {}
+      : bp(b), a(args), ch(p.chain), M(p.M), n(static_cast<int>(p.chain.nodes.size())) {
+    for (int i = bp.start; i < n; ++i) {
+      if (instr(i).kind != Instr::Kind::BatchNormApply || bp.saved.batch_stats.count(i)) continue;
+      const Node& nd = ch.nodes[i];
+      const int64_t w = instr(i).width_in;
+      std::vector<float>& st = running_stats[i];
+      st.resize(2 * w);
+      running_stats_row(static_cast<const float*>(a.state[nd.running_mean.index]),
+                        static_cast<const float*>(a.state[nd.running_var.index]), nd.eps, w, st.data());
+    }
+  }
 
   const Instr& instr(int i) const { return bp.program[i - bp.start]; }
 
@@ -83,21 +96,10 @@ struct Backward {
   }
   const float* saved_stats(int node) const { return a.saved + bp.saved.batch_stats.at(node); }
 
-  // Mean and invstd of a BatchNorm at column c: its saved batch statistics, or its running
-  // statistics (eval with running stats).
-  void bn_stats(int node, int64_t w, int64_t c, double* mean, double* invstd) const {
+  // A BatchNorm's [2, w] mean and invstd: its saved batch statistics, or its running ones.
+  const float* bn_stats(int node) const {
     auto it = bp.saved.batch_stats.find(node);
-    if (it != bp.saved.batch_stats.end()) {
-      const float* s = a.saved + it->second;
-      *mean = s[c];
-      *invstd = s[w + c];
-      return;
-    }
-    const Node& nd = ch.nodes[node];
-    const float* rm = static_cast<const float*>(a.state[nd.running_mean.index]);
-    const float* rv = static_cast<const float*>(a.state[nd.running_var.index]);
-    *mean = rm[c];
-    *invstd = static_cast<float>(1.0 / std::sqrt(double(rv[c]) + nd.eps));
+    return it != bp.saved.batch_stats.end() ? a.saved + it->second : running_stats.at(node).data();
   }
 
   // ---- the forward of one stage on one row (the executors' formulas) ---------------------
@@ -133,20 +135,10 @@ struct Backward {
         y.resize(in.width_out);
         pool_row(nd, x.data(), w, y.data(), in.width_out);
         break;
-      case Instr::Kind::BatchNormApply: {
-        y.resize(w);
-        const float* wt = col_param(in.weight);
-        const float* bs = col_param(in.bias);
-        for (int64_t c = 0; c < w; ++c) {
-          double mean, invstd;
-          bn_stats(i, w, c, &mean, &invstd);
-          float v = (x[c] - static_cast<float>(mean)) * static_cast<float>(invstd);
-          if (wt) v *= wt[c];
-          if (bs) v += bs[c];
-          y[c] = v;
-        }
+      case Instr::Kind::BatchNormApply:
+        y = x;
+        batch_norm_row(y.data(), w, bn_stats(i), col_param(in.weight), col_param(in.bias));
         break;
-      }
       case Instr::Kind::Save: throw std::logic_error("cpu backward: a Save among the stages");
     }
   }
@@ -217,12 +209,7 @@ struct Backward {
         const int64_t gs = w / nd.groups;
         for (int64_t grp = 0; grp < nd.groups; ++grp) {
           const int64_t c0 = grp * gs;
-          double mean = 0, var = 0;
-          for (int64_t c = 0; c < gs; ++c) mean += x[c0 + c];
-          mean /= double(gs);
-          for (int64_t c = 0; c < gs; ++c) var += (x[c0 + c] - mean) * (x[c0 + c] - mean);
-          var /= double(gs);
-          const double rstd = 1.0 / std::sqrt(var + nd.eps);
+          const auto [mean, rstd] = group_stats(x.data() + c0, gs, nd.eps);
           double m1 = 0, m2 = 0;
           for (int64_t c = 0; c < gs; ++c) {
             const double xh = (x[c0 + c] - mean) * rstd, gw = double(g[c0 + c]) * (wt ? wt[c0 + c] : 1.f);
@@ -247,23 +234,16 @@ struct Backward {
             const float share = g[o] / divisor;
             for (int64_t c = st; c < en; ++c) gi[c] += share;
           } else {
-            int64_t at = -1;
-            float m = -INFINITY;
-            for (int64_t c = st; c < en; ++c)
-              if (x[c] > m || gf_isnan(x[c])) {
-                m = x[c];
-                at = c;
-                if (gf_isnan(m)) break;
-              }
+            const int64_t at = max_pool_at(x.data(), st, en);
             if (at >= 0) gi[at] += g[o];
           }
         }
         break;
       case Instr::Kind::BatchNormApply: {  // running statistics (batch ones cut the rows)
         const float* wt = col_param(in.weight);
+        const float* st = bn_stats(i);
         for (int64_t c = 0; c < w; ++c) {
-          double mean, invstd;
-          bn_stats(i, w, c, &mean, &invstd);
+          const double mean = st[c], invstd = st[w + c];
           const double xh = (x[c] - mean) * invstd;
           gi[c] = static_cast<float>(double(g[c]) * (wt ? wt[c] : 1.f) * invstd);
           add_col(part, in.weight, c, double(g[c]) * xh);

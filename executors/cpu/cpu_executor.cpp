@@ -241,12 +241,7 @@ void run_row_pass(const Step& st, const Memory& mem) {
             w = ins.width_out;
             break;
           case Instr::Kind::BatchNormApply:
-            for (int64_t c = 0; c < w; ++c) {
-              float y = (x[c] - b.stats[c]) * b.stats[w + c];
-              if (b.wt) y *= b.wt[c];
-              if (b.bs) y += b.bs[c];
-              x[c] = y;
-            }
+            batch_norm_row(x, w, b.stats, b.wt, b.bs);
             break;
           case Instr::Kind::Save:
             std::copy(x, x + w, b.save + r * w);
@@ -269,10 +264,7 @@ void run_column_stats(const Step& st, const Memory& mem) {
 
   if (st.input < 0) {  // eval BatchNorm: the running statistics
     if (!rm || !rv) throw std::invalid_argument("cpu executor: eval BatchNorm without running stats");
-    for (int64_t c = 0; c < w; ++c) {
-      stats[c] = rm[c];
-      stats[w + c] = static_cast<float>(1.0 / std::sqrt(static_cast<double>(rv[c]) + n.eps));
-    }
+    running_stats_row(rm, rv, n.eps, w, stats);
     return;
   }
 

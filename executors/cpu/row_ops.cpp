@@ -48,17 +48,21 @@ void softmax_row(bool log, float* x, int64_t w) {
   }
 }
 
+GroupStats group_stats(const float* v, int64_t gs, double eps) {
+  double mean = 0;
+  for (int64_t c = 0; c < gs; ++c) mean += v[c];
+  mean /= static_cast<double>(gs);
+  double var = 0;
+  for (int64_t c = 0; c < gs; ++c) var += (v[c] - mean) * (v[c] - mean);
+  var /= static_cast<double>(gs);
+  return {mean, 1.0 / std::sqrt(var + eps)};
+}
+
 void group_norm_row(const Node& n, float* x, int64_t w, const float* wt, const float* bs) {
   const int64_t gs = w / n.groups;
   for (int64_t g = 0; g < n.groups; ++g) {
     float* v = x + g * gs;
-    double mean = 0;
-    for (int64_t c = 0; c < gs; ++c) mean += v[c];
-    mean /= static_cast<double>(gs);
-    double var = 0;
-    for (int64_t c = 0; c < gs; ++c) var += (v[c] - mean) * (v[c] - mean);
-    var /= static_cast<double>(gs);
-    const double rstd = 1.0 / std::sqrt(var + n.eps);
+    const auto [mean, rstd] = group_stats(v, gs, n.eps);
     for (int64_t c = 0; c < gs; ++c) {
       const int64_t col = g * gs + c;
       double y = (v[c] - mean) * rstd;
@@ -66,6 +70,22 @@ void group_norm_row(const Node& n, float* x, int64_t w, const float* wt, const f
       if (bs) y += bs[col];
       v[c] = static_cast<float>(y);
     }
+  }
+}
+
+void batch_norm_row(float* x, int64_t w, const float* stats, const float* wt, const float* bs) {
+  for (int64_t c = 0; c < w; ++c) {
+    float y = (x[c] - stats[c]) * stats[w + c];
+    if (wt) y *= wt[c];
+    if (bs) y += bs[c];
+    x[c] = y;
+  }
+}
+
+void running_stats_row(const float* rm, const float* rv, double eps, int64_t w, float* stats) {
+  for (int64_t c = 0; c < w; ++c) {
+    stats[c] = rm[c];
+    stats[w + c] = static_cast<float>(1.0 / std::sqrt(static_cast<double>(rv[c]) + eps));
   }
 }
 
@@ -77,6 +97,18 @@ PoolWindow pool_window(const Node& n, int64_t o, int64_t w) {
   return {st, en, static_cast<float>(n.count_include_pad ? pool_size : en - st)};
 }
 
+int64_t max_pool_at(const float* x, int64_t st, int64_t en) {
+  int64_t at = -1;
+  float m = -std::numeric_limits<float>::infinity();
+  for (int64_t c = st; c < en; ++c)
+    if (x[c] > m || gf_isnan(x[c])) {
+      m = x[c];
+      at = c;
+      if (gf_isnan(m)) break;
+    }
+  return at;
+}
+
 void pool_row(const Node& n, const float* x, int64_t w, float* out, int64_t w_out) {
   for (int64_t o = 0; o < w_out; ++o) {
     const auto [st, en, divisor] = pool_window(n, o, w);
@@ -85,10 +117,8 @@ void pool_row(const Node& n, const float* x, int64_t w, float* out, int64_t w_ou
       for (int64_t c = st; c < en; ++c) s += x[c];
       out[o] = static_cast<float>(s / static_cast<double>(divisor));
     } else {
-      float m = -std::numeric_limits<float>::infinity();  // padding is -inf
-      for (int64_t c = st; c < en; ++c)
-        if (x[c] > m || gf_isnan(x[c])) m = x[c];  // as PyTorch: NaN wins
-      out[o] = m;
+      const int64_t at = max_pool_at(x, st, en);
+      out[o] = at >= 0 ? x[at] : -std::numeric_limits<float>::infinity();  // padding is -inf
     }
   }
 }

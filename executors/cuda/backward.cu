@@ -81,19 +81,23 @@ struct BackwardLayout {
     return at;
   }
 
+  int64_t slots = 0;  // the row backward's CTAs: vals, g and sinks hold a row per slot
+
   BackwardLayout(const Plan& plan, const BackwardPlan& bp) {
     const Chain& ch = plan.chain;
     const int n = static_cast<int>(ch.nodes.size());
     const int64_t M = plan.M, wv = ch.row_width(bp.start);
+    slots = M > 0 ? row_backward_slots(M) : 0;
+    const int64_t S = slots;
     int64_t wmax = wv;
     dv = add(4 * M * wv);
     if (plan.dtype != DType::F32) dv16 = add(2 * M * wv);
     const size_t scratch = total;  // the row backward's buffers, then dW's over them
     for (int j = bp.start + 1; j <= n; ++j) {
-      vals[j] = add(4 * M * ch.row_width(j));
+      vals[j] = add(4 * S * ch.row_width(j));
       wmax = std::max(wmax, ch.row_width(j));
     }
-    g = add(4 * 2 * M * wmax);
+    g = add(4 * 2 * S * wmax);
     for (int i = bp.start; i < n; ++i) {
       const Node& nd = ch.nodes[i];
       const Instr& in = bp.program[i - bp.start];
@@ -101,7 +105,7 @@ struct BackwardLayout {
         acc[nd.b.index] = add(4 * M * ch.row_width(nd.b.index));
       auto sink = [&](int index, int64_t cols) {
         if (index >= 0 && !sinks.count(index)) {
-          sinks[index] = add(4 * M * cols);
+          sinks[index] = add(4 * S * cols);
           sink_cols[index] = cols;
         }
       };
@@ -328,7 +332,7 @@ void CudaExecutor::backward(const Plan& plan, const BackwardPlan& bp, const Back
     for (const auto& [j, off] : L.acc)
       GF_CUDA_CHECK(cudaMemsetAsync(at(off), 0, 4 * M * ch.row_width(j), stream));
     for (const auto& [t, off] : L.sinks)
-      GF_CUDA_CHECK(cudaMemsetAsync(at(off), 0, 4 * M * L.sink_cols.at(t), stream));
+      GF_CUDA_CHECK(cudaMemsetAsync(at(off), 0, 4 * L.slots * L.sink_cols.at(t), stream));
     // The instructions, shared by every segment.
     std::vector<BwInstr> ins(n - bp.start);
     for (int i = bp.start; i < n; ++i) {
@@ -425,6 +429,7 @@ void CudaExecutor::backward(const Plan& plan, const BackwardPlan& bp, const Back
       if (s.n + 1 > kMaxBackwardInstrs) throw Unsupported("CUDA backward: the chain is too long");
       for (int i = 0; i < s.n; ++i) s.ins[i] = ins[i];
       s.M = M;
+      s.slots = L.slots;
       s.v0 = a.saved + bp.saved.v;
       s.w0 = static_cast<int32_t>(wv);
       s.vals = reinterpret_cast<float*>(ws);
@@ -478,7 +483,7 @@ void CudaExecutor::backward(const Plan& plan, const BackwardPlan& bp, const Back
     // into gradients these do not touch).
     for (const auto& [t, off] : L.sinks)
       if (a.grad_operands.at(t))
-        launch_column_sums(at(off), M, L.sink_cols.at(t), a.grad_operands[t], 1.f, true, stream);
+        launch_column_sums(at(off), L.slots, L.sink_cols.at(t), a.grad_operands[t], 1.f, true, stream);
   }
 
   float* gx = static_cast<float*>(a.grad_x);

@@ -1,6 +1,6 @@
-// The CUDA row backward (row_backward.h). A CTA per row, 256 threads over the columns; the
-// row's values live in global scratch (one row of each value: L2-resident while the CTA
-// works on it), reductions go through warp shuffles and shared memory. The formulas are the
+// The CUDA row backward (row_backward.h). A CTA per row at a time, 256 threads over the
+// columns; the row's values live in the CTA's slot of global scratch (one row of each value,
+// reused by its next row: L2-resident), reductions go through warp shuffles and shared memory. The formulas are the
 // CPU reference's (cpu_backward.cpp), in fp32.
 #include "row_backward.h"
 
@@ -50,12 +50,13 @@ __device__ float block_reduce(float v, float* red) {
 
 struct Row {
   const BwSegment& s;
-  int64_t r;
+  int64_t r;     // the row
+  int64_t slot;  // the CTA's scratch and sink rows
   float* red;
   __device__ const float* value(int j) const {
-    return j == 0 ? s.v0 + r * s.w0 : s.vals + s.val_off[j] + r * width(j);
+    return j == 0 ? s.v0 + r * s.w0 : s.vals + s.val_off[j] + slot * width(j);
   }
-  __device__ float* value_w(int j) const { return s.vals + s.val_off[j] + r * width(j); }
+  __device__ float* value_w(int j) const { return s.vals + s.val_off[j] + slot * width(j); }
   __device__ int width(int j) const { return j == 0 ? s.w0 : s.ins[j - 1].wout; }
 
   __device__ float operand(const BwInstr& in, int64_t c) const {
@@ -199,8 +200,8 @@ struct Row {
         const float xh = (xg[c] - mean) * rstd, gw = g[col] * (in.weight ? in.weight[col] : 1.f);
         m1 += gw;
         m2 += gw * xh;
-        if (in.weight_grad) in.weight_grad[r * w + col] += g[col] * xh;
-        if (in.bias_grad) in.bias_grad[r * w + col] += g[col];
+        if (in.weight_grad) in.weight_grad[slot * w + col] += g[col] * xh;
+        if (in.bias_grad) in.bias_grad[slot * w + col] += g[col];
       }
       m1 = (per_warp ? warp_sum(m1) : block_reduce<Red::Sum>(m1, red)) / gs;
       m2 = (per_warp ? warp_sum(m2) : block_reduce<Red::Sum>(m2, red)) / gs;
@@ -231,7 +232,10 @@ struct Row {
           const Grad2 d = binary_grad(op, x[c], operand(in, c), in.flags & kBwReversed, g[c]);
           gi[c] = d.l;
           switch (in.opnd) {
-            case kBwCol: case kBwFull:
+            case kBwCol:
+              if (in.b_grad) in.b_grad[slot * w + c] += d.r;
+              break;
+            case kBwFull:
               if (in.b_grad) in.b_grad[r * w + c] += d.r;
               break;
             case kBwValue:
@@ -245,7 +249,7 @@ struct Row {
           const float t = block_reduce<Red::Sum>(part, red);
           if (threadIdx.x == 0) {
             if (one_wide) s.acc[in.value][r] += t;
-            else if (in.b_grad) in.b_grad[r] += t;
+            else if (in.b_grad) in.b_grad[in.opnd == kBwRow ? r : slot] += t;
           }
         }
         break;
@@ -309,8 +313,8 @@ struct Row {
         for (int c = threadIdx.x; c < w; c += kThreads) {
           const float xh = (x[c] - in.stats[c]) * in.stats[w + c];
           gi[c] = g[c] * (in.weight ? in.weight[c] : 1.f) * in.stats[w + c];
-          if (in.weight_grad) in.weight_grad[r * w + c] += g[c] * xh;
-          if (in.bias_grad) in.bias_grad[r * w + c] += g[c];
+          if (in.weight_grad) in.weight_grad[slot * w + c] += g[c] * xh;
+          if (in.bias_grad) in.bias_grad[slot * w + c] += g[c];
         }
         break;
     }
@@ -320,13 +324,14 @@ struct Row {
 
 __global__ void __launch_bounds__(kThreads) row_backward_kernel(const BwSegment s) {
   __shared__ float red[kWarps];
-  for (int64_t r = blockIdx.x; r < s.M; r += gridDim.x) {
-    Row row{s, r, red};
+  const int64_t slot = blockIdx.x;  // gridDim.x == s.slots
+  for (int64_t r = slot; r < s.M; r += gridDim.x) {
+    Row row{s, r, slot, red};
     for (int i = 0; i < s.n; ++i) row.forward(i);
     const int top = s.n;
     const int wt = row.width(top);
-    float* g = s.g_scratch + r * s.w_max;
-    float* g2 = s.g_scratch + (s.M + r) * s.w_max;
+    float* g = s.g_scratch + slot * s.w_max;
+    float* g2 = s.g_scratch + (s.slots + slot) * s.w_max;
     if (s.bn_top >= 0) {  // the top value is a batch-statistics BatchNorm's input
       const BwInstr& in = s.ins[s.bn_top];
       const float* x = row.value(top);
@@ -409,11 +414,13 @@ __global__ void __launch_bounds__(kSumCols * kSumRowGroups)
 
 }  // namespace
 
+int64_t row_backward_slots(int64_t M) { return std::min<int64_t>(M, int64_t(sm_count()) * 2); }
+
 void launch_row_backward(const BwSegment& seg, cudaStream_t stream) {
   if (seg.M <= 0) return;
   if (seg.n > kMaxBackwardInstrs) throw Unsupported("CUDA backward: the chain is too long");
-  const int64_t grid = std::min<int64_t>(seg.M, int64_t(sm_count()) * 8);
-  row_backward_kernel<<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(seg);
+  if (seg.slots <= 0 || seg.slots > seg.M) throw std::logic_error("CUDA backward: slots out of range");
+  row_backward_kernel<<<static_cast<unsigned>(seg.slots), kThreads, 0, stream>>>(seg);
   GF_LAUNCH_CHECK();
 }
 

@@ -1,8 +1,11 @@
 // The CUDA row backward (backward.h's RowBackward steps): a CTA per row recomputes the
 // chain's values from the saved GEMM output into a scratch row per value, then runs every
 // stage's derivative in reverse (pointwise.h's Pointwise<Op>::bwd for the pointwise ops).
-// Gradients of operand tensors go to per-row sinks that a column reduction sums afterwards,
-// so the result does not depend on the order in which CTAs run.
+// The grid is `slots` CTAs, each taking rows slot, slot + slots, ... in order, with its own
+// scratch rows (values, gradients) reused row after row: the scratch is slots rows deep, not
+// M, and stays in L2. Gradients of operand vectors (Col, Scalar, norms' affine parameters)
+// add into the slot's sink row, in row order; a column reduction sums the slots' rows in a
+// fixed order afterwards, so the result does not depend on the order in which CTAs run.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -35,10 +38,11 @@ struct BwInstr {
   int32_t win = 0, wout = 0;
   int32_t groups = 1, kernel = 1, stride = 1, padding = 0;
   const float* b = nullptr;     // the operand tensor (kBwScalar .. kBwFull)
-  float* b_grad = nullptr;      // its gradient sink: [M] (Scalar), [M, win] (Col, Full), [M] (Row)
+  float* b_grad = nullptr;      // its gradient: sinks [slots] (Scalar), [slots, win] (Col); the
+                                // gradient itself [M, win] (Full), [M] (Row)
   const float* weight = nullptr;  // norms' affine parameters, [win]
   const float* bias = nullptr;
-  float* weight_grad = nullptr;   // their sinks, [M, win]
+  float* weight_grad = nullptr;   // their sinks, [slots, win]
   float* bias_grad = nullptr;
   const float* stats = nullptr;   // BatchNorm: [3, win] mean, invstd, var (saved or running)
 };
@@ -49,9 +53,10 @@ struct BwSegment {
   int32_t lo = 0;                     // nodes lo .. hi-1 are differentiated (relative to start)
   BwInstr ins[kMaxBackwardInstrs];
   int64_t M = 0;
+  int64_t slots = 0;                  // the grid (row_backward_slots): scratch rows per buffer
   const float* v0 = nullptr;          // the saved start value, [M, w0]
   int32_t w0 = 0;
-  float* vals = nullptr;              // scratch: value j (relative, 1..n) at vals + off[j] + r * w_j
+  float* vals = nullptr;              // scratch: value j (relative, 1..n) at vals + off[j] + slot * w_j
   int64_t val_off[kMaxBackwardInstrs + 1] = {};
   float* acc[kMaxBackwardInstrs + 1] = {};  // value j's gradient from reads of v<j>, [M, w_j]
   const float* g_top = nullptr;       // the gradient at the top value, [M, w_top]
@@ -60,12 +65,16 @@ struct BwSegment {
   int32_t bn_top = -1;
   const float* bn_sum_g = nullptr;
   const float* bn_sum_gx = nullptr;
-  float* g_scratch = nullptr;         // [2, M, w_max]
+  float* g_scratch = nullptr;         // [2, slots, w_max]
   int32_t w_max = 0;
   float* out = nullptr;               // the gradient at value lo, [M, w_lo]
   float* out_gx = nullptr;            // with a BatchNorm below: g x-hat per row, [M, w_lo]
   int32_t bn_below = -1;              // that BatchNorm (relative)
 };
+
+// The row backward's grid for M rows on this device: two CTAs an SM (at most M), so that the
+// slots' scratch rows (a few 32 KB rows each at the seed width) stay within L2.
+int64_t row_backward_slots(int64_t M);
 
 void launch_row_backward(const BwSegment& seg, cudaStream_t stream);
 

@@ -457,6 +457,7 @@ void CudaExecutor::backward(const Plan& plan, const BackwardPlan& bp, const Back
       } else {
         s.out = dv;
       }
+      plan_pointwise_runs(s);
       launch_row_backward(s, stream);
       if (lo > bp.start) {  // the column sums the segment below needs, and the affine grads
         const int b = lo - 1;

@@ -74,6 +74,81 @@ struct Row {
     }
   }
 
+  // A pointwise stage on one element (forward and forward_run compute alike).
+  __device__ float pointwise_fwd(const BwInstr& in, float v, int64_t c) const {
+    return (in.flags & kBwBinary)
+               ? apply_binary(static_cast<OpCode>(in.op), v, operand(in, c), in.flags & kBwReversed)
+               : apply_unary(static_cast<OpCode>(in.op), v, in.pp);
+  }
+
+  // ---- a run of pointwise stages [a, b) (run_first): value b from value a, per element -------
+  __device__ void forward_run(int a, int b) {
+    const float* x = value(a);
+    float* y = value_w(b);
+    const int w = s.ins[a].win;
+    for (int c = threadIdx.x; c < w; c += kThreads) {
+      float v = x[c];
+      for (int i = a; i < b; ++i) v = pointwise_fwd(s.ins[i], v, c);
+      y[c] = v;
+    }
+    __syncthreads();
+  }
+
+  // The gradient at value a (gi) from the one at value b (g) through the run [a, b): each
+  // element's values recomputed in registers, then the stages' derivatives in reverse, as
+  // backward() computes them stage by stage (the same operations in the same order).
+  __device__ void backward_run(int a, int b, const float* g, float* gi) {
+    const int w = s.ins[a].win;
+    float part[kMaxPointwiseRun] = {};  // Scalar / Row operands and one-wide values: the row's sum
+    for (int c = threadIdx.x; c < w; c += kThreads) {
+      float v[kMaxPointwiseRun + 1];
+      v[0] = value(a)[c];
+#pragma unroll
+      for (int k = 0; k < kMaxPointwiseRun; ++k)
+        if (a + k < b) v[k + 1] = pointwise_fwd(s.ins[a + k], v[k], c);
+      float gc = g[c];
+#pragma unroll
+      for (int k = kMaxPointwiseRun - 1; k >= 0; --k) {
+        if (a + k >= b) continue;
+        const BwInstr& in = s.ins[a + k];
+        const OpCode op = static_cast<OpCode>(in.op);
+        if (!(in.flags & kBwBinary)) {
+          gc = unary_grad(op, v[k], v[k + 1], gc, in.pp);
+          continue;
+        }
+        const Grad2 d = binary_grad(op, v[k], operand(in, c), in.flags & kBwReversed, gc);
+        gc = d.l;
+        switch (in.opnd) {
+          case kBwCol:
+            if (in.b_grad) in.b_grad[slot * w + c] += d.r;
+            break;
+          case kBwFull:
+            if (in.b_grad) in.b_grad[r * w + c] += d.r;
+            break;
+          case kBwValue:
+            if (width(in.value) != 1) s.acc[in.value][r * w + c] += d.r;
+            else part[k] += d.r;
+            break;
+          default: part[k] += d.r;
+        }
+      }
+      gi[c] = gc;
+    }
+#pragma unroll
+    for (int k = 0; k < kMaxPointwiseRun; ++k) {
+      if (a + k >= b) break;
+      const BwInstr& in = s.ins[a + k];
+      const bool one_wide = in.opnd == kBwValue && width(in.value) == 1;
+      if (!(in.flags & kBwBinary) || !(in.opnd == kBwScalar || in.opnd == kBwRow || one_wide)) continue;
+      const float t = block_reduce<Red::Sum>(part[k], red);
+      if (threadIdx.x == 0) {
+        if (one_wide) s.acc[in.value][r] += t;
+        else if (in.b_grad) in.b_grad[in.opnd == kBwRow ? r : slot] += t;
+      }
+    }
+    __syncthreads();
+  }
+
   // ---- forward: value i+1 from value i ------------------------------------------------------
   __device__ void forward(int i) {
     const BwInstr& in = s.ins[i];
@@ -327,7 +402,15 @@ __global__ void __launch_bounds__(kThreads) row_backward_kernel(const BwSegment 
   const int64_t slot = blockIdx.x;  // gridDim.x == s.slots
   for (int64_t r = slot; r < s.M; r += gridDim.x) {
     Row row{s, r, slot, red};
-    for (int i = 0; i < s.n; ++i) row.forward(i);
+    for (int i = 0; i < s.n;) {
+      int b = i + 1;
+      while (b < s.n && s.run_first[b] == i) ++b;
+      if (b - i > 1)
+        row.forward_run(i, b);
+      else
+        row.forward(i);
+      i = b;
+    }
     const int top = s.n;
     const int wt = row.width(top);
     float* g = s.g_scratch + slot * s.w_max;
@@ -352,12 +435,17 @@ __global__ void __launch_bounds__(kThreads) row_backward_kernel(const BwSegment 
       __syncthreads();
     };
     add_acc(top);
-    for (int i = s.n - 1; i >= s.lo; --i) {
-      row.backward(i, g, g2);
+    for (int i = s.n - 1; i >= s.lo;) {
+      const int a = s.run_first[i];  // runs start at lo or above (plan_pointwise_runs)
+      if (a < i)
+        row.backward_run(a, i + 1, g, g2);
+      else
+        row.backward(i, g, g2);
       float* t = g;
       g = g2;
       g2 = t;
-      add_acc(i);
+      add_acc(a);
+      i = a - 1;
     }
     const int wl = row.width(s.lo);
     if (s.bn_below >= 0) {  // g is at a batch-statistics BatchNorm's output
@@ -413,6 +501,27 @@ __global__ void __launch_bounds__(kSumCols * kSumRowGroups)
 }
 
 }  // namespace
+
+void plan_pointwise_runs(BwSegment& seg) {
+  const int n = seg.n;
+  bool keep[kMaxBackwardInstrs + 1] = {};  // values held in scratch
+  keep[0] = keep[n] = true;
+  if (seg.lo <= n) keep[seg.lo] = true;
+  if (seg.bn_below >= 0) keep[seg.bn_below] = keep[seg.bn_below + 1] = true;
+  for (int i = 0; i < n; ++i) {
+    const BwInstr& in = seg.ins[i];
+    if (in.kind != kBwPointwise) keep[i] = keep[i + 1] = true;
+    if (in.opnd == kBwValue && in.value >= 0 && in.value <= n) keep[in.value] = true;
+  }
+  for (int j = 0; j <= n; ++j)
+    if (seg.acc[j]) keep[j] = true;
+  for (int i = 0; i < n; ++i) {
+    const int first = i > 0 ? seg.run_first[i - 1] : 0;
+    const bool joins = i > 0 && !keep[i] && seg.ins[i].kind == kBwPointwise &&
+                       seg.ins[i - 1].kind == kBwPointwise && i - first < kMaxPointwiseRun;
+    seg.run_first[i] = static_cast<int8_t>(joins ? first : i);
+  }
+}
 
 int64_t row_backward_slots(int64_t M) { return std::min<int64_t>(M, int64_t(sm_count()) * 2); }
 

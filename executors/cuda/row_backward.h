@@ -18,6 +18,8 @@
 namespace gemmfuse::cuda {
 
 constexpr int kMaxBackwardInstrs = 24;
+// The most pointwise stages one register run takes (BwSegment::run_first).
+constexpr int kMaxPointwiseRun = 8;
 
 enum : uint8_t {
   kBwPointwise = 0, kBwReduce, kBwSoftmax, kBwGroupNorm, kBwPool, kBwBatchNorm
@@ -70,7 +72,16 @@ struct BwSegment {
   float* out = nullptr;               // the gradient at value lo, [M, w_lo]
   float* out_gx = nullptr;            // with a BatchNorm below: g x-hat per row, [M, w_lo]
   int32_t bn_below = -1;              // that BatchNorm (relative)
+  // Stage i belongs to the run of pointwise stages run_first[i] .. (i itself where it runs
+  // alone): at most kMaxPointwiseRun stages whose inner values nothing else reads (no other
+  // stage, residual read, segment end or BatchNorm), computed and differentiated per element
+  // in registers; only the run's input and output values are kept in scratch.
+  int8_t run_first[kMaxBackwardInstrs] = {};
 };
+
+// Fills seg.run_first from its instructions, lo, bn_below and acc (backward.cu, once per
+// segment).
+void plan_pointwise_runs(BwSegment& seg);
 
 // The row backward's grid for M rows on this device: two CTAs an SM (at most M), so that the
 // slots' scratch rows (a few 32 KB rows each at the seed width) stay within L2.

@@ -5,6 +5,8 @@
 # Here, first:  make wheel && mkdir -p .gpu && cp dist/gemmfuse-*.whl build/tests/cpp/gemmfuse_*tests .gpu/
 # There:        TESTS=1 SANITIZE=1 BENCH=1 [BENCH_ARGS="..."] [PYTEST_ARGS="..."] bash scripts/device-run.sh
 #               SANITIZE_PY="-k ..." runs memcheck and racecheck over that pytest selection too.
+#               The backward's kernels run only from Python (SANITIZE's gtests do not reach them):
+#               GEMMFUSE_GPU_GRAD_FUZZ_N=8 SANITIZE_PY="-k 'fuzz_backward and cuda'" does.
 #               DDP="m99 m84" runs gemmfuse.bench.ddp on two GPUs per model; PROFILE="m94"
 #               bench/micro/train_profile.py.
 #   GEMMFUSE_GIT_COMMIT=<hash>: the commit the bench records (the copied tree's .git may be older).

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from . import _lib, direct
+from .runtime import DATA_WRITES
 from .reports import compiled_graphs
 from .dynamo_module import GemmfuseDynamoModule
 from .optimized import optimize
@@ -96,6 +97,8 @@ def explain_text(module) -> str:
     if rep.retraced:
         out.append(f"traced again {len(rep.retraced)} time(s), because these changed since the "
                    f"previous trace: " + ", ".join(rep.retraced))
+    if fused:
+        out.append("weights: prepared data follows version counters; " + DATA_WRITES)
     if direct.active(module):
         out.append("call path: direct (the whole forward is one fused chain; hooks, keyword "
                    "arguments, tracing and compiling take the normal module call)")

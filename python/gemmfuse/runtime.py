@@ -8,6 +8,7 @@ own. Every such fallback is counted with its reason
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 from typing import Optional
 
@@ -61,6 +62,25 @@ def _watch_optimizer_steps():
         _optimizer_hook = register_optimizer_step_post_hook(_bump_versions_after_step)
 
 
+DATA_WRITES = ("writes through .data (p.data.copy_(...), p.data.mul_(...)) bypass the version "
+               "counters that prepared weights (split parts, folded BatchNorm, column sums) key on: "
+               "call gemmfuse.weights_changed(module) after them; torch.optim steps, in-place ops "
+               "on parameters and load_state_dict are seen")
+_data_writes_warned = False
+
+
+def _warn_data_writes_once():
+    """Prepared weights cannot see writes through ``.data`` (detecting them would take a
+    fingerprint of every weight on every call): say so once per process, when the first
+    chain is fused."""
+    global _data_writes_warned
+    if not _data_writes_warned:
+        _data_writes_warned = True
+        where = ({"skip_file_prefixes": (os.path.dirname(__file__),)} if sys.version_info >= (3, 12)
+                 else {"stacklevel": 5})  # the caller of optimize (or of the compiled module)
+        warnings.warn("gemmfuse: " + DATA_WRITES, **where)
+
+
 class ChainRuntime:
     """Everything one fused chain needs at call time. Lives as a plain attribute of the
     optimized GraphModule (not a submodule: it holds no parameters and adds no state_dict
@@ -71,6 +91,7 @@ class ChainRuntime:
                  fallback: fx.GraphModule, in_features: int, x_rank: Optional[int] = None,
                  guards: tuple = (), module_idx=None, weight_kn: bool = False):
         _watch_optimizer_steps()
+        _warn_data_writes_once()
         self.index = index
         self.specs = specs                # training flags tuple -> spec text
         self.x_idx, self.w_idx, self.b_idx = x_idx, w_idx, b_idx

@@ -59,6 +59,9 @@ def test_bench_gemmfuse(tmp_path):
         assert not r.get("error"), r
         assert r["finite"] and r["rel_err"] < (1e-2 if r["dtype"] == "bfloat16" else 1e-3), r
         assert isinstance(r["pass"], bool)  # the promise itself is the library's tests' business
+        if r["mode"].startswith("gemmfuse-"):  # what ran: fused calls and routes, per chain
+            (route,) = r["routes"]
+            assert route["fused_calls"] + sum(route["fallbacks"].values()) > 0, r["routes"]
     assert {s["M"] for s in res["sweep"]} == {1, 8}
     assert all(s.get("tflops", 0) > 0 and not s.get("error") for s in res["sweep"])
 

@@ -213,3 +213,19 @@ def test_weights_changed_after_data_write():
     model.linear.weight.data.mul_(2)
     gemmfuse.weights_changed(opt)
     _check(opt, model, inputs[0], "m18 after .data write + weights_changed")
+
+
+def test_data_writes_limit_said_once_and_in_explain(monkeypatch):
+    """The first fused chain of a process warns that writes through .data are not seen; later
+    ones do not; explain says it for every optimized module."""
+    import warnings
+
+    from gemmfuse import runtime
+    monkeypatch.setattr(runtime, "_data_writes_warned", False)
+    model, inputs = make_seed("m18")
+    with pytest.warns(UserWarning, match=r"weights_changed"):
+        opt = gemmfuse.optimize(model, inputs)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        gemmfuse.optimize(make_seed("m18")[0], inputs)
+    assert "writes through .data" in gemmfuse.explain(opt)

@@ -263,6 +263,19 @@ def _explain(obj):
         return f"(explain failed: {type(e).__name__}: {e})"[:400]
 
 
+def _routes(opt):
+    """What each chain of an optimized module ran over the timed calls: fused calls, calls
+    routed to PyTorch by reason, and the route timer's figures (fused ms, PyTorch ms)."""
+    try:
+        from gemmfuse import runtimes
+        return [{"fused_calls": rt.fused_calls, "fallbacks": dict(rt.fallbacks),
+                 "timed_ms": [[round(v, 5) if v is not None else None for v in t]
+                              for t in rt.timed.values()]}
+                for rt in runtimes(opt)]
+    except Exception as e:  # informative only
+        return f"(routes failed: {type(e).__name__}: {e})"[:400]
+
+
 @contextlib.contextmanager
 def _tf32(on):
     old = torch.backends.cuda.matmul.allow_tf32
@@ -437,6 +450,8 @@ def _measure_all(variants, model, sets, ref, ref_state, cfg, dev, progress, task
     for v, (rec, timer) in zip(variants, built):
         if timer is not None and not rec.get("error"):
             rec.update(timer.summary())
+            if v.startswith("gemmfuse-"):
+                rec["routes"] = _routes(timer.fn)
         progress.update(tasks[v], completed=_calls_per_variant(cfg))
         records.append(rec)
     del built

@@ -6,6 +6,7 @@
 #include <tuple>
 #include <unordered_map>
 
+#include "graph_capture.h"
 #include "tensor_identity.h"
 
 namespace gemmfuse::bindings {
@@ -29,7 +30,7 @@ c10::Stream current_stream(const at::Tensor& t) {
 
 at::Tensor fp32_operand(const at::Tensor& t) {
   if (t.scalar_type() == at::kFloat && t.is_contiguous()) return t;
-  if (t.is_inference() || t.numel() == 0) return t.to(at::kFloat).contiguous();
+  if (t.is_inference() || t.numel() == 0 || graph_capturing(t)) return t.to(at::kFloat).contiguous();
   const c10::Stream stream = current_stream(t);
   std::lock_guard<std::mutex> lock(g_mutex);
   auto it = g_entries.find(t.data_ptr());

@@ -1,10 +1,14 @@
 // TORCH_LIBRARY(gemmfuse): the operators the Python front calls.
-//   run       the chain on x (CPU, CUDA; Meta gives the shape for torch.compile/export)
+//   run       the chain on x (CPU, CUDA; Meta gives the shape for torch.compile/export);
+//             differentiable (run_autograd.cpp)
+//   stateless the same for chains without state (no running statistics): what `run` calls
+//             below autograd for them, so that graphs see an op that mutates nothing
 //   describe  the plan as text (for gemmfuse.explain), or "gemmfuse unsupported: ..." raised
 //   route     "" where the plan (inference or training) runs fused, else why PyTorch is faster
 //   check     "" when a spec parses, else the reason
 //   train_forward, train_backward, update_running_stats: the differentiable form (train_ops.cpp)
 //   ops       the op table, one "<name> <family>" a line (the Python capture checks its names)
+//   calls     [forward calls, training calls] of a spec in this process (explain)
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
@@ -45,17 +49,27 @@ at::Tensor run_cuda(c10::string_view spec, const at::Tensor& x, const at::Tensor
 }
 #endif
 
-// Shape only: what torch.compile's fake tensors and torch.export need.
+// `run` with no state, for each device.
+template <at::Tensor (*Run)(c10::string_view, const at::Tensor&, const at::Tensor&,
+                            const c10::optional<at::Tensor>&, at::TensorList, at::TensorList,
+                            c10::string_view)>
+at::Tensor stateless(c10::string_view spec, const at::Tensor& x, const at::Tensor& weight,
+                     const c10::optional<at::Tensor>& bias, at::TensorList operands,
+                     c10::string_view precision) {
+  return Run(spec, x, weight, bias, operands, {}, precision);
+}
+
+// Shape only: what torch.compile's fake tensors and torch.export need (sizes may be symbolic).
 at::Tensor run_meta(c10::string_view spec, const at::Tensor& x, const at::Tensor& weight,
                     const c10::optional<at::Tensor>&, at::TensorList, at::TensorList,
                     c10::string_view) {
   auto chain = chain_for(str(spec));
-  TORCH_CHECK(x.dim() >= 1 && x.size(-1) == chain->in_features,
+  TORCH_CHECK(x.dim() >= 1 && x.sym_size(-1) == chain->in_features,
               "mat1 and mat2 shapes cannot be multiplied");
   TORCH_CHECK(x.scalar_type() == weight.scalar_type(),
               "expected m1 and m2 to have the same dtype, but got: ", x.scalar_type(), " != ",
               weight.scalar_type());
-  return at::empty(output_shape(*chain, x.sizes()), x.options());
+  return at::empty_symint(output_sym_shape(*chain, x.sym_sizes()), x.options());
 }
 
 // The training plan and its backward (what runs while autograd records), or why the chain
@@ -113,6 +127,8 @@ std::string route(c10::string_view spec, const at::Tensor& x, const at::Tensor& 
 
 std::string ops() { return op_table_text(); }
 
+std::vector<int64_t> calls(c10::string_view spec) { return calls_of(str(spec)); }
+
 std::string check(c10::string_view spec) {
   try {
     parse_chain(str(spec));
@@ -128,6 +144,9 @@ TORCH_LIBRARY(gemmfuse, m) {
   m.def(
       "run(str spec, Tensor x, Tensor weight, Tensor? bias, Tensor[] operands, "
       "Tensor(a!)[] state, str precision) -> Tensor");
+  m.def(
+      "stateless(str spec, Tensor x, Tensor weight, Tensor? bias, Tensor[] operands, "
+      "str precision) -> Tensor");
   m.def(
       "describe(str spec, Tensor x, Tensor weight, Tensor? bias, Tensor[] operands, "
       "Tensor[] state, str precision) -> str",
@@ -147,12 +166,22 @@ TORCH_LIBRARY(gemmfuse, m) {
       "Tensor(a!)[] state, Tensor saved, str precision) -> ()");
   m.def("check(str spec) -> str", &check);
   m.def("ops() -> str", &ops);
+  m.def("calls(str spec) -> int[]", &calls);
 }
 
-TORCH_LIBRARY_IMPL(gemmfuse, CPU, m) { m.impl("run", &run_cpu); }
-TORCH_LIBRARY_IMPL(gemmfuse, Meta, m) { m.impl("run", &run_meta); }
+TORCH_LIBRARY_IMPL(gemmfuse, CPU, m) {
+  m.impl("run", &run_cpu);
+  m.impl("stateless", &stateless<&run_cpu>);
+}
+TORCH_LIBRARY_IMPL(gemmfuse, Meta, m) {
+  m.impl("run", &run_meta);
+  m.impl("stateless", &stateless<&run_meta>);
+}
 #ifdef GEMMFUSE_WITH_CUDA
-TORCH_LIBRARY_IMPL(gemmfuse, CUDA, m) { m.impl("run", &run_cuda); }
+TORCH_LIBRARY_IMPL(gemmfuse, CUDA, m) {
+  m.impl("run", &run_cuda);
+  m.impl("stateless", &stateless<&run_cuda>);
+}
 #endif
 
 }  // namespace gemmfuse::bindings

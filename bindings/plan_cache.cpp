@@ -22,7 +22,22 @@ std::unordered_map<std::string, std::shared_ptr<const Chain>> g_chains;
 // addresses).
 std::map<std::pair<std::string, std::vector<int64_t>>, std::unique_ptr<const Plan>> g_plans;
 
+std::unordered_map<std::string, std::vector<int64_t>> g_calls;
+
 }  // namespace
+
+void count_call(c10::string_view spec, bool training) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  auto& c = g_calls[std::string(spec.data(), spec.size())];
+  if (c.empty()) c.assign(2, 0);
+  ++c[training ? 1 : 0];
+}
+
+std::vector<int64_t> calls_of(const std::string& spec) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  auto it = g_calls.find(spec);
+  return it == g_calls.end() ? std::vector<int64_t>{0, 0} : it->second;
+}
 
 DType dtype_of(const at::Tensor& t) {
   switch (t.scalar_type()) {
@@ -55,6 +70,24 @@ std::vector<int64_t> output_shape(const Chain& chain, at::IntArrayRef x_sizes) {
   std::vector<int64_t> shape(x_sizes.begin(), x_sizes.end() - 1);
   if (chain.output_has_feature_dim()) shape.push_back(chain.output_width());
   return shape;
+}
+
+c10::SymDimVector output_sym_shape(const Chain& chain, c10::SymIntArrayRef x_sizes) {
+  c10::SymDimVector shape(x_sizes.begin(), x_sizes.end() - 1);
+  if (chain.output_has_feature_dim()) shape.push_back(c10::SymInt(chain.output_width()));
+  return shape;
+}
+
+at::Tensor concrete_stand_in(const at::Tensor& t, int64_t stand_in) {
+  if (!t.defined()) return t;
+  bool symbolic = false;
+  std::vector<int64_t> sizes;
+  for (const c10::SymInt& s : t.sym_sizes()) {
+    const auto v = s.maybe_as_int();
+    symbolic = symbolic || !v.has_value();
+    sizes.push_back(v.has_value() ? *v : stand_in);
+  }
+  return symbolic ? at::empty(sizes, t.options().device(at::kMeta)) : t;
 }
 
 namespace {

@@ -32,6 +32,19 @@ const BackwardPlan& backward_plan_for(const Plan& plan);
 // keepdim=false reduction dropped it). Used by the Meta kernel and by run.
 std::vector<int64_t> output_shape(const Chain& chain, at::IntArrayRef x_sizes);
 
+// The same for sizes that may be symbolic (the fake kernels under torch.compile's dynamic
+// shapes).
+c10::SymDimVector output_sym_shape(const Chain& chain, c10::SymIntArrayRef x_sizes);
+
+// A tensor of t's dtype on the meta device whose symbolic sizes are replaced by `stand_in`
+// (t itself where every size is known): plans are made for concrete shapes only.
+at::Tensor concrete_stand_in(const at::Tensor& t, int64_t stand_in);
+
 DType dtype_of(const at::Tensor& t);
+
+// Fused calls per spec text in this process: counted by each forward the host issues
+// (`training`: the forward of a call autograd records); replays of a CUDA graph are not seen.
+void count_call(c10::string_view spec, bool training);
+std::vector<int64_t> calls_of(const std::string& spec);  // {forward calls, training calls}
 
 }  // namespace gemmfuse::bindings

@@ -5,6 +5,7 @@
 #include <utility>
 #include <vector>
 
+#include "graph_capture.h"
 #include "tensor_identity.h"
 
 namespace gemmfuse::bindings {
@@ -43,6 +44,11 @@ at::Tensor prepared_for(const Plan& plan, Executor& executor,
                         at::TensorList state) {
   const size_t bytes = executor.prepared_bytes(plan);
   if (bytes == 0) return at::Tensor();
+  if (graph_capturing(weight)) {  // prepared in the graph, on every replay
+    at::Tensor data = at::empty({static_cast<int64_t>(bytes)}, weight.options().dtype(at::kByte));
+    executor.prepare(plan, args, data.data_ptr());
+    return data;
+  }
 
   // One entry per plan and weight tensor: a model's weights replaced by new storage get a new
   // entry (the old one stays until the process ends).
@@ -68,6 +74,7 @@ at::Tensor prepared_for(const Plan& plan, Executor& executor,
 }
 
 at::Tensor borrow_prepared(const Plan& plan, const at::Tensor& weight, size_t bytes) {
+  if (graph_capturing(weight)) return at::Tensor();  // replays would write it behind the cache
   std::lock_guard<std::mutex> lock(g_mutex);
   auto it = g_entries.find({&plan, weight.data_ptr()});
   if (it == g_entries.end() || !it->second.data.defined() ||

@@ -62,16 +62,25 @@ std::tuple<at::Tensor, at::Tensor> train_forward(c10::string_view spec, const at
   return {run_on_cpu(in, s), saved};
 }
 
+// The saved tensor's length is M * v_cols + the batch statistics' (BackwardPlan::saved), so
+// for symbolic sizes it comes from the plan of a stand-in with concrete ones.
 std::tuple<at::Tensor, at::Tensor> train_forward_meta(
     c10::string_view spec, const at::Tensor& x, const at::Tensor& weight,
     const c10::optional<at::Tensor>& bias, at::TensorList operands, at::TensorList state,
     c10::string_view precision) {
-  const CallInputs in = training_inputs(spec, x, weight, bias, operands, state, precision);
+  constexpr int64_t kStandIn = 64;
+  const at::Tensor xc = concrete_stand_in(x, kStandIn);
+  std::vector<at::Tensor> ops;
+  for (const auto& o : operands) ops.push_back(concrete_stand_in(o, kStandIn));
+  const CallInputs in = training_inputs(spec, xc, weight, bias, ops, state, precision);
   const Plan& plan = training_plan(in);
   const BackwardPlan& bp = backward_plan_for(plan);
   auto chain = chain_for(std::string(spec.data(), spec.size()));
-  return {at::empty(output_shape(*chain, x.sizes()), x.options()),
-          at::empty({bp.saved.total}, x.options().dtype(at::kFloat))};
+  c10::SymInt M(1);
+  for (int64_t d = 0; d + 1 < x.dim(); ++d) M = M * x.sym_size(d);
+  const c10::SymInt saved = M * bp.saved.v_cols + (bp.saved.total - plan.M * bp.saved.v_cols);
+  return {at::empty_symint(output_sym_shape(*chain, x.sym_sizes()), x.options()),
+          at::empty_symint({saved}, x.options().dtype(at::kFloat))};
 }
 
 std::vector<at::Tensor> train_backward(c10::string_view spec, const at::Tensor& grad_out,

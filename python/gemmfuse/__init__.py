@@ -15,15 +15,16 @@ from . import _lib
 from ._lib import LibraryMissing
 from .capture import find_chains
 from .explain import explain
-from .optimized import optimize, runtimes, weights_changed
+from .optimized import fused_calls, optimize, runtimes, weights_changed
 from .runtime import PRECISIONS
 
 from . import backend as _backend
+from .backend import compiler
 
 _backend.register()
 
-__all__ = ["optimize", "explain", "find_chains", "runtimes", "weights_changed", "PRECISIONS",
-           "LibraryMissing",
+__all__ = ["optimize", "explain", "find_chains", "runtimes", "fused_calls", "weights_changed", "PRECISIONS",
+           "LibraryMissing", "compiler",
            "load_library"]
 
 

@@ -62,7 +62,6 @@ def load() -> str:
             return _loaded
         if _already_registered():  # loaded by someone else (e.g. a test harness)
             _loaded = "<already registered>"
-            _register_autograd()
             return _loaded
         tried = []
         env = os.environ.get("GEMMFUSE_LIB")
@@ -79,18 +78,12 @@ def load() -> str:
                 tried.append(f"{path} ({type(e).__name__}: {e})")
                 break
             _loaded = str(path)
-            _register_autograd()
             return _loaded
         _error = (
             "gemmfuse: the operator library libgemmfuse_ops.so could not be loaded. Install "
             "gemmfuse with `pip install .` (or `make build`) from its checkout, or point "
             "GEMMFUSE_LIB at the library. Tried:\n  " + "\n  ".join(tried))
         raise LibraryMissing(_error)
-
-
-def _register_autograd():
-    from . import autograd
-    autograd.register()
 
 
 def available() -> bool:

@@ -1,26 +1,38 @@
-"""``torch.compile(model, backend="gemmfuse")``: rewrite the chains of dynamo's graph.
+"""``torch.compile(model, backend="gemmfuse")``: the chains of dynamo's graph become the fused
+op, and Inductor compiles the rest of the graph, forward and (through AOTAutograd) backward.
 
 Dynamo hands the backend a GraphModule whose modules are inlined (``F.linear``,
 ``F.batch_norm(..., training, momentum, eps)``, ``F.group_norm``, ...) and whose parameters and
 buffers arrive as placeholders. The backend captures the chains of that graph (capture/,
-"dynamo" flavour), replaces each by one ``_run_chain`` call and returns the rewritten
-``gm.forward``; with nothing captured it returns the graph unchanged. Training flags are
-constants in such graphs (dynamo guards on them and recompiles when they change).
+"dynamo" flavour) and, for each, makes the measured choice (measure.py) between the fused op
+and Inductor's own lowering of the chain's nodes; a chain it fuses becomes one
+``gemmfuse::run`` node, an opaque op with a fake kernel and a C++ autograd node, which Inductor
+calls as it is. Then the graph goes to Inductor with the user's mode and options, so
+``mode="reduce-overhead"`` (CUDA graphs) and ``"max-autotune"`` apply to the rest.
 
-Precision: ``torch.compile(m, backend="gemmfuse", options={"precision": "fast"})``; default fp32.
-While autograd records, the chains run as the differentiable fused op (autograd.py).
+Options (``torch.compile(m, backend="gemmfuse", options={...})``):
+  ``precision``  "fp32" (default), "fast" or "tf32";
+  ``inductor``   False: the rest of the graph runs as PyTorch ops, each chain behind a
+                 ChainRuntime that checks every call (optimize()'s capture through dynamo);
+  anything else  an Inductor option, as for the default backend.
+torch.compile takes either `mode` or `options`, not both: ``gemmfuse.compiler(precision=...)``
+gives a backend with the precision built in, to use with any `mode`.
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import weakref
 
+import torch
 import torch.fx as fx
 import torch.nn as nn
 
-from . import _lib
-from .capture import compile_time_numbers, find_chains
-from .rewrite import rewrite_chain
-from .runtime import PRECISIONS
+from . import _lib, measure
+from .capture import AttrRef, compile_time_numbers, find_chains, node_info, source_key, TInfo
+from .capture.find import _attr_tensor
+from .rewrite import chain_sources, chain_subgraph, resolve, rewrite_chain, rewrite_chain_as_op
+from .runtime import PRECISIONS, always_fuse
 from .reports import ChainEntry, OptimizeReport, remember
 
 BACKEND_NAME = "gemmfuse"
@@ -29,34 +41,199 @@ BACKEND_NAME = "gemmfuse"
 def gemmfuse_backend(gm: fx.GraphModule, example_inputs, options=None, mode=None, **_):
     options = dict(options or {})
     precision = options.pop("precision", "fp32")
+    inductor = options.pop("inductor", True)
     if precision not in PRECISIONS:
         raise ValueError(f"gemmfuse backend: precision must be one of {PRECISIONS}, got {precision!r}")
-    report = OptimizeReport(precision=precision, flavor="dynamo")
-    report.graph = weakref.ref(gm)
+    report = OptimizeReport(precision=precision, flavor="inductor" if inductor else "dynamo")
     report.params = [weakref.ref(t) for t in list(example_inputs) + list(gm.parameters())
                      if isinstance(t, nn.Parameter)]
-    gm._gemmfuse = report
     remember(report)
+    rest = functools.partial(_inductor, mode=mode, options=options) if inductor else None
     if not _lib.available():
         report.rejected.append(("*", "the gemmfuse operator library is not available"))
+    elif inductor:
+        _fuse_for_inductor(gm, example_inputs, precision, report, rest)
+    else:
+        _fuse_with_runtimes(gm, example_inputs, precision, report)
+    if rest is None:
+        gm._gemmfuse = report
+        report.graph = weakref.ref(gm)
         return gm.forward
+    compiled = rest(gm, example_inputs)
+    # Inductor keeps no reference to the graph; the report does, for explain (set after
+    # compiling: Inductor's cache key pickles the graph module, and this is a cycle).
+    gm._gemmfuse = report
+    report.graph = _Held(gm)
+    return compiled
+
+
+class _Held:
+    """A strong reference with a weakref's call: the report's graph under Inductor."""
+
+    def __init__(self, gm):
+        self.gm = gm
+
+    def __call__(self):
+        return self.gm
+
+
+def _inductor(gm, example_inputs, mode=None, options=None):
+    """Inductor, with the user's mode and options, as torch.compile's default backend."""
+    return torch._TorchCompileInductorWrapper(mode, options or None, None)(gm, example_inputs)
+
+
+def _entry(chain, spec) -> ChainEntry:
+    return ChainEntry(index=chain.index, linear=chain.linear.name, nodes=chain.describe_nodes(),
+                      stop=chain.stop, form=chain.form, spec=spec, status="pytorch")
+
+
+def _fuse_with_runtimes(gm, example_inputs, precision, report):
+    """Each chain behind a ChainRuntime (checks, timed routes and fallbacks per call)."""
     cap = find_chains(gm, "dynamo", check=_lib.check,
                       numbers=compile_time_numbers(gm, example_inputs))
     report.rejected = list(cap.rejected)
     remap: dict = {}
-    fused = 0
     for chain in cap.chains:
-        entry = ChainEntry(index=chain.index, linear=chain.linear.name,
-                           nodes=chain.describe_nodes(), stop=chain.stop, form=chain.form, spec=chain.spec(()),
-                           status="pytorch")
+        entry = _entry(chain, chain.spec(()))
         report.entries.append(entry)
         attr = f"_gemmfuse_chain_{chain.index}"
         rewrite_chain(gm, chain, precision, remap, attr)
         entry.status, entry.attr = "fused", attr
-        fused += 1
-    if fused:
+    if report.entries:
         gm.recompile()
-    return gm.forward
+
+
+def _fuse_for_inductor(gm, example_inputs, precision, report, rest):
+    """Each chain the planner takes and the measurement favours becomes a gemmfuse::run node.
+    Numbers the graph passes at run time are not captured as constants (numbers=None): a
+    compiled graph cannot fall back per call, so a chain stops before such a number."""
+    cap = find_chains(gm, "dynamo", check=_lib.check)
+    report.rejected = list(cap.rejected)
+    real = {n: v for n, v in zip((n for n in gm.graph.nodes if n.op == "placeholder"), example_inputs)}
+    training = torch.is_grad_enabled() and any(
+        isinstance(t, torch.Tensor) and t.requires_grad for t in example_inputs)
+    remap: dict = {}
+    for chain in cap.chains:
+        spec = chain.spec(())
+        entry = _entry(chain, spec)
+        report.entries.append(entry)
+        try:
+            why = _why_not(gm, chain, spec, precision, real, training, remap, entry, rest)
+        except Exception as e:  # noqa: BLE001 - never an error where Inductor alone works
+            why = f"left to Inductor after an error while choosing: {type(e).__name__}: {e}"[:400]
+        if why:
+            entry.reason = why
+            continue
+        rewrite_chain_as_op(gm, chain, spec, precision, remap)
+        entry.status = "fused"
+    if any(e.status == "fused" for e in report.entries):
+        gm.recompile()
+
+
+def _why_not(gm, chain, spec, precision, real, training, remap, entry, rest) -> str:
+    """'' where the chain runs fused, else why Inductor runs it. Fills entry.plan and
+    entry.choice."""
+    sources, index = chain_sources(chain, remap)
+    try:
+        inputs = [_example(gm, src, real, training) for src in sources]
+    except _NoExample as e:
+        return f"no example value for an input of the chain ({e})"
+    call = _fused_call(chain, spec, precision, index, remap)
+    x, w, b, ops, state = call.tensors(inputs)
+    try:
+        entry.plan = _lib.describe(spec, x, w, b, ops, state, precision)
+        why = "" if always_fuse() else torch.ops.gemmfuse.route(spec, x, w, b, ops, state,
+                                                                precision, training)
+    except (RuntimeError, ValueError) as e:
+        return _lib.unsupported_reason(e) if _lib.is_unsupported(e) else f"planner: {e}"
+    if why:
+        return f"the planner routes it to Inductor: {why}"
+    if always_fuse():
+        return ""
+    key = (spec, precision)
+    with _separate_compilation():  # Inductor compiles the chain's backward at its first call
+        choice = measure.choose(key, call, lambda: _own(chain, index, remap, inputs, rest),
+                                inputs, training, x.device)
+    entry.choice = choice.text()
+    return "" if choice.fused else f"measured: {choice.text()}"
+
+
+class _NoExample(Exception):
+    pass
+
+
+def _example(gm, src, real, training):
+    """A tensor standing in for one chain input while timing: the graph's real parameters and
+    inputs (detached copies: timing must not touch the model), random values of the recorded
+    shape for values the graph computes."""
+    if isinstance(src, AttrRef):
+        v = _attr_tensor(gm, src.qualname)
+        info = None
+    elif src.op == "placeholder" and src in real:
+        v, info = real[src], None
+    else:
+        info = node_info(src)
+        if not isinstance(info, TInfo):
+            raise _NoExample(src.name)
+        shape = [torch.fx.experimental.symbolic_shapes.size_hint(s) for s in info.shape]
+        make = torch.randn if info.dtype.is_floating_point else torch.zeros
+        v = make(shape, dtype=info.dtype, device=info.device)
+    if not isinstance(v, torch.Tensor):
+        return v
+    if isinstance(v, torch._subclasses.FakeTensor):
+        raise _NoExample(f"{src} is a fake tensor")
+    grad = v.requires_grad if info is None else info.requires_grad
+    out = v.detach().clone()
+    return out.requires_grad_(training and grad and out.is_floating_point())
+
+
+class _fused_call:
+    """The fused op over the chain's inputs in source order (what the graph node computes)."""
+
+    def __init__(self, chain, spec, precision, index, remap):
+        self.spec, self.precision, self.kn = spec, precision, chain.weight_kn
+
+        def at(src):
+            return index[source_key(resolve(remap, src))]
+        self.x, self.w = at(chain.x), at(chain.weight)
+        self.b = at(chain.bias) if chain.bias is not None else None
+        self.ops = [at(s) for s in chain.operands]
+        self.state = [at(s) for s in chain.state]
+
+    def tensors(self, inputs):
+        x = inputs[self.x].contiguous()
+        w = inputs[self.w].t().contiguous() if self.kn else inputs[self.w]
+        b = None if self.b is None else inputs[self.b]
+        ops = [inputs[i].to(x.dtype).contiguous() for i in self.ops]
+        return x, w, b, ops, [inputs[i] for i in self.state]
+
+    def __call__(self, inputs):
+        return torch.ops.gemmfuse.run(self.spec, *self.tensors(inputs), self.precision)
+
+
+def _own(chain, index, remap, inputs, rest):
+    """Inductor's lowering of the chain's nodes alone, compiled for these inputs."""
+    fn = rest(chain_subgraph(chain, index, remap), list(inputs))
+    return lambda args: fn(*args)
+
+
+@contextlib.contextmanager
+def _separate_compilation():
+    """A compilation of its own inside the backend call: no tracing context and fresh
+    compile metrics (dynamo's are per thread and already hold the outer compilation's)."""
+    from torch._dynamo import utils as dynamo_utils
+    from torch._dynamo.metrics_context import MetricsContext
+    tls = dynamo_utils._metrics_context_tls
+    outer = getattr(tls, "metrics_context", None)
+    tls.metrics_context = MetricsContext(on_exit=lambda *a, **k: None)
+    try:
+        with torch._guards.tracing(None):
+            yield
+    finally:
+        if outer is None:
+            del tls.metrics_context
+        else:
+            tls.metrics_context = outer
 
 
 def register():
@@ -66,3 +243,16 @@ def register():
         return
     if BACKEND_NAME not in _COMPILER_FNS:
         register_backend(gemmfuse_backend, name=BACKEND_NAME)
+
+
+def compiler(precision: str = "fp32", **options):
+    """A torch.compile backend with the precision (and any Inductor options) built in, for use
+    with a `mode`: ``torch.compile(m, backend=gemmfuse.compiler("fast"), mode="max-autotune")``."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"gemmfuse.compiler: precision must be one of {PRECISIONS}, got {precision!r}")
+
+    def backend(gm, example_inputs, **kw):
+        merged = dict(options, precision=precision, **(kw.get("options") or {}))
+        return gemmfuse_backend(gm, example_inputs, options=merged, mode=kw.get("mode"))
+    backend.__name__ = f"gemmfuse_{precision}"
+    return backend

@@ -105,9 +105,12 @@ def explain_text(module) -> str:
     for e in rep.entries:
         rt = getattr(module, e.attr) if e.attr else None
         head = f"chain {e.index} (from {e.linear}, {e.form}): "
-        head += "FUSED" if e.status == "fused" else f"left in PyTorch: {e.reason}"
+        elsewhere = "left to Inductor" if rep.flavor == "inductor" else "left in PyTorch"
+        head += "FUSED" if e.status == "fused" else f"{elsewhere}: {e.reason}"
         out.append("")
         out.append(head)
+        if e.choice and e.status == "fused":
+            out.append(f"  measured choice: {e.choice}")
         out.append("  replaces these PyTorch nodes:")
         out.extend("    " + n for n in e.nodes)
         out.append(f"  chain ends because: {e.stop or 'end of graph'}")
@@ -124,6 +127,11 @@ def explain_text(module) -> str:
         if plan:
             out.append("  plan:")
             out.append(_indent(plan))
+        if rep.flavor == "inductor" and e.status == "fused":
+            fwd, train = torch.ops.gemmfuse.calls(e.spec)
+            out.append(f"  runtime: {fwd + train} fused call(s) of this spec issued in this "
+                       f"process, {train} of them while autograd recorded (CUDA graph replays "
+                       f"are not counted)")
         if rt is not None:
             out.append(f"  runtime: {rt.fused_calls} fused call(s), {rt.train_calls} of them "
                        f"while autograd recorded")

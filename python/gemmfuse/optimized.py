@@ -256,6 +256,18 @@ def runtimes(module: nn.Module) -> list:
     return [getattr(module, e.attr) for e in rep.entries if e.attr]
 
 
+def fused_calls(module: nn.Module) -> int:
+    """How many fused calls an optimized or compiled module has issued: its chain runtimes'
+    counts, and for chains compiled into Inductor graphs the op's own count of their specs
+    (process-wide: chains of the same spec elsewhere count too)."""
+    rep = getattr(module, "_gemmfuse", None)
+    if rep is None:
+        return sum(fused_calls(gm) for gm in compiled_graphs(module))
+    if rep.flavor == "inductor":
+        return sum(sum(torch.ops.gemmfuse.calls(e.spec)) for e in rep.entries if e.status == "fused")
+    return sum(rt.fused_calls for rt in runtimes(module))
+
+
 def weights_changed(module: nn.Module) -> None:
     """Tell gemmfuse that ``module``'s parameters or buffers were written behind autograd's back
     (``p.data.copy_(...)`` and other writes through ``.data`` do not bump ``_version``, which

@@ -22,6 +22,7 @@ class ChainEntry:
     mode_modules: list = field(default_factory=list)
     example: dict = field(default_factory=dict)   # shapes used for describe
     form: str = "nn.Linear"        # how the model wrote the Linear
+    choice: str = ""               # the measured choice (torch.compile backend), with its times
 
 
 @dataclass

@@ -19,7 +19,8 @@ def _flatten_nodes(args):
     return out
 
 
-def _resolve(remap: dict, n):
+def resolve(remap: dict, n):
+    """What a node became after earlier rewrites of the same graph."""
     while isinstance(n, fx.Node) and n in remap:
         n = remap[n]
     return n
@@ -32,48 +33,49 @@ class Rewritten:
     sources: list
 
 
-def rewrite_chain(gm: fx.GraphModule, chain: Chain, precision: str, remap: dict,
-                  attr_name: str) -> Rewritten:
-    """Replace the chain's nodes by ``_run_chain(gm.<attr_name>, [inputs...])``."""
-    g = gm.graph
-    chain_nodes = chain.nodes
-    chain_set = set(chain_nodes)
+def chain_sources(chain: Chain, remap: dict) -> tuple:
+    """The chain's inputs, each once, in a fixed order (x, W, b, operands, state and the rest,
+    as the nodes read them): (sources, index by source_key)."""
     sources, index = [], {}
 
     def add(src):
-        src = _resolve(remap, src)
+        src = resolve(remap, src)
         k = source_key(src)
         if k not in index:
             index[k] = len(sources)
             sources.append(src)
         return index[k]
 
-    module_idx = []  # the modules the chain replaces: their hooks send calls to the fallback
-    for n in chain_nodes:
+    chain_set = set(chain.nodes)
+    for n in chain.nodes:
         for a in _flatten_nodes((n.args, n.kwargs)):
             if a not in chain_set:
                 add(a)
         if n.op == "call_module":
-            module_idx.append((add(AttrRef(n.target)), n.target))
-    x_idx = add(chain.x)
-    w_idx = add(chain.weight)
-    b_idx = add(chain.bias) if chain.bias is not None else None
-    op_idx = [add(s) for s in chain.operands]
-    st_idx = [add(s) for s in chain.state]
-    mode_idx = [add(AttrRef(q)) for q in chain.mode_modules]
-    guards = [(add(n), v, _number_name(n)) for n, v in chain.guards.items()]
+            add(AttrRef(n.target))
+    for src in [chain.x, chain.weight, chain.bias, *chain.operands, *chain.state]:
+        if src is not None:
+            add(src)
+    for q in chain.mode_modules:
+        add(AttrRef(q))
+    for n in chain.guards:
+        add(n)
+    return sources, index
 
-    # The fallback: the original nodes as a graph of their own, every input an argument.
+
+def chain_subgraph(chain: Chain, index: dict, remap: dict) -> fx.GraphModule:
+    """The chain's own nodes as a graph of their own, every source an argument (in `index`
+    order): the fallback the chain runtime runs, and the lowering the backend times."""
     fb = fx.Graph()
-    ph = [fb.placeholder(f"in{i}") for i in range(len(sources))]
+    ph = [fb.placeholder(f"in{i}") for i in range(len(index))]
     env = {}
 
     def tr(a):
         if a in env:
             return env[a]
-        return ph[index[source_key(_resolve(remap, a))]]
+        return ph[index[source_key(resolve(remap, a))]]
 
-    for n in chain_nodes:
+    for n in chain.nodes:
         if n.op == "call_module":
             mod_in = ph[index[source_key(AttrRef(n.target))]]
             args = fx.node.map_arg(n.args, tr)
@@ -82,11 +84,85 @@ def rewrite_chain(gm: fx.GraphModule, chain: Chain, precision: str, remap: dict,
         else:
             env[n] = fb.node_copy(n, tr)
     fb.output(env[chain.output])
-    fallback = fx.GraphModule(nn.Module(), fb, class_name="GemmfuseFallback")
+    return fx.GraphModule(nn.Module(), fb, class_name="GemmfuseFallback")
+
+
+def op_call(g: fx.Graph, chain: Chain, spec: str, precision: str, node_of) -> fx.Node:
+    """A ``gemmfuse::run`` node for the chain in graph g, its inputs given by
+    ``node_of(source)``: x contiguous, a weight stored [in, out] transposed, operands in x's
+    dtype (what ChainRuntime.traced does at run time)."""
+    dtype = node_info(chain.x).dtype
+
+    def contiguous(n):
+        return g.call_method("contiguous", (n,))
+
+    x = contiguous(node_of(chain.x))
+    w = node_of(chain.weight)
+    if chain.weight_kn:
+        w = contiguous(g.call_method("t", (w,)))
+    b = node_of(chain.bias) if chain.bias is not None else None
+    ops = []
+    for src in chain.operands:
+        n = node_of(src)
+        inf = node_info(src) if isinstance(src, fx.Node) else None
+        if not isinstance(inf, TInfo) or inf.dtype != dtype:
+            n = g.call_method("to", (n, dtype))
+        ops.append(contiguous(n))
+    state = [node_of(s) for s in chain.state]
+    return g.call_function(torch.ops.gemmfuse.run.default, (spec, x, w, b, ops, state, precision))
+
+
+def rewrite_chain_as_op(gm: fx.GraphModule, chain: Chain, spec: str, precision: str,
+                        remap: dict) -> fx.Node:
+    """Replace the chain's nodes by one ``gemmfuse::run`` node (the torch.compile backend's
+    form: an opaque op that Inductor and AOTAutograd take as it is)."""
+    g = gm.graph
+    last = chain.output
+    attrs = {}
+
+    def node_of(src):
+        src = resolve(remap, src)
+        if isinstance(src, AttrRef):
+            if src.qualname not in attrs:
+                attrs[src.qualname] = g.get_attr(src.qualname)
+            return attrs[src.qualname]
+        return src
+
+    with g.inserting_before(last):
+        new = op_call(g, chain, spec, precision, node_of)
+    _replace(g, chain, last, new, remap)
+    return new
+
+
+def _replace(g: fx.Graph, chain: Chain, last: fx.Node, new: fx.Node, remap: dict) -> None:
+    new.meta.update({k: v for k, v in last.meta.items()
+                     if k in ("gemmfuse_info", "example_value", "val", "tensor_meta", "stack_trace")})
+    last.replace_all_uses_with(new)
+    remap[last] = new
+    for n in reversed(chain.nodes):
+        g.erase_node(n)
+
+
+def rewrite_chain(gm: fx.GraphModule, chain: Chain, precision: str, remap: dict,
+                  attr_name: str) -> Rewritten:
+    """Replace the chain's nodes by ``_run_chain(gm.<attr_name>, [inputs...])``."""
+    g = gm.graph
+    sources, index = chain_sources(chain, remap)
+
+    def idx(src):
+        return index[source_key(resolve(remap, src))]
+
+    # The modules the chain replaces: their hooks send calls to the fallback.
+    module_idx = [(idx(AttrRef(n.target)), n.target) for n in chain.nodes if n.op == "call_module"]
+    guards = [(idx(n), v, _number_name(n)) for n, v in chain.guards.items()]
+    fallback = chain_subgraph(chain, index, remap)
 
     specs = {flags: chain.spec(flags) for flags in chain.flag_combos()}
     xinf = node_info(chain.x)
-    rt = ChainRuntime(chain.index, specs, x_idx, w_idx, b_idx, op_idx, st_idx, mode_idx,
+    rt = ChainRuntime(chain.index, specs, idx(chain.x), idx(chain.weight),
+                      idx(chain.bias) if chain.bias is not None else None,
+                      [idx(s) for s in chain.operands], [idx(s) for s in chain.state],
+                      [idx(AttrRef(q)) for q in chain.mode_modules],
                       list(chain.mode_modules), precision, fallback, chain.in_features,
                       xinf.rank if isinstance(xinf, TInfo) else None, guards,
                       dict(module_idx), chain.weight_kn)
@@ -106,12 +182,7 @@ def rewrite_chain(gm: fx.GraphModule, chain: Chain, precision: str, remap: dict,
                 args.append(src)
         rt_node = g.create_node("get_attr", attr_name)  # a plain attribute: skip get_attr's check
         new = g.call_function(_run_chain, (rt_node, args))
-    new.meta.update({k: v for k, v in last.meta.items()
-                     if k in ("gemmfuse_info", "example_value", "val", "tensor_meta", "stack_trace")})
-    last.replace_all_uses_with(new)
-    remap[last] = new
-    for n in reversed(chain_nodes):
-        g.erase_node(n)
+    _replace(g, chain, last, new, remap)
     return Rewritten(new, rt, sources)
 
 

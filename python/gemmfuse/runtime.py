@@ -16,7 +16,6 @@ import torch
 import torch.fx as fx
 
 from . import _lib, route_timer
-from .autograd import train_forward
 from .direct import global_hooks
 
 PRECISIONS = ("fp32", "fast", "tf32")
@@ -128,8 +127,8 @@ class ChainRuntime:
         #                                   fast's own ms where fp32's kernel ran faster, else None)
         self.precision_at: dict = {}      # the same keys -> "fp32" where `fast` runs fp32's kernel
         self._warned = False
-        self._fast = None                 # (shape, dtype, device, flags, spec, precision) of the
-        #                                   last fused call
+        self._fast = None                 # (shape, dtype, device, flags, spec, precision,
+        #                                   grad mode, autograd records) of the last fused call
         self._routed = None               # (shape, dtype, device, flags, reason) of the last call
         #                                   the planner routed to PyTorch
         self._routed_train = None         # the same for calls autograd records
@@ -213,22 +212,25 @@ class ChainRuntime:
 
     # -- the eager path ------------------------------------------------------------------------
     def __call__(self, inputs):
-        # Fast path: the same input signature and modes as the last fused call, under no
-        # autograd. Skips the checks below; what could still differ (an operand moved or cast)
-        # the C++ op checks itself and raises PyTorch's own error for.
+        # Fast path: the same input signature, modes and autograd state as the last fused
+        # call. Skips the checks below; what could still differ (an operand moved or cast) the
+        # C++ op checks itself and raises PyTorch's own error for. gemmfuse::run records its
+        # own autograd node (C++) where an input requires grad.
         fast = self._fast
         if fast is not None:
             x = inputs[self.x_idx]
-            if self._same_signature(x, inputs, fast):
+            if self._same_signature(x, inputs, fast, fast[6]):
                 b = None if self.b_idx is None else inputs[self.b_idx]
-                op_idx, st_idx = self.op_idx, self.st_idx
-                # () for an empty list: no allocation (a list is a GC-tracked object each call)
-                out = self._op(fast[4], x if x.is_contiguous() else x.contiguous(),
-                               self._weight(inputs) if self.weight_kn else inputs[self.w_idx], b,
-                               [inputs[i] for i in op_idx] if op_idx else (),
-                               [inputs[i] for i in st_idx] if st_idx else (), fast[5])
-                self.fused_calls += 1
-                return out
+                op_idx = self.op_idx
+                w = self._weight(inputs) if self.weight_kn else inputs[self.w_idx]
+                ops = [inputs[i] for i in op_idx] if op_idx else ()
+                if not fast[6] or self._records(x, w, b, ops) == fast[7]:
+                    # () for an empty list: no allocation (a list is a GC-tracked object each call)
+                    out = self._op(fast[4], x if x.is_contiguous() else x.contiguous(), w, b, ops,
+                                   [inputs[i] for i in self.st_idx] if self.st_idx else (), fast[5])
+                    self.fused_calls += 1
+                    self.train_calls += fast[7]
+                    return out
         # A signature routed to PyTorch: while autograd records, the weight requiring grad makes
         # the call one that records (the planner's routes differ for those).
         recording = torch.is_grad_enabled()
@@ -287,6 +289,12 @@ class ChainRuntime:
                 and (not self.guards or self._changed_number(inputs) is None)
                 and (not self.module_idx or self._hooked(inputs) is None)
                 and not global_hooks())
+
+    @staticmethod
+    def _records(x, w, b, ops) -> bool:
+        """Whether autograd records this call (grad mode is on): an input requires grad."""
+        return (w.requires_grad or x.requires_grad or (b is not None and b.requires_grad)
+                or any(t.requires_grad for t in ops))
 
     def _hooked(self, inputs):
         """The input index of the first module of the chain with a forward or backward hook,
@@ -375,11 +383,10 @@ class ChainRuntime:
             state.append(t)
         if b is not None and (b.device != x.device or b.dtype != x.dtype):
             return self._pytorch(inputs, "bias device/dtype differs from the input's")
-        # While autograd records and something requires grad: the differentiable op
-        # (autograd.py), which also returns what its backward needs.
-        train = torch.is_grad_enabled() and (x.requires_grad or w.requires_grad or
-                                             (b is not None and b.requires_grad) or
-                                             any(t.requires_grad for t in ops))
+        # While autograd records and something requires grad, gemmfuse::run is the
+        # differentiable op (its training plan, a C++ autograd node).
+        grad_on = torch.is_grad_enabled()
+        train = grad_on and self._records(x, w, b, ops)
         if x.numel() == 0 and self.bn_training[flags]:
             return self._pytorch(inputs, "empty batch with a training BatchNorm")
         key = (tuple(x.shape), x.dtype, x.device, flags)
@@ -407,14 +414,9 @@ class ChainRuntime:
                         self.refused[key] = reason
                         self._routed = key + (reason,)
                     return self._pytorch(inputs, reason)
-            precision = self.precision_at.get(key, self.precision)  # `fast` may run fp32's kernel
-            if train:
-                out, saved = train_forward(spec, x, w, b, ops, state, self.precision)
-                if self.bn_training[flags]:
-                    torch.ops.gemmfuse.update_running_stats(spec, x, w, b, ops, state, saved,
-                                                            self.precision)
-            else:
-                out = torch.ops.gemmfuse.run(spec, x, w, b, ops, state, precision)
+            # `fast` may run fp32's kernel where it was timed faster (forward calls only)
+            precision = self.precision if train else self.precision_at.get(key, self.precision)
+            out = torch.ops.gemmfuse.run(spec, x, w, b, ops, state, precision)
         except (RuntimeError, ValueError) as e:
             if _lib.is_unsupported(e) and train:
                 reason = (f"autograd records: no fused backward at shape {list(x.shape)} on "
@@ -438,9 +440,9 @@ class ChainRuntime:
         self.fused_calls += 1
         self.train_calls += train
         self._saw(key + (train,))
-        if not train and (all(o is inputs[i] for o, i in zip(ops, self.op_idx))
+        if (all(o is inputs[i] for o, i in zip(ops, self.op_idx))
                 and all(t is inputs[i] for t, i in zip(state, self.st_idx))):
-            self._fast = (x.shape, x.dtype, x.device, flags, spec, precision)
+            self._fast = (x.shape, x.dtype, x.device, flags, spec, precision, grad_on, train)
         return out
 
 

@@ -48,18 +48,52 @@ def test_backend_seed_models(mid, precision):
                                        atol=1e-6, rtol=1e-5)
 
 
+NO_INDUCTOR = {"options": {"inductor": False}}
+
+
 @pytest.mark.parametrize("mid", seed_ids())
-def test_backend_dynamic_shapes_fuse_whole_chains(mid):
+def test_backend_dynamic_shapes(mid):
     # torch.compile(dynamic=True) passes float attributes (eps, momentum, clamp bounds, scale
-    # factors) as graph inputs read with .item(); the chain holds their compile-time values.
+    # factors) as graph inputs read with .item(): a graph Inductor compiles cannot fall back per
+    # call, so its chains stop before such a number; chains without one fuse whole, and one
+    # graph serves every batch size (the fake kernels take symbolic sizes).
     model, inputs = make_seed(mid)
     ref = double_ref(model)
     eager = copy.deepcopy(model)
-    static = torch.compile(copy.deepcopy(model), backend="gemmfuse")
+    compiled = torch.compile(model, backend="gemmfuse", dynamic=True)
+    with torch.no_grad():
+        for batch in (SEED_B, 5, 23):
+            x = torch.rand(batch, inputs[0].shape[1])
+            assert_close64(compiled(x), ref(x.double()), what=f"{mid} batch {batch}")
+            eager(x)
+            ref.load_state_dict(eager.state_dict())  # m84: the running statistics move on
+    graphs = gf_reports.compiled_graphs(compiled)
+    assert len(graphs) == 1, "dynamic=True should compile one graph for every batch size"
+    (entry,) = graphs[0]._gemmfuse.entries
+    assert entry.status == "fused", entry
+    if mid == "m22":  # x * scale_factor: an unspecialized float
+        assert "a number the graph computes at run time" in entry.stop, entry
+    else:
+        assert entry.stop.endswith("is the graph's output"), entry
+    assert gemmfuse.fused_calls(compiled) >= 3
+    if mid == "m84":
+        for name in ("running_mean", "running_var", "num_batches_tracked"):
+            torch.testing.assert_close(getattr(model.bn, name), getattr(eager.bn, name),
+                                       atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("mid", seed_ids())
+def test_backend_without_inductor_dynamic_shapes_fuse_whole_chains(mid):
+    # options={"inductor": False} (optimize()'s capture through dynamo): each chain behind a
+    # runtime that checks every call, so it may hold numbers read at compile time, guarded.
+    model, inputs = make_seed(mid)
+    ref = double_ref(model)
+    eager = copy.deepcopy(model)
+    static = torch.compile(copy.deepcopy(model), backend="gemmfuse", **NO_INDUCTOR)
     with torch.no_grad():
         static(inputs[0])
     static_spec = gf_reports.compiled_graphs(static)[0]._gemmfuse.entries[0].spec
-    compiled = torch.compile(model, backend="gemmfuse", dynamic=True)
+    compiled = torch.compile(model, backend="gemmfuse", dynamic=True, **NO_INDUCTOR)
     with torch.no_grad():
         for batch in (SEED_B, 5, 23):
             x = torch.rand(batch, inputs[0].shape[1])
@@ -84,7 +118,7 @@ def test_backend_dynamic_shapes_fuse_whole_chains(mid):
 def test_backend_dynamic_number_changed_runs_in_pytorch():
     # dynamo does not recompile when an unspecialized float changes; the chain must notice.
     model, inputs = make_seed("m22")
-    compiled = torch.compile(model, backend="gemmfuse", dynamic=True)
+    compiled = torch.compile(model, backend="gemmfuse", dynamic=True, **NO_INDUCTOR)
     x = inputs[0]
     with torch.no_grad():
         compiled(x)
@@ -103,6 +137,17 @@ def test_backend_dynamic_number_changed_runs_in_pytorch():
     assert "numbers read at compile time" in text and "scale_factor = 2.0" in text
 
 
+def test_backend_dynamic_number_changed_under_inductor():
+    # Under Inductor the number stays a graph input: a changed scale factor is computed with.
+    model, inputs = make_seed("m22")
+    compiled = torch.compile(model, backend="gemmfuse", dynamic=True)
+    x = inputs[0]
+    with torch.no_grad():
+        compiled(x)
+        model.scale_factor = 3.0
+        assert_close64(compiled(x), double_ref(model)(x.double()), what="m22 after scale_factor = 3")
+
+
 def test_explain_compiled_module():
     model, inputs = make_seed("m84")
     compiled = torch.compile(model, backend="gemmfuse")
@@ -117,7 +162,8 @@ def test_explain_compiled_module():
     assert text.count("FUSED") == 2 and "training=1" in text and "training=0" in text, text
     assert "ColumnStats" in text and "RowPass" in text, "the plan at the input each graph ran with"
     assert gemmfuse.explain(model, print_it=False) == text  # the wrapped module: the same graphs
-    assert [(rt.fused_calls, rt.fallbacks) for rt in gemmfuse.runtimes(compiled)] == [(1, {}), (1, {})]
+    assert "fused call(s) of this spec issued" in text
+    assert gemmfuse.fused_calls(compiled) >= 2
     other, _ = make_seed("m84")
     with pytest.raises(ValueError, match="no gemmfuse compilation"):
         gemmfuse.explain(other, print_it=False)
@@ -134,7 +180,11 @@ def test_backend_fuses_while_autograd_records():
     assert model.linear.weight.grad is not None
     rep = gf_reports.COMPILED[-1]
     assert rep.entries[0].status == "fused"
-    assert gemmfuse.runtimes(compiled)[-1].train_calls == 1
+    assert torch.ops.gemmfuse.calls(rep.entries[0].spec)[1] >= 1, "a training call"
+    ref = copy.deepcopy(model)
+    ref.linear.weight.grad = None
+    ref(inputs[0]).sum().backward()
+    torch.testing.assert_close(model.linear.weight.grad, ref.linear.weight.grad, atol=1e-5, rtol=1e-4)
 
 
 def test_backend_mode_switch_recompiles():

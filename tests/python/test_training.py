@@ -95,8 +95,9 @@ def test_torch_compile_backend_trains(device):
     m64(x.double()).pow(2).sum().backward()
     for p, q, r in zip(model.parameters(), ref.parameters(), m64.parameters()):
         _no_worse(p.grad, q.grad, r.grad)
-    rts = gemmfuse.runtimes(compiled)
-    assert rts and rts[-1].train_calls >= 1
+    rep = gemmfuse.reports.COMPILED[-1]
+    assert [e.status for e in rep.entries] == ["fused"], rep.entries
+    assert torch.ops.gemmfuse.calls(rep.entries[0].spec)[1] >= 1, "a training call"
 
 
 def test_no_grad_saves_nothing():

@@ -10,7 +10,7 @@ import torch.fx as fx
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .values import AttrRef, Ref, TInfo, _imm, node_info
+from .values import AttrRef, Ref, TInfo, _imm, is_number_node, node_info
 from .chain import Chain, Stage, Unsupported, _int_or_single, _number, bind, target_name
 
 # --------------------------------------------------------------------------------------------
@@ -110,8 +110,9 @@ class _Ctx:
             if a in self.chain_nodes:
                 raise Unsupported(f"{what} is an intermediate of the chain")
             inf = node_info(a)
-            if inf is not None and not isinstance(inf, TInfo):
-                raise Unsupported(f"{what} is not a tensor")
+            if (inf is not None and not isinstance(inf, TInfo)) or is_number_node(a):
+                raise Unsupported(f"{what} is not a tensor (a number the graph computes at "
+                                  f"run time, which the spec cannot hold)")
             return Ref("t", a)
         if isinstance(a, (bool, int, float)):
             return _imm(a)

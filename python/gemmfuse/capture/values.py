@@ -49,6 +49,20 @@ def node_info(node: Any) -> Any:
     return None
 
 
+def is_number_node(node: Any) -> bool:
+    """Whether the graph's metadata says this node computes a number, not a tensor (dynamo's
+    `.item()` of an unspecialized float, a size)."""
+    if not isinstance(node, fx.Node):
+        return False
+    for key in ("gemmfuse_info", "example_value", "val"):
+        if key in node.meta:
+            v = node.meta[key]
+            return isinstance(v, (int, float, torch.SymInt, torch.SymFloat)) or (
+                key == "gemmfuse_info" and v is None and node.op == "call_method"
+                and node.target == "item")
+    return node.op == "call_method" and node.target == "item"
+
+
 class InfoProp(fx.Interpreter):
     """Run the graph once on example inputs and record TInfo for every node
     (``node.meta['gemmfuse_info']``). Values are not kept."""

@@ -27,7 +27,10 @@ class GemmfuseDynamoModule(nn.Module):
         d["_gemmfuse_precision"] = precision
         d["_gemmfuse_examples"] = examples
         d["_gemmfuse_why_not_fx"] = why_not_fx
-        compiled = torch.compile(model, backend="gemmfuse", options={"precision": precision})
+        # The rest of the graph runs as PyTorch ops (inductor=False), each chain behind a
+        # runtime that checks every call, as optimize() promises.
+        compiled = torch.compile(model, backend="gemmfuse",
+                                 options={"precision": precision, "inductor": False})
         d["_gemmfuse_compiled"] = compiled
 
         @functools.wraps(model.forward)

@@ -184,9 +184,10 @@ def explain(module, example_inputs=None, precision: str = "fp32", print_it: bool
         if graphs:
             text = compiled_text(graphs)
             if through_dynamo:
-                text = (f"optimize: torch.fx could not trace {type(module.__dict__['_gemmfuse_source']).__name__} "
-                        f"({module.__dict__['_gemmfuse_why_not_fx']}), so it was captured through "
-                        f"torch.compile with the gemmfuse backend\n" + text)
+                text = (f"optimize: {type(module.__dict__['_gemmfuse_source']).__name__} was "
+                        f"captured through torch.compile with the gemmfuse backend, the rest of "
+                        f"its graph run as PyTorch ops (not torch.fx: "
+                        f"{module.__dict__['_gemmfuse_why_not_fx']})\n" + text)
         elif example_inputs is None:
             raise ValueError(
                 "gemmfuse.explain: no gemmfuse compilation of this module found (a module "

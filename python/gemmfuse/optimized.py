@@ -18,6 +18,7 @@ from . import _lib, direct
 from .capture import CaptureReport, InfoProp, find_chains
 from .reports import ChainEntry, OptimizeReport, compiled_graphs
 from .rewrite import example_tensor, rewrite_chain
+from .snapshot import ModuleState
 from .runtime import PRECISIONS, _run_chain
 from .watch import AttributeWatch
 from .dynamo_module import GemmfuseDynamoModule
@@ -180,16 +181,24 @@ def optimize(model: nn.Module, example_inputs, precision: str = "fp32") -> nn.Mo
         example_inputs = (example_inputs,)
     example_inputs = tuple(example_inputs)
     _lib.load()
+    before = ModuleState(model)
     try:
         tracer = fx.Tracer()
         graph = tracer.trace(model)
         name = model.__class__.__name__ if isinstance(model, nn.Module) else "Module"
         gm = GemmfuseModule(tracer.root, graph, name)
     except Exception as e:  # noqa: BLE001 - any tracing failure: capture through dynamo
+        before.restore()
         why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
+        return _through_dynamo(model, example_inputs, precision, why)
+    assigned = before.changed()
+    before.restore()
+    if assigned:  # state kept on self: torch.fx would bake one call's value into the graph
+        why = "the forward assigns to " + ", ".join(assigned[:4]) + (" ..." if len(assigned) > 4 else "")
         return _through_dynamo(model, example_inputs, precision, why)
     _share_state(gm, model)
     _propagate(gm, example_inputs)
+    before.restore()  # the example call's own assignments, if any
 
     report = OptimizeReport(precision=precision, flavor="fx")
     cap: CaptureReport = find_chains(gm, "fx", check=_lib.check)
@@ -234,6 +243,7 @@ def _through_dynamo(model: nn.Module, example_inputs: tuple, precision: str, why
     """The model captured through dynamo (torch.fx could not trace it: `why`), compiled once
     on the example inputs with its buffers and the RNG left as they were."""
     opt = GemmfuseDynamoModule(model, precision, [_example_record(v) for v in example_inputs], why)
+    before = ModuleState(model)
     saved = [(b, b.detach().clone()) for b in model.buffers()]
     devices = sorted({t.device.index or 0 for t in list(example_inputs) + list(model.parameters())
                       if isinstance(t, torch.Tensor) and t.device.type == "cuda"})
@@ -241,6 +251,7 @@ def _through_dynamo(model: nn.Module, example_inputs: tuple, precision: str, why
         with torch.no_grad(), torch.random.fork_rng(devices=devices):
             opt(*[t.clone() if isinstance(t, torch.Tensor) else t for t in example_inputs])
     finally:
+        before.restore()
         with torch.no_grad():
             for b, v in saved:
                 b.copy_(v)

@@ -97,7 +97,7 @@ def test_a_model_fx_cannot_trace_is_captured_through_dynamo():
     with torch.no_grad():
         torch.testing.assert_close(opt(x), ref(x), rtol=1e-5, atol=1e-5)
     text = gemmfuse.explain(opt, print_it=False)
-    assert "torch.fx could not trace GPTBlock" in text
+    assert "GPTBlock was captured through torch.compile" in text and "not torch.fx" in text
     linears = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
     assert text.count("FUSED") >= len(linears), text
     clone = pickle.loads(pickle.dumps(opt))

@@ -12,7 +12,7 @@ at::Tensor execute(Executor& executor, const CallInputs& in,
                    StateViews::Native16Bit native) {
   const Plan& plan = plan_for(in.spec, in.x, in.weight, in.bias, in.operands, in.state,
                               in.precision, in.for_training);
-  count_call(in.spec, in.for_training);
+  count_call(plan, in.for_training);
   c10::SmallVector<int64_t, 5> shape(in.x.sizes().begin(), in.x.sizes().end() - 1);
   if (plan.out_has_feature_dim) shape.push_back(plan.out_width);
   if (plan.M == 0) return at::empty(shape, in.x.options());

@@ -2,6 +2,7 @@
 
 #include <c10/util/SmallVector.h>
 
+#include <array>
 #include <map>
 #include <mutex>
 #include <stdexcept>
@@ -22,21 +23,27 @@ std::unordered_map<std::string, std::shared_ptr<const Chain>> g_chains;
 // addresses).
 std::map<std::pair<std::string, std::vector<int64_t>>, std::unique_ptr<const Plan>> g_plans;
 
-std::unordered_map<std::string, std::vector<int64_t>> g_calls;
+// Calls per plan (by address: plans are never freed).
+std::unordered_map<const Plan*, std::array<int64_t, 2>> g_calls;
 
 }  // namespace
 
-void count_call(c10::string_view spec, bool training) {
+void count_call(const Plan& plan, bool training) {
   std::lock_guard<std::mutex> lock(g_mutex);
-  auto& c = g_calls[std::string(spec.data(), spec.size())];
-  if (c.empty()) c.assign(2, 0);
-  ++c[training ? 1 : 0];
+  ++g_calls[&plan][training ? 1 : 0];
 }
 
 std::vector<int64_t> calls_of(const std::string& spec) {
   std::lock_guard<std::mutex> lock(g_mutex);
-  auto it = g_calls.find(spec);
-  return it == g_calls.end() ? std::vector<int64_t>{0, 0} : it->second;
+  std::vector<int64_t> out{0, 0};
+  for (const auto& [key, plan] : g_plans) {
+    if (key.first != spec) continue;
+    auto it = g_calls.find(plan.get());
+    if (it == g_calls.end()) continue;
+    out[0] += it->second[0];
+    out[1] += it->second[1];
+  }
+  return out;
 }
 
 DType dtype_of(const at::Tensor& t) {

@@ -44,7 +44,7 @@ DType dtype_of(const at::Tensor& t);
 
 // Fused calls per spec text in this process: counted by each forward the host issues
 // (`training`: the forward of a call autograd records); replays of a CUDA graph are not seen.
-void count_call(c10::string_view spec, bool training);
+void count_call(const Plan& plan, bool training);
 std::vector<int64_t> calls_of(const std::string& spec);  // {forward calls, training calls}
 
 }  // namespace gemmfuse::bindings

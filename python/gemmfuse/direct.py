@@ -84,6 +84,8 @@ class _Direct:
         for kind, v in self.sources:
             if kind == "arg":
                 out.append(args[v])
+            elif kind == "none":  # read by the chain runtime itself (ChainRuntime.owned)
+                out.append(None)
             else:
                 t = v.read(root)
                 if t is _MISS:
@@ -116,7 +118,9 @@ def _plan(gm: fx.GraphModule, run_chain) -> _Direct | None:
     sources = []
     try:
         for s in srcs:
-            if s in placeholders:
+            if s is None:
+                sources.append(("none", None))
+            elif s in placeholders:
                 sources.append(("arg", placeholders.index(s)))
             elif s in attrs:
                 sources.append(("attr", _Attr(gm, attrs[s])))

@@ -167,14 +167,18 @@ def rewrite_chain(gm: fx.GraphModule, chain: Chain, precision: str, remap: dict,
                       xinf.rank if isinstance(xinf, TInfo) else None, guards,
                       dict(module_idx), chain.weight_kn)
     rt.example_sources = [example_record(src) for src in sources]
+    rt.owned = tuple(_owned(gm, sources, index))
+    owned = {i for i, *_ in rt.owned}
     setattr(gm, attr_name, rt)
 
     last = chain.output
     with g.inserting_before(last):
         getattrs = {}
         args = []
-        for src in sources:
-            if isinstance(src, AttrRef):
+        for i, src in enumerate(sources):
+            if i in owned:  # read by the runtime from its module input
+                args.append(None)
+            elif isinstance(src, AttrRef):
                 if src.qualname not in getattrs:
                     getattrs[src.qualname] = g.get_attr(src.qualname)
                 args.append(getattrs[src.qualname])
@@ -184,6 +188,25 @@ def rewrite_chain(gm: fx.GraphModule, chain: Chain, precision: str, remap: dict,
         new = g.call_function(_run_chain, (rt_node, args))
     _replace(g, chain, last, new, remap)
     return Rewritten(new, rt, sources)
+
+
+def _owned(gm: fx.GraphModule, sources: list, index: dict):
+    """(input index, module input index, dict name, attribute, module class) for each source
+    that is a parameter or buffer of a module that is itself a source (ChainRuntime.owned)."""
+    for i, src in enumerate(sources):
+        if not isinstance(src, AttrRef) or "." not in src.qualname:
+            continue
+        parent, name = src.qualname.rsplit(".", 1)
+        mi = index.get(source_key(AttrRef(parent)))
+        if mi is None:
+            continue
+        mod = gm.get_submodule(parent)
+        if name in mod.__dict__ or hasattr(type(mod), name):
+            continue  # shadowed (a plain attribute, a parametrization's property)
+        for d in ("_parameters", "_buffers"):
+            if name in mod.__dict__[d]:
+                yield (i, mi, d, name, type(mod))
+                break
 
 
 def _number_name(node: fx.Node) -> str:

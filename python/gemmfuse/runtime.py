@@ -19,6 +19,7 @@ from . import _lib, route_timer
 from .direct import global_hooks
 
 PRECISIONS = ("fp32", "fast", "tf32")
+_MISS = object()
 _BN_MSG = "Expected more than 1 value per channel when training"
 
 
@@ -151,6 +152,22 @@ class ChainRuntime:
         self._op = torch.ops.gemmfuse.run.default._op
 
     # -- helpers ---------------------------------------------------------------------------
+    # Parameters and buffers of a module that is itself an input (the Linear a chain came
+    # from) are not passed by the graph: fx's generated code would read each through
+    # nn.Module.__getattr__ along its whole path (~1 us a level). The runtime reads them from
+    # that module's dictionaries instead, as nn.Module.__getattr__ would, where the module is
+    # still of the class seen at optimize time (whose class attributes did not shadow them);
+    # else through getattr.
+    owned: tuple = ()  # (input index, module input index, dict name, attribute, module class)
+
+    def with_owned(self, inputs) -> list:
+        inputs = list(inputs)  # the graph's list may be immutable (fx, export)
+        for i, mi, d, name, cls in self.owned:
+            m = inputs[mi]
+            v = m.__dict__[d].get(name, _MISS) if type(m) is cls else _MISS
+            inputs[i] = getattr(m, name) if v is _MISS else v
+        return inputs
+
     def _weight(self, inputs):
         """The Linear's weight as [N, K]. A weight stored [in, out] (`x @ W`) is transposed
         once per version of it and grad mode (a copy made under no_grad does not carry W's
@@ -194,6 +211,8 @@ class ChainRuntime:
 
     # -- the traced path (torch.compile / torch.export of the optimized module) --------------
     def traced(self, inputs):
+        if self.owned:
+            inputs = self.with_owned(inputs)
         flags = tuple(bool(inputs[i].training) for i in self.mode_idx)
         spec = self.specs[flags]
         x = inputs[self.x_idx]
@@ -216,6 +235,8 @@ class ChainRuntime:
         # call. Skips the checks below; what could still differ (an operand moved or cast) the
         # C++ op checks itself and raises PyTorch's own error for. gemmfuse::run records its
         # own autograd node (C++) where an input requires grad.
+        if self.owned:
+            inputs = self.with_owned(inputs)
         fast = self._fast
         if fast is not None:
             x = inputs[self.x_idx]

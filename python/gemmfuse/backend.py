@@ -133,6 +133,12 @@ def _fuse_for_inductor(gm, example_inputs, precision, report, rest):
 def _why_not(gm, chain, spec, precision, real, training, remap, entry, rest) -> str:
     """'' where the chain runs fused, else why Inductor runs it. Fills entry.plan and
     entry.choice."""
+    lin, xin = node_info(chain.linear), node_info(chain.x)
+    if not isinstance(lin, TInfo) or not isinstance(xin, TInfo) or lin.dtype != xin.dtype:
+        return ("autocast: the Linear computes in another dtype than its input's; Inductor "
+                "runs the chain in the dtypes autocast gives it")
+    if any(torch.is_autocast_enabled(d) for d in ("cpu", "cuda")):
+        return "autocast is on: Inductor runs the chain in the dtypes autocast gives it"
     sources, index = chain_sources(chain, remap)
     try:
         inputs = [_example(gm, src, real, training) for src in sources]

@@ -255,3 +255,39 @@ def test_export_optimized(mid, train):
     with torch.no_grad():
         out = ep.module()(x)
     assert_close64(out, ref(x.double()), what=f"{mid} export")
+
+
+class _ReluChain(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(64, 128)
+
+    def forward(self, x):
+        return torch.relu(self.lin(x)) * 2
+
+
+def test_backend_under_autocast_leaves_the_chain_to_inductor():
+    model, x = _ReluChain(), torch.randn(16, 64)
+    compiled = torch.compile(copy.deepcopy(model), backend="gemmfuse")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, ref = compiled(x), model(x)
+    assert out.dtype == ref.dtype == torch.bfloat16
+    torch.testing.assert_close(out, ref)
+    (entry,) = gf_reports.COMPILED[-1].entries
+    assert entry.status == "pytorch" and "autocast" in entry.reason, entry
+
+
+def test_compiler_carries_precision_and_inductor_options():
+    model, x = _ReluChain(), torch.randn(16, 64)
+    backend = gemmfuse.compiler("fast", max_autotune=False)
+    with torch.no_grad():
+        out = torch.compile(copy.deepcopy(model), backend=backend, mode="default")(x)
+    torch.testing.assert_close(out, model(x), atol=1e-5, rtol=1e-5)
+    rep = gf_reports.COMPILED[-1]
+    assert rep.precision == "fast" and rep.flavor == "inductor"
+    assert [e.status for e in rep.entries] == ["fused"]
+    with pytest.raises(ValueError, match="precision"):
+        gemmfuse.compiler("fp16")
+    with pytest.raises(Exception, match="not_an_inductor_option"):
+        torch.compile(copy.deepcopy(model), backend="gemmfuse",
+                      options={"not_an_inductor_option": 1})(x)

@@ -8,7 +8,8 @@
 #               The backward's kernels run only from Python (SANITIZE's gtests do not reach them):
 #               GEMMFUSE_GPU_GRAD_FUZZ_N=8 SANITIZE_PY="-k 'fuzz_backward and cuda'" does.
 #               DDP="m99 m84" runs gemmfuse.bench.ddp on two GPUs per model; PROFILE="m94"
-#               bench/micro/train_profile.py.
+#               bench/micro/train_profile.py; HOST=1 the host-cost bench; ZOO="--zoo-models a,b
+#               --zoo-batches small" the model zoo (ZOO_REPEATS times).
 #   GEMMFUSE_GIT_COMMIT=<hash>: the commit the bench records (the copied tree's .git may be older).
 # The machine's own python3 holds torch; the wheel goes into it with --no-deps (no network).
 set -uo pipefail
@@ -81,6 +82,20 @@ if [ "${BENCH:-0}" = 1 ]; then
     rm -f "$OUT/bench-$i.console"  # the same text is in bench-$i.log
   done
   tail -45 "$OUT/bench-${BENCH_REPEATS:-1}.log"
+fi
+
+if [ "${HOST:-0}" = 1 ]; then  # host cost per fused chain call (bench/host.py), CPU and CUDA
+  python3 -m gemmfuse bench --host --out "$OUT/host.json" > "$OUT/host.log" 2>&1
+  note "host bench rc=$?"
+  tail -8 "$OUT/host.log"
+fi
+
+if [ -n "${ZOO:-}" ]; then  # the model zoo (ZOO="--zoo-models ... --zoo-batches ..."), ZOO_REPEATS times
+  for i in $(seq "${ZOO_REPEATS:-1}"); do
+    eval "python3 -m gemmfuse bench --zoo --out $OUT/zoo-$i.json ${ZOO}" > "$OUT/zoo-$i.log" 2>&1
+    note "zoo $i rc=$?"
+  done
+  tail -60 "$OUT/zoo-${ZOO_REPEATS:-1}.log"
 fi
 
 # At most 8 files come back from $OUT: everything in one archive.

@@ -52,13 +52,44 @@ def parser():
     b.add_argument("--sweep", action="store_true",
                    help="also m99's chain at M in 1,16,128,1024,4096 (K=N=8192 on a GPU)")
     b.add_argument("--sweep-m", type=lambda s: [int(x) for x in _list(s)], help="M values")
+    b.add_argument("--host", action="store_true",
+                   help="host time per fused chain call against a plain PyTorch op, with and "
+                        "without autograd: a 16-chain narrow MLP at tiny shapes (bench/host.py)")
+    z = b.add_argument_group("model zoo (--zoo; bench/zoo.py)")
+    z.add_argument("--zoo", action="store_true",
+                   help="the model zoo instead of the seed models: 12 architectures at a "
+                        "launch-bound and a compute-bound batch, fp32 and bf16, forward and "
+                        "training step; eager, torch.compile, optimize() and the compile backend")
+    z.add_argument("--zoo-models", type=_list, default=None, help="comma list (default: all)")
+    z.add_argument("--zoo-batches", type=_list, default=None,
+                   help="tiny,small,large (default small,large on a GPU, tiny on the CPU)")
+    z.add_argument("--zoo-dtypes", type=_list, default=None, help="fp32,bf16 (default both)")
+    z.add_argument("--zoo-phases", type=_list, default=None, help="forward,train (default both)")
+    z.add_argument("--zoo-variants", type=_list, default=None,
+                   help="eager,compile,optimize,backend,max-autotune (default all but "
+                        "max-autotune on a GPU, eager,optimize on the CPU, where Inductor's "
+                        "compiles take long; eager always runs: the speedups divide its time)")
+    z.add_argument("--zoo-max-autotune", action="store_true",
+                   help="add torch.compile(mode='max-autotune') to the variants (long compiles)")
     b.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     b.add_argument("--seed", type=int, default=0)
     return p
 
 
+def _zoo_args(cfg, args):
+    from .bench.zoo_runner import DEFAULT_VARIANTS
+    cfg.zoo = True
+    cfg.zoo_models, cfg.zoo_batches = args.zoo_models, args.zoo_batches
+    cfg.zoo_dtypes, cfg.zoo_phases, cfg.zoo_variants = args.zoo_dtypes, args.zoo_phases, args.zoo_variants
+    if args.zoo_max_autotune:
+        cfg.zoo_variants = list(cfg.zoo_variants or DEFAULT_VARIANTS) + ["max-autotune"]
+
+
 def main(argv=None):
     args = parser().parse_args(argv)
+    if args.cmd == "bench" and args.host:
+        from .bench.host import main as host_main
+        return host_main(args.device, args.out)
     if args.cmd == "bench":
         from .bench.runner import WARMUP_MS, Config, run
         if (args.rounds is not None and args.rounds < 1) or (args.repeats is not None and args.repeats < 1):
@@ -76,6 +107,8 @@ def main(argv=None):
                      device=args.device, seed=args.seed)
         if args.models:
             cfg.models = args.models
+        if args.zoo:
+            _zoo_args(cfg, args)
         if args.modes is not None:
             cfg.modes = args.modes
         run(cfg)

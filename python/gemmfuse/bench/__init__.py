@@ -1,6 +1,8 @@
 """Benchmark tooling (``gemmfuse bench``): the five reference models (``models``), the timed
 comparison of eager PyTorch, torch.compile and gemmfuse (``runner``), the GPU state sampler
-(``gpu_monitor``) and the charts (``plot``). Nothing in the product package imports it."""
+(``gpu_monitor``), the charts (``plot``), and the model zoo (``zoo``: twelve architectures;
+``zoo_runner``, ``zoo_report``: ``gemmfuse bench --zoo``). Nothing in the product package
+imports it."""
 from .runner import Config, run
 
 __all__ = ["Config", "run"]

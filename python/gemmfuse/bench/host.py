@@ -117,3 +117,19 @@ def table(rows) -> str:
                      f"{r['optimized_us']:12.1f} {r['per_chain_us']:9.2f} {r['plain_op_us']:8.2f} "
                      f"{r['over_plain_op_us']:8.2f}  {'met' if r['meets_target'] else 'MISSED'}")
     return "\n".join(lines)
+
+
+def main(device: str = "auto", out: str | None = None) -> int:
+    """Measure on the CPU, and on CUDA where there is a GPU; print the table, write JSON."""
+    import json
+    from pathlib import Path
+    devices = ["cpu"] + (["cuda"] if device in ("auto", "cuda") and torch.cuda.is_available() else [])
+    if device == "cpu":
+        devices = ["cpu"]
+    rows = run_host(devices)
+    print(table(rows), flush=True)
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(json.dumps({"host": rows, "target_us": TARGET_US,
+                                         "torch": torch.__version__}, indent=1))
+    return 0

@@ -1,7 +1,8 @@
 """Where bench results go. A run writes its JSON, PNG and log under ``bench/out/`` (ignored by
 git); ``--record`` also makes them the device kind's latest record in ``bench/results/``
 (``<kind>.json``, ``.png``, ``.log``) and adds the run's headline speedups to
-``bench/results/history.csv``; a suite run (``--suite``) is recorded as ``<kind>-suite.*``."""
+``bench/results/history.csv``; a suite run (``--suite``) is recorded as ``<kind>-suite.*``, a
+training run as ``<kind>-train.*``, a zoo run (``--zoo``) as ``<kind>-zoo.*``."""
 from __future__ import annotations
 
 import csv
@@ -46,9 +47,10 @@ def record(result: dict, paths: list, results_dir: Path = RESULTS_DIR) -> list:
     if not results_dir.is_dir():
         raise SystemExit(f"--record: {results_dir} is not a folder here; run the bench from the "
                          f"gemmfuse checkout")
-    suite = "suite" in result["header"] or "train" in result["header"]
-    kind = device_kind(result["header"].get("gpu")) + ("-suite" if "suite" in result["header"] else
-                                                       "-train" if suite else "")
+    h = result["header"]
+    suite = any(k in h for k in ("suite", "train", "zoo"))
+    kind = device_kind(h.get("gpu")) + ("-suite" if "suite" in h else "-zoo" if "zoo" in h else
+                                        "-train" if suite else "")
     written = []
     for p in map(Path, paths):
         suffix = p.name[len(p.stem):] if not p.stem.endswith("-sweep") else "-sweep" + p.suffix

@@ -76,6 +76,12 @@ class Config:
     suite_only: list | None = None
     device: str = "auto"
     seed: int = 0
+    zoo: bool = False            # the model zoo (zoo.py, zoo_runner.py) instead of the seed models
+    zoo_models: list | None = None     # None: all; the rest None: zoo_runner.settings' defaults
+    zoo_batches: list | None = None
+    zoo_dtypes: list | None = None
+    zoo_phases: list | None = None
+    zoo_variants: list | None = None
 
 
 # ----------------------------------------------------------------------------------- helpers
@@ -593,6 +599,9 @@ def run(cfg: Config, console=None):
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    if cfg.zoo:
+        from .zoo_runner import run_zoo
+        return run_zoo(cfg, console)
     console = console or Console(width=None if sys.stdout.isatty() else 150, record=True)
     unknown = [m for m in cfg.models if m not in MODELS]
     if unknown:

@@ -6,6 +6,7 @@
 #include <tuple>
 #include <unordered_map>
 
+#include "cache_memory.h"
 #include "graph_capture.h"
 #include "tensor_identity.h"
 
@@ -36,7 +37,8 @@ at::Tensor fp32_operand(const at::Tensor& t) {
   auto it = g_entries.find(t.data_ptr());
   if (it != g_entries.end() && it->second.source.matches(t) && it->second.stream == stream)
     return it->second.converted;
-  at::Tensor converted = t.to(at::kFloat).contiguous();
+  at::Tensor converted = cache_empty(t.sizes(), t.options().dtype(at::kFloat));
+  converted.copy_(t);
   if (it != g_entries.end()) {
     it->second = Entry{TensorIdentity(t), stream, converted};
   } else {

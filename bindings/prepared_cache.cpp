@@ -5,6 +5,7 @@
 #include <utility>
 #include <vector>
 
+#include "cache_memory.h"
 #include "graph_capture.h"
 #include "tensor_identity.h"
 
@@ -67,7 +68,7 @@ at::Tensor prepared_for(const Plan& plan, Executor& executor,
   std::vector<TensorIdentity> sources;
   for_each_source(plan, weight, bias, operands, state,
                   [&](const at::Tensor& t) { sources.emplace_back(t); });
-  entry.data = at::empty({static_cast<int64_t>(bytes)}, weight.options().dtype(at::kByte));
+  entry.data = cache_empty({static_cast<int64_t>(bytes)}, weight.options().dtype(at::kByte));
   executor.prepare(plan, args, entry.data.data_ptr());
   entry.sources = std::move(sources);
   return entry.data;

@@ -1,0 +1,28 @@
+#include "cache_memory.h"
+
+#ifdef GEMMFUSE_WITH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+namespace gemmfuse::bindings {
+
+at::Tensor cache_empty(at::IntArrayRef sizes, const at::TensorOptions& options) {
+#ifdef GEMMFUSE_WITH_CUDA
+  if (options.device().is_cuda()) {
+    const c10::DeviceIndex dev = options.device().index();
+    const c10::cuda::CUDAStream caller = c10::cuda::getCurrentCUDAStream(dev);
+    at::Tensor t;
+    {
+      c10::cuda::CUDAStreamGuard side(c10::cuda::getStreamFromPool(false, dev));
+      t = at::empty(sizes, options);
+    }
+    c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), caller);
+    return t;
+  }
+#endif
+  return at::empty(sizes, options);
+}
+
+}  // namespace gemmfuse::bindings

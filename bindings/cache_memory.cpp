@@ -1,5 +1,7 @@
 #include "cache_memory.h"
 
+#include <future>
+
 #ifdef GEMMFUSE_WITH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -13,11 +15,11 @@ at::Tensor cache_empty(at::IntArrayRef sizes, const at::TensorOptions& options) 
   if (options.device().is_cuda()) {
     const c10::DeviceIndex dev = options.device().index();
     const c10::cuda::CUDAStream caller = c10::cuda::getCurrentCUDAStream(dev);
-    at::Tensor t;
-    {
-      c10::cuda::CUDAStreamGuard side(c10::cuda::getStreamFromPool(false, dev));
-      t = at::empty(sizes, options);
-    }
+    const std::vector<int64_t> shape(sizes.begin(), sizes.end());
+    at::Tensor t = std::async(std::launch::async, [&] {
+                     c10::cuda::CUDAGuard guard(dev);
+                     return at::empty(shape, options);
+                   }).get();
     c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), caller);
     return t;
   }

@@ -21,7 +21,8 @@ struct Entry {
 
 constexpr size_t kMaxEntries = 4096;  // a bound on what stale entries can hold
 std::mutex g_mutex;
-std::unordered_map<const void*, Entry> g_entries;  // by the source's data pointer
+// By the source's data pointer; never destroyed (cache_memory.h).
+auto& g_entries = *new std::unordered_map<const void*, Entry>();
 
 c10::Stream current_stream(const at::Tensor& t) {
   return c10::impl::VirtualGuardImpl(t.device().type()).getStream(t.device());

@@ -5,6 +5,8 @@
 #include <utility>
 #include <vector>
 
+#include <c10/core/impl/VirtualGuardImpl.h>
+
 #include "cache_memory.h"
 #include "graph_capture.h"
 #include "tensor_identity.h"
@@ -15,13 +17,19 @@ namespace {
 struct Entry {
   at::Tensor data;
   std::vector<TensorIdentity> sources;
+  c10::optional<c10::Stream> stream;  // where data was last prepared (and read)
 };
+
+c10::Stream current_stream(const at::Tensor& t) {
+  return c10::impl::VirtualGuardImpl(t.device().type()).getStream(t.device());
+}
 
 std::mutex g_mutex;
 // Keyed by the plan (plans are cached and never freed, so the pointer identifies one) and the
 // weight's data pointer: no string building on the per-call path. A different tensor at the
-// same address finds the entry but not its sources, and rebuilds it.
-std::map<std::pair<const Plan*, const void*>, Entry> g_entries;
+// same address finds the entry but not its sources, and rebuilds it. Never destroyed
+// (cache_memory.h).
+auto& g_entries = *new std::map<std::pair<const Plan*, const void*>, Entry>();
 
 // What the preparation reads, in a fixed order: W and b always; the BatchNorm tensors when it
 // is folded.
@@ -68,7 +76,14 @@ at::Tensor prepared_for(const Plan& plan, Executor& executor,
   std::vector<TensorIdentity> sources;
   for_each_source(plan, weight, bias, operands, state,
                   [&](const at::Tensor& t) { sources.emplace_back(t); });
-  entry.data = cache_empty({static_cast<int64_t>(bytes)}, weight.options().dtype(at::kByte));
+  // Rebuilt in place on the stream that read it last (stream order keeps earlier readers
+  // first); new memory otherwise (the caching allocator then frees the old after its readers).
+  const c10::Stream stream = current_stream(weight);
+  if (!entry.data.defined() || static_cast<size_t>(entry.data.numel()) < bytes ||
+      entry.stream != stream) {
+    entry.data = cache_empty({static_cast<int64_t>(bytes)}, weight.options().dtype(at::kByte));
+    entry.stream = stream;
+  }
   executor.prepare(plan, args, entry.data.data_ptr());
   entry.sources = std::move(sources);
   return entry.data;

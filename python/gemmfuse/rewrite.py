@@ -167,6 +167,9 @@ def rewrite_chain(gm: fx.GraphModule, chain: Chain, precision: str, remap: dict,
                       xinf.rank if isinstance(xinf, TInfo) else None, guards,
                       dict(module_idx), chain.weight_kn)
     rt.example_sources = [example_record(src) for src in sources]
+    rt.out_features = chain.out_features
+    # The nn.Linear module's input index (tensor parallel reads its hooks: tensor_parallel.py)
+    rt.linear_idx = idx(AttrRef(chain.linear_module)) if chain.linear_module else None
     setattr(gm, attr_name, rt)
 
     last = chain.output

@@ -93,7 +93,8 @@ def explain_text(module) -> str:
                          "gemmfuse.explain(model, example_inputs) to optimize it first")
     fused = [e for e in rep.entries if e.status == "fused"]
     out = [f"gemmfuse: {len(fused)} of {len(rep.entries)} chain(s) fused "
-           f"(precision {rep.precision}, {rep.flavor} capture)"]
+           f"(precision {rep.precision}, {rep.flavor} capture)"
+           + (f"; it calls {len(rep.units)} FSDP unit(s), each explained below" if rep.units else "")]
     if rep.retraced:
         out.append(f"traced again {len(rep.retraced)} time(s), because these changed since the "
                    f"previous trace: " + ", ".join(rep.retraced))
@@ -147,9 +148,30 @@ def explain_text(module) -> str:
         out.append("not captured:")
         for name, reason in rep.rejected:
             out.append(f"  {name}: {reason}")
-    if not rep.entries and not rep.rejected:
+    if not rep.entries and not rep.rejected and not rep.units:
         out.append("  (no Linear found)")
+    out.extend(_fsdp_lines(module, rep))
     return "\n".join(out) + "\n"
+
+
+def _fsdp_lines(module, rep) -> list:
+    """FSDP2: how the module runs inside fully_shard's hooks, and each unit its graph calls
+    (fsdp.py), with the unit's own explanation indented."""
+    out = []
+    hooks = module.__dict__.get("_gemmfuse_fsdp")
+    if hooks is not None:
+        out += ["", f"FSDP2: this graph runs between the pre- and post-forward hooks of "
+                    f"fully_shard's unit {hooks.qualname!r} (the fused ops read the parameters "
+                    f"it has unsharded; their gradients go back to it for the reduce-scatter)"]
+        out += [f"  {n}x ran in PyTorch: {why}" for why, n in hooks.fallbacks.items()]
+    for u in rep.units:
+        out.append("")
+        if u.opt is None:
+            out.append(f"FSDP unit '{u.qualname}': runs in PyTorch: {u.reason or 'not called yet'}")
+            continue
+        out.append(f"FSDP unit '{u.qualname}': its own forward, optimized:")
+        out.append(_indent(explain_text(u.opt)))
+    return out
 
 
 def compiled_text(graphs) -> str:

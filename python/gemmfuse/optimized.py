@@ -14,7 +14,7 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 
-from . import _lib, direct
+from . import _lib, direct, fsdp, tensor_parallel
 from .capture import CaptureReport, InfoProp, find_chains
 from .reports import ChainEntry, OptimizeReport, compiled_graphs
 from .rewrite import example_tensor, rewrite_chain
@@ -36,6 +36,9 @@ class GemmfuseModule(fx.GraphModule):
             what = watch.changed()
             if what is not None:
                 self._gemmfuse_retrace(args, kwargs, what)
+        hooks = d.get("_gemmfuse_fsdp")  # an FSDP unit: its graph runs inside FSDP's hooks
+        if hooks is not None:
+            return hooks.run(super().__call__, args, kwargs)
         return super().__call__(*args, **kwargs)
 
     def __getattr__(self, name):
@@ -148,15 +151,17 @@ def _share_state(gm: fx.GraphModule, model: nn.Module):
     gm.__dict__["training"] = model.training
 
 
-def _propagate(gm: fx.GraphModule, inputs: tuple):
-    """Run the traced model once on the example inputs for shapes; undo its side effects on
-    buffers (BatchNorm running statistics) and on the RNG."""
+def _propagate(gm: fx.GraphModule, inputs: tuple, prop=None):
+    """Run the traced model once on the example inputs for shapes (``prop``: the interpreter,
+    InfoProp by default); undo its side effects on buffers (BatchNorm running statistics) and
+    on the RNG. Returns the output."""
     saved = [(b, b.detach().clone()) for b in gm.buffers()]
     devices = sorted({t.device.index or 0 for t in list(inputs) + [p for p in gm.parameters()]
                       if isinstance(t, torch.Tensor) and t.device.type == "cuda"})
     try:
         with torch.no_grad(), torch.random.fork_rng(devices=devices):
-            InfoProp(gm).run(*[t.clone() if isinstance(t, torch.Tensor) else t for t in inputs])
+            return (prop or InfoProp(gm)).run(
+                *[t.clone() if isinstance(t, torch.Tensor) else t for t in inputs])
     finally:
         with torch.no_grad():
             for b, v in saved:
@@ -170,6 +175,9 @@ def optimize(model: nn.Module, example_inputs, precision: str = "fp32") -> nn.Mo
     to learn shapes; the model's buffers and the RNG are left as they were).
     ``precision``: "fp32" (default, SGEMM-faithful), "fast" (split precision on tensor cores,
     within 1e-4 of float64) or "tf32".
+    A model with modules ``fully_shard`` (FSDP2) was applied to is optimized unit by unit, each
+    inside FSDP's hooks (fsdp.py); one that ``parallelize_module`` prepared runs its
+    column-parallel chains on the local shards (tensor_parallel.py).
     """
     if precision not in PRECISIONS:
         raise ValueError(f"gemmfuse.optimize: precision must be one of {PRECISIONS}, got {precision!r}")
@@ -181,69 +189,103 @@ def optimize(model: nn.Module, example_inputs, precision: str = "fp32") -> nn.Mo
         example_inputs = (example_inputs,)
     example_inputs = tuple(example_inputs)
     _lib.load()
+    if fsdp.has_units(model):
+        return fsdp.optimize(model, example_inputs, precision)
+    gm, why = _trace(model)
+    if gm is None:
+        return _through_dynamo(model, example_inputs, precision, why)
+    return _capture(gm, model, example_inputs, precision)[0]
+
+
+def _trace(model: nn.Module, tracer=None):
+    """(the model traced by torch.fx, sharing its state, "") or (None, why not: a tracing
+    error, or a forward that assigns to its module)."""
     before = ModuleState(model)
     try:
-        tracer = fx.Tracer()
+        tracer = tracer or fx.Tracer()
         graph = tracer.trace(model)
-        name = model.__class__.__name__ if isinstance(model, nn.Module) else "Module"
-        gm = GemmfuseModule(tracer.root, graph, name)
+        gm = GemmfuseModule(tracer.root, graph, model.__class__.__name__)
     except Exception as e:  # noqa: BLE001 - any tracing failure: capture through dynamo
         before.restore()
-        why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
-        return _through_dynamo(model, example_inputs, precision, why)
+        return None, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
     assigned = before.changed()
     before.restore()
     if assigned:  # state kept on self: torch.fx would bake one call's value into the graph
-        why = "the forward assigns to " + ", ".join(assigned[:4]) + (" ..." if len(assigned) > 4 else "")
-        return _through_dynamo(model, example_inputs, precision, why)
+        return None, ("the forward assigns to " + ", ".join(assigned[:4])
+                      + (" ..." if len(assigned) > 4 else ""))
     _share_state(gm, model)
-    _propagate(gm, example_inputs)
-    before.restore()  # the example call's own assignments, if any
+    return gm, ""
 
+
+def _capture(gm: GemmfuseModule, model: nn.Module, example_inputs: tuple, precision: str,
+             units=None):
+    """Run the traced graph on the example inputs, replace every chain the planner takes by
+    a _run_chain call, and make gm the optimized module. ``units``: the FSDP units gm calls
+    (a list, possibly empty, inside an FSDP model: fsdp.py), built during that run.
+    Returns (gm, the example call's output)."""
+    # FSDP swaps parameters in and out of the modules during the run: they are its to restore
+    before = ModuleState(model, skip=("_parameters",) if units is not None else ())
+    prop = fsdp.UnitProp(gm, precision) if units is not None else None
+    out = _propagate(gm, example_inputs, prop)
+    before.restore()  # the example call's own assignments, if any
     report = OptimizeReport(precision=precision, flavor="fx")
+    report.units = list(units or ())
     cap: CaptureReport = find_chains(gm, "fx", check=_lib.check)
     report.rejected = list(cap.rejected)
     remap: dict = {}
     for chain in cap.chains:
-        flags = tuple(bool(gm.get_submodule(q).training) for q in chain.mode_modules)
-        spec = chain.spec(flags)
-        entry = ChainEntry(index=chain.index, linear=chain.linear.name,
-                           nodes=chain.describe_nodes(), stop=chain.stop, form=chain.form, spec=spec,
-                           status="pytorch", mode_modules=list(chain.mode_modules))
+        entry = _fuse_chain(gm, chain, precision, remap)
         report.entries.append(entry)
-        try:
-            x = example_tensor(gm, chain.x)
-            w = example_tensor(gm, chain.weight)
-            w = w.t().contiguous() if chain.weight_kn else w
-            b = example_tensor(gm, chain.bias) if chain.bias is not None else None
-            ops = [example_tensor(gm, s) for s in chain.operands]
-            st = [example_tensor(gm, s) for s in chain.state]
-            entry.example = {"x": list(x.shape), "operands": [list(t.shape) for t in ops]}
-            ops = [t.to(x.dtype) if t.dtype != x.dtype else t for t in ops]
-            entry.plan = _lib.describe(spec, x, w, b, ops, st, precision)
-        except (RuntimeError, ValueError, AttributeError, TypeError) as e:
-            entry.reason = (_lib.unsupported_reason(e) if _lib.is_unsupported(e)
-                            else f"describe failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
-            continue
-        attr = f"_gemmfuse_chain_{chain.index}"
-        rewrite_chain(gm, chain, precision, remap, attr)
-        entry.status = "fused"
-        entry.attr = attr
     gm.recompile()
     d = gm.__dict__  # plain entries: nn.Module.__setattr__ would register the model as a child
     d["_gemmfuse"] = report
     d["_gemmfuse_source"] = model
     d["_gemmfuse_examples"] = [_example_record(v) for v in example_inputs]
     d["_gemmfuse_watch"] = AttributeWatch(model)
-    direct.install(gm, _run_chain)
-    return gm
+    if units is None:  # a unit's calls must go through its hooks (GemmfuseModule.__call__)
+        direct.install(gm, _run_chain)
+    return gm, out
+
+
+def _fuse_chain(gm: GemmfuseModule, chain, precision: str, remap: dict) -> ChainEntry:
+    """Plan one chain on the example shapes and, where the planner takes it, rewrite it into
+    a _run_chain call; the report's entry for it."""
+    flags = tuple(bool(gm.get_submodule(q).training) for q in chain.mode_modules)
+    spec = chain.spec(flags)
+    entry = ChainEntry(index=chain.index, linear=chain.linear.name,
+                       nodes=chain.describe_nodes(), stop=chain.stop, form=chain.form, spec=spec,
+                       status="pytorch", mode_modules=list(chain.mode_modules))
+    why = tensor_parallel.capture_reason(gm, chain)
+    if why:  # a tensor-parallel Linear whose chain cannot run on its local shard
+        entry.reason = why
+        return entry
+    try:
+        x = example_tensor(gm, chain.x)
+        w = tensor_parallel.local(example_tensor(gm, chain.weight))
+        w = w.t().contiguous() if chain.weight_kn else w
+        b = tensor_parallel.local(example_tensor(gm, chain.bias)) if chain.bias is not None else None
+        ops = [example_tensor(gm, s) for s in chain.operands]
+        st = [example_tensor(gm, s) for s in chain.state]
+        entry.example = {"x": list(x.shape), "operands": [list(t.shape) for t in ops]}
+        ops = [t.to(x.dtype) if t.dtype != x.dtype else t for t in ops]
+        entry.plan = _lib.describe(spec, x, w, b, ops, st, precision)
+    except (RuntimeError, ValueError, AttributeError, TypeError) as e:
+        entry.reason = (_lib.unsupported_reason(e) if _lib.is_unsupported(e)
+                        else f"describe failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+        return entry
+    attr = f"_gemmfuse_chain_{chain.index}"
+    rewrite_chain(gm, chain, precision, remap, attr)
+    entry.status = "fused"
+    entry.attr = attr
+    return entry
 
 
 def _through_dynamo(model: nn.Module, example_inputs: tuple, precision: str, why: str):
     """The model captured through dynamo (torch.fx could not trace it: `why`), compiled once
     on the example inputs with its buffers and the RNG left as they were."""
     opt = GemmfuseDynamoModule(model, precision, [_example_record(v) for v in example_inputs], why)
-    before = ModuleState(model)
+    sharded = fsdp.has_units(model)  # FSDP2 swaps parameters itself, and reshards below
+    before = ModuleState(model, skip=("_parameters",) if sharded else ())
     saved = [(b, b.detach().clone()) for b in model.buffers()]
     devices = sorted({t.device.index or 0 for t in list(example_inputs) + list(model.parameters())
                       if isinstance(t, torch.Tensor) and t.device.type == "cuda"})
@@ -255,6 +297,8 @@ def _through_dynamo(model: nn.Module, example_inputs: tuple, precision: str, why
         with torch.no_grad():
             for b, v in saved:
                 b.copy_(v)
+    if sharded:
+        fsdp.reshard(model)
     return opt
 
 
@@ -264,7 +308,8 @@ def runtimes(module: nn.Module) -> list:
     rep = getattr(module, "_gemmfuse", None)
     if rep is None:
         return [rt for gm in compiled_graphs(module) for rt in runtimes(gm)]
-    return [getattr(module, e.attr) for e in rep.entries if e.attr]
+    own = [getattr(module, e.attr) for e in rep.entries if e.attr]
+    return own + [rt for u in rep.units if u.opt is not None for rt in runtimes(u.opt)]
 
 
 def fused_calls(module: nn.Module) -> int:
@@ -272,8 +317,12 @@ def fused_calls(module: nn.Module) -> int:
     counts, and for chains compiled into Inductor graphs the op's own count of their specs
     (process-wide: chains of the same spec elsewhere count too)."""
     rep = getattr(module, "_gemmfuse", None)
-    if rep is None:
-        return sum(fused_calls(gm) for gm in compiled_graphs(module))
+    if rep is None:  # each spec once: graphs compiled again for new guards share them
+        graphs = compiled_graphs(module)
+        specs = {e.spec for gm in graphs if gm._gemmfuse.flavor == "inductor"
+                 for e in gm._gemmfuse.entries if e.status == "fused"}
+        return (sum(sum(torch.ops.gemmfuse.calls(s)) for s in specs)
+                + sum(fused_calls(gm) for gm in graphs if gm._gemmfuse.flavor != "inductor"))
     if rep.flavor == "inductor":
         return sum(sum(torch.ops.gemmfuse.calls(e.spec)) for e in rep.entries if e.status == "fused")
     return sum(rt.fused_calls for rt in runtimes(module))
@@ -285,6 +334,7 @@ def weights_changed(module: nn.Module) -> None:
     the C++ preparation cache keys on; torch.optim steps, fused ones too, are seen without this).
     Bumps every version counter, so prepared weights (column sums, folded BatchNorm,
     split-precision parts) are rebuilt on the next call."""
-    for t in list(module.parameters()) + list(module.buffers()):
+    # FSDP2's unsharded parameters keep their versions across all-gathers (fsdp.py)
+    for t in list(module.parameters()) + list(module.buffers()) + fsdp.unsharded_params(module):
         if not t.is_inference():
             torch.autograd.graph.increment_version(t)

@@ -37,6 +37,9 @@ class OptimizeReport:
     params: list = field(default_factory=list)
     # fx flavour: what made the module trace the model again, one entry per time
     retraced: list = field(default_factory=list)
+    # fx flavour inside an FSDP2 model: the units (fsdp.UnitCall) the graph calls, each
+    # optimized in its own forward
+    units: list = field(default_factory=list)
 
 
 # The torch.compile backend's most recent compilations, newest last.
@@ -56,7 +59,8 @@ def compiled_graphs(module) -> list:
     orig = getattr(module, "_orig_mod", module)
     if not isinstance(orig, nn.Module):
         return []
-    mine = {id(p) for p in orig.parameters()}
+    from .fsdp import unsharded_params  # FSDP2: graphs read the unsharded parameters
+    mine = {id(p) for p in list(orig.parameters()) + unsharded_params(orig)}
     out = []
     for rep in COMPILED:
         gm = rep.graph() if rep.graph is not None else None

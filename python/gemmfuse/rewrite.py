@@ -169,6 +169,9 @@ def rewrite_chain(gm: fx.GraphModule, chain: Chain, precision: str, remap: dict,
     rt.example_sources = [example_record(src) for src in sources]
     rt.owned = tuple(_owned(gm, sources, index))
     owned = {i for i, *_ in rt.owned}
+    rt.out_features = chain.out_features
+    # The nn.Linear module's input index (tensor parallel reads its hooks: tensor_parallel.py)
+    rt.linear_idx = idx(AttrRef(chain.linear_module)) if chain.linear_module else None
     setattr(gm, attr_name, rt)
 
     last = chain.output

@@ -15,7 +15,7 @@ from typing import Optional
 import torch
 import torch.fx as fx
 
-from . import _lib, route_timer
+from . import _lib, fsdp, route_timer, tensor_parallel
 from .direct import global_hooks
 
 PRECISIONS = ("fp32", "fast", "tf32")
@@ -52,7 +52,8 @@ def _bump_versions_after_step(optimizer, args, kwargs):
     folded BatchNorm, converted operands) key on: bump them after every optimizer step."""
     params = [p for g in optimizer.param_groups for p in g["params"] if not p.is_inference()]
     if params:
-        torch.autograd.graph.increment_version(params)
+        # FSDP2's unsharded parameters keep their versions across all-gathers (fsdp.py)
+        torch.autograd.graph.increment_version(params + fsdp.unsharded_after_step(optimizer, params))
 
 
 def _watch_optimizer_steps():
@@ -76,8 +77,16 @@ def _warn_data_writes_once():
     global _data_writes_warned
     if not _data_writes_warned:
         _data_writes_warned = True
-        where = ({"skip_file_prefixes": (os.path.dirname(__file__),)} if sys.version_info >= (3, 12)
-                 else {"stacklevel": 5})  # the caller of optimize (or of the compiled module)
+        # the caller of optimize (or of the compiled module): the first frame outside
+        # gemmfuse and torch (FSDP units are built from inside torch's hooks)
+        inside = (os.path.dirname(__file__), os.path.dirname(torch.__file__))
+        if sys.version_info >= (3, 12):
+            where = {"skip_file_prefixes": inside}
+        else:
+            level, f = 1, sys._getframe(0)
+            while f is not None and f.f_code.co_filename.startswith(inside):
+                f, level = f.f_back, level + 1
+            where = {"stacklevel": level}
         warnings.warn("gemmfuse: " + DATA_WRITES, **where)
 
 
@@ -317,10 +326,12 @@ class ChainRuntime:
         return (w.requires_grad or x.requires_grad or (b is not None and b.requires_grad)
                 or any(t.requires_grad for t in ops))
 
-    def _hooked(self, inputs):
-        """The input index of the first module of the chain with a forward or backward hook,
-        or None."""
+    def _hooked(self, inputs, skip=None):
+        """The input index of the first module of the chain (but `skip`) with a forward or
+        backward hook, or None."""
         for i in self.module_idx:
+            if i == skip:
+                continue
             m = inputs[i].__dict__
             if (m.get("_forward_hooks") or m.get("_forward_pre_hooks")
                     or m.get("_backward_hooks") or m.get("_backward_pre_hooks")):
@@ -353,10 +364,33 @@ class ChainRuntime:
             return ""
         return f"timed once: PyTorch {eager_ms:.4g} ms, fused {fused_ms:.4g} ms"
 
-    def _checked_call(self, inputs):
+    def _tensor_idx(self) -> tuple:
+        """The inputs that are the fused op's tensors: x, W, b, operands, state."""
+        b = () if self.b_idx is None else (self.b_idx,)
+        return (self.x_idx, self.w_idx) + b + tuple(self.op_idx) + tuple(self.st_idx)
+
+    def _distributed_call(self, inputs):
+        """A chain over DTensors (a tensor-parallel Linear): fused on the local shards where
+        that is what the parallel style computes (tensor_parallel.py), else in PyTorch, which
+        runs the module's hooks and the DTensor ops."""
         x = inputs[self.x_idx]
-        w = self._weight(inputs)
-        b = None if self.b_idx is None else inputs[self.b_idx]
+        if isinstance(x, torch.Tensor) and autocast_on(x.device.type):
+            return self._pytorch(inputs, "autocast with DTensor parameters: the chain runs in PyTorch")
+        local, why = tensor_parallel.local_inputs(self, inputs)
+        if why:
+            return self._pytorch(inputs, why)
+        return self._checked_call(inputs, local)
+
+    def _checked_call(self, inputs, local=None):
+        """Checks, then the fused op. ``local``: the inputs the fused op reads instead of
+        ``inputs`` (a tensor-parallel Linear's local shards); fallbacks run ``inputs``, through
+        the Linear's hooks."""
+        src = inputs if local is None else local
+        if local is None and any(tensor_parallel.is_dtensor(src[i]) for i in self._tensor_idx()):
+            return self._distributed_call(inputs)
+        x = src[self.x_idx]
+        w = self._weight(src)
+        b = None if self.b_idx is None else src[self.b_idx]
         if not isinstance(x, torch.Tensor):
             return self._pytorch(inputs, "the input is not a tensor")
         if autocast_on(x.device.type):
@@ -368,7 +402,8 @@ class ChainRuntime:
                 f"input or the model with .to(device)")
         if x.dtype != w.dtype or not x.is_floating_point():
             return self._pytorch(inputs, f"input dtype {x.dtype} != weight dtype {w.dtype}")
-        hooked = self._hooked(inputs) if self.module_idx else None
+        skip = None if local is None else self.linear_idx  # its hooks: what `local` did
+        hooked = self._hooked(inputs, skip) if self.module_idx else None
         if hooked is not None or global_hooks():
             what = (f"module '{self.module_names[hooked]}'" if hooked is not None
                     else "every module (global hooks)")
@@ -384,26 +419,9 @@ class ChainRuntime:
             return self._pytorch(inputs, f"input rank {x.dim()} differs from the example's "
                                          f"{self.x_rank} (dims were resolved for it)")
         flags = tuple(bool(inputs[i].training) for i in self.mode_idx)
-        ops, state = [], []
-        for i in self.op_idx:
-            t = inputs[i]
-            if not isinstance(t, torch.Tensor):
-                return self._pytorch(inputs, "an operand is not a tensor")
-            if t.device != x.device:
-                if t.dim() == 0 and t.device.type == "cpu":
-                    t = t.to(x.device)
-                else:
-                    return self._pytorch(inputs, f"operand on {t.device}, input on {x.device}")
-            if t.dtype != x.dtype:
-                t = t.to(x.dtype)
-            ops.append(t.contiguous())
-        for i in self.st_idx:
-            t = inputs[i]
-            if t.device != x.device or not t.is_contiguous():
-                return self._pytorch(inputs, f"state tensor on {t.device} or not contiguous")
-            state.append(t)
-        if b is not None and (b.device != x.device or b.dtype != x.dtype):
-            return self._pytorch(inputs, "bias device/dtype differs from the input's")
+        ops, state, why = self._operands(src, x, b)
+        if why:
+            return self._pytorch(inputs, why)
         # While autograd records and something requires grad, gemmfuse::run is the
         # differentiable op (its training plan, a C++ autograd node).
         grad_on = torch.is_grad_enabled()
@@ -439,32 +457,64 @@ class ChainRuntime:
             precision = self.precision if train else self.precision_at.get(key, self.precision)
             out = torch.ops.gemmfuse.run(spec, x, w, b, ops, state, precision)
         except (RuntimeError, ValueError) as e:
-            if _lib.is_unsupported(e) and train:
-                reason = (f"autograd records: no fused backward at shape {list(x.shape)} on "
-                          f"{x.device.type}: {_lib.unsupported_reason(e)}")
-                self.refused_train[key] = reason
-                if not self._warned:
-                    self._warned = True
-                    warnings.warn(f"gemmfuse: {reason}; the chain runs in PyTorch while autograd "
-                                  f"records", stacklevel=3)
-                return self._pytorch(inputs, reason)
-            if _lib.is_unsupported(e):
-                reason = f"planner refused shape {list(x.shape)} flags {flags}: {_lib.unsupported_reason(e)}"
-                self.refused[key] = reason
-                return self._pytorch(inputs, reason)
-            if _BN_MSG in str(e):
-                # PyTorch raises ValueError here; let the original nodes raise it verbatim.
-                self._record("training BatchNorm with one value per channel")
-                self.fallback.forward(*inputs)  # PyTorch raises its own ValueError here, verbatim
-                raise ValueError(str(e).splitlines()[0]) from None
-            raise
+            return self._op_error(e, inputs, key, flags, train)
         self.fused_calls += 1
         self.train_calls += train
         self._saw(key + (train,))
-        if (all(o is inputs[i] for o, i in zip(ops, self.op_idx))
+        if (local is None and all(o is inputs[i] for o, i in zip(ops, self.op_idx))
                 and all(t is inputs[i] for t, i in zip(state, self.st_idx))):
             self._fast = (x.shape, x.dtype, x.device, flags, spec, precision, grad_on, train)
         return out
+
+
+    def _operands(self, src, x, b):
+        """(operands as the fused op reads them: on x's device, in its dtype, contiguous;
+        the state tensors; '' or why the call runs in PyTorch instead)."""
+        ops, state = [], []
+        for i in self.op_idx:
+            t = src[i]
+            if not isinstance(t, torch.Tensor):
+                return ops, state, "an operand is not a tensor"
+            if t.device != x.device:
+                if t.dim() == 0 and t.device.type == "cpu":
+                    t = t.to(x.device)
+                else:
+                    return ops, state, f"operand on {t.device}, input on {x.device}"
+            if t.dtype != x.dtype:
+                t = t.to(x.dtype)
+            ops.append(t.contiguous())
+        for i in self.st_idx:
+            t = src[i]
+            if t.device != x.device or not t.is_contiguous():
+                return ops, state, f"state tensor on {t.device} or not contiguous"
+            state.append(t)
+        if b is not None and (b.device != x.device or b.dtype != x.dtype):
+            return ops, state, "bias device/dtype differs from the input's"
+        return ops, state, ""
+
+    def _op_error(self, e, inputs, key, flags, train):
+        """The fused op raised `e`: a shape the planner or the backward refuses runs in
+        PyTorch from now on (remembered per signature); other errors are PyTorch's own."""
+        x_shape, dev = list(key[0]), key[2].type
+        if _lib.is_unsupported(e) and train:
+            reason = (f"autograd records: no fused backward at shape {x_shape} on "
+                      f"{dev}: {_lib.unsupported_reason(e)}")
+            self.refused_train[key] = reason
+            if not self._warned:
+                self._warned = True
+                warnings.warn(f"gemmfuse: {reason}; the chain runs in PyTorch while autograd "
+                              f"records", stacklevel=4)
+            return self._pytorch(inputs, reason)
+        if _lib.is_unsupported(e):
+            reason = f"planner refused shape {x_shape} flags {flags}: {_lib.unsupported_reason(e)}"
+            self.refused[key] = reason
+            return self._pytorch(inputs, reason)
+        if _BN_MSG in str(e):
+            # PyTorch raises ValueError here; let the original nodes raise it verbatim.
+            self._record("training BatchNorm with one value per channel")
+            self.fallback.forward(*inputs)  # PyTorch raises its own ValueError here, verbatim
+            raise ValueError(str(e).splitlines()[0]) from None
+        raise e
 
 
 def _run_chain(rt: ChainRuntime, inputs: list):

@@ -13,11 +13,13 @@ _DICTS = ("_parameters", "_buffers", "_modules")
 class ModuleState:
     """The attribute dictionaries of every module of a model, as they are now (by identity)."""
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, skip: tuple = ()):
+        """``skip``: dictionaries left out (FSDP2 swaps ``_parameters`` entries itself)."""
         self.saved = []
         for name, mod in model.named_modules(remove_duplicate=True):
             d = mod.__dict__
-            self.saved.append((name, mod, dict(d), {k: dict(d[k]) for k in _DICTS if k in d}))
+            self.saved.append((name, mod, dict(d),
+                               {k: dict(d[k]) for k in _DICTS if k in d and k not in skip}))
 
     def changed(self) -> list:
         """'<module>.<attribute>' for every attribute assigned, added or removed since."""

@@ -15,7 +15,9 @@ What is recorded, per module of the model:
   * its ``training`` flag where its class's own code reads ``training`` (user modules that
     branch on it). Modules of torch.nn are left out of that: the fused modules among them
     (BatchNorm, Dropout) have a spec for each flag, and the others run in PyTorch, where
-    they read the flag themselves.
+    they read the flag themselves;
+  * its class: ``fully_shard`` (FSDP2) gives a module a class of its own, and its parameters
+    then live sharded between calls; the model traced again sees the units (fsdp.py).
 """
 from __future__ import annotations
 
@@ -75,8 +77,10 @@ class AttributeWatch:
 
     def __init__(self, model: nn.Module):
         self.entries = []  # (module, dict name or None, key, value, what to call it)
+        self.classes = []  # (module, its class, what to call it)
         for qual, mod in model.named_modules(remove_duplicate=True):
             where = qual or type(model).__name__
+            self.classes.append((mod, type(mod), f"the class of {where}"))
             read_training = (not type(mod).__module__.startswith("torch.nn")
                              and "training" in _names_read(type(mod)))
             for k, v in vars(mod).items():
@@ -94,4 +98,7 @@ class AttributeWatch:
             now = d.get(key, _MISSING)
             if now is not value and (table is not None or not _same(now, value)):
                 return name
+        for mod, cls, name in self.classes:
+            if type(mod) is not cls:
+                return f"{name} ({cls.__name__} -> {type(mod).__name__})"
         return None

@@ -11,6 +11,7 @@ from .values import AttrRef, TInfo, node_info
 from .chain import CaptureReport, Chain, Unsupported
 from .classify import _Ctx, classify
 from .linear_forms import linear_parts
+from ..tensor_parallel import dynamo_reason, is_dtensor
 
 # --------------------------------------------------------------------------------------------
 # Finding chains.
@@ -24,11 +25,11 @@ def _attr_tensor(gm: fx.GraphModule, q: str):
 
 
 def _shape_of_source(gm, src):
-    if isinstance(src, AttrRef):
-        t = _attr_tensor(gm, src.qualname)
-        return tuple(t.shape) if isinstance(t, torch.Tensor) else None
-    if src.op == "get_attr":
-        t = _attr_tensor(gm, src.target)
+    """A source's shape; a DTensor's local one (a tensor-parallel chain runs on its shard)."""
+    if isinstance(src, AttrRef) or src.op == "get_attr":
+        t = _attr_tensor(gm, src.qualname if isinstance(src, AttrRef) else src.target)
+        if is_dtensor(t):
+            t = t._local_tensor
         return tuple(t.shape) if isinstance(t, torch.Tensor) else None
     inf = node_info(src)
     return tuple(inf.shape) if isinstance(inf, TInfo) else None
@@ -54,6 +55,10 @@ def find_chains(gm: fx.GraphModule, flavor: str = "fx", check: Optional[Callable
         if parts is None:
             continue
         x, w, b, q = parts.x, parts.weight, parts.bias, parts.module
+        why = dynamo_reason(x, w) if flavor != "fx" else ""
+        if why:
+            report.rejected.append((node.name, why))
+            continue
         wshape = _shape_of_source(gm, w)
         if wshape is None or len(wshape) != 2:
             report.rejected.append((node.name, f"linear weight shape unknown or not 2-d ({wshape})"))

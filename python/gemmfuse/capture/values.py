@@ -73,8 +73,14 @@ class InfoProp(fx.Interpreter):
         return result
 
     def call_module(self, target, args, kwargs):
-        # The module's forward without its hooks: learning shapes must not run user hooks.
-        return self.fetch_attr(target).forward(*args, **kwargs)
+        # The module's forward without its hooks: learning shapes must not run user hooks;
+        # but a module parallelize_module prepared (DTensor parameters) needs its hooks to
+        # turn its inputs into DTensors and its output back into the local tensor.
+        from ..tensor_parallel import has_dtensor_params, settled
+        mod = self.fetch_attr(target)
+        if has_dtensor_params(mod):
+            return settled(mod(*args, **kwargs))
+        return mod.forward(*args, **kwargs)
 
 
 # --------------------------------------------------------------------------------------------

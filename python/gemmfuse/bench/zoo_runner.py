@@ -286,6 +286,14 @@ def check_train(fn, model, opt, sets, loss_fn, ref):
 
 
 # ------------------------------------------------------------------------------ the loops
+def _stage(head, variant, what):
+    """One line on stderr per stage, so that a log cut off by a time limit shows where."""
+    import sys
+    import time
+    print(f"[zoo {time.strftime('%H:%M:%S')}] {head.get('model')} {head.get('batch')} "
+          f"{head.get('dtype')} {head.get('phase')}: {variant}: {what}", file=sys.stderr, flush=True)
+
+
 def measure_group(base, sets32, loss_fn, ref, dtype, phase, variants, cfg, dev, tick, head):
     """Every variant of one model, batch kind, dtype and phase: built and checked in turn,
     then timed in cfg.rounds rounds, odd rounds in reverse order (so that each variant meets
@@ -295,10 +303,12 @@ def measure_group(base, sets32, loss_fn, ref, dtype, phase, variants, cfg, dev, 
     runs = []
     with torch.no_grad() if phase == "forward" else contextlib.nullcontext():
         for v in variants:
+            _stage(head, v, "build and check")
             run = VariantRun(v, dict(head, variant=v), dev)
             run.build(base, sets, dtype, loss_fn, ref, phase)
             runs.append(run)
             tick()
+        _stage(head, "all", "timing rounds")
         for r in range(cfg.rounds):
             for run in (runs if r % 2 == 0 else runs[::-1]):
                 run.round(cfg)
@@ -481,6 +491,9 @@ def run_zoo(cfg, console=None):
     per_group = len(st["variants"]) * (1 + cfg.rounds)
     progress = Progress(TextColumn("{task.description:<14}"), BarColumn(), MofNCompleteColumn(),
                         TimeElapsedColumn(), console=console, auto_refresh=False)
+    import faulthandler
+    # Every thread's Python stack on stderr every 3 minutes a group runs: a stuck call shows.
+    faulthandler.dump_traceback_later(180, repeat=True)
     with precise(), progress:
         total = per_group * len(st["batches"]) * len(st["dtypes"]) * len(st["phases"])
         tasks = {n: progress.add_task(n, total=total) for n in st["models"]}
@@ -491,6 +504,7 @@ def run_zoo(cfg, console=None):
             run_model(i, name, st, cfg, dev, tick, emit, base_rec)
             progress.update(tasks[name], completed=total)
             progress.refresh()
+    faulthandler.cancel_dump_traceback_later()
     header["summary"] = zoo_report.summary(result["records"])
     out.write_text(json.dumps(_clean(result), indent=1, default=str))
     zoo_report.report(result, out, console, cfg)

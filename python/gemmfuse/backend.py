@@ -218,8 +218,12 @@ class _fused_call:
 
 
 def _own(chain, index, remap, inputs, rest):
-    """Inductor's lowering of the chain's nodes alone, compiled for these inputs."""
-    fn = rest(chain_subgraph(chain, index, remap), list(inputs))
+    """Inductor's lowering of the chain's nodes alone, compiled for these inputs. Its backward
+    is compiled now, not at its first call: that call comes from the autograd engine's device
+    thread while this thread holds dynamo's compile lock, which a lazy backward compilation
+    takes (a deadlock on CUDA)."""
+    with torch._functorch.config.patch(force_non_lazy_backward_lowering=True):
+        fn = rest(chain_subgraph(chain, index, remap), list(inputs))
     return lambda args: fn(*args)
 
 

@@ -291,3 +291,30 @@ def test_compiler_carries_precision_and_inductor_options():
     with pytest.raises(Exception, match="not_an_inductor_option"):
         torch.compile(copy.deepcopy(model), backend="gemmfuse",
                       options={"not_an_inductor_option": 1})(x)
+
+
+def test_measured_choice_times_backward_off_the_compiling_thread(monkeypatch):
+    """On CUDA the autograd engine runs a timed backward on its device thread while the
+    backend's thread holds dynamo's compile lock: Inductor's lowering of the chain must have
+    its backward compiled already (a lazy compile would wait for that lock forever)."""
+    import threading
+    from gemmfuse import measure, route_timer
+    monkeypatch.delenv("GEMMFUSE_ALWAYS_FUSE", raising=False)
+    monkeypatch.setenv("GEMMFUSE_TIMED_ROUTES", "1")
+    monkeypatch.setattr(measure, "_CHOICES", {})
+
+    def timer(fn, device):
+        done = []
+        worker = threading.Thread(target=lambda: (fn(), done.append(True)), daemon=True)
+        worker.start()
+        worker.join(60)
+        assert done, "the timed call blocked"
+        return 1.0
+
+    monkeypatch.setattr(route_timer, "timer", timer)
+    model = _ReluChain()
+    x = torch.randn(16, 64, requires_grad=True)
+    torch.compile(model, backend="gemmfuse")(x).sum().backward()
+    (entry,) = gf_reports.COMPILED[-1].entries
+    assert "forward+backward timed fused 1 ms, Inductor 1 ms" in entry.choice, entry
+    assert entry.status == "fused" and model.lin.weight.grad is not None

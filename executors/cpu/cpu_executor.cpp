@@ -14,17 +14,25 @@
 #include "pointwise.h"
 #include "row_ops.h"
 
+// Loops over rows or columns run in parallel only where `work` (elements touched) pays for a
+// parallel region: starting one costs microseconds, and far more while another process
+// holds a core (the threads spin-wait for it), which a call of a few thousand elements
+// would pay on every call.
 #if defined(_OPENMP)
-#define GF_OMP_FOR _Pragma("omp parallel for schedule(static)")
-#define GF_OMP_FOR_DYNAMIC _Pragma("omp parallel for schedule(dynamic, 1)")
+#define GF_PRAGMA(x) _Pragma(#x)
+#define GF_OMP_FOR(work) GF_PRAGMA(omp parallel for schedule(static) if ((work) >= kParallelWork))
+#define GF_OMP_FOR_DYNAMIC(work) \
+  GF_PRAGMA(omp parallel for schedule(dynamic, 1) if ((work) >= kParallelWork))
 #else
-#define GF_OMP_FOR
-#define GF_OMP_FOR_DYNAMIC
+#define GF_OMP_FOR(work)
+#define GF_OMP_FOR_DYNAMIC(work)
 #endif
 
 namespace gemmfuse {
 
 namespace {
+
+constexpr int64_t kParallelWork = int64_t(1) << 16;
 
 constexpr size_t kAlign = 256;
 size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
@@ -210,7 +218,7 @@ void run_row_pass(const Step& st, const Memory& mem) {
     max_w = std::max({max_w, ins.width_in, ins.width_out});
   }
 
-  GF_OMP_FOR_DYNAMIC
+  GF_OMP_FOR_DYNAMIC(M * max_w * static_cast<int64_t>(st.program.size()))
   for (int64_t blk = 0; blk < (M + 15) / 16; ++blk) {
     std::vector<float> row(static_cast<size_t>(max_w)), tmp(static_cast<size_t>(max_w));
     for (int64_t r = blk * 16; r < std::min(M, blk * 16 + 16); ++r) {
@@ -272,7 +280,7 @@ void run_column_stats(const Step& st, const Memory& mem) {
   std::vector<double> mean(static_cast<size_t>(w)), var(static_cast<size_t>(w));
   // Columns in chunks per thread; each chunk walks the rows (row-major, so stays in cache).
   const int64_t chunk = 256;
-  GF_OMP_FOR
+  GF_OMP_FOR(M * w)
   for (int64_t c0 = 0; c0 < w; c0 += chunk) {
     const int64_t c1 = std::min(w, c0 + chunk);
     for (int64_t r = 0; r < M; ++r)
@@ -323,7 +331,7 @@ void run_gemm(const Step& st, const Memory& mem, const void* prepared) {
   if (a.cpu_gemm) a.cpu_gemm(plan.M, plan.N, plan.K, static_cast<const float*>(a.x), w, y);
   else cpu_gemm_blocked(plan.M, plan.N, plan.K, static_cast<const float*>(a.x), w, y);
   if (b) {
-    GF_OMP_FOR
+    GF_OMP_FOR(plan.M * plan.N)
     for (int64_t r = 0; r < plan.M; ++r)
       for (int64_t c = 0; c < plan.N; ++c) y[r * plan.N + c] += b[c];
   }
@@ -339,7 +347,7 @@ void run_gemv(const Step& st, const Memory& mem, const void* prepared) {
   float* y = mem.buffer(st.output);
   const double scale = st.node.op == OpCode::Mean ? 1.0 / static_cast<double>(plan.N) : 1.0;
   const float* sign = at<float>(prepared, lay.colsign);
-  GF_OMP_FOR
+  GF_OMP_FOR(plan.M * plan.K)
   for (int64_t r = 0; r < plan.M; ++r) {
     double s = 0;
     float nonfinite = 0.f;
@@ -377,7 +385,7 @@ void save_for_backward(const Plan& plan, const Memory& mem) {
 void cpu_gemm_blocked(int64_t M, int64_t N, int64_t K, const float* x, const float* w, float* y) {
   // Blocks of W (kNB rows x kKB columns, 64 KB) stay in cache while a row of x sweeps them.
   constexpr int64_t kNB = 64, kKB = 256;
-  GF_OMP_FOR
+  GF_OMP_FOR(M * N * K)
   for (int64_t m = 0; m < M; ++m) {
     float* yr = y + m * N;
     std::fill(yr, yr + N, 0.f);
@@ -422,7 +430,7 @@ void CpuExecutor::prepare(const Plan& plan, const RunArgs& args, void* prepared)
     const float* beta = affine_ptr(args, bn.bias);
     float* wf = at<float>(prepared, lay.w);
     float* bf = at<float>(prepared, lay.b);
-    GF_OMP_FOR
+    GF_OMP_FOR(N * plan.K)
     for (int64_t n = 0; n < N; ++n) {
       const double s = (gamma ? gamma[n] : 1.0) / std::sqrt(static_cast<double>(rv[n]) + bn.eps);
       for (int64_t k = 0; k < K; ++k) wf[n * K + k] = static_cast<float>(w[n * K + k] * s);
@@ -433,7 +441,7 @@ void CpuExecutor::prepare(const Plan& plan, const RunArgs& args, void* prepared)
   }
   if (plan.prep.column_sums) {
     float* cs = at<float>(prepared, lay.colsum);
-    GF_OMP_FOR
+    GF_OMP_FOR(N * K)
     for (int64_t k0 = 0; k0 < K; k0 += 256) {
       const int64_t k1 = std::min(K, k0 + 256);
       std::vector<double> acc(static_cast<size_t>(k1 - k0), 0.0);

@@ -51,35 +51,43 @@ def test_backend_seed_models(mid, precision):
 NO_INDUCTOR = {"options": {"inductor": False}}
 
 
+def _dynamic_batches(mid, **compile_kw):
+    """The seed model compiled with dynamic=True and called at three batch sizes, each
+    checked against float64 (eager runs alongside: m84's running statistics move on). Returns
+    (model, eager, compiled, the one entry of the one graph compiled)."""
+    model, inputs = make_seed(mid)
+    ref = double_ref(model)
+    eager = copy.deepcopy(model)
+    compiled = torch.compile(model, backend="gemmfuse", dynamic=True, **compile_kw)
+    with torch.no_grad():
+        for batch in (SEED_B, 5, 23):
+            x = torch.rand(batch, inputs[0].shape[1])
+            assert_close64(compiled(x), ref(x.double()), what=f"{mid} batch {batch}")
+            eager(x)
+            ref.load_state_dict(eager.state_dict())
+    graphs = gf_reports.compiled_graphs(compiled)
+    assert len(graphs) == 1, "dynamic=True should compile one graph for every batch size"
+    (entry,) = graphs[0]._gemmfuse.entries
+    if mid == "m84":
+        for name in ("running_mean", "running_var", "num_batches_tracked"):
+            torch.testing.assert_close(getattr(model.bn, name), getattr(eager.bn, name),
+                                       atol=1e-6, rtol=1e-5)
+    return model, graphs[0], compiled, entry
+
+
 @pytest.mark.parametrize("mid", seed_ids())
 def test_backend_dynamic_shapes(mid):
     # torch.compile(dynamic=True) passes float attributes (eps, momentum, clamp bounds, scale
     # factors) as graph inputs read with .item(): a graph Inductor compiles cannot fall back per
     # call, so its chains stop before such a number; chains without one fuse whole, and one
     # graph serves every batch size (the fake kernels take symbolic sizes).
-    model, inputs = make_seed(mid)
-    ref = double_ref(model)
-    eager = copy.deepcopy(model)
-    compiled = torch.compile(model, backend="gemmfuse", dynamic=True)
-    with torch.no_grad():
-        for batch in (SEED_B, 5, 23):
-            x = torch.rand(batch, inputs[0].shape[1])
-            assert_close64(compiled(x), ref(x.double()), what=f"{mid} batch {batch}")
-            eager(x)
-            ref.load_state_dict(eager.state_dict())  # m84: the running statistics move on
-    graphs = gf_reports.compiled_graphs(compiled)
-    assert len(graphs) == 1, "dynamic=True should compile one graph for every batch size"
-    (entry,) = graphs[0]._gemmfuse.entries
+    _, _, compiled, entry = _dynamic_batches(mid)
     assert entry.status == "fused", entry
     if mid == "m22":  # x * scale_factor: an unspecialized float
         assert "a number the graph computes at run time" in entry.stop, entry
     else:
         assert entry.stop.endswith("is the graph's output"), entry
     assert gemmfuse.fused_calls(compiled) >= 3
-    if mid == "m84":
-        for name in ("running_mean", "running_var", "num_batches_tracked"):
-            torch.testing.assert_close(getattr(model.bn, name), getattr(eager.bn, name),
-                                       atol=1e-6, rtol=1e-5)
 
 
 @pytest.mark.parametrize("mid", seed_ids())
@@ -87,32 +95,17 @@ def test_backend_without_inductor_dynamic_shapes_fuse_whole_chains(mid):
     # options={"inductor": False} (optimize()'s capture through dynamo): each chain behind a
     # runtime that checks every call, so it may hold numbers read at compile time, guarded.
     model, inputs = make_seed(mid)
-    ref = double_ref(model)
-    eager = copy.deepcopy(model)
     static = torch.compile(copy.deepcopy(model), backend="gemmfuse", **NO_INDUCTOR)
     with torch.no_grad():
         static(inputs[0])
     static_spec = gf_reports.compiled_graphs(static)[0]._gemmfuse.entries[0].spec
-    compiled = torch.compile(model, backend="gemmfuse", dynamic=True, **NO_INDUCTOR)
-    with torch.no_grad():
-        for batch in (SEED_B, 5, 23):
-            x = torch.rand(batch, inputs[0].shape[1])
-            assert_close64(compiled(x), ref(x.double()), what=f"{mid} batch {batch}")
-            eager(x)
-            ref.load_state_dict(eager.state_dict())  # m84: the running statistics move on
-    graphs = gf_reports.compiled_graphs(compiled)
-    assert len(graphs) == 1, "dynamic=True should compile one graph for every batch size"
-    (entry,) = graphs[0]._gemmfuse.entries
+    _, graph, _, entry = _dynamic_batches(mid, **NO_INDUCTOR)
     assert entry.status == "fused" and entry.stop.endswith("is the graph's output"), entry
     assert entry.spec == static_spec
-    (rt,) = gemmfuse.runtimes(graphs[0])
+    (rt,) = gemmfuse.runtimes(graph)
     assert rt.fused_calls == 3 and not rt.fallbacks, rt.fallbacks
     if mid in ("m22", "m84", "m94"):
         assert rt.guards, "the chain should hold numbers read at compile time"
-    if mid == "m84":
-        for name in ("running_mean", "running_var", "num_batches_tracked"):
-            torch.testing.assert_close(getattr(model.bn, name), getattr(eager.bn, name),
-                                       atol=1e-6, rtol=1e-5)
 
 
 def test_backend_dynamic_number_changed_runs_in_pytorch():

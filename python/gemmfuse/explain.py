@@ -60,10 +60,11 @@ def _plans_by_input(module, rt, shown_spec) -> list:
         if rt.mode_names:
             head += " (training: " + ", ".join(
                 f"{q}={f}" for q, f in zip(rt.mode_names, flags)) + ")"
-        timed = rt.timed.get((shape, dtype, device, flags))
-        if timed is not None and not train:
+        timed = rt.timed.get((shape, dtype, device, flags, train))
+        if timed is not None:
             own = f" on fp32's kernel, fast's own {timed[2]:.4g} ms" if timed[2] is not None else ""
-            head += f" (timed once: fused {timed[0]:.4g} ms{own}, PyTorch {timed[1]:.4g} ms)"
+            what = "forward and backward " if train else ""
+            head += f" ({what}timed once: fused {timed[0]:.4g} ms{own}, PyTorch {timed[1]:.4g} ms)"
         spec = rt.specs[flags]
         if (shape, dtype, device) == example and spec == shown_spec:
             lines.append(head + ": the plan above")

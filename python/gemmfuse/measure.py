@@ -45,21 +45,25 @@ def _signature(tensors) -> tuple:
                  for t in tensors)
 
 
-def _step(fn: Callable, inputs: list, grads: list, training: bool) -> Callable[[], object]:
-    """One timed call: fn(inputs), and where training, its backward into `grads`' leaves."""
-    if not training:
+def timed_ms(fn: Callable[[], torch.Tensor], leaves: list, device: torch.device) -> float:
+    """fn()'s time (route_timer.timer): the forward alone under no_grad where `leaves` is
+    empty, else the forward and its backward to `leaves` (torch.autograd.grad: nothing
+    accumulates into any .grad, so real parameters can be leaves)."""
+    if not leaves:
         def forward():
             with torch.no_grad():
-                return fn(inputs)
-        return forward
+                return fn()
+        return route_timer.timer(forward, device)
+    with torch.no_grad():
+        grad = torch.randn_like(fn())
 
     def forward_backward():
-        out = fn(inputs)
-        out.backward(torch.ones_like(out) if out.dim() == 0 else grads[0])
-        for t in inputs:
-            if isinstance(t, torch.Tensor):
-                t.grad = None
-    return forward_backward
+        return torch.autograd.grad(fn(), leaves, grad, allow_unused=True)
+    return route_timer.timer(forward_backward, device)
+
+
+def grad_leaves(tensors) -> list:
+    return [t for t in tensors if isinstance(t, torch.Tensor) and t.requires_grad]
 
 
 def choose(key: tuple, fused: Callable, make_own: Callable[[], Callable], inputs: list,
@@ -77,11 +81,9 @@ def choose(key: tuple, fused: Callable, make_own: Callable[[], Callable], inputs
     if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
         return Choice(True, what, reason="compiled while a CUDA graph is captured")
     own = make_own()
-    with torch.no_grad():
-        out = own(inputs)
-    grads = [torch.randn_like(out)] if training else []
-    fused_ms = route_timer.timer(_step(fused, inputs, grads, training), device)
-    own_ms = route_timer.timer(_step(own, inputs, grads, training), device)
+    leaves = grad_leaves(inputs) if training else []
+    fused_ms = timed_ms(lambda: fused(inputs), leaves, device)
+    own_ms = timed_ms(lambda: own(inputs), leaves, device)
     choice = Choice(fused_ms <= own_ms, what, fused_ms, own_ms)
     _CHOICES[full] = choice
     return choice

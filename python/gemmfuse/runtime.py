@@ -15,7 +15,7 @@ from typing import Optional
 import torch
 import torch.fx as fx
 
-from . import _lib, fsdp, route_timer, tensor_parallel
+from . import _lib, fsdp, measure, route_timer, tensor_parallel
 from .direct import global_hooks
 
 PRECISIONS = ("fp32", "fast", "tf32")
@@ -338,31 +338,35 @@ class ChainRuntime:
                 return i
         return None
 
-    def _timed_route(self, key, inputs, flags, spec, x, w, b, ops, state) -> str:
+    def _timed_route(self, key, inputs, flags, spec, x, w, b, ops, state, train) -> str:
         """At a new signature the planner would fuse: "" where the fused op is at least as fast
-        as the chain's PyTorch nodes (route_timer), else why not. `fast` is timed against fp32's
-        kernel too, and runs it where it is faster (more accurate, so within fast's promise).
-        Chains that update state (training BatchNorm's running statistics) are not timed: a
-        timed call would update it; nor calls made while a CUDA graph is being captured."""
+        as the chain's PyTorch nodes (route_timer; the forward, or while autograd records the
+        forward and backward, measure.timed_ms), else why not. `fast` is timed against fp32's
+        kernel too on forward calls, and runs it where it is faster (more accurate, so within
+        fast's promise). Chains that update state (training BatchNorm's running statistics)
+        are not timed: a timed call would update it; nor calls made while a CUDA graph is
+        being captured."""
         if not route_timer.timed_routes_on(x.device) or self.bn_training[flags]:
             return ""
         if x.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             return ""  # timing synchronizes, which a CUDA graph capture forbids: fused, untimed
+        leaves = measure.grad_leaves([x, w, b, *ops]) if train else []
 
         def fused(precision):
-            return lambda: torch.ops.gemmfuse.run(spec, x, w, b, ops, state, precision)
-        with torch.no_grad():
-            fused_ms, own_ms = route_timer.timer(fused(self.precision), x.device), None
-            if self.precision == "fast":
-                fp32_ms = route_timer.timer(fused("fp32"), x.device)
-                if fp32_ms < fused_ms:
-                    self.precision_at[key] = "fp32"
-                    fused_ms, own_ms = fp32_ms, fused_ms
-            eager_ms = route_timer.timer(lambda: self.fallback.forward(*inputs), x.device)
-        self.timed[key] = (fused_ms, eager_ms, own_ms)
+            return measure.timed_ms(
+                lambda: torch.ops.gemmfuse.run(spec, x, w, b, ops, state, precision), leaves, x.device)
+        fused_ms, own_ms = fused(self.precision), None
+        if self.precision == "fast" and not train:
+            fp32_ms = fused("fp32")
+            if fp32_ms < fused_ms:
+                self.precision_at[key] = "fp32"
+                fused_ms, own_ms = fp32_ms, fused_ms
+        eager_ms = measure.timed_ms(lambda: self.fallback.forward(*inputs), leaves, x.device)
+        self.timed[key + (train,)] = (fused_ms, eager_ms, own_ms)
         if fused_ms <= eager_ms:
             return ""
-        return f"timed once: PyTorch {eager_ms:.4g} ms, fused {fused_ms:.4g} ms"
+        what = "forward and backward" if train else "forward"
+        return f"{what} timed once: PyTorch {eager_ms:.4g} ms, fused {fused_ms:.4g} ms"
 
     def _tensor_idx(self) -> tuple:
         """The inputs that are the fused op's tensors: x, W, b, operands, state."""
@@ -441,8 +445,8 @@ class ChainRuntime:
                 # The planner's word on a new signature: where PyTorch runs the chain faster
                 # (e.g. transcendental ops on the CPU), the call runs there.
                 why = torch.ops.gemmfuse.route(spec, x, w, b, ops, state, self.precision, train)
-                if not why and not train:
-                    why = self._timed_route(key, inputs, flags, spec, x, w, b, ops, state)
+                if not why:
+                    why = self._timed_route(key, inputs, flags, spec, x, w, b, ops, state, train)
                 if why:
                     reason = f"PyTorch is faster at shape {list(x.shape)} on {x.device.type}: {why}"
                     if train:

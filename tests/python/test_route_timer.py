@@ -82,7 +82,7 @@ def test_slower_fused_plan_routes_to_pytorch_and_new_shape_is_timed_again(timed)
     assert "timed once: fused 1 ms, PyTorch 5 ms" in text
 
 
-def test_chains_that_update_state_or_train_are_not_timed(timed, monkeypatch):
+def test_chains_that_update_state_are_not_timed(timed, monkeypatch):
     t = timed([])
     torch.manual_seed(0)
     bn, x = LinearBatchNorm(), torch.randn(8, 32)
@@ -91,9 +91,6 @@ def test_chains_that_update_state_or_train_are_not_timed(timed, monkeypatch):
         opt = gemmfuse.optimize(bn, (x,))
         torch.testing.assert_close(opt(x), eager(x), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(bn.bn.running_mean, eager.bn.running_mean)  # updated once
-    plain = ReluClamp()
-    opt2 = gemmfuse.optimize(plain, (x,))
-    opt2(x).sum().backward()  # autograd records: not timed
     assert t.calls == 0
     monkeypatch.setenv("GEMMFUSE_TIMED_ROUTES", "0")
     with torch.no_grad():
@@ -118,3 +115,30 @@ def test_fast_runs_fp32_kernel_where_timed_faster(timed, fast_ms, fp32_ms, chose
         assert "timed once: fused 2 ms on fp32's kernel, fast's own 3 ms, PyTorch 5 ms" in text
     else:
         assert "timed once: fused 2 ms, PyTorch 5 ms" in text
+
+
+@pytest.mark.parametrize("fused_ms, chosen", [(1.0, "fused"), (3.0, "pytorch")])
+def test_training_calls_are_timed_forward_and_backward(timed, fused_ms, chosen):
+    """While autograd records, the first call at a signature times the fused op's forward and
+    backward against PyTorch's; timing leaves no gradient behind (autograd.grad), and the
+    step's gradients are eager's either way."""
+    t = timed([fused_ms, 2.0])
+    torch.manual_seed(0)
+    model, x = ReluClamp(), torch.randn(8, 32)
+    eager = __import__("copy").deepcopy(model)
+    opt = gemmfuse.optimize(model, (x,))
+    for _ in range(2):
+        opt(x).square().sum().backward()
+        eager(x).square().sum().backward()
+    assert t.calls == 2, "timed once"
+    for p, q in zip(model.parameters(), eager.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-5)  # two steps' worth
+    (rt,) = gemmfuse.runtimes(opt)
+    text = gemmfuse.explain(opt, print_it=False)
+    if chosen == "fused":
+        assert rt.train_calls == 2 and not rt.fallbacks
+        assert "forward and backward timed once: fused 1 ms, PyTorch 2 ms" in text
+    else:
+        assert rt.train_calls == 0
+        (reason,) = rt.fallbacks
+        assert "forward and backward timed once: PyTorch 2 ms, fused 3 ms" in reason

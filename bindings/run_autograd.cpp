@@ -1,5 +1,5 @@
 // gemmfuse::run is differentiable: its Autograd kernel. Where autograd records and an input
-// requires grad, one C++ autograd node runs the training plan (train_forward, then the
+// requires grad, the call runs the training plan (train_forward, then the
 // running-statistics update the forward leaves out) and takes train_backward as its
 // derivative; otherwise the call goes straight to the device kernel (`stateless` where the
 // chain has no state). All three are called
@@ -8,6 +8,8 @@
 // not a Python autograd.Function.
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/autograd.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/utils.h>
 #include <torch/library.h>
 
 #include <string>
@@ -17,7 +19,6 @@
 namespace gemmfuse::bindings {
 namespace {
 
-using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 using OptTensor = c10::optional<at::Tensor>;
 
@@ -55,64 +56,73 @@ const Handles& handles() {
   return h;
 }
 
-std::vector<at::Tensor> list_of(const c10::IValue& v) { return v.toTensorVector(); }
+// The chain's backward node, as PyTorch's generated ones are written: edges to x, weight,
+// bias (an empty edge where there is none) and the operands, in that order; what the
+// backward reads kept as SavedVariables (version-checked). State (running statistics) is
+// kept as plain tensors: a training BatchNorm's update after the forward would trip the
+// version check, and an eval BatchNorm's backward reads them.
+struct FusedChainBackward : torch::autograd::Node {
+  std::string spec, precision;
+  torch::autograd::SavedVariable x, weight, bias, saved;
+  std::vector<torch::autograd::SavedVariable> operands;
+  std::vector<at::Tensor> state;
+  bool has_bias = false;
 
-// The chain's differentiable node. Variables, in order: x, weight, bias (when given),
-// operands..., state... (state receives no gradient).
-struct FusedChain : torch::autograd::Function<FusedChain> {
-  static at::Tensor forward(AutogradContext* ctx, c10::string_view spec, const at::Tensor& x,
-                            const at::Tensor& weight, const OptTensor& bias,
-                            at::TensorList operands, at::TensorList state,
-                            c10::string_view precision) {
-    at::AutoDispatchBelowADInplaceOrView below;
-    auto [out, saved] = handles().train_forward.call(spec, x, weight, bias, operands, state, precision);
-    // The running statistics: updated after the forward, as BatchNorm does (a no-op for chains
-    // without a training BatchNorm).
-    if (!state.empty())
-      handles().update_stats.call(spec, x, weight, bias, operands, state, saved, precision);
-    ctx->saved_data["spec"] = std::string(spec.data(), spec.size());
-    ctx->saved_data["precision"] = std::string(precision.data(), precision.size());
-    ctx->saved_data["has_bias"] = bias.has_value() && bias->defined();
-    ctx->saved_data["n_operands"] = static_cast<int64_t>(operands.size());
-    // Running statistics (an eval BatchNorm's backward reads them) stay out of
-    // save_for_backward: a training BatchNorm's update would trip its version check.
-    ctx->saved_data["state"] = state.vec();
-    std::vector<at::Tensor> keep{x, weight, bias.has_value() ? *bias : at::Tensor(), saved};
-    keep.insert(keep.end(), operands.begin(), operands.end());
-    ctx->save_for_backward(keep);
+  std::string name() const override { return "GemmfuseChainBackward"; }
+
+  variable_list apply(variable_list&& grads) override {
+    const auto self = shared_from_this();
+    std::vector<at::Tensor> ops;
+    for (auto& o : operands) ops.push_back(o.unpack(self));
+    c10::List<bool> needs;
+    for (size_t i = 0; i < 3 + ops.size(); ++i) needs.push_back(task_should_compute_output(i));
+    const OptTensor b = has_bias ? OptTensor(bias.unpack(self)) : OptTensor();
+    std::vector<at::Tensor> g = handles().train_backward.call(
+        spec, grads[0], x.unpack(self), weight.unpack(self), b, ops, state, saved.unpack(self),
+        precision, needs);
+    variable_list out(3 + ops.size());
+    for (size_t i = 0; i < out.size(); ++i)
+      if (needs.get(i) && (i != 2 || has_bias)) out[i] = std::move(g[i]);
     return out;
   }
 
-  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
-    const variable_list keep = ctx->get_saved_variables();
-    const std::string spec = ctx->saved_data["spec"].toStringRef();
-    const std::string precision = ctx->saved_data["precision"].toStringRef();
-    const bool has_bias = ctx->saved_data["has_bias"].toBool();
-    const int64_t n_ops = ctx->saved_data["n_operands"].toInt();
-    const std::vector<at::Tensor> state = list_of(ctx->saved_data["state"]);
-    const std::vector<at::Tensor> operands(keep.begin() + 4, keep.end());
-    // needs_input_grad counts variables: x 0, weight 1, bias 2 (when given), then operands.
-    const size_t op0 = has_bias ? 3 : 2;
-    std::vector<bool> needs(3 + n_ops);
-    needs[0] = ctx->needs_input_grad(0);
-    needs[1] = ctx->needs_input_grad(1);
-    needs[2] = has_bias && ctx->needs_input_grad(2);
-    for (int64_t i = 0; i < n_ops; ++i) needs[3 + i] = ctx->needs_input_grad(op0 + i);
-    c10::List<bool> needs_list;
-    for (bool n : needs) needs_list.push_back(n);
-    const OptTensor bias = has_bias ? OptTensor(keep[2]) : OptTensor();
-    const std::vector<at::Tensor> g = handles().train_backward.call(
-        spec, grad_outputs[0], keep[0], keep[1], bias, operands, state, keep[3], precision,
-        needs_list);
-    // One entry per forward argument: spec, x, weight, bias, operands, state, precision.
-    variable_list out{at::Tensor(), needs[0] ? g[0] : at::Tensor(), needs[1] ? g[1] : at::Tensor()};
-    out.push_back(needs[2] ? g[2] : at::Tensor());
-    for (int64_t i = 0; i < n_ops; ++i) out.push_back(needs[3 + i] ? g[3 + i] : at::Tensor());
-    for (size_t i = 0; i < state.size(); ++i) out.emplace_back();
-    out.emplace_back();
-    return out;
+  void release_variables() override {
+    x.reset_data();
+    weight.reset_data();
+    bias.reset_data();
+    saved.reset_data();
+    for (auto& o : operands) o.reset_data();
+    state.clear();
   }
 };
+
+// The forward of a call autograd records: the training plan, the running-statistics update,
+// and the node.
+at::Tensor run_recorded(c10::string_view spec, const at::Tensor& x, const at::Tensor& weight,
+                        const OptTensor& bias, at::TensorList operands, at::TensorList state,
+                        c10::string_view precision) {
+  at::Tensor out, saved;
+  {
+    at::AutoDispatchBelowADInplaceOrView below;
+    std::tie(out, saved) = handles().train_forward.call(spec, x, weight, bias, operands, state, precision);
+    if (!state.empty())  // as BatchNorm: after the forward (a no-op without a training one)
+      handles().update_stats.call(spec, x, weight, bias, operands, state, saved, precision);
+  }
+  const at::Tensor b = bias.has_value() ? *bias : at::Tensor();
+  auto node = std::shared_ptr<FusedChainBackward>(new FusedChainBackward(), torch::autograd::deleteNode);
+  node->set_next_edges(torch::autograd::collect_next_edges(x, weight, b, operands));
+  node->spec.assign(spec.data(), spec.size());
+  node->precision.assign(precision.data(), precision.size());
+  node->has_bias = b.defined();
+  node->x = torch::autograd::SavedVariable(x, false);
+  node->weight = torch::autograd::SavedVariable(weight, false);
+  node->bias = torch::autograd::SavedVariable(b, false);
+  node->saved = torch::autograd::SavedVariable(saved, false);
+  for (const auto& o : operands) node->operands.emplace_back(o, false);
+  node->state = state.vec();
+  torch::autograd::set_history(out, node);
+  return out;
+}
 
 bool any_requires_grad(const at::Tensor& x, const at::Tensor& weight, const OptTensor& bias,
                        at::TensorList operands) {
@@ -127,7 +137,7 @@ at::Tensor run_autograd(c10::string_view spec, const at::Tensor& x, const at::Te
                         const OptTensor& bias, at::TensorList operands, at::TensorList state,
                         c10::string_view precision) {
   if (at::GradMode::is_enabled() && any_requires_grad(x, weight, bias, operands))
-    return FusedChain::apply(spec, x, weight, bias, operands, state, precision);
+    return run_recorded(spec, x, weight, bias, operands, state, precision);
   at::AutoDispatchBelowADInplaceOrView below;
   // Without state the op mutates nothing: graphs get the op whose schema says so.
   if (state.empty()) return handles().stateless.call(spec, x, weight, bias, operands, precision);

@@ -73,6 +73,18 @@ class _Attr:
         return obj
 
 
+Path = _Attr
+
+
+def path_or_none(root, qualname: str):
+    """The dictionary path to an attribute of root, or None where it is not in the module
+    dictionaries (read it with getattr then)."""
+    try:
+        return _Attr(root, qualname)
+    except LookupError:
+        return None
+
+
 class _Direct:
     def __init__(self, nargs: int, rt_attr: str, sources: list):
         self.nargs = nargs

@@ -92,6 +92,7 @@ class GemmfuseModule(fx.GraphModule):
             if k not in res.__dict__:
                 res.__dict__[k] = copy.deepcopy(v, memo)
         res.__dict__["training"] = self.training
+        _bind(res)
         direct.install(res, _run_chain)
         return res
 
@@ -107,7 +108,15 @@ def _adopt(gm: GemmfuseModule, new: GemmfuseModule):
             continue
         gm.__dict__[k] = v
     gm.graph = new.graph  # takes ownership and recompiles gm's forward
+    _bind(gm)
     direct.install(gm, _run_chain)
+
+
+def _bind(gm) -> None:
+    """The chain runtimes of gm read their modules from gm (ChainRuntime.bind)."""
+    for e in gm.__dict__["_gemmfuse"].entries:
+        if e.attr:
+            gm.__dict__[e.attr].bind(gm)
 
 
 def _example_record(v):
@@ -239,6 +248,7 @@ def _capture(gm: GemmfuseModule, model: nn.Module, example_inputs: tuple, precis
     gm.recompile()
     d = gm.__dict__  # plain entries: nn.Module.__setattr__ would register the model as a child
     d["_gemmfuse"] = report
+    _bind(gm)
     d["_gemmfuse_source"] = model
     d["_gemmfuse_examples"] = [_example_record(v) for v in example_inputs]
     d["_gemmfuse_watch"] = AttributeWatch(model)
@@ -274,7 +284,7 @@ def _fuse_chain(gm: GemmfuseModule, chain, precision: str, remap: dict) -> Chain
                         else f"describe failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
         return entry
     attr = f"_gemmfuse_chain_{chain.index}"
-    rewrite_chain(gm, chain, precision, remap, attr)
+    rewrite_chain(gm, chain, precision, remap, attr, rooted=True)
     entry.status = "fused"
     entry.attr = attr
     return entry

@@ -144,8 +144,9 @@ def _replace(g: fx.Graph, chain: Chain, last: fx.Node, new: fx.Node, remap: dict
 
 
 def rewrite_chain(gm: fx.GraphModule, chain: Chain, precision: str, remap: dict,
-                  attr_name: str) -> Rewritten:
-    """Replace the chain's nodes by ``_run_chain(gm.<attr_name>, [inputs...])``."""
+                  attr_name: str, rooted: bool = False) -> Rewritten:
+    """Replace the chain's nodes by ``_run_chain(gm.<attr_name>, [inputs...])``. `rooted`:
+    the runtime reads the modules among the inputs from gm itself (ChainRuntime.bind)."""
     g = gm.graph
     sources, index = chain_sources(chain, remap)
 
@@ -168,7 +169,10 @@ def rewrite_chain(gm: fx.GraphModule, chain: Chain, precision: str, remap: dict,
                       dict(module_idx), chain.weight_kn)
     rt.example_sources = [example_record(src) for src in sources]
     rt.owned = tuple(_owned(gm, sources, index))
-    owned = {i for i, *_ in rt.owned}
+    if rooted:
+        rt.rooted = tuple((i, src.qualname) for i, src in enumerate(sources)
+                          if isinstance(src, AttrRef) and isinstance(_attr_tensor(gm, src.qualname), nn.Module))
+    owned = {i for i, *_ in rt.owned} | {i for i, _ in rt.rooted}
     rt.out_features = chain.out_features
     # The nn.Linear module's input index (tensor parallel reads its hooks: tensor_parallel.py)
     rt.linear_idx = idx(AttrRef(chain.linear_module)) if chain.linear_module else None

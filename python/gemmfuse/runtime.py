@@ -10,16 +10,18 @@ from __future__ import annotations
 import os
 import sys
 import warnings
+import weakref
 from typing import Optional
 
 import torch
 import torch.fx as fx
 
-from . import _lib, fsdp, measure, route_timer, tensor_parallel
+from . import _lib, direct, fsdp, measure, route_timer, tensor_parallel
 from .direct import global_hooks
 
 PRECISIONS = ("fp32", "fast", "tf32")
 _MISS = object()
+_any_autocast = torch._C._is_any_autocast_enabled  # one call for every device type
 _BN_MSG = "Expected more than 1 value per channel when training"
 
 
@@ -148,7 +150,7 @@ class ChainRuntime:
 
     # -- pickling: the C++ binding and the per-process caches are rebuilt, not saved ----------
     _TRANSIENT = ("_op", "_fast", "_routed", "_routed_train", "refused", "refused_train", "_wt", "_cast",
-                  "timed", "precision_at")
+                  "timed", "precision_at", "_root", "_paths")
 
     def __getstate__(self):
         return {k: v for k, v in self.__dict__.items() if k not in self._TRANSIENT}
@@ -167,10 +169,27 @@ class ChainRuntime:
     # that module's dictionaries instead, as nn.Module.__getattr__ would, where the module is
     # still of the class seen at optimize time (whose class attributes did not shadow them);
     # else through getattr.
-    owned: tuple = ()  # (input index, module input index, dict name, attribute, module class)
+    # The modules themselves are read from the optimized module (`bind`) through their
+    # dictionaries, guarded by the classes seen at bind time, for the same reason.
+    owned: tuple = ()   # (input index, module input index, dict name, attribute, module class)
+    rooted: tuple = ()  # (input index, qualified name) of modules read from the root
+    _root = None        # weak reference to the module whose graph calls this runtime
+    _paths: tuple = ()  # (input index, direct.Path or None, qualified name)
+
+    def bind(self, root) -> None:
+        """Read the rooted modules from `root` (the optimized module; again after a deep copy
+        or a new trace)."""
+        self._root = weakref.ref(root)
+        self._paths = tuple((i, direct.path_or_none(root, q), q) for i, q in self.rooted)
 
     def with_owned(self, inputs) -> list:
-        inputs = list(inputs)  # the graph's list may be immutable (fx, export)
+        if type(inputs) is not list:
+            inputs = list(inputs)  # the graph's list may be immutable (fx, export)
+        if self._paths:
+            root = self._root()
+            for i, path, q in self._paths:
+                m = path.read(root) if path is not None else _MISS
+                inputs[i] = root.get_submodule(q) if m is _MISS else m
         for i, mi, d, name, cls in self.owned:
             m = inputs[mi]
             v = m.__dict__[d].get(name, _MISS) if type(m) is cls else _MISS
@@ -220,7 +239,7 @@ class ChainRuntime:
 
     # -- the traced path (torch.compile / torch.export of the optimized module) --------------
     def traced(self, inputs):
-        if self.owned:
+        if self.owned or self._paths:
             inputs = self.with_owned(inputs)
         flags = tuple(bool(inputs[i].training) for i in self.mode_idx)
         spec = self.specs[flags]
@@ -244,7 +263,7 @@ class ChainRuntime:
         # call. Skips the checks below; what could still differ (an operand moved or cast) the
         # C++ op checks itself and raises PyTorch's own error for. gemmfuse::run records its
         # own autograd node (C++) where an input requires grad.
-        if self.owned:
+        if self.owned or self._paths:
             inputs = self.with_owned(inputs)
         fast = self._fast
         if fast is not None:
@@ -314,7 +333,7 @@ class ChainRuntime:
         autograd recording or not as `recording` says, and its guarded numbers unchanged."""
         return (type(x) is torch.Tensor and x.shape == sig[0] and x.dtype == sig[1]
                 and x.device == sig[2] and torch.is_grad_enabled() == recording
-                and not autocast_on(x.device.type)
+                and not _any_autocast()
                 and (not self.mode_idx or self.flags(inputs) == sig[3])
                 and (not self.guards or self._changed_number(inputs) is None)
                 and (not self.module_idx or self._hooked(inputs) is None)

@@ -36,8 +36,11 @@ def test_copies_run_fused_and_match(mid, how):
         before = [rt.fused_calls for rt in gemmfuse.runtimes(clone)]
         x = torch.rand_like(inputs[0])
         torch.testing.assert_close(clone(x), twin(x), rtol=1e-5, atol=1e-6)
+        for p in model.parameters():  # the original changes; the copy reads its own modules
+            p.mul_(2)
+        torch.testing.assert_close(clone(x), twin(x), rtol=1e-5, atol=1e-6)
     after = [rt.fused_calls for rt in gemmfuse.runtimes(clone)]
-    assert after and all(a == b + 1 for a, b in zip(after, before)), (before, after)
+    assert after and all(a == b + 2 for a, b in zip(after, before)), (before, after)
     assert list(clone.state_dict()) == list(model.state_dict())
     for a, b in zip(clone.state_dict().values(), twin.state_dict().values()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)

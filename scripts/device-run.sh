@@ -9,7 +9,8 @@
 #               GEMMFUSE_GPU_GRAD_FUZZ_N=8 SANITIZE_PY="-k 'fuzz_backward and cuda'" does.
 #               DDP="m99 m84" runs gemmfuse.bench.ddp on two GPUs per model; PROFILE="m94"
 #               bench/micro/train_profile.py; HOST=1 the host-cost bench; ZOO="--zoo-models a,b
-#               --zoo-batches small" the model zoo (ZOO_REPEATS times).
+#               --zoo-batches small" the model zoo (ZOO_REPEATS times); DIST="fsdp2-before
+#               fsdp2-after fsdp2-compile tp" gemmfuse.bench.distributed on two GPUs.
 #   GEMMFUSE_GIT_COMMIT=<hash>: the commit the bench records (the copied tree's .git may be older).
 # The machine's own python3 holds torch; the wheel goes into it with --no-deps (no network).
 set -uo pipefail
@@ -66,6 +67,17 @@ if [ -n "${DDP:-}" ]; then  # gemmfuse.bench.ddp on two GPUs (torchrun), one run
       --out "$OUT/ddp-$m.json" ${DDP_ARGS:-} > "$OUT/ddp-$m.log" 2>&1
     note "ddp $m rc=$? $(grep -E 'PASS|FAIL' "$OUT/ddp-$m.log" | tail -1 | grep -oE 'PASS|FAIL')"
     grep -vE '^(W|I)[0-9]{4}' "$OUT/ddp-$m.log" | tail -14
+  done
+fi
+
+if [ -n "${DIST:-}" ]; then  # gemmfuse.bench.distributed on two GPUs (torchrun), one run per case
+  export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # no NVLink multicast
+  for c in ${DIST}; do
+    timeout ${DIST_TIMEOUT:-240} python3 -m torch.distributed.run --nproc-per-node 2 \
+      -m gemmfuse.bench.distributed --case "$c" --steps 20 --out "$OUT/dist-$c.json" \
+      > "$OUT/dist-$c.log" 2>&1
+    note "distributed $c rc=$? $(grep -E 'PASS|FAIL' "$OUT/dist-$c.log" | tail -1 | grep -oE 'PASS|FAIL')"
+    grep -vE '^(W|I)[0-9]{4}' "$OUT/dist-$c.log" | tail -12
   done
 fi
 

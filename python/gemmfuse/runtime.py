@@ -387,6 +387,25 @@ class ChainRuntime:
         what = "forward and backward" if train else "forward"
         return f"{what} timed once: PyTorch {eager_ms:.4g} ms, fused {fused_ms:.4g} ms"
 
+    def _route(self, key, inputs, flags, spec, x, w, b, ops, state, train) -> str:
+        """At a new signature, the planner's word and then the timer's: "" where the chain
+        runs fused, else why PyTorch runs it (recorded, so the signature's later calls take
+        the routed path)."""
+        why = torch.ops.gemmfuse.route(spec, x, w, b, ops, state, self.precision, train)
+        if not why:
+            why = self._timed_route(key, inputs, flags, spec, x, w, b, ops, state, train)
+        if not why:
+            return ""
+        reason = f"PyTorch is faster at shape {list(x.shape)} on {x.device.type}: {why}"
+        if train:
+            self.refused_train[key] = reason
+            if w.requires_grad:
+                self._routed_train = key + (reason,)
+        else:
+            self.refused[key] = reason
+            self._routed = key + (reason,)
+        return reason
+
     def _tensor_idx(self) -> tuple:
         """The inputs that are the fused op's tensors: x, W, b, operands, state."""
         b = () if self.b_idx is None else (self.b_idx,)
@@ -461,20 +480,8 @@ class ChainRuntime:
             x = x.contiguous()
         try:
             if key + (train,) not in self.seen and not always_fuse():
-                # The planner's word on a new signature: where PyTorch runs the chain faster
-                # (e.g. transcendental ops on the CPU), the call runs there.
-                why = torch.ops.gemmfuse.route(spec, x, w, b, ops, state, self.precision, train)
-                if not why:
-                    why = self._timed_route(key, inputs, flags, spec, x, w, b, ops, state, train)
-                if why:
-                    reason = f"PyTorch is faster at shape {list(x.shape)} on {x.device.type}: {why}"
-                    if train:
-                        self.refused_train[key] = reason
-                        if w.requires_grad:
-                            self._routed_train = key + (reason,)
-                    else:
-                        self.refused[key] = reason
-                        self._routed = key + (reason,)
+                reason = self._route(key, inputs, flags, spec, x, w, b, ops, state, train)
+                if reason:
                     return self._pytorch(inputs, reason)
             # `fast` may run fp32's kernel where it was timed faster (forward calls only)
             precision = self.precision if train else self.precision_at.get(key, self.precision)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
+import os
 import re
 import time
 import traceback
@@ -37,6 +38,11 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 PHASES = ("forward", "train")
 CHECK_CALLS = 2  # forward phase: calls checked in sequence from the reset state
 MB = 2 ** 20
+
+
+# Seconds one group (a model, batch kind, dtype and phase: every variant built, checked and
+# timed) may take before the run is ended with a stack dump (GEMMFUSE_ZOO_GROUP_LIMIT_S).
+GROUP_LIMIT_S = float(os.environ.get("GEMMFUSE_ZOO_GROUP_LIMIT_S", 300))
 
 
 def cast(xs, dtype):
@@ -299,6 +305,10 @@ def measure_group(base, sets32, loss_fn, ref, dtype, phase, variants, cfg, dev, 
     then timed in cfg.rounds rounds, odd rounds in reverse order (so that each variant meets
     every stage of the GPU's clock and temperature drift, as in runner._measure_all).
     Returns one record per variant."""
+    import faulthandler
+    # A group stuck past the limit dumps every thread's Python stack to stderr and ends the
+    # process: the JSON keeps every group before it, and the log shows where it hung.
+    faulthandler.dump_traceback_later(GROUP_LIMIT_S, exit=True)
     sets = [cast(s, dtype) for s in sets32]
     runs = []
     with torch.no_grad() if phase == "forward" else contextlib.nullcontext():
@@ -314,6 +324,7 @@ def measure_group(base, sets32, loss_fn, ref, dtype, phase, variants, cfg, dev, 
                 run.round(cfg)
                 tick()
     records = [run.finish() for run in runs]
+    faulthandler.cancel_dump_traceback_later()
     del runs, sets
     torch._dynamo.reset()  # each group compiles fresh models: no cache limits, no leftovers
     _free(dev)
@@ -491,9 +502,6 @@ def run_zoo(cfg, console=None):
     per_group = len(st["variants"]) * (1 + cfg.rounds)
     progress = Progress(TextColumn("{task.description:<14}"), BarColumn(), MofNCompleteColumn(),
                         TimeElapsedColumn(), console=console, auto_refresh=False)
-    import faulthandler
-    # Every thread's Python stack on stderr every 3 minutes a group runs: a stuck call shows.
-    faulthandler.dump_traceback_later(180, repeat=True)
     with precise(), progress:
         total = per_group * len(st["batches"]) * len(st["dtypes"]) * len(st["phases"])
         tasks = {n: progress.add_task(n, total=total) for n in st["models"]}
@@ -504,7 +512,6 @@ def run_zoo(cfg, console=None):
             run_model(i, name, st, cfg, dev, tick, emit, base_rec)
             progress.update(tasks[name], completed=total)
             progress.refresh()
-    faulthandler.cancel_dump_traceback_later()
     header["summary"] = zoo_report.summary(result["records"])
     out.write_text(json.dumps(_clean(result), indent=1, default=str))
     zoo_report.report(result, out, console, cfg)

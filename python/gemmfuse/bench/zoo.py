@@ -4,9 +4,10 @@ PyTorch the way people write them (no gemmfuse imports), each at three batch kin
   tiny   a few rows at reduced widths: every model runs on a 2-core CPU in well under a
          second (the CPU tests)
   small  the real widths at a launch-bound batch (one image, a short sequence, a few rows)
-  large  the real widths at a compute-bound batch that fills an H100, kept under ~10 GB in fp32
-         training with AdamW and ~50 ms per eager fp32 training step (from the FLOPs at
-         ~50 TFLOP/s), so that the whole zoo fits a GPU session
+  large  the real widths at a compute-bound batch that fills an H100, sized to stay under
+         ~10 GB in fp32 training with AdamW and ~50 ms per eager fp32 training step (from
+         the FLOPs at fp32's ~50 TFLOP/s), so that the whole zoo stays within device-time
+         limits
 
 ``ZOO`` maps a name to a :class:`ZooModel`; ``entry.build(kind, device, dtype)`` returns
 ``(model, make_inputs, loss_fn)``: ``make_inputs(seed)`` gives a tuple of the forward's

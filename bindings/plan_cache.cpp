@@ -3,6 +3,7 @@
 #include <c10/util/SmallVector.h>
 
 #include <array>
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <stdexcept>
@@ -23,14 +24,21 @@ std::unordered_map<std::string, std::shared_ptr<const Chain>> g_chains;
 // addresses).
 std::map<std::pair<std::string, std::vector<int64_t>>, std::unique_ptr<const Plan>> g_plans;
 
-// Calls per plan (by address: plans are never freed).
-std::unordered_map<const Plan*, std::array<int64_t, 2>> g_calls;
+// Calls per plan (by address: plans are never freed), {forward, training}; the counters of
+// a plan never move (node-based map), so each thread keeps its last plan's and counts without
+// the lock.
+using CallCounts = std::array<std::atomic<int64_t>, 2>;
+std::unordered_map<const Plan*, CallCounts> g_calls;
 
 }  // namespace
 
 void count_call(const Plan& plan, bool training) {
-  std::lock_guard<std::mutex> lock(g_mutex);
-  ++g_calls[&plan][training ? 1 : 0];
+  thread_local std::pair<const Plan*, CallCounts*> last{nullptr, nullptr};
+  if (last.first != &plan) {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    last = {&plan, &g_calls[&plan]};
+  }
+  (*last.second)[training ? 1 : 0].fetch_add(1, std::memory_order_relaxed);
 }
 
 std::vector<int64_t> calls_of(const std::string& spec) {
@@ -40,8 +48,8 @@ std::vector<int64_t> calls_of(const std::string& spec) {
     if (key.first != spec) continue;
     auto it = g_calls.find(plan.get());
     if (it == g_calls.end()) continue;
-    out[0] += it->second[0];
-    out[1] += it->second[1];
+    out[0] += it->second[0].load(std::memory_order_relaxed);
+    out[1] += it->second[1].load(std::memory_order_relaxed);
   }
   return out;
 }

@@ -124,19 +124,10 @@ at::Tensor run_recorded(c10::string_view spec, const at::Tensor& x, const at::Te
   return out;
 }
 
-bool any_requires_grad(const at::Tensor& x, const at::Tensor& weight, const OptTensor& bias,
-                       at::TensorList operands) {
-  if (x.requires_grad() || weight.requires_grad()) return true;
-  if (bias.has_value() && bias->defined() && bias->requires_grad()) return true;
-  for (const auto& t : operands)
-    if (t.requires_grad()) return true;
-  return false;
-}
-
 at::Tensor run_autograd(c10::string_view spec, const at::Tensor& x, const at::Tensor& weight,
                         const OptTensor& bias, at::TensorList operands, at::TensorList state,
                         c10::string_view precision) {
-  if (at::GradMode::is_enabled() && any_requires_grad(x, weight, bias, operands))
+  if (torch::autograd::compute_requires_grad(x, weight, bias, operands))
     return run_recorded(spec, x, weight, bias, operands, state, precision);
   at::AutoDispatchBelowADInplaceOrView below;
   // Without state the op mutates nothing: graphs get the op whose schema says so.

@@ -32,7 +32,7 @@ from . import _lib, measure
 from .capture import AttrRef, compile_time_numbers, find_chains, node_info, source_key, TInfo
 from .capture.find import _attr_tensor
 from .rewrite import chain_sources, chain_subgraph, resolve, rewrite_chain, rewrite_chain_as_op
-from .runtime import PRECISIONS, always_fuse
+from .runtime import PRECISIONS, always_fuse, op_arguments
 from .reports import ChainEntry, OptimizeReport, remember
 
 BACKEND_NAME = "gemmfuse"
@@ -207,11 +207,7 @@ class _fused_call:
         self.state = [at(s) for s in chain.state]
 
     def tensors(self, inputs):
-        x = inputs[self.x].contiguous()
-        w = inputs[self.w].t().contiguous() if self.kn else inputs[self.w]
-        b = None if self.b is None else inputs[self.b]
-        ops = [inputs[i].to(x.dtype).contiguous() for i in self.ops]
-        return x, w, b, ops, [inputs[i] for i in self.state]
+        return op_arguments(inputs, self.x, self.w, self.b, self.ops, self.state, self.kn)
 
     def __call__(self, inputs):
         return torch.ops.gemmfuse.run(self.spec, *self.tensors(inputs), self.precision)

@@ -73,9 +73,6 @@ class _Attr:
         return obj
 
 
-Path = _Attr
-
-
 def path_or_none(root, qualname: str):
     """The dictionary path to an attribute of root, or None where it is not in the module
     dictionaries (read it with getattr then)."""

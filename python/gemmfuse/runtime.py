@@ -92,6 +92,17 @@ def _warn_data_writes_once():
         warnings.warn("gemmfuse: " + DATA_WRITES, **where)
 
 
+def op_arguments(inputs, x_idx, w_idx, b_idx, op_idx, st_idx, weight_kn) -> tuple:
+    """(x, W, b, operands, state) for gemmfuse::run from a chain's inputs, as the backend's
+    graph node gets them (rewrite.op_call): x contiguous, a weight stored [in, out]
+    transposed, operands contiguous in x's dtype."""
+    x = inputs[x_idx].contiguous()
+    w = inputs[w_idx].t().contiguous() if weight_kn else inputs[w_idx]
+    b = None if b_idx is None else inputs[b_idx]
+    ops = [inputs[i].to(x.dtype).contiguous() for i in op_idx]
+    return x, w, b, ops, [inputs[i] for i in st_idx]
+
+
 class ChainRuntime:
     """Everything one fused chain needs at call time. Lives as a plain attribute of the
     optimized GraphModule (not a submodule: it holds no parameters and adds no state_dict
@@ -174,7 +185,7 @@ class ChainRuntime:
     owned: tuple = ()   # (input index, module input index, dict name, attribute, module class)
     rooted: tuple = ()  # (input index, qualified name) of modules read from the root
     _root = None        # weak reference to the module whose graph calls this runtime
-    _paths: tuple = ()  # (input index, direct.Path or None, qualified name)
+    _paths: tuple = ()  # (input index, its dictionary path or None, qualified name)
 
     def bind(self, root) -> None:
         """Read the rooted modules from `root` (the optimized module; again after a deep copy
@@ -242,20 +253,9 @@ class ChainRuntime:
         if self.owned or self._paths:
             inputs = self.with_owned(inputs)
         flags = tuple(bool(inputs[i].training) for i in self.mode_idx)
-        spec = self.specs[flags]
-        x = inputs[self.x_idx]
-        w = inputs[self.w_idx]
-        if self.weight_kn:
-            w = w.t().contiguous()  # traced values: nothing to cache
-        b = None if self.b_idx is None else inputs[self.b_idx]
-        ops = []
-        for i in self.op_idx:
-            t = inputs[i]
-            if t.dtype != x.dtype:
-                t = t.to(x.dtype)
-            ops.append(t.contiguous())
-        state = [inputs[i] for i in self.st_idx]
-        return torch.ops.gemmfuse.run(spec, x.contiguous(), w, b, ops, state, self.precision)
+        args = op_arguments(inputs, self.x_idx, self.w_idx, self.b_idx, self.op_idx,
+                            self.st_idx, self.weight_kn)  # traced values: nothing to cache
+        return torch.ops.gemmfuse.run(self.specs[flags], *args, self.precision)
 
     # -- the eager path ------------------------------------------------------------------------
     def __call__(self, inputs):

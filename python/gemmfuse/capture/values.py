@@ -54,13 +54,12 @@ def is_number_node(node: Any) -> bool:
     `.item()` of an unspecialized float, a size)."""
     if not isinstance(node, fx.Node):
         return False
-    for key in ("gemmfuse_info", "example_value", "val"):
+    if node.op == "call_method" and node.target == "item":
+        return True
+    for key in ("example_value", "val"):
         if key in node.meta:
-            v = node.meta[key]
-            return isinstance(v, (int, float, torch.SymInt, torch.SymFloat)) or (
-                key == "gemmfuse_info" and v is None and node.op == "call_method"
-                and node.target == "item")
-    return node.op == "call_method" and node.target == "item"
+            return isinstance(node.meta[key], (int, float, torch.SymInt, torch.SymFloat))
+    return False
 
 
 class InfoProp(fx.Interpreter):

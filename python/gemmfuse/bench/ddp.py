@@ -227,36 +227,44 @@ def run(argv=None) -> dict:
     return result
 
 
-def _report(result, out):
+def print_report(title, caption, columns, rows, summary, result, out):
+    """A distributed run's per-rank table and its summary line (rank 0), and its JSON."""
     from rich.console import Console
     from rich.table import Table
-    h, c = result["header"], result["check"]
-    t = Table(title=f"gemmfuse DDP — {h['world_size']} x {h['gpu'] or 'CPU'}, {h['model']} {h['mode']}, "
-                    f"M={h['batch_per_rank']}/rank K=N={h['in_features']}, timed with {h['optimizer']}",
-              caption="ms: median step (forward, backward, optimizer); speedup: eager / gemmfuse "
-                      "on the same rank; ddp/single: the DDP speedup over the single-GPU one")
-    for col in ("rank", "eager ddp", "gemmfuse ddp", "speedup ddp", "eager", "gemmfuse",
-                "speedup single", "ddp/single"):
+    t = Table(title=title, caption=caption)
+    for col in columns:
         t.add_column(col, justify="right")
-    for r in result["ranks"]:
-        m = r["ms"]
-        t.add_row(str(r["rank"]), f"{m['eager ddp']:.3f}", f"{m['gemmfuse ddp']:.3f}",
-                  f"{r['speedup_ddp']:.2f}", f"{m['eager']:.3f}", f"{m['gemmfuse']:.3f}",
-                  f"{r['speedup_single']:.2f}", f"{r['ddp_over_single']:.2f}")
+    for row in rows:
+        t.add_row(*row)
     con = Console(width=120)
     con.print(t)
-    con.print(f"after {h['steps']} steps of {h['checked_with']}: parameters' distance to float64 DDP: eager "
-              f"{c['param_err_eager']:.3g}, gemmfuse {c['param_err_gemmfuse']:.3g} "
-              f"(ratio {c['param_err_ratio'] or float('nan'):.2f}); worst loss error vs float64: "
-              f"eager {c['loss_rel_err_eager']:.2g}, gemmfuse {c['loss_rel_err_gemmfuse']:.2g}; "
-              f"ranks' parameters equal: {c['ranks_equal']}; fused training calls "
-              f"{c['train_calls']}, fallbacks {c['fallbacks'] or 'none'}; "
-              f"{'PASS' if result['pass'] else 'FAIL'}; DDP speedup within 10% of the single-GPU "
-              f"one on every rank: {result['ddp_within_10pct_of_single']}")
+    con.print(summary)
     if out:
         with open(out, "w") as f:
             json.dump(result, f, indent=1)
         con.print(f"wrote {out}")
+
+
+def _report(result, out):
+    h, c = result["header"], result["check"]
+    rows = [(str(r["rank"]), f"{r['ms']['eager ddp']:.3f}", f"{r['ms']['gemmfuse ddp']:.3f}",
+             f"{r['speedup_ddp']:.2f}", f"{r['ms']['eager']:.3f}", f"{r['ms']['gemmfuse']:.3f}",
+             f"{r['speedup_single']:.2f}", f"{r['ddp_over_single']:.2f}") for r in result["ranks"]]
+    print_report(
+        f"gemmfuse DDP — {h['world_size']} x {h['gpu'] or 'CPU'}, {h['model']} {h['mode']}, "
+        f"M={h['batch_per_rank']}/rank K=N={h['in_features']}, timed with {h['optimizer']}",
+        "ms: median step (forward, backward, optimizer); speedup: eager / gemmfuse "
+        "on the same rank; ddp/single: the DDP speedup over the single-GPU one",
+        ("rank", "eager ddp", "gemmfuse ddp", "speedup ddp", "eager", "gemmfuse",
+         "speedup single", "ddp/single"), rows,
+        f"after {h['steps']} steps of {h['checked_with']}: parameters' distance to float64 DDP: eager "
+        f"{c['param_err_eager']:.3g}, gemmfuse {c['param_err_gemmfuse']:.3g} "
+        f"(ratio {c['param_err_ratio'] or float('nan'):.2f}); worst loss error vs float64: "
+        f"eager {c['loss_rel_err_eager']:.2g}, gemmfuse {c['loss_rel_err_gemmfuse']:.2g}; "
+        f"ranks' parameters equal: {c['ranks_equal']}; fused training calls "
+        f"{c['train_calls']}, fallbacks {c['fallbacks'] or 'none'}; "
+        f"{'PASS' if result['pass'] else 'FAIL'}; DDP speedup within 10% of the single-GPU "
+        f"one on every rank: {result['ddp_within_10pct_of_single']}", result, out)
 
 
 def main(argv=None):

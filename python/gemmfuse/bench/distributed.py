@@ -40,7 +40,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .. import explain, fused_calls, optimize, runtimes
-from .ddp import _time_steps
+from .ddp import _time_steps, print_report
 
 CASES = ("fsdp2-after", "fsdp2-before", "fsdp2-compile", "tp")
 
@@ -264,36 +264,27 @@ def run(argv=None) -> dict:
 
 
 def _report(result, out):
-    from rich.console import Console
-    from rich.table import Table
     h, c = result["header"], result["check"]
-    t = Table(title=f"gemmfuse {h['case']} — {h['world_size']} x {h['gpu'] or 'CPU'} ({h['backend']}), "
-                    f"{h['blocks']} blocks, width {h['width']}, hidden {h['hidden']}, "
-                    f"M={h['batch_per_rank']}/rank, {h['mode']}, timed with {h['timed_with']}",
-              caption="ms: median step (forward, backward, optimizer); speedup: without / with "
-                      "gemmfuse on the same rank; dist/single: the wrapped speedup over the "
-                      "model's own on one GPU")
-    for col in ("rank", "eager dist", "gemmfuse dist", "speedup dist", "eager single",
-                "gemmfuse single", "speedup single", "dist/single"):
-        t.add_column(col, justify="right")
-    for r in result["ranks"]:
-        m = r["ms"]
-        t.add_row(str(r["rank"]), f"{m['eager dist']:.3f}", f"{m['gemmfuse dist']:.3f}",
-                  f"{r['speedup_dist']:.2f}", f"{m['eager single']:.3f}", f"{m['gemmfuse single']:.3f}",
-                  f"{r['speedup_single']:.2f}", f"{r['dist_over_single']:.2f}")
-    con = Console(width=120)
-    con.print(t)
-    con.print(f"after {h['steps']} steps of {h['checked_with']}: parameters' distance to float64: "
-              f"without gemmfuse {c['param_err_eager']:.3g}, with {c['param_err_gemmfuse']:.3g} "
-              f"(ratio {c['param_err_ratio'] or float('nan'):.2f}); largest relative difference to "
-              f"the copy without gemmfuse (losses, parameters) {c['rel_to_eager']:.2g}; fused calls "
-              f"{c['fused_calls']} ({c['train_calls']} recorded by autograd), fallbacks "
-              f"{c['fallbacks'] or 'none'}; {'PASS' if result['pass'] else 'FAIL'}; speedup within "
-              f"10% of the single-GPU one on every rank: {result['within_10pct_of_single']}")
-    if out:
-        with open(out, "w") as f:
-            json.dump(result, f, indent=1)
-        con.print(f"wrote {out}")
+    rows = [(str(r["rank"]), f"{r['ms']['eager dist']:.3f}", f"{r['ms']['gemmfuse dist']:.3f}",
+             f"{r['speedup_dist']:.2f}", f"{r['ms']['eager single']:.3f}",
+             f"{r['ms']['gemmfuse single']:.3f}", f"{r['speedup_single']:.2f}",
+             f"{r['dist_over_single']:.2f}") for r in result["ranks"]]
+    print_report(
+        f"gemmfuse {h['case']} — {h['world_size']} x {h['gpu'] or 'CPU'} ({h['backend']}), "
+        f"{h['blocks']} blocks, width {h['width']}, hidden {h['hidden']}, "
+        f"M={h['batch_per_rank']}/rank, {h['mode']}, timed with {h['timed_with']}",
+        "ms: median step (forward, backward, optimizer); speedup: without / with "
+        "gemmfuse on the same rank; dist/single: the wrapped speedup over the "
+        "model's own on one GPU",
+        ("rank", "eager dist", "gemmfuse dist", "speedup dist", "eager single",
+         "gemmfuse single", "speedup single", "dist/single"), rows,
+        f"after {h['steps']} steps of {h['checked_with']}: parameters' distance to float64: "
+        f"without gemmfuse {c['param_err_eager']:.3g}, with {c['param_err_gemmfuse']:.3g} "
+        f"(ratio {c['param_err_ratio'] or float('nan'):.2f}); largest relative difference to "
+        f"the copy without gemmfuse (losses, parameters) {c['rel_to_eager']:.2g}; fused calls "
+        f"{c['fused_calls']} ({c['train_calls']} recorded by autograd), fallbacks "
+        f"{c['fallbacks'] or 'none'}; {'PASS' if result['pass'] else 'FAIL'}; speedup within "
+        f"10% of the single-GPU one on every rank: {result['within_10pct_of_single']}", result, out)
 
 
 def main(argv=None):

@@ -375,6 +375,12 @@ def floors(spec, b, k, n):
     return out
 
 
+def pick_device(want: str) -> torch.device:
+    """--device: "cuda", "cpu", or "auto" (CUDA where there is a GPU)."""
+    cuda = want == "cuda" or (want == "auto" and torch.cuda.is_available())
+    return torch.device("cuda" if cuda else "cpu")
+
+
 def device_info(dev):
     info = {"device": dev.type, "torch": torch.__version__, "python": platform.python_version(),
             "host_cpu": platform.processor() or platform.machine()}
@@ -609,9 +615,7 @@ def run(cfg: Config, console=None):
     bad = [m for m in cfg.modes if m not in ("fp32", "fast", "tf32")]
     if bad:
         raise SystemExit(f"unknown mode(s) {bad}; known: fp32, fast, tf32")
-    want = cfg.device
-    dev = torch.device("cuda" if (want == "auto" and torch.cuda.is_available()) or want == "cuda"
-                       else "cpu")
+    dev = pick_device(cfg.device)
     gpu = dev.type == "cuda"
     cfg.repeats = cfg.repeats or (20 if gpu else 100)
     cfg.rounds = cfg.rounds or (4 if gpu else 8)

@@ -454,10 +454,8 @@ def _setup(cfg):
     from pathlib import Path
 
     from .record import OUT_DIR
-    from .runner import device_info
-    want = cfg.device
-    dev = torch.device("cuda" if (want == "auto" and torch.cuda.is_available()) or want == "cuda"
-                       else "cpu")
+    from .runner import device_info, pick_device
+    dev = pick_device(cfg.device)
     gpu = dev.type == "cuda"
     cfg.repeats = cfg.repeats or (10 if gpu else 5)
     cfg.rounds = cfg.rounds or (3 if gpu else 2)

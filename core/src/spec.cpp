@@ -1,5 +1,6 @@
 // The chain spec: text <-> Chain IR (docs/chain-spec.md), op names and families, and the
 // shape rules of the IR (width_of / has_feature_dim).
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cmath>
@@ -285,7 +286,11 @@ bool Chain::has_feature_dim(int value_id) const {
 
 Chain parse_chain(const std::string& spec) {
   Chain chain;
-  std::istringstream in(spec);
+  // ';' separates lines too: the one-line form travels inside generated code (Inductor
+  // quotes op arguments into comments line by line, where a newline would end the comment).
+  std::string text = spec;
+  std::replace(text.begin(), text.end(), ';', '\n');
+  std::istringstream in(text);
   std::string raw;
   int line_no = 0;
   bool have_linear = false;

@@ -114,7 +114,7 @@ def _fuse_for_inductor(gm, example_inputs, precision, report, rest):
         isinstance(t, torch.Tensor) and t.requires_grad for t in example_inputs)
     remap: dict = {}
     for chain in cap.chains:
-        spec = chain.spec(())
+        spec = chain.one_line_spec(())
         entry = _entry(chain, spec)
         report.entries.append(entry)
         try:

@@ -125,7 +125,7 @@ def explain_text(module) -> str:
             spec, plan = _current_plan(module, e, rt)
             out.append("  mode-dependent stages follow: " + ", ".join(rt.mode_names))
         out.append("  spec:")
-        out.append(_indent(spec))
+        out.append(_indent(spec.replace("; ", "\n")))
         if plan:
             out.append("  plan:")
             out.append(_indent(plan))

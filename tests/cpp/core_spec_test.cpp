@@ -103,6 +103,12 @@ TEST(Spec, KeysInAnyOrder) {
   EXPECT_EQ(to_spec(a), "linear in=2 out=4 bias=1\nclamp lo=-1 hi=1\n");
 }
 
+TEST(Spec, SemicolonsSeparateLines) {
+  const std::string lines = "linear in=2 out=4 bias=1\nclamp lo=-1 hi=1\nadd b=v1\n";
+  EXPECT_EQ(to_spec(parse_chain("linear in=2 out=4 bias=1; clamp lo=-1 hi=1; add b=v1")),
+            to_spec(parse_chain(lines)));
+}
+
 TEST(Spec, ErrorsNameTheLine) {
   auto msg = [](const std::string& spec) -> std::string {
     try {

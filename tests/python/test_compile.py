@@ -75,6 +75,23 @@ def _dynamic_batches(mid, **compile_kw):
     return model, graphs[0], compiled, entry
 
 
+def test_backend_graph_arguments_hold_no_newline():
+    """Inductor copies a node's arguments into comments of the code it generates, line by line:
+    a newline inside the spec would end such a comment and break the module (a SyntaxError
+    on CUDA, where Triton kernels carry those comments)."""
+    model, inputs = make_seed(seed_ids()[0])
+    compiled = torch.compile(model, backend="gemmfuse")
+    with torch.no_grad():
+        compiled(*inputs)
+    (gm,) = gf_reports.compiled_graphs(compiled)
+    args = [a for n in gm.graph.nodes if n.op == "call_function" and "gemmfuse" in str(n.target)
+            for a in n.args if isinstance(a, str)]
+    assert args, "the fused op's spec and precision are string arguments"
+    assert not any("\n" in a for a in args), args
+    text = gemmfuse.explain(compiled, print_it=False)
+    assert "spec:\n    linear in=" in text and "fused call(s) of this spec issued" in text, text
+
+
 @pytest.mark.parametrize("mid", seed_ids())
 def test_backend_dynamic_shapes(mid):
     # torch.compile(dynamic=True) passes float attributes (eps, momentum, clamp bounds, scale

@@ -114,7 +114,8 @@ bool cpu_scalar(OpCode op);
 // The op table as text, one op a line: "<name> <family>" (for the Python capture's check).
 std::string op_table_text();
 
-// Parse the spec text; throws std::invalid_argument with a message naming the line.
+// Parse the spec text (lines end in a newline or a semicolon); throws std::invalid_argument
+// with a message naming the line.
 Chain parse_chain(const std::string& spec);
 // Print a chain back to spec text (parse_chain(to_spec(c)) == c).
 std::string to_spec(const Chain& chain);

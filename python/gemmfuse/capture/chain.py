@@ -123,6 +123,12 @@ class Chain:
             vid[st.value_node] = len(lines) - 1
         return "\n".join(lines) + "\n"
 
+    def one_line_spec(self, flags=()) -> str:
+        """The spec with its lines joined by "; " (the C++ parser takes both forms): the form a
+        graph node carries, since Inductor copies node arguments into generated comments line
+        by line and a newline there would end the comment."""
+        return "; ".join(self.spec(flags).splitlines())
+
     def _input_of(self, st: Stage) -> fx.Node:
         return st.input_node  # set by the builder
 

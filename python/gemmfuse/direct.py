@@ -163,11 +163,18 @@ def install(gm: fx.GraphModule, run_chain) -> bool:
     """Give gm's own class (fx makes one per GraphModule) the direct ``__call__`` when its graph
     allows it. A later ``recompile()`` puts fx's ``__call__`` back."""
     direct = _plan(gm, run_chain)
-    if direct is None:
+    if direct is None or gm.__dict__.get("_gemmfuse_eager"):  # some calls run the model itself
         return False
     type(gm).__call__ = _direct_call
     gm.__dict__["_gemmfuse_direct"] = direct
     return True
+
+
+def uninstall(gm: fx.GraphModule) -> None:
+    """Put the normal call back (a module that runs some calls as the model itself)."""
+    if active(gm):
+        del type(gm).__call__
+    gm.__dict__.pop("_gemmfuse_direct", None)
 
 
 def active(module) -> bool:

@@ -96,6 +96,9 @@ def explain_text(module) -> str:
     out = [f"gemmfuse: {len(fused)} of {len(rep.entries)} chain(s) fused "
            f"(precision {rep.precision}, {rep.flavor} capture)"
            + (f"; it calls {len(rep.units)} FSDP unit(s), each explained below" if rep.units else "")]
+    whole = rep.whole or module.__dict__.get("_gemmfuse_whole")
+    if whole:
+        out.append(whole)
     if rep.retraced:
         out.append(f"traced again {len(rep.retraced)} time(s), because these changed since the "
                    f"previous trace: " + ", ".join(rep.retraced))
@@ -207,10 +210,12 @@ def explain(module, example_inputs=None, precision: str = "fp32", print_it: bool
         if graphs:
             text = compiled_text(graphs)
             if through_dynamo:
+                whole = module.__dict__.get("_gemmfuse_whole")
                 text = (f"optimize: {type(module.__dict__['_gemmfuse_source']).__name__} was "
                         f"captured through torch.compile with the gemmfuse backend, the rest of "
                         f"its graph run as PyTorch ops (not torch.fx: "
-                        f"{module.__dict__['_gemmfuse_why_not_fx']})\n" + text)
+                        f"{module.__dict__['_gemmfuse_why_not_fx']})\n"
+                        + (whole + "\n" if whole else "") + text)
         elif example_inputs is None:
             raise ValueError(
                 "gemmfuse.explain: no gemmfuse compilation of this module found (a module "

@@ -26,13 +26,19 @@ class Choice:
     fused_ms: Optional[float] = None
     own_ms: Optional[float] = None
     reason: str = ""
+    own: str = "Inductor"          # what runs where the fused op does not
 
     def text(self) -> str:
         if self.fused_ms is None:
             return f"fused, untimed ({self.reason})"
-        verdict = "fused" if self.fused else "Inductor"
-        return (f"{verdict}: {self.what} timed fused {self.fused_ms:.4g} ms, Inductor "
+        verdict = "fused" if self.fused else self.own
+        return (f"{verdict}: {self.what} timed fused {self.fused_ms:.4g} ms, {self.own} "
                 f"{self.own_ms:.4g} ms")
+
+    def whole_text(self) -> str:
+        verdict = "the fused chains run" if self.fused else f"{self.own} alone runs"
+        return (f"whole {self.what} timed with the fused chains {self.fused_ms:.4g} ms, "
+                f"{self.own} alone {self.own_ms:.4g} ms: {verdict}")
 
 
 # (spec, precision, input signature, training) -> Choice: chains repeated across layers and
@@ -45,21 +51,29 @@ def _signature(tensors) -> tuple:
                  for t in tensors)
 
 
-def timed_ms(fn: Callable[[], torch.Tensor], leaves: list, device: torch.device) -> float:
+def timed_ms(fn: Callable[[], object], leaves: list, device: torch.device) -> float:
     """fn()'s time (route_timer.timer): the forward alone under no_grad where `leaves` is
-    empty, else the forward and its backward to `leaves` (torch.autograd.grad: nothing
-    accumulates into any .grad, so real parameters can be leaves)."""
+    empty, else the forward and its backward to `leaves` (torch.autograd.grad from every
+    output that requires grad: nothing accumulates into any .grad, so real parameters can be
+    leaves)."""
     if not leaves:
         def forward():
             with torch.no_grad():
                 return fn()
         return route_timer.timer(forward, device)
     with torch.no_grad():
-        grad = torch.randn_like(fn())
+        grads = [torch.randn_like(t) for t in _grad_outputs(fn())]
+    if not grads:
+        return route_timer.timer(fn, device)
 
     def forward_backward():
-        return torch.autograd.grad(fn(), leaves, grad, allow_unused=True)
+        return torch.autograd.grad(_grad_outputs(fn()), leaves, grads, allow_unused=True)
     return route_timer.timer(forward_backward, device)
+
+
+def _grad_outputs(out) -> list:
+    return [t for t in torch.utils._pytree.tree_leaves(out)
+            if isinstance(t, torch.Tensor) and t.requires_grad]
 
 
 def grad_leaves(tensors) -> list:
@@ -87,3 +101,30 @@ def choose(key: tuple, fused: Callable, make_own: Callable[[], Callable], inputs
     choice = Choice(fused_ms <= own_ms, what, fused_ms, own_ms)
     _CHOICES[full] = choice
     return choice
+
+
+def distributed() -> bool:
+    """Whether this process is one of several ranks: a whole graph or module may hold
+    collectives, and timing calls (as many as each rank's own timings ask for) could leave
+    the ranks' collectives unmatched, so wholes are not timed there."""
+    dist = torch.distributed
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def whole_choice(fused: Callable, own: Callable, args: list, training: bool,
+                 device: torch.device, own_name: str, leaves=()) -> Choice:
+    """Fused or own for a whole graph or module: ``fused(*args)`` against ``own(*args)``, the
+    forward, or where `training` the forward and the backward to every argument that
+    requires grad and to `leaves` (a module's parameters). Tensors that do not require grad
+    go in as copies (a call that updates an argument in place updates the copy); the RNG is
+    forked. Chains can each be faster alone and the whole slower (host time: more launches
+    per chain), so the whole decides last."""
+    args = [a.detach().clone() if isinstance(a, torch.Tensor) and not a.requires_grad else a
+            for a in args]
+    leaves = grad_leaves(args) + list(leaves) if training else []
+    what = "forward+backward" if training else "forward"
+    devices = [device.index or 0] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        fused_ms = timed_ms(lambda: fused(*args), leaves, device)
+        own_ms = timed_ms(lambda: own(*args), leaves, device)
+    return Choice(fused_ms <= own_ms, what, fused_ms, own_ms, own=own_name)

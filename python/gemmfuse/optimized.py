@@ -14,12 +14,12 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 
-from . import _lib, direct, fsdp, tensor_parallel
+from . import _lib, direct, fsdp, measure, route_timer, tensor_parallel
 from .capture import CaptureReport, InfoProp, find_chains
 from .reports import ChainEntry, OptimizeReport, compiled_graphs
 from .rewrite import example_tensor, rewrite_chain
 from .snapshot import ModuleState
-from .runtime import PRECISIONS, _run_chain
+from .runtime import PRECISIONS, _run_chain, always_fuse
 from .watch import AttributeWatch
 from .dynamo_module import GemmfuseDynamoModule
 
@@ -93,7 +93,7 @@ class GemmfuseModule(fx.GraphModule):
                 res.__dict__[k] = copy.deepcopy(v, memo)
         res.__dict__["training"] = self.training
         _bind(res)
-        direct.install(res, _run_chain)
+        _install_call(res)
         return res
 
 
@@ -109,7 +109,28 @@ def _adopt(gm: GemmfuseModule, new: GemmfuseModule):
         gm.__dict__[k] = v
     gm.graph = new.graph  # takes ownership and recompiles gm's forward
     _bind(gm)
-    direct.install(gm, _run_chain)
+    _install_call(gm)
+
+
+def _install_call(gm) -> None:
+    """gm's class call: the model itself for the modes it runs faster in (_time_whole), else
+    the direct path where the graph allows it (direct.py), else fx's."""
+    if gm.__dict__.get("_gemmfuse_eager"):
+        gm.__dict__.pop("_gemmfuse_direct", None)
+        type(gm).__call__ = _eager_call
+    else:
+        direct.install(gm, _run_chain)
+
+
+def _eager_call(self, *args, **kwargs):
+    """A call in a mode the model runs faster in as it is goes straight to the model (which
+    reads its own attributes: nothing to watch); one with hooks on the optimized module, or
+    in the other mode, takes the normal path."""
+    d = self.__dict__
+    if ("train" if torch.is_grad_enabled() else "forward") in d["_gemmfuse_eager"] and not (
+            d["_forward_hooks"] or d["_forward_pre_hooks"]):
+        return d["_gemmfuse_source"](*args, **kwargs)
+    return GemmfuseModule.__call__(self, *args, **kwargs)
 
 
 def _bind(gm) -> None:
@@ -203,7 +224,51 @@ def optimize(model: nn.Module, example_inputs, precision: str = "fp32") -> nn.Mo
     gm, why = _trace(model)
     if gm is None:
         return _through_dynamo(model, example_inputs, precision, why)
-    return _capture(gm, model, example_inputs, precision)[0]
+    gm = _capture(gm, model, example_inputs, precision)[0]
+    _time_whole(gm, model, example_inputs)
+    return gm
+
+
+def _time_whole(opt: nn.Module, model: nn.Module, example_inputs: tuple) -> None:
+    """Time the optimized module against the model as it is on the example inputs, the forward
+    under no_grad and, for a model in training mode with parameters that require grad, the
+    forward and backward; in a mode where the model is faster, calls run the model itself
+    (_eager_call; GemmfuseDynamoModule's forward), and explain shows both times. Chains can
+    each be faster alone and the whole slower (host time per call). The model's state and
+    the RNG are left as they were; a timing that fails leaves the module fused."""
+    devices = {t.device for t in example_inputs if isinstance(t, torch.Tensor)}
+    if (len(devices) != 1 or not route_timer.whole_timed_on(next(iter(devices))) or always_fuse()
+            or measure.distributed()
+            or (isinstance(opt, GemmfuseModule) and not runtimes(opt))  # (dynamo may reuse
+            or tensor_parallel.has_dtensor_params(model)):            # a graph: no new report)
+        return
+    device = next(iter(devices))
+    params = [p for p in model.parameters() if p.requires_grad]
+    before = ModuleState(model)
+    saved = [(b, b.detach().clone()) for b in model.buffers()]
+    eager, texts = set(), []
+    def from_the_start(fn):  # each timed call starts from the model's state (state on self)
+        return lambda *args: (before.restore(), fn(*args))[1]
+    try:
+        for mode in ("forward", "train") if model.training and params else ("forward",):
+            choice = measure.whole_choice(from_the_start(opt), from_the_start(model),
+                                          list(example_inputs), mode == "train", device,
+                                          "PyTorch", leaves=params if mode == "train" else ())
+            texts.append(choice.whole_text())
+            if not choice.fused:
+                eager.add(mode)
+    except Exception as e:  # noqa: BLE001 - timing is advice: the fused module stays
+        texts.append(f"whole-module timing failed ({type(e).__name__}: {e}"[:200] + "); fused")
+    finally:
+        before.restore()
+        with torch.no_grad():
+            for b, v in saved:
+                b.copy_(v)
+    opt.__dict__["_gemmfuse_whole"] = "; ".join(texts)
+    if eager:
+        opt.__dict__["_gemmfuse_eager"] = frozenset(eager)
+        if isinstance(opt, GemmfuseModule):
+            _install_call(opt)
 
 
 def _trace(model: nn.Module, tracer=None):
@@ -309,6 +374,8 @@ def _through_dynamo(model: nn.Module, example_inputs: tuple, precision: str, why
                 b.copy_(v)
     if sharded:
         fsdp.reshard(model)
+    else:
+        _time_whole(opt, model, example_inputs)
     return opt
 
 

@@ -40,6 +40,9 @@ class OptimizeReport:
     # fx flavour inside an FSDP2 model: the units (fsdp.UnitCall) the graph calls, each
     # optimized in its own forward
     units: list = field(default_factory=list)
+    # the whole graph or module timed with its fused chains against without them (measure.py's
+    # Choice.whole_text), "" where it was not timed
+    whole: str = ""
 
 
 # The torch.compile backend's most recent compilations, newest last.

@@ -23,6 +23,12 @@ def timed_routes_on(device: torch.device) -> bool:
     return device.type == "cuda"
 
 
+def whole_timed_on(device: torch.device) -> bool:
+    """Whether a whole compiled graph or optimized module is timed with its fused chains
+    against without them: where chains are timed (tests turn this one on alone)."""
+    return timed_routes_on(device)
+
+
 # A call shorter than this is timed in batches of back-to-back calls (here and in the bench's
 # CallTimer): alone it mostly measures the idle GPU waiting for its launch.
 BATCH_BELOW_MS = 0.5

@@ -39,8 +39,10 @@ class ScriptedTimer:
 
 @pytest.fixture
 def timed(monkeypatch):
+    """Chains timed, the whole module not (whole_timed below)."""
     monkeypatch.setenv("GEMMFUSE_ALWAYS_FUSE", "0")
     monkeypatch.setenv("GEMMFUSE_TIMED_ROUTES", "1")
+    monkeypatch.setattr(route_timer, "whole_timed_on", lambda device: False)
 
     def install(times):
         t = ScriptedTimer(times)
@@ -142,3 +144,66 @@ def test_training_calls_are_timed_forward_and_backward(timed, fused_ms, chosen):
         assert rt.train_calls == 0
         (reason,) = rt.fallbacks
         assert "forward and backward timed once: PyTorch 2 ms, fused 3 ms" in reason
+
+
+class TwoReluChains(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(16, 32), nn.Linear(32, 8)
+
+    def forward(self, x):
+        return torch.relu(self.fc2(torch.relu(self.fc1(x))))
+
+
+@pytest.fixture
+def whole_timed(monkeypatch):
+    """Only the whole-module/graph timing on (chains untimed, as on the CPU by default), with
+    the planner's own routes (the suite otherwise fuses every chain it can)."""
+    monkeypatch.setattr(route_timer, "whole_timed_on", lambda device: True)
+    monkeypatch.setenv("GEMMFUSE_ALWAYS_FUSE", "0")
+
+    def install(times):
+        timer = ScriptedTimer(times)
+        monkeypatch.setattr(route_timer, "timer", timer)
+        return timer
+    return install
+
+
+@pytest.mark.parametrize("train_ms, eager_modes", [(3.0, {"train"}), (1.5, set())])
+def test_whole_module_timing_runs_the_model_where_it_is_faster(whole_timed, train_ms, eager_modes):
+    timer = whole_timed([1.0, 2.0, train_ms, 2.0])  # forward fused, PyTorch; training the same
+    model, x = TwoReluChains(), torch.randn(4, 16)
+    opt = gemmfuse.optimize(model, (x,))
+    assert timer.calls == 4
+    assert set(opt.__dict__.get("_gemmfuse_eager", ())) == eager_modes
+    text = gemmfuse.explain(opt, print_it=False)
+    assert "whole forward timed with the fused chains 1 ms, PyTorch alone 2 ms: the fused chains run" in text
+    verdict = "PyTorch alone runs" if eager_modes else "the fused chains run"
+    assert f"whole forward+backward timed with the fused chains {train_ms:g} ms, PyTorch alone 2 ms: {verdict}" in text
+    n = gemmfuse.fused_calls(opt)
+    with torch.no_grad():
+        torch.testing.assert_close(opt(x), model(x))
+    assert gemmfuse.fused_calls(opt) > n, "no_grad calls run fused"
+    n = gemmfuse.fused_calls(opt)
+    opt(x).sum().backward()
+    assert (gemmfuse.fused_calls(opt) == n) == bool(eager_modes), "training calls: the model itself where faster"
+    assert model.fc1.weight.grad is not None
+
+
+@pytest.mark.parametrize("fused_ms, fused_runs", [(3.0, False), (1.0, True)])
+def test_whole_graph_timing_compiles_the_faster_graph(whole_timed, fused_ms, fused_runs):
+    torch._dynamo.reset()
+    timer = whole_timed([fused_ms, 2.0])
+    model, x = TwoReluChains(), torch.randn(4, 16)
+    compiled = torch.compile(model, backend="gemmfuse")
+    with torch.no_grad():
+        out = compiled(x)
+        torch.testing.assert_close(out, model(x))
+        assert timer.calls == 2
+        n = gemmfuse.fused_calls(compiled)
+        compiled(x)
+    assert (gemmfuse.fused_calls(compiled) > n) == fused_runs
+    text = gemmfuse.explain(compiled, print_it=False)
+    verdict = "the fused chains run" if fused_runs else "Inductor alone runs"
+    assert f"whole forward timed with the fused chains {fused_ms:g} ms, Inductor alone 2 ms: {verdict}" in text, text
+    torch._dynamo.reset()

@@ -86,3 +86,39 @@ def test_state_on_self_trains():
     opt(x).square().sum().backward()
     eager(x).square().sum().backward()
     torch.testing.assert_close(model.i2h.weight.grad, eager.i2h.weight.grad, atol=1e-5, rtol=1e-4)
+
+
+def test_whole_timing_of_a_stateful_model_routes_training_calls_to_it(monkeypatch):
+    """The dynamo-captured module timed as a whole (an injected timer: forward fused faster,
+    training slower): training calls run the model itself, each timed call started from the
+    model's state, and the model is left as it was."""
+    from gemmfuse import route_timer
+    from test_route_timer import ScriptedTimer
+    monkeypatch.setattr(route_timer, "whole_timed_on", lambda device: True)
+    monkeypatch.setenv("GEMMFUSE_ALWAYS_FUSE", "0")
+    timer = ScriptedTimer([1.0, 2.0, 3.0, 2.0])
+    monkeypatch.setattr(route_timer, "timer", timer)
+    torch._dynamo.reset()  # a graph dynamo reuses for a second instance has no report of its own
+    torch.manual_seed(0)
+    model = RNNCell()
+    eager = copy.deepcopy(model)
+    before = _attrs(model)
+    opt = gemmfuse.optimize(model, (torch.randn(8, 24),))
+    assert timer.calls == 4 and opt.__dict__["_gemmfuse_eager"] == {"train"}, opt.__dict__.get("_gemmfuse_whole")
+    assert all(_attrs(model)[k] is v for k, v in before.items()), "timing left the model as it was"
+    assert "PyTorch alone runs" in gemmfuse.explain(opt, print_it=False)
+    def reached():  # calls that reached the chain runtimes (fused, or routed by the planner)
+        return sum(rt.fused_calls + sum(rt.fallbacks.values()) for rt in gemmfuse.runtimes(opt))
+    for step in range(3):
+        x = torch.randn(8, 24)
+        n = reached()
+        y, ref = opt(x), eager(x)
+        assert reached() == n, "a training call runs the model itself"
+        torch.testing.assert_close(y, ref, atol=1e-5, rtol=1e-5, msg=f"step {step}")
+        y.sum().backward()
+        eager.hidden = eager.hidden.detach()
+        model.hidden = model.hidden.detach()
+    with torch.no_grad():
+        n = reached()
+        opt(torch.randn(8, 24))
+        assert reached() > n, "no_grad calls run the captured graph"

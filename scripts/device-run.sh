@@ -107,7 +107,7 @@ if [ -n "${ZOO:-}" ]; then  # the model zoo (ZOO="--zoo-models ... --zoo-batches
     eval "python3 -m gemmfuse bench --zoo --out $OUT/zoo-$i.json ${ZOO}" > "$OUT/zoo-$i.log" 2>&1
     note "zoo $i rc=$?"
   done
-  tail -60 "$OUT/zoo-${ZOO_REPEATS:-1}.log"
+  tail -60 "$OUT/zoo-${ZOO_REPEATS:-1}.log" | tr -d '\000'  # the progress bar leaves NULs
 fi
 
 # At most 8 files come back from $OUT: everything in one archive.

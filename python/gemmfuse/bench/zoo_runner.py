@@ -31,6 +31,7 @@ import traceback
 import torch
 
 from .runner import CallTimer, _free, _num, _sync, errors
+from .zoo_report import err_of
 
 VARIANTS = ("eager", "compile", "optimize", "backend", "max-autotune")
 DEFAULT_VARIANTS = ("eager", "compile", "optimize", "backend")
@@ -160,7 +161,8 @@ def routes(holder):
         if not rts:  # chains compiled into an Inductor graph: the op's own count per spec
             return {"runtimes": 0, "fused_calls": fused_calls(holder), "fallbacks": None}
         return {"runtimes": len(rts), "fused_calls": sum(rt.fused_calls for rt in rts),
-                "chains_ran_fused": sum(1 for rt in rts if rt.fused_calls), "fallbacks": falls}
+                "chains_ran_fused": sum(1 for rt in rts if rt.fused_calls), "fallbacks": falls,
+                "whole_eager": sorted(getattr(holder, "__dict__", {}).get("_gemmfuse_eager", ()))}
     except Exception as e:  # noqa: BLE001
         return {"runtimes": None, "routes_error": _first_line(e)}
 
@@ -443,7 +445,7 @@ def group_line(records):
         if r.get("error"):
             parts.append(f"{r['variant']} ERROR {r['error'][:80]}")
             continue
-        err = r.get("grad_rel_err") if r0["phase"] == "train" else r.get("rel_err")
+        err = err_of(r)
         ms = f"{r['ms']:.3f} ms" if r["variant"] == "eager" else f"{r.get('speedup') or 0:.2f}x"
         parts.append(f"{r['variant']} {ms} err {err if err is None else format(err, '.1e')}")
     return " | ".join(parts)

@@ -21,7 +21,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 import gemmfuse
 from gemmfuse.bench.distributed import Net
 from gemmfuse.fsdp import unsharded_params
-from gemmfuse.tensor_parallel import local
+from gemmfuse.tensor_parallel import is_dtensor, local
 
 W, B = 32, 8
 
@@ -196,6 +196,33 @@ def case_tp_compile(mesh, rank):
     fn, got, want = _tp_pair(mesh, rank, lambda m: torch.compile(
         parallelize_module(m, mesh, _tp_plan()), backend="gemmfuse", options={"inductor": False}))
     return _facts(fn, got, want)
+
+
+def case_tp_foreach(mesh, rank):
+    """The runner's tp copies, stepped as on CUDA, where torch.optim's default is the
+    multi-tensor (foreach) step: one call per parameter group, which DTensor refuses for a
+    list mixing DTensors (the blocks) and plain tensors (the head, not parallelized)."""
+    import torch.optim.optimizer as optim
+    from gemmfuse.bench import distributed as bench
+    devices = optim._get_foreach_kernels_supported_devices
+    optim._get_foreach_kernels_supported_devices = lambda: [*devices(), "cpu"]
+    try:
+        torch.manual_seed(0)
+        model, x0 = Net(W, W, 2), torch.randn(B, W)
+        eager, gf = (bench.Variant(n, "tp", model, mesh, x0, "fp32", n == "gemmfuse",
+                                   torch.float32, 0.05) for n in ("eager", "gemmfuse"))
+        foreach = optim._default_to_fused_or_foreach(list(gf.model.parameters()), False)[1]
+        losses = {"eager": [], "gemmfuse": []}
+        for s in range(3):
+            g = torch.Generator().manual_seed(100 * s)
+            x, t = torch.randn(B, W, generator=g), torch.randn(B, W, generator=g)
+            for v in (eager, gf):
+                losses[v.name].append(float(v.step(x, t)))
+    finally:
+        optim._get_foreach_kernels_supported_devices = devices
+    plain = [n for n, p in gf.model.named_parameters() if is_dtensor(p) and not is_dtensor(p.grad)]
+    return _facts(gf.fn, (losses["gemmfuse"], gf.local_params()),
+                  (losses["eager"], eager.local_params()), foreach=foreach, plain_grads=plain)
 
 
 def main(out, names):

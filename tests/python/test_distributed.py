@@ -116,3 +116,12 @@ def test_tp_under_compile_not_captured(edge):
     f = edge["tp_compile"]
     _ok(f)
     assert "a DTensor input (tensor parallel under torch.compile)" in f["explain"]
+
+
+def test_tp_foreach_optimizer_step(edge):
+    """The tp runner's copies step with multi-tensor SGD, CUDA's default: DTensor and plain
+    parameters (the head) go in separate groups, and every DTensor's gradient is one."""
+    f = edge["tp_foreach"]
+    _ok(f)
+    assert f["foreach"] and f["fused_calls"] > 0
+    assert not f["plain_grads"], f["plain_grads"]

@@ -115,6 +115,17 @@ def _wrap(case: str, model: nn.Module, mesh, x0, mode: str, gemmfuse: bool):
     return (optimize(model, (x0,), precision=mode) if gemmfuse else model), model
 
 
+def param_groups(model: nn.Module) -> list:
+    """The model's parameters for an optimizer: DTensors and plain tensors in separate groups.
+    torch.optim's multi-tensor (foreach) step, its default on CUDA, runs each group's
+    parameters of a device and dtype in one call, which DTensor refuses for a list mixing
+    both (tensor parallelism leaves the head a plain Linear beside the blocks' DTensors)."""
+    from ..tensor_parallel import is_dtensor
+    params = list(model.parameters())
+    groups = ([p for p in params if is_dtensor(p)], [p for p in params if not is_dtensor(p)])
+    return [{"params": g} for g in groups if g]
+
+
 class Variant:
     """One copy of the model under the wrapper (or alone), and its optimizer."""
 
@@ -122,7 +133,7 @@ class Variant:
         self.name, self.dtype, self.gemmfuse = name, dtype, gemmfuse
         self.fn, self.model = _wrap(case, copy.deepcopy(model).to(dtype), mesh, x0.to(dtype),
                                     mode, gemmfuse)
-        self.opt = torch.optim.SGD(self.model.parameters(), lr=lr)
+        self.opt = torch.optim.SGD(param_groups(self.model), lr=lr)
 
     def step(self, x, target):
         self.opt.zero_grad(set_to_none=True)
@@ -204,7 +215,7 @@ def _timings(a, rank, dev, mesh, model, x0, eager, gf):
                 "eager single": Variant("eager", a.case, model, None, x0, a.mode, False, torch.float32, 0),
                 "gemmfuse single": Variant("gemmfuse", a.case, model, None, x0, a.mode, True, torch.float32, 0)}
     for v in variants.values():
-        v.opt = torch.optim.AdamW(v.model.parameters(), lr=a.timed_lr)
+        v.opt = torch.optim.AdamW(param_groups(v.model), lr=a.timed_lr)
     batches = [_batch(10 ** 6 + 7 * i + (0 if a.case == "tp" else rank), a.batch, a.width, dev)
                for i in range(3)]
     times = {n: [] for n in variants}

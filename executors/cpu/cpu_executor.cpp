@@ -14,25 +14,38 @@
 #include "pointwise.h"
 #include "row_ops.h"
 
-// Loops over rows or columns run in parallel only where `work` (elements touched) pays for a
-// parallel region: starting one costs microseconds, and far more while another process
-// holds a core (the threads spin-wait for it), which a call of a few thousand elements
-// would pay on every call.
-#if defined(_OPENMP)
-#define GF_PRAGMA(x) _Pragma(#x)
-#define GF_OMP_FOR(work) GF_PRAGMA(omp parallel for schedule(static) if ((work) >= kParallelWork))
-#define GF_OMP_FOR_DYNAMIC(work) \
-  GF_PRAGMA(omp parallel for schedule(dynamic, 1) if ((work) >= kParallelWork))
-#else
-#define GF_OMP_FOR(work)
-#define GF_OMP_FOR_DYNAMIC(work)
-#endif
-
 namespace gemmfuse {
 
 namespace {
 
+// Loops over rows or columns run in parallel only where `work` (elements touched) pays for a
+// parallel region: starting one costs microseconds, and far more while another process
+// holds a core (the threads spin-wait for it), which a call of a few thousand elements
+// would pay on every call. The test is a plain branch: an `omp parallel ... if (false)`
+// region still enters the OpenMP runtime (a futex call).
 constexpr int64_t kParallelWork = int64_t(1) << 16;
+
+enum class Schedule { Static, Dynamic };
+
+// body(i) for i in [0, n): iterations in parallel where `work` pays for it.
+template <class Body>
+void parallel_for(int64_t n, int64_t work, Schedule schedule, const Body& body) {
+#if defined(_OPENMP)
+  if (work >= kParallelWork) {
+    if (schedule == Schedule::Dynamic) {
+#pragma omp parallel for schedule(dynamic, 1)
+      for (int64_t i = 0; i < n; ++i) body(i);
+    } else {
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < n; ++i) body(i);
+    }
+    return;
+  }
+#endif
+  for (int64_t i = 0; i < n; ++i) body(i);
+}
+
+int64_t chunks(int64_t n, int64_t chunk) { return (n + chunk - 1) / chunk; }
 
 constexpr size_t kAlign = 256;
 size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
@@ -218,8 +231,8 @@ void run_row_pass(const Step& st, const Memory& mem) {
     max_w = std::max({max_w, ins.width_in, ins.width_out});
   }
 
-  GF_OMP_FOR_DYNAMIC(M * max_w * static_cast<int64_t>(st.program.size()))
-  for (int64_t blk = 0; blk < (M + 15) / 16; ++blk) {
+  const int64_t work = M * max_w * static_cast<int64_t>(st.program.size());
+  parallel_for(chunks(M, 16), work, Schedule::Dynamic, [&](int64_t blk) {
     std::vector<float> row(static_cast<size_t>(max_w)), tmp(static_cast<size_t>(max_w));
     for (int64_t r = blk * 16; r < std::min(M, blk * 16 + 16); ++r) {
       int64_t w = st.width_in;
@@ -258,7 +271,7 @@ void run_row_pass(const Step& st, const Memory& mem) {
       }
       std::copy(x, x + w, out + r * st.width_out);
     }
-  }
+  });
 }
 
 // Mean, invstd and biased var per column into buffer `output` ([3, w]); training updates the
@@ -280,9 +293,8 @@ void run_column_stats(const Step& st, const Memory& mem) {
   std::vector<double> mean(static_cast<size_t>(w)), var(static_cast<size_t>(w));
   // Columns in chunks per thread; each chunk walks the rows (row-major, so stays in cache).
   const int64_t chunk = 256;
-  GF_OMP_FOR(M * w)
-  for (int64_t c0 = 0; c0 < w; c0 += chunk) {
-    const int64_t c1 = std::min(w, c0 + chunk);
+  parallel_for(chunks(w, chunk), M * w, Schedule::Static, [&](int64_t ci) {
+    const int64_t c0 = ci * chunk, c1 = std::min(w, c0 + chunk);
     for (int64_t r = 0; r < M; ++r)
       for (int64_t c = c0; c < c1; ++c) mean[c] += x[r * w + c];
     for (int64_t c = c0; c < c1; ++c) mean[c] /= static_cast<double>(M);
@@ -292,7 +304,7 @@ void run_column_stats(const Step& st, const Memory& mem) {
         var[c] += d * d;
       }
     for (int64_t c = c0; c < c1; ++c) var[c] /= static_cast<double>(M);
-  }
+  });
   for (int64_t c = 0; c < w; ++c) {
     stats[c] = static_cast<float>(mean[c]);
     stats[w + c] = static_cast<float>(1.0 / std::sqrt(var[c] + n.eps));
@@ -331,9 +343,9 @@ void run_gemm(const Step& st, const Memory& mem, const void* prepared) {
   if (a.cpu_gemm) a.cpu_gemm(plan.M, plan.N, plan.K, static_cast<const float*>(a.x), w, y);
   else cpu_gemm_blocked(plan.M, plan.N, plan.K, static_cast<const float*>(a.x), w, y);
   if (b) {
-    GF_OMP_FOR(plan.M * plan.N)
-    for (int64_t r = 0; r < plan.M; ++r)
+    parallel_for(plan.M, plan.M * plan.N, Schedule::Static, [&](int64_t r) {
       for (int64_t c = 0; c < plan.N; ++c) y[r * plan.N + c] += b[c];
+    });
   }
 }
 
@@ -347,8 +359,7 @@ void run_gemv(const Step& st, const Memory& mem, const void* prepared) {
   float* y = mem.buffer(st.output);
   const double scale = st.node.op == OpCode::Mean ? 1.0 / static_cast<double>(plan.N) : 1.0;
   const float* sign = at<float>(prepared, lay.colsign);
-  GF_OMP_FOR(plan.M * plan.K)
-  for (int64_t r = 0; r < plan.M; ++r) {
+  parallel_for(plan.M, plan.M * plan.K, Schedule::Static, [&](int64_t r) {
     double s = 0;
     float nonfinite = 0.f;
     bool any_nonfinite = false;
@@ -360,7 +371,7 @@ void run_gemv(const Step& st, const Memory& mem, const void* prepared) {
     }
     y[r] = any_nonfinite ? static_cast<float>(nonfinite * scale)
                          : static_cast<float>((s + sumb) * scale);
-  }
+  });
 }
 
 // What the backward reads, copied out of the workspace: the value the GEMM (GEMV) produced,
@@ -385,8 +396,7 @@ void save_for_backward(const Plan& plan, const Memory& mem) {
 void cpu_gemm_blocked(int64_t M, int64_t N, int64_t K, const float* x, const float* w, float* y) {
   // Blocks of W (kNB rows x kKB columns, 64 KB) stay in cache while a row of x sweeps them.
   constexpr int64_t kNB = 64, kKB = 256;
-  GF_OMP_FOR(M * N * K)
-  for (int64_t m = 0; m < M; ++m) {
+  parallel_for(M, M * N * K, Schedule::Static, [&](int64_t m) {
     float* yr = y + m * N;
     std::fill(yr, yr + N, 0.f);
     const float* xr = x + m * K;
@@ -406,7 +416,7 @@ void cpu_gemm_blocked(int64_t M, int64_t N, int64_t K, const float* x, const flo
         }
       }
     }
-  }
+  });
 }
 
 size_t CpuExecutor::prepared_bytes(const Plan& plan) const { return PreparedLayout(plan).total; }
@@ -430,25 +440,23 @@ void CpuExecutor::prepare(const Plan& plan, const RunArgs& args, void* prepared)
     const float* beta = affine_ptr(args, bn.bias);
     float* wf = at<float>(prepared, lay.w);
     float* bf = at<float>(prepared, lay.b);
-    GF_OMP_FOR(N * plan.K)
-    for (int64_t n = 0; n < N; ++n) {
+    parallel_for(N, N * plan.K, Schedule::Static, [&](int64_t n) {
       const double s = (gamma ? gamma[n] : 1.0) / std::sqrt(static_cast<double>(rv[n]) + bn.eps);
       for (int64_t k = 0; k < K; ++k) wf[n * K + k] = static_cast<float>(w[n * K + k] * s);
       bf[n] = static_cast<float>(((b ? b[n] : 0.0) - rm[n]) * s + (beta ? beta[n] : 0.0));
-    }
+    });
     w = wf;
     b = bf;
   }
   if (plan.prep.column_sums) {
     float* cs = at<float>(prepared, lay.colsum);
-    GF_OMP_FOR(N * K)
-    for (int64_t k0 = 0; k0 < K; k0 += 256) {
-      const int64_t k1 = std::min(K, k0 + 256);
+    parallel_for(chunks(K, 256), N * K, Schedule::Static, [&](int64_t ki) {
+      const int64_t k0 = ki * 256, k1 = std::min(K, k0 + 256);
       std::vector<double> acc(static_cast<size_t>(k1 - k0), 0.0);
       for (int64_t n = 0; n < N; ++n)
         for (int64_t k = k0; k < k1; ++k) acc[k - k0] += w[n * K + k];
       for (int64_t k = k0; k < k1; ++k) cs[k] = static_cast<float>(acc[k - k0]);
-    }
+    });
     // Column signs, row by row through W (contiguous reads).
     std::vector<char> pos(static_cast<size_t>(K), 1), neg(static_cast<size_t>(K), 1);
     for (int64_t n = 0; n < N; ++n)

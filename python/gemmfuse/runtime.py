@@ -150,6 +150,7 @@ class ChainRuntime:
         #                                   fast's own ms where fp32's kernel ran faster, else None)
         self.precision_at: dict = {}      # the same keys -> "fp32" where `fast` runs fp32's kernel
         self._warned = False
+        self._fast_call = None            # _fast_path(self._fast)
         self._fast = None                 # (shape, dtype, device, flags, spec, precision,
         #                                   grad mode, autograd records) of the last fused call
         self._routed = None               # (shape, dtype, device, flags, reason) of the last call
@@ -160,7 +161,7 @@ class ChainRuntime:
         self._op = torch.ops.gemmfuse.run.default._op
 
     # -- pickling: the C++ binding and the per-process caches are rebuilt, not saved ----------
-    _TRANSIENT = ("_op", "_fast", "_routed", "_routed_train", "refused", "refused_train", "_wt", "_cast",
+    _TRANSIENT = ("_op", "_fast", "_fast_call", "_routed", "_routed_train", "refused", "refused_train", "_wt", "_cast",
                   "timed", "precision_at", "_root", "_paths")
 
     def __getstate__(self):
@@ -168,7 +169,7 @@ class ChainRuntime:
 
     def __setstate__(self, state):
         self.__dict__.update(state)
-        self._fast = self._routed = self._routed_train = self._wt = self._cast = None
+        self._fast = self._fast_call = self._routed = self._routed_train = self._wt = self._cast = None
         self.refused, self.refused_train, self.timed, self.precision_at = {}, {}, {}, {}
         _lib.load()
         self._op = torch.ops.gemmfuse.run.default._op
@@ -265,21 +266,11 @@ class ChainRuntime:
         # own autograd node (C++) where an input requires grad.
         if self.owned or self._paths:
             inputs = self.with_owned(inputs)
-        fast = self._fast
+        fast = self._fast_call
         if fast is not None:
-            x = inputs[self.x_idx]
-            if self._same_signature(x, inputs, fast, fast[6]):
-                b = None if self.b_idx is None else inputs[self.b_idx]
-                op_idx = self.op_idx
-                w = self._weight(inputs) if self.weight_kn else inputs[self.w_idx]
-                ops = [inputs[i] for i in op_idx] if op_idx else ()
-                if not fast[6] or self._records(x, w, b, ops) == fast[7]:
-                    # () for an empty list: no allocation (a list is a GC-tracked object each call)
-                    out = self._op(fast[4], x if x.is_contiguous() else x.contiguous(), w, b, ops,
-                                   [inputs[i] for i in self.st_idx] if self.st_idx else (), fast[5])
-                    self.fused_calls += 1
-                    self.train_calls += fast[7]
-                    return out
+            out = fast(inputs)
+            if out is not _MISS:
+                return out
         # A signature routed to PyTorch: while autograd records, the weight requiring grad makes
         # the call one that records (the planner's routes differ for those).
         recording = torch.is_grad_enabled()
@@ -494,7 +485,41 @@ class ChainRuntime:
         if (local is None and all(o is inputs[i] for o, i in zip(ops, self.op_idx))
                 and all(t is inputs[i] for t, i in zip(state, self.st_idx))):
             self._fast = (x.shape, x.dtype, x.device, flags, spec, precision, grad_on, train)
+            self._fast_call = self._fast_path(self._fast)
         return out
+
+    def _fast_path(self, fast):
+        """The call for inputs of the last fused call's signature (`fast`: shape, dtype, device,
+        training flags, spec, precision, grad mode, autograd records), as a closure over
+        everything fixed: it skips the checks of _checked_call and returns _MISS where the
+        signature differs. What could still differ (an operand moved or cast) the C++ op
+        checks itself and raises PyTorch's own error for; gemmfuse::run records its own
+        autograd node (C++) where an input requires grad."""
+        shape, dtype, device, flags, spec, precision, grad_on, train = fast
+        x_idx, w_idx, b_idx, op_idx, st_idx = self.x_idx, self.w_idx, self.b_idx, self.op_idx, self.st_idx
+        modes, guards, modules, kn = bool(self.mode_idx), bool(self.guards), bool(self.module_idx), self.weight_kn
+        op, records, grad_enabled, tensor = self._op, self._records, torch.is_grad_enabled, torch.Tensor
+
+        def call(inputs):
+            x = inputs[x_idx]
+            if not (type(x) is tensor and x.shape == shape and x.dtype == dtype
+                    and x.device == device and grad_enabled() == grad_on and not _any_autocast()
+                    and not global_hooks()
+                    and (not modes or self.flags(inputs) == flags)
+                    and (not guards or self._changed_number(inputs) is None)
+                    and (not modules or self._hooked(inputs) is None)):
+                return _MISS
+            b = None if b_idx is None else inputs[b_idx]
+            w = self._weight(inputs) if kn else inputs[w_idx]
+            ops = [inputs[i] for i in op_idx] if op_idx else ()  # (): no allocation
+            if grad_on and records(x, w, b, ops) != train:
+                return _MISS
+            out = op(spec, x if x.is_contiguous() else x.contiguous(), w, b, ops,
+                     [inputs[i] for i in st_idx] if st_idx else (), precision)
+            self.fused_calls += 1
+            self.train_calls += train
+            return out
+        return call
 
 
     def _operands(self, src, x, b):

@@ -169,7 +169,8 @@ def whole_timed(monkeypatch):
     return install
 
 
-@pytest.mark.parametrize("train_ms, eager_modes", [(3.0, {"train"}), (1.5, set())])
+# 1.95 against 2: faster, but within measure.WHOLE_MARGIN: the model as it is runs
+@pytest.mark.parametrize("train_ms, eager_modes", [(3.0, {"train"}), (1.5, set()), (1.95, {"train"})])
 def test_whole_module_timing_runs_the_model_where_it_is_faster(whole_timed, train_ms, eager_modes):
     timer = whole_timed([1.0, 2.0, train_ms, 2.0])  # forward fused, PyTorch; training the same
     model, x = TwoReluChains(), torch.randn(4, 16)

@@ -34,7 +34,7 @@ from .capture import AttrRef, compile_time_numbers, find_chains, node_info, sour
 from .capture.find import _attr_tensor
 from .rewrite import chain_sources, chain_subgraph, resolve, rewrite_chain, rewrite_chain_as_op
 from .runtime import PRECISIONS, always_fuse, op_arguments
-from .reports import ChainEntry, OptimizeReport, remember
+from .reports import ChainEntry, OptimizeReport, param_signature, remember
 
 BACKEND_NAME = "gemmfuse"
 
@@ -48,6 +48,8 @@ def gemmfuse_backend(gm: fx.GraphModule, example_inputs, options=None, mode=None
     report = OptimizeReport(precision=precision, flavor="inductor" if inductor else "dynamo")
     report.params = [weakref.ref(t) for t in list(example_inputs) + list(gm.parameters())
                      if isinstance(t, nn.Parameter)]
+    report.param_sig = param_signature(gm, example_inputs)
+    report.backend_id = str(getattr(gm, "meta", {}).get("backend_id", ""))
     remember(report)
     rest = functools.partial(_inductor, mode=mode, options=options) if inductor else None
     original = _graph_copy(gm) if inductor and _whole_timed(gm, example_inputs, mode, options) else None

@@ -181,6 +181,29 @@ def test_explain_compiled_module():
         gemmfuse.explain(compiled, inputs, print_it=False)
 
 
+def test_explain_a_second_instance_whose_graph_dynamo_reused():
+    """A second model of the same class compiled with the backend runs the first one's graph
+    (dynamo's guards pass; the backend is not called again): explain and fused_calls find that
+    graph for it; a plain module of that class, never compiled, still has none."""
+    first, inputs = make_seed("m22")
+    second, _ = make_seed("m22")
+    with torch.no_grad():
+        torch.compile(first, backend="gemmfuse")(inputs[0])
+        n = len(gf_reports.COMPILED)
+        compiled = torch.compile(second, backend="gemmfuse")
+        compiled(inputs[0])
+    assert len(gf_reports.COMPILED) == n, "dynamo reused the first graph"
+    text = gemmfuse.explain(compiled, print_it=False)
+    assert "1 graph(s) compiled by the gemmfuse backend" in text and "FUSED" in text, text
+    calls = gemmfuse.fused_calls(compiled)
+    with torch.no_grad():
+        compiled(inputs[0])
+    assert gemmfuse.fused_calls(compiled) > calls
+    plain, _ = make_seed("m22")
+    with pytest.raises(ValueError, match="no gemmfuse compilation"):
+        gemmfuse.explain(plain, print_it=False)
+
+
 def test_backend_fuses_while_autograd_records():
     model, inputs = make_seed("m99")
     compiled = torch.compile(model, backend="gemmfuse")
@@ -313,18 +336,22 @@ def test_measured_choice_times_backward_off_the_compiling_thread(monkeypatch):
     monkeypatch.setenv("GEMMFUSE_TIMED_ROUTES", "1")
     monkeypatch.setattr(measure, "_CHOICES", {})
 
+    times = iter([1.0, 1.0, 1.0, 2.0])  # the chain: fused, Inductor; the whole graph: the same
+
     def timer(fn, device):
         done = []
         worker = threading.Thread(target=lambda: (fn(), done.append(True)), daemon=True)
         worker.start()
         worker.join(60)
         assert done, "the timed call blocked"
-        return 1.0
+        return next(times)
 
     monkeypatch.setattr(route_timer, "timer", timer)
     model = _ReluChain()
     x = torch.randn(16, 64, requires_grad=True)
     torch.compile(model, backend="gemmfuse")(x).sum().backward()
-    (entry,) = gf_reports.COMPILED[-1].entries
+    rep = gf_reports.COMPILED[-1]
+    (entry,) = rep.entries
     assert "forward+backward timed fused 1 ms, Inductor 1 ms" in entry.choice, entry
+    assert "whole forward+backward timed with the fused chains 1 ms, Inductor alone 2 ms" in rep.whole
     assert entry.status == "fused" and model.lin.weight.grad is not None

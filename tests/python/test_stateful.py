@@ -98,7 +98,6 @@ def test_whole_timing_of_a_stateful_model_routes_training_calls_to_it(monkeypatc
     monkeypatch.setenv("GEMMFUSE_ALWAYS_FUSE", "0")
     timer = ScriptedTimer([1.0, 2.0, 3.0, 2.0])
     monkeypatch.setattr(route_timer, "timer", timer)
-    torch._dynamo.reset()  # a graph dynamo reuses for a second instance has no report of its own
     torch.manual_seed(0)
     model = RNNCell()
     eager = copy.deepcopy(model)

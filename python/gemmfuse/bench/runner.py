@@ -50,6 +50,10 @@ FAST_REL_MAX = 2e-5  # design.md: `fast` within atol = rtol = 1e-4 of float64, r
 # `gemmfuse bench --warmup-ms` sets it per run (5000: each variant timed at the clock the chip
 # settles to under its own sustained load; docs/measurements.md).
 WARMUP_MS = 20.0
+# Each round times at least this much of a short call's batches: ten batches of a 0.4 ms call
+# are 8 ms, within which a host-bound call's time moves by 10% from run to run (the zoo's
+# launch-bound rows); longer calls keep `repeats`.
+MIN_BATCHED_MS = 50.0
 
 
 @dataclass
@@ -111,9 +115,9 @@ class CallTimer:
     On a GPU each call is timed alone between two CUDA events (`ms_latency`). A call shorter
     than its own host path (m18's GEMV: ~10 us of GPU work behind ~17 us of Python and
     dispatch) then measures the idle GPU waiting for the launch, not the work; such calls
-    (decided in the first round) are also timed in `repeats` batches of back-to-back calls
-    between two events, and `ms` is the median batch time per call (sustained throughput,
-    inputs still rotated). For longer calls the two agree and `ms` is the per-call median over
+    (decided in the first round) are also timed in batches of back-to-back calls between two
+    events, `repeats` batches or more (at least MIN_BATCHED_MS of them), and `ms` is the
+    median batch time per call (sustained throughput, inputs still rotated). For longer calls the two agree and `ms` is the per-call median over
     every round."""
 
     def __init__(self, fn, sets, dev, tick=lambda: None):
@@ -166,9 +170,10 @@ class CallTimer:
         try:
             latency = self._timed(1, repeats)
             if self.per is None:
-                med = statistics.median(latency)
-                self.per = calls_per_batch(med)
-            batched = self._timed(self.per, repeats) if self.per > 1 else None
+                self.per = calls_per_batch(statistics.median(latency))
+            batches = max(repeats, min(20 * repeats, math.ceil(
+                MIN_BATCHED_MS / max(self.per * statistics.median(latency), 1e-3))))
+            batched = self._timed(self.per, batches) if self.per > 1 else None
         finally:
             if gc_on:
                 gc.enable()

@@ -1,4 +1,4 @@
-// The fp32 GEMM for a few rows (executors/cuda/gemm_small_m.cu) against a float64 reference:
+// The fp32 GEMM for a few rows (executors/cuda/gemm/gemm_small_m.cu) against a float64 reference:
 // fresh random inputs per test (seed printed; GEMMFUSE_SEED=<n> repeats one), output and
 // scratch poisoned with NaN, every element within the worst-case error bound of its
 // summation chain. Shapes cover each row template (M = 1 .. 32), N and K tails, x read in

@@ -1,4 +1,4 @@
-// The splits of fp32 operands (executors/cuda/split.h: `fast`'s bf16 hi + lo, `fp32`'s
+// The splits of fp32 operands (executors/cuda/split/split.h: `fast`'s bf16 hi + lo, `fp32`'s
 // row-scaled fp16 parts) and the fp32 fix-up: `fast`'s parts exact against the host's bf16
 // rounding, zero parts and marked rows for the values it cannot carry (NaN, infinities, past
 // bf16's range, nonzero below 2^-110), every row's flag written (the buffer starts poisoned),

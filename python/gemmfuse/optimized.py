@@ -229,6 +229,22 @@ def optimize(model: nn.Module, example_inputs, precision: str = "fp32") -> nn.Mo
     return gm
 
 
+def _whole_timed_device(opt: nn.Module, model: nn.Module, example_inputs: tuple):
+    """The device the whole module is timed on, or None where it is not timed: inputs on
+    several devices, timing off there, GEMMFUSE_ALWAYS_FUSE, several ranks, no chain fused
+    (a dynamo-captured module may run a reused graph, with no report of its own: timed),
+    tensor-parallel parameters."""
+    devices = {t.device for t in example_inputs if isinstance(t, torch.Tensor)}
+    if len(devices) != 1:
+        return None
+    device = next(iter(devices))
+    if not route_timer.whole_timed_on(device) or always_fuse() or measure.distributed():
+        return None
+    if isinstance(opt, GemmfuseModule) and not runtimes(opt):
+        return None
+    return None if tensor_parallel.has_dtensor_params(model) else device
+
+
 def _time_whole(opt: nn.Module, model: nn.Module, example_inputs: tuple) -> None:
     """Time the optimized module against the model as it is on the example inputs, the forward
     under no_grad and, for a model in training mode with parameters that require grad, the
@@ -236,13 +252,9 @@ def _time_whole(opt: nn.Module, model: nn.Module, example_inputs: tuple) -> None
     (_eager_call; GemmfuseDynamoModule's forward), and explain shows both times. Chains can
     each be faster alone and the whole slower (host time per call). The model's state and
     the RNG are left as they were; a timing that fails leaves the module fused."""
-    devices = {t.device for t in example_inputs if isinstance(t, torch.Tensor)}
-    if (len(devices) != 1 or not route_timer.whole_timed_on(next(iter(devices))) or always_fuse()
-            or measure.distributed()
-            or (isinstance(opt, GemmfuseModule) and not runtimes(opt))  # (dynamo may reuse
-            or tensor_parallel.has_dtensor_params(model)):            # a graph: no new report)
+    device = _whole_timed_device(opt, model, example_inputs)
+    if device is None:
         return
-    device = next(iter(devices))
     params = [p for p in model.parameters() if p.requires_grad]
     before = ModuleState(model)
     saved = [(b, b.detach().clone()) for b in model.buffers()]

@@ -428,33 +428,45 @@ class ChainRuntime:
             return self._pytorch(inputs, "the input is not a tensor")
         if autocast_on(x.device.type):
             return self._autocast_call(inputs, x)
+        why = self._input_reason(inputs, x, w, local)
+        if why:
+            return self._pytorch(inputs, why)
+        flags = tuple(bool(inputs[i].training) for i in self.mode_idx)
+        ops, state, why = self._operands(src, x, b)
+        if why:
+            return self._pytorch(inputs, why)
+        return self._fused_call(inputs, local, flags, x, w, b, ops, state)
+
+    def _input_reason(self, inputs, x, w, local) -> str:
+        """Why the call's input, hooks or numbers send it to PyTorch ('' where none does);
+        raises PyTorch's error for an input on another device than the weight."""
         if x.device != w.device:
             raise RuntimeError(
                 f"gemmfuse: Expected all tensors to be on the same device, but the input is on "
                 f"{x.device} and the Linear weight on {w.device} (chain {self.index}); move the "
                 f"input or the model with .to(device)")
         if x.dtype != w.dtype or not x.is_floating_point():
-            return self._pytorch(inputs, f"input dtype {x.dtype} != weight dtype {w.dtype}")
+            return f"input dtype {x.dtype} != weight dtype {w.dtype}"
         skip = None if local is None else self.linear_idx  # its hooks: what `local` did
         hooked = self._hooked(inputs, skip) if self.module_idx else None
         if hooked is not None or global_hooks():
             what = (f"module '{self.module_names[hooked]}'" if hooked is not None
                     else "every module (global hooks)")
-            return self._pytorch(inputs, f"hooks on the {what}: the chain runs in PyTorch so "
-                                         f"that they run")
+            return f"hooks on the {what}: the chain runs in PyTorch so that they run"
         changed = self._changed_number(inputs) if self.guards else None
         if changed is not None:
-            return self._pytorch(inputs, f"{changed} differs from its value at compile time, "
-                                         f"which the fused chain holds")
+            return f"{changed} differs from its value at compile time, which the fused chain holds"
         if x.dim() == 0 or x.shape[-1] != self.in_features:
-            return self._pytorch(inputs, f"input shape {list(x.shape)} does not end in {self.in_features}")
+            return f"input shape {list(x.shape)} does not end in {self.in_features}"
         if self.x_rank is not None and x.dim() != self.x_rank:
-            return self._pytorch(inputs, f"input rank {x.dim()} differs from the example's "
-                                         f"{self.x_rank} (dims were resolved for it)")
-        flags = tuple(bool(inputs[i].training) for i in self.mode_idx)
-        ops, state, why = self._operands(src, x, b)
-        if why:
-            return self._pytorch(inputs, why)
+            return (f"input rank {x.dim()} differs from the example's {self.x_rank} (dims were "
+                    f"resolved for it)")
+        return ""
+
+    def _fused_call(self, inputs, local, flags, x, w, b, ops, state):
+        """The fused op for checked inputs, where the planner's and the timer's routes (once
+        per signature) do not send the call to PyTorch; a call whose operands are the graph's
+        own sets the fast path for its signature."""
         # While autograd records and something requires grad, gemmfuse::run is the
         # differentiable op (its training plan, a C++ autograd node).
         grad_on = torch.is_grad_enabled()
@@ -462,10 +474,9 @@ class ChainRuntime:
         if x.numel() == 0 and self.bn_training[flags]:
             return self._pytorch(inputs, "empty batch with a training BatchNorm")
         key = (tuple(x.shape), x.dtype, x.device, flags)
-        if key in self.refused:
-            return self._pytorch(inputs, self.refused[key])
-        if train and key in self.refused_train:
-            return self._pytorch(inputs, self.refused_train[key])
+        refused = self.refused.get(key) or (self.refused_train.get(key) if train else None)
+        if refused:
+            return self._pytorch(inputs, refused)
         spec = self.specs[flags]
         if not x.is_contiguous():
             x = x.contiguous()

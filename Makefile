@@ -9,7 +9,7 @@ BUILD  := build
 JOBS   ?= 2
 BENCH_ARGS ?=
 
-.PHONY: setup build test test-cpp test-python bench wheel clean
+.PHONY: setup build test test-cpp test-python test-sizes bench wheel clean
 
 setup: $(VENV)/.installed
 
@@ -33,7 +33,11 @@ test-cpp: build
 test-python: build
 	cd tests && GEMMFUSE_REQUIRE_LIB=1 $(VPY) -m pytest python -q
 
-test: test-cpp test-python
+# A report, not a gate: the product's functions over 80 lines or cyclomatic complexity 20.
+test-sizes: setup
+	$(VPY) tools/function_sizes.py
+
+test: test-cpp test-python test-sizes
 
 bench: build
 	$(VPY) -m gemmfuse bench $(BENCH_ARGS)

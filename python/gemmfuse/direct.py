@@ -105,22 +105,10 @@ class _Direct:
 
 def _plan(gm: fx.GraphModule, run_chain) -> _Direct | None:
     """The direct path for gm's graph, or None when the graph is not one chain end to end."""
-    placeholders, attrs, call, output = [], {}, None, None
-    for n in gm.graph.nodes:
-        if n.op == "placeholder":
-            if n.args or n.target.startswith("*"):  # defaults, *args, **kwargs
-                return None
-            placeholders.append(n)
-        elif n.op == "get_attr":
-            attrs[n] = n.target
-        elif n.op == "call_function" and n.target is run_chain and call is None:
-            call = n
-        elif n.op == "output":
-            output = n
-        else:
-            return None
-    if call is None or output is None or output.args[0] is not call or call.kwargs:
+    parts = _one_chain(gm, run_chain)
+    if parts is None:
         return None
+    placeholders, attrs, call = parts
     rt_node, srcs = call.args
     if rt_node not in attrs or not isinstance(srcs, (list, tuple)):
         return None
@@ -138,6 +126,28 @@ def _plan(gm: fx.GraphModule, run_chain) -> _Direct | None:
     except LookupError:
         return None
     return _Direct(len(placeholders), attrs[rt_node], sources)
+
+
+def _one_chain(gm: fx.GraphModule, run_chain):
+    """(placeholders, get_attr nodes -> targets, the run_chain call) of a graph that is
+    "placeholders -> attributes -> one run_chain call -> output", else None."""
+    placeholders, attrs, call, output = [], {}, None, None
+    for n in gm.graph.nodes:
+        if n.op == "placeholder":
+            if n.args or n.target.startswith("*"):  # defaults, *args, **kwargs
+                return None
+            placeholders.append(n)
+        elif n.op == "get_attr":
+            attrs[n] = n.target
+        elif n.op == "call_function" and n.target is run_chain and call is None:
+            call = n
+        elif n.op == "output":
+            output = n
+        else:
+            return None
+    if call is None or output is None or output.args[0] is not call or call.kwargs:
+        return None
+    return placeholders, attrs, call
 
 
 def _direct_call(self, *args, **kwargs):

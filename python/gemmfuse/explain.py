@@ -92,6 +92,22 @@ def explain_text(module) -> str:
     if rep is None:
         raise ValueError("gemmfuse.explain: this module is not optimized; call "
                          "gemmfuse.explain(model, example_inputs) to optimize it first")
+    out = _head_lines(module, rep)
+    for e in rep.entries:
+        out.extend(_entry_lines(module, rep, e))
+    if rep.rejected:
+        out.append("")
+        out.append("not captured:")
+        for name, reason in rep.rejected:
+            out.append(f"  {name}: {reason}")
+    if not rep.entries and not rep.rejected and not rep.units:
+        out.append("  (no Linear found)")
+    out.extend(_fsdp_lines(module, rep))
+    return "\n".join(out) + "\n"
+
+
+def _head_lines(module, rep) -> list:
+    """How many chains are fused, the whole module's timing, retraces, the call path."""
     fused = [e for e in rep.entries if e.status == "fused"]
     out = [f"gemmfuse: {len(fused)} of {len(rep.entries)} chain(s) fused "
            f"(precision {rep.precision}, {rep.flavor} capture)"
@@ -107,55 +123,53 @@ def explain_text(module) -> str:
     if direct.active(module):
         out.append("call path: direct (the whole forward is one fused chain; hooks, keyword "
                    "arguments, tracing and compiling take the normal module call)")
-    for e in rep.entries:
-        rt = getattr(module, e.attr) if e.attr else None
-        head = f"chain {e.index} (from {e.linear}, {e.form}): "
-        elsewhere = "left to Inductor" if rep.flavor == "inductor" else "left in PyTorch"
-        head += "FUSED" if e.status == "fused" else f"{elsewhere}: {e.reason}"
-        out.append("")
-        out.append(head)
-        if e.choice and e.status == "fused":
-            out.append(f"  measured choice: {e.choice}")
-        out.append("  replaces these PyTorch nodes:")
-        out.extend("    " + n for n in e.nodes)
-        out.append(f"  chain ends because: {e.stop or 'end of graph'}")
-        if rt is not None and rt.guards:
-            out.append("  numbers read at compile time, held by the spec (a call that brings "
-                       "another value runs in PyTorch): "
-                       + ", ".join(f"{name} = {v!r}" for _, v, name in rt.guards))
-        spec, plan = e.spec, e.plan
-        if rt is not None and rt.mode_names:
-            spec, plan = _current_plan(module, e, rt)
-            out.append("  mode-dependent stages follow: " + ", ".join(rt.mode_names))
-        out.append("  spec:")
-        out.append(_indent(spec.replace("; ", "\n")))
-        if plan:
-            out.append("  plan:")
-            out.append(_indent(plan))
-        if rep.flavor == "inductor" and e.status == "fused":
-            fwd, train = torch.ops.gemmfuse.calls(e.spec)
-            out.append(f"  runtime: {fwd + train} fused call(s) of this spec issued in this "
-                       f"process, {train} of them while autograd recorded (CUDA graph replays "
-                       f"are not counted)")
-        if rt is not None:
-            out.append(f"  runtime: {rt.fused_calls} fused call(s), {rt.train_calls} of them "
-                       f"while autograd recorded")
-            out.extend(_plans_by_input(module, rt, spec if plan else None))
-            if rt.fallbacks:
-                out.append("  fallbacks to PyTorch:")
-                for reason, count in rt.fallbacks.items():
-                    out.append(f"    {count}x {reason}")
-            else:
-                out.append("  fallbacks to PyTorch: none")
-    if rep.rejected:
-        out.append("")
-        out.append("not captured:")
-        for name, reason in rep.rejected:
-            out.append(f"  {name}: {reason}")
-    if not rep.entries and not rep.rejected and not rep.units:
-        out.append("  (no Linear found)")
-    out.extend(_fsdp_lines(module, rep))
-    return "\n".join(out) + "\n"
+    return out
+
+
+def _entry_lines(module, rep, e) -> list:
+    """One chain: where it runs and why, the nodes it replaces, its spec and plan, its calls."""
+    rt = getattr(module, e.attr) if e.attr else None
+    elsewhere = "left to Inductor" if rep.flavor == "inductor" else "left in PyTorch"
+    out = ["", f"chain {e.index} (from {e.linear}, {e.form}): "
+           + ("FUSED" if e.status == "fused" else f"{elsewhere}: {e.reason}")]
+    if e.choice and e.status == "fused":
+        out.append(f"  measured choice: {e.choice}")
+    out.append("  replaces these PyTorch nodes:")
+    out.extend("    " + n for n in e.nodes)
+    out.append(f"  chain ends because: {e.stop or 'end of graph'}")
+    if rt is not None and rt.guards:
+        out.append("  numbers read at compile time, held by the spec (a call that brings "
+                   "another value runs in PyTorch): "
+                   + ", ".join(f"{name} = {v!r}" for _, v, name in rt.guards))
+    spec, plan = e.spec, e.plan
+    if rt is not None and rt.mode_names:
+        spec, plan = _current_plan(module, e, rt)
+        out.append("  mode-dependent stages follow: " + ", ".join(rt.mode_names))
+    out.append("  spec:")
+    out.append(_indent(spec.replace("; ", "\n")))
+    if plan:
+        out.append("  plan:")
+        out.append(_indent(plan))
+    if rep.flavor == "inductor" and e.status == "fused":
+        fwd, train = torch.ops.gemmfuse.calls(e.spec)
+        out.append(f"  runtime: {fwd + train} fused call(s) of this spec issued in this "
+                   f"process, {train} of them while autograd recorded (CUDA graph replays "
+                   f"are not counted)")
+    if rt is not None:
+        out.extend(_runtime_lines(module, rt, spec if plan else None))
+    return out
+
+
+def _runtime_lines(module, rt, shown_spec) -> list:
+    """A chain runtime's counts, its plans by input signature, and its fallbacks."""
+    out = [f"  runtime: {rt.fused_calls} fused call(s), {rt.train_calls} of them "
+           f"while autograd recorded"]
+    out.extend(_plans_by_input(module, rt, shown_spec))
+    if not rt.fallbacks:
+        return out + ["  fallbacks to PyTorch: none"]
+    out.append("  fallbacks to PyTorch:")
+    out.extend(f"    {count}x {reason}" for reason, count in rt.fallbacks.items())
+    return out
 
 
 def _fsdp_lines(module, rep) -> list:

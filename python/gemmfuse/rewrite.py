@@ -149,35 +149,9 @@ def rewrite_chain(gm: fx.GraphModule, chain: Chain, precision: str, remap: dict,
     the runtime reads the modules among the inputs from gm itself (ChainRuntime.bind)."""
     g = gm.graph
     sources, index = chain_sources(chain, remap)
-
-    def idx(src):
-        return index[source_key(resolve(remap, src))]
-
-    # The modules the chain replaces: their hooks send calls to the fallback.
-    module_idx = [(idx(AttrRef(n.target)), n.target) for n in chain.nodes if n.op == "call_module"]
-    guards = [(idx(n), v, _number_name(n)) for n, v in chain.guards.items()]
-    fallback = chain_subgraph(chain, index, remap)
-
-    specs = {flags: chain.spec(flags) for flags in chain.flag_combos()}
-    xinf = node_info(chain.x)
-    rt = ChainRuntime(chain.index, specs, idx(chain.x), idx(chain.weight),
-                      idx(chain.bias) if chain.bias is not None else None,
-                      [idx(s) for s in chain.operands], [idx(s) for s in chain.state],
-                      [idx(AttrRef(q)) for q in chain.mode_modules],
-                      list(chain.mode_modules), precision, fallback, chain.in_features,
-                      xinf.rank if isinstance(xinf, TInfo) else None, guards,
-                      dict(module_idx), chain.weight_kn)
-    rt.example_sources = [example_record(src) for src in sources]
-    rt.owned = tuple(_owned(gm, sources, index))
-    if rooted:
-        rt.rooted = tuple((i, src.qualname) for i, src in enumerate(sources)
-                          if isinstance(src, AttrRef) and isinstance(_attr_tensor(gm, src.qualname), nn.Module))
-    owned = {i for i, *_ in rt.owned} | {i for i, _ in rt.rooted}
-    rt.out_features = chain.out_features
-    # The nn.Linear module's input index (tensor parallel reads its hooks: tensor_parallel.py)
-    rt.linear_idx = idx(AttrRef(chain.linear_module)) if chain.linear_module else None
+    rt = _chain_runtime(gm, chain, precision, remap, sources, index, rooted)
     setattr(gm, attr_name, rt)
-
+    owned = {i for i, *_ in rt.owned} | {i for i, _ in rt.rooted}
     last = chain.output
     with g.inserting_before(last):
         getattrs = {}
@@ -195,6 +169,36 @@ def rewrite_chain(gm: fx.GraphModule, chain: Chain, precision: str, remap: dict,
         new = g.call_function(_run_chain, (rt_node, args))
     _replace(g, chain, last, new, remap)
     return Rewritten(new, rt, sources)
+
+
+def _chain_runtime(gm, chain: Chain, precision: str, remap: dict, sources: list, index: dict,
+                   rooted: bool) -> ChainRuntime:
+    """The runtime of one chain: its specs, where each of its inputs is in the call's list,
+    its fallback graph, and what it reads from modules rather than from the graph."""
+    def idx(src):
+        return index[source_key(resolve(remap, src))]
+
+    # The modules the chain replaces: their hooks send calls to the fallback.
+    module_idx = [(idx(AttrRef(n.target)), n.target) for n in chain.nodes if n.op == "call_module"]
+    guards = [(idx(n), v, _number_name(n)) for n, v in chain.guards.items()]
+    specs = {flags: chain.spec(flags) for flags in chain.flag_combos()}
+    xinf = node_info(chain.x)
+    rt = ChainRuntime(chain.index, specs, idx(chain.x), idx(chain.weight),
+                      idx(chain.bias) if chain.bias is not None else None,
+                      [idx(s) for s in chain.operands], [idx(s) for s in chain.state],
+                      [idx(AttrRef(q)) for q in chain.mode_modules],
+                      list(chain.mode_modules), precision, chain_subgraph(chain, index, remap),
+                      chain.in_features, xinf.rank if isinstance(xinf, TInfo) else None, guards,
+                      dict(module_idx), chain.weight_kn)
+    rt.example_sources = [example_record(src) for src in sources]
+    rt.owned = tuple(_owned(gm, sources, index))
+    if rooted:
+        rt.rooted = tuple((i, src.qualname) for i, src in enumerate(sources)
+                          if isinstance(src, AttrRef) and isinstance(_attr_tensor(gm, src.qualname), nn.Module))
+    rt.out_features = chain.out_features
+    # The nn.Linear module's input index (tensor parallel reads its hooks: tensor_parallel.py)
+    rt.linear_idx = idx(AttrRef(chain.linear_module)) if chain.linear_module else None
+    return rt
 
 
 def _owned(gm: fx.GraphModule, sources: list, index: dict):

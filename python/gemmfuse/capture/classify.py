@@ -161,7 +161,6 @@ def _unary(op, **keys):
 
 def classify(node: fx.Node, ctx: _Ctx) -> Stage:
     """Turn ``node`` (a user of the current value ``ctx.cur``) into a Stage, or raise Unsupported."""
-    cur = ctx.cur
     if node.op == "call_module":
         return _classify_module(node, ctx)
     if node.op == "call_method":
@@ -169,13 +168,8 @@ def classify(node: fx.Node, ctx: _Ctx) -> Stage:
     if node.op != "call_function":
         raise Unsupported(f"{node.op} node")
     t = node.target
-
-    def first_is_cur(args_name="input"):
-        if not node.args or node.args[0] is not cur:
-            raise Unsupported(f"{target_name(node)} does not take the chain value as its input")
-
     if t in _UNARY_FUNCS:
-        first_is_cur()
+        _takes_chain_value(node, ctx)
         kw = dict(node.kwargs)
         inplace = kw.pop("inplace", node.args[1] if len(node.args) > 1 else False)
         if kw or len(node.args) > 2:
@@ -186,115 +180,158 @@ def classify(node: fx.Node, ctx: _Ctx) -> Stage:
         return _binary(node, ctx, _BINARY_FUNCS[t], list(node.args), dict(node.kwargs))
     if t in (torch.max, torch.min):
         return _max_min(node, ctx, "max" if t is torch.max else "min", list(node.args), dict(node.kwargs))
-    if t in _REDUCE_FUNCS:
-        first_is_cur()
-        return _reduce(node, ctx, _REDUCE_FUNCS[t], bind(node, ["input", "dim", "keepdim"],
-                                                         {"keepdim": False, "dtype": None}))
-    if t in _SOFTMAX_FUNCS:
-        first_is_cur()
-        a = bind(node, ["input", "dim", "_stacklevel", "dtype"], {"dim": None, "dtype": None, "_stacklevel": 3}) \
-            if t in (F.softmax, F.log_softmax) else bind(node, ["input", "dim", "dtype"], {"dtype": None})
-        return _softmax(node, ctx, _SOFTMAX_FUNCS[t], a)
-    if t in _CLAMP_FUNCS:
-        first_is_cur()
-        kind = _CLAMP_FUNCS[t]
-        names = {"clamp": ["input", "min", "max"], "clamp_min": ["input", "min"],
-                 "clamp_max": ["input", "max"]}[kind]
-        return _clamp(node, ctx, bind(node, names, {"min": None, "max": None}))
-    if t in (F.hardtanh, torch._C._nn.hardtanh):
-        first_is_cur()
-        a = bind(node, ["input", "min_val", "max_val", "inplace"],
-                 {"min_val": -1.0, "max_val": 1.0, "inplace": False})
-        _check_inplace(ctx, node, a["inplace"])
-        return _clamp(node, ctx, {"min": a["min_val"], "max": a["max_val"]})
-    if t in (F.relu6, torch._C._nn.relu6):
-        first_is_cur()
-        a = bind(node, ["input", "inplace"], {"inplace": False})
-        _check_inplace(ctx, node, a["inplace"])
-        return _clamp(node, ctx, {"min": 0.0, "max": 6.0})
     if t in (torch.pow, operator.pow):
         return _pow(node, ctx, list(node.args), dict(node.kwargs))
-    if t is F.gelu:
-        first_is_cur()
-        a = bind(node, ["input", "approximate"], {"approximate": "none"})
-        return _gelu(a["approximate"], node)
-    if t is F.softplus:
-        first_is_cur()
-        a = bind(node, ["input", "beta", "threshold"], {"beta": 1.0, "threshold": 20.0})
-        return Stage([node], _unary("softplus", beta=ctx.imm(a["beta"], "beta"),
-                                    threshold=ctx.imm(a["threshold"], "threshold")))
-    if t in (F.elu, torch._C._nn.elu):
-        first_is_cur()
-        if t is F.elu:
-            a = bind(node, ["input", "alpha", "inplace"], {"alpha": 1.0, "inplace": False})
-            _check_inplace(ctx, node, a["inplace"])
-        else:
-            a = bind(node, ["input", "alpha", "scale", "input_scale"],
-                     {"alpha": 1.0, "scale": 1.0, "input_scale": 1.0})
-            if a["scale"] != 1 or a["input_scale"] != 1:
-                raise Unsupported("elu with scale/input_scale")
-        return Stage([node], _unary("elu", alpha=ctx.imm(a["alpha"], "alpha")))
-    if t in (F.leaky_relu, torch._C._nn.leaky_relu):
-        first_is_cur()
-        a = bind(node, ["input", "negative_slope", "inplace"], {"negative_slope": 0.01, "inplace": False})
+    if t in (operator.getitem, getattr):
+        raise Unsupported(f"{target_name(node)} of the chain value")
+    stage_of = _STAGE_OF_INPUT.get(t)
+    if stage_of is None:
+        raise Unsupported(f"{target_name(node)} is not a fusable stage")
+    _takes_chain_value(node, ctx)
+    return stage_of(node, ctx)
+
+
+def _takes_chain_value(node: fx.Node, ctx: _Ctx) -> None:
+    if not node.args or node.args[0] is not ctx.cur:
+        raise Unsupported(f"{target_name(node)} does not take the chain value as its input")
+
+
+# Functions whose first argument is the chain value: node -> Stage, each with its signature.
+def _reduce_stage(node, ctx):
+    return _reduce(node, ctx, _REDUCE_FUNCS[node.target],
+                   bind(node, ["input", "dim", "keepdim"], {"keepdim": False, "dtype": None}))
+
+
+def _softmax_stage(node, ctx):
+    if node.target in (F.softmax, F.log_softmax):
+        a = bind(node, ["input", "dim", "_stacklevel", "dtype"],
+                 {"dim": None, "dtype": None, "_stacklevel": 3})
+    else:
+        a = bind(node, ["input", "dim", "dtype"], {"dtype": None})
+    return _softmax(node, ctx, _SOFTMAX_FUNCS[node.target], a)
+
+
+def _clamp_stage(node, ctx):
+    names = {"clamp": ["input", "min", "max"], "clamp_min": ["input", "min"],
+             "clamp_max": ["input", "max"]}[_CLAMP_FUNCS[node.target]]
+    return _clamp(node, ctx, bind(node, names, {"min": None, "max": None}))
+
+
+def _hardtanh_stage(node, ctx):
+    a = bind(node, ["input", "min_val", "max_val", "inplace"],
+             {"min_val": -1.0, "max_val": 1.0, "inplace": False})
+    _check_inplace(ctx, node, a["inplace"])
+    return _clamp(node, ctx, {"min": a["min_val"], "max": a["max_val"]})
+
+
+def _relu6_stage(node, ctx):
+    a = bind(node, ["input", "inplace"], {"inplace": False})
+    _check_inplace(ctx, node, a["inplace"])
+    return _clamp(node, ctx, {"min": 0.0, "max": 6.0})
+
+
+def _gelu_stage(node, ctx):
+    return _gelu(bind(node, ["input", "approximate"], {"approximate": "none"})["approximate"], node)
+
+
+def _softplus_stage(node, ctx):
+    a = bind(node, ["input", "beta", "threshold"], {"beta": 1.0, "threshold": 20.0})
+    return Stage([node], _unary("softplus", beta=ctx.imm(a["beta"], "beta"),
+                                threshold=ctx.imm(a["threshold"], "threshold")))
+
+
+def _elu_stage(node, ctx):
+    if node.target is F.elu:
+        a = bind(node, ["input", "alpha", "inplace"], {"alpha": 1.0, "inplace": False})
         _check_inplace(ctx, node, a["inplace"])
-        return Stage([node], _unary("leaky_relu", alpha=ctx.imm(a["negative_slope"], "negative_slope")))
-    if t in (F.group_norm, torch.group_norm):
-        first_is_cur()
-        a = bind(node, ["input", "num_groups", "weight", "bias", "eps", "cudnn_enabled"],
-                 {"weight": None, "bias": None, "eps": 1e-5, "cudnn_enabled": True})
-        return _group_norm(node, ctx, a["num_groups"], a["weight"], a["bias"], a["eps"])
-    if t in (F.layer_norm, torch.layer_norm):
-        first_is_cur()
-        a = bind(node, ["input", "normalized_shape", "weight", "bias", "eps", "cudnn_enable"],
-                 {"weight": None, "bias": None, "eps": 1e-5, "cudnn_enable": True})
-        return _layer_norm(node, ctx, a["normalized_shape"], a["weight"], a["bias"], a["eps"])
-    if t is F.batch_norm:
-        first_is_cur()
+    else:
+        a = bind(node, ["input", "alpha", "scale", "input_scale"],
+                 {"alpha": 1.0, "scale": 1.0, "input_scale": 1.0})
+        if a["scale"] != 1 or a["input_scale"] != 1:
+            raise Unsupported("elu with scale/input_scale")
+    return Stage([node], _unary("elu", alpha=ctx.imm(a["alpha"], "alpha")))
+
+
+def _leaky_relu_stage(node, ctx):
+    a = bind(node, ["input", "negative_slope", "inplace"], {"negative_slope": 0.01, "inplace": False})
+    _check_inplace(ctx, node, a["inplace"])
+    return Stage([node], _unary("leaky_relu", alpha=ctx.imm(a["negative_slope"], "negative_slope")))
+
+
+def _group_norm_stage(node, ctx):
+    a = bind(node, ["input", "num_groups", "weight", "bias", "eps", "cudnn_enabled"],
+             {"weight": None, "bias": None, "eps": 1e-5, "cudnn_enabled": True})
+    return _group_norm(node, ctx, a["num_groups"], a["weight"], a["bias"], a["eps"])
+
+
+def _layer_norm_stage(node, ctx):
+    a = bind(node, ["input", "normalized_shape", "weight", "bias", "eps", "cudnn_enable"],
+             {"weight": None, "bias": None, "eps": 1e-5, "cudnn_enable": True})
+    return _layer_norm(node, ctx, a["normalized_shape"], a["weight"], a["bias"], a["eps"])
+
+
+def _batch_norm_stage(node, ctx):
+    if node.target is F.batch_norm:
         a = bind(node, ["input", "running_mean", "running_var", "weight", "bias", "training",
                         "momentum", "eps"],
                  {"weight": None, "bias": None, "training": False, "momentum": 0.1, "eps": 1e-5})
-        return _batch_norm_functional(node, ctx, a)
-    if t is torch.batch_norm:
-        first_is_cur()
+    else:
         a = bind(node, ["input", "weight", "bias", "running_mean", "running_var", "training",
                         "momentum", "eps", "cudnn_enabled"], {})
-        return _batch_norm_functional(node, ctx, a)
-    if t in (F.dropout, torch.dropout):
-        first_is_cur()
-        if t is F.dropout:
-            a = bind(node, ["input", "p", "training", "inplace"],
-                     {"p": 0.5, "training": True, "inplace": False})
-        else:
-            a = bind(node, ["input", "p", "train"], {})
-            a["training"], a["inplace"] = a["train"], False
-        _check_inplace(ctx, node, a["inplace"])
-        p = ctx.imm(a["p"], "dropout p")
-        training = a["training"]
-        if not isinstance(training, bool):
-            raise Unsupported("dropout's training flag is not a constant")
-        if training and p.value > 0:
-            raise Unsupported(f"dropout(p={p.value}) in training mode runs in PyTorch")
-        return Stage([node], _unary("dropout", p=p, training=bool(training)))
-    if t is F.avg_pool1d:
-        first_is_cur()
-        a = bind(node, ["input", "kernel_size", "stride", "padding", "ceil_mode", "count_include_pad"],
-                 {"stride": None, "padding": 0, "ceil_mode": False, "count_include_pad": True})
-        return _pool(node, ctx, "avg_pool", a["kernel_size"], a["stride"], a["padding"],
-                     a["ceil_mode"], a["count_include_pad"], 1)
-    if t in _MAX_POOL_FUNCS:
-        first_is_cur()
-        a = bind(node, ["input", "kernel_size", "stride", "padding", "dilation", "ceil_mode",
-                        "return_indices"],
-                 {"stride": None, "padding": 0, "dilation": 1, "ceil_mode": False,
-                  "return_indices": False})
-        if a["return_indices"]:
-            raise Unsupported("max_pool1d with return_indices")
-        return _pool(node, ctx, "max_pool", a["kernel_size"], a["stride"], a["padding"],
-                     a["ceil_mode"], None, a["dilation"])
-    if t in (operator.getitem, getattr):
-        raise Unsupported(f"{target_name(node)} of the chain value")
-    raise Unsupported(f"{target_name(node)} is not a fusable stage")
+    return _batch_norm_functional(node, ctx, a)
+
+
+def _dropout_stage(node, ctx):
+    if node.target is F.dropout:
+        a = bind(node, ["input", "p", "training", "inplace"],
+                 {"p": 0.5, "training": True, "inplace": False})
+    else:
+        a = bind(node, ["input", "p", "train"], {})
+        a["training"], a["inplace"] = a["train"], False
+    _check_inplace(ctx, node, a["inplace"])
+    p = ctx.imm(a["p"], "dropout p")
+    training = a["training"]
+    if not isinstance(training, bool):
+        raise Unsupported("dropout's training flag is not a constant")
+    if training and p.value > 0:
+        raise Unsupported(f"dropout(p={p.value}) in training mode runs in PyTorch")
+    return Stage([node], _unary("dropout", p=p, training=bool(training)))
+
+
+def _avg_pool_stage(node, ctx):
+    a = bind(node, ["input", "kernel_size", "stride", "padding", "ceil_mode", "count_include_pad"],
+             {"stride": None, "padding": 0, "ceil_mode": False, "count_include_pad": True})
+    return _pool(node, ctx, "avg_pool", a["kernel_size"], a["stride"], a["padding"],
+                 a["ceil_mode"], a["count_include_pad"], 1)
+
+
+def _max_pool_stage(node, ctx):
+    a = bind(node, ["input", "kernel_size", "stride", "padding", "dilation", "ceil_mode",
+                    "return_indices"],
+             {"stride": None, "padding": 0, "dilation": 1, "ceil_mode": False,
+              "return_indices": False})
+    if a["return_indices"]:
+        raise Unsupported("max_pool1d with return_indices")
+    return _pool(node, ctx, "max_pool", a["kernel_size"], a["stride"], a["padding"],
+                 a["ceil_mode"], None, a["dilation"])
+
+
+_STAGE_OF_INPUT = {
+    **{t: _reduce_stage for t in _REDUCE_FUNCS},
+    **{t: _softmax_stage for t in _SOFTMAX_FUNCS},
+    **{t: _clamp_stage for t in _CLAMP_FUNCS},
+    **{t: _max_pool_stage for t in _MAX_POOL_FUNCS},
+    F.hardtanh: _hardtanh_stage, torch._C._nn.hardtanh: _hardtanh_stage,
+    F.relu6: _relu6_stage, torch._C._nn.relu6: _relu6_stage,
+    F.gelu: _gelu_stage, F.softplus: _softplus_stage,
+    F.elu: _elu_stage, torch._C._nn.elu: _elu_stage,
+    F.leaky_relu: _leaky_relu_stage, torch._C._nn.leaky_relu: _leaky_relu_stage,
+    F.group_norm: _group_norm_stage, torch.group_norm: _group_norm_stage,
+    F.layer_norm: _layer_norm_stage, torch.layer_norm: _layer_norm_stage,
+    F.batch_norm: _batch_norm_stage, torch.batch_norm: _batch_norm_stage,
+    F.dropout: _dropout_stage, torch.dropout: _dropout_stage,
+    F.avg_pool1d: _avg_pool_stage,
+}
 
 
 def _classify_method(node: fx.Node, ctx: _Ctx) -> Stage:

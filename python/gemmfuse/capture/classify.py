@@ -380,56 +380,90 @@ def _classify_module(node: fx.Node, ctx: _Ctx) -> Stage:
     if tp in _UNARY_MODULES:
         _check_inplace(ctx, node, getattr(mod, "inplace", False))
         return Stage([node], _unary(_UNARY_MODULES[tp]))
-    if tp is nn.Identity:
-        return Stage([node], {None: None})
-    if tp is nn.GELU:
-        return _gelu(mod.approximate, node)
-    if tp is nn.Softplus:
-        return Stage([node], _unary("softplus", beta=_imm(mod.beta), threshold=_imm(mod.threshold)))
-    if tp is nn.ELU:
-        _check_inplace(ctx, node, mod.inplace)
-        return Stage([node], _unary("elu", alpha=_imm(mod.alpha)))
-    if tp is nn.LeakyReLU:
-        _check_inplace(ctx, node, mod.inplace)
-        return Stage([node], _unary("leaky_relu", alpha=_imm(mod.negative_slope)))
-    if tp in (nn.Hardtanh, nn.ReLU6):
-        _check_inplace(ctx, node, mod.inplace)
-        return _clamp(node, ctx, {"min": mod.min_val, "max": mod.max_val})
-    if tp in (nn.Softmax, nn.LogSoftmax):
-        return _softmax(node, ctx, "softmax" if tp is nn.Softmax else "log_softmax",
-                        {"dim": mod.dim, "dtype": None})
-    if tp is nn.GroupNorm:
-        w = AttrRef(f"{q}.weight") if mod.weight is not None else None
-        b = AttrRef(f"{q}.bias") if mod.bias is not None else None
-        ctx.need_rank((2,), "GroupNorm")
-        if mod.num_channels != ctx.width:
-            raise Unsupported(f"GroupNorm({mod.num_groups}, {mod.num_channels}) on width {ctx.width}")
-        return _group_norm(node, ctx, mod.num_groups, w, b, mod.eps)
-    if tp is nn.LayerNorm:
-        w = AttrRef(f"{q}.weight") if getattr(mod, "weight", None) is not None else None
-        b = AttrRef(f"{q}.bias") if getattr(mod, "bias", None) is not None else None
-        return _layer_norm(node, ctx, mod.normalized_shape, w, b, mod.eps)
-    if tp is nn.BatchNorm1d:
-        return _batch_norm_module(node, ctx, mod)
-    if tp is nn.Dropout:
-        _check_inplace(ctx, node, mod.inplace)
-        p = float(mod.p)
-        if p == 0:
-            return Stage([node], _unary("dropout", p=_imm(0.0), training=False))
-        if ctx.mode_flags.get(q, mod.training):
-            raise Unsupported(f"Dropout(p={p}) '{q}' is in training mode (runs in PyTorch)")
-        return Stage([node], {False: ("dropout", {"p": _imm(p), "training": False}),
-                              True: ("dropout", {"p": _imm(p), "training": True})},
-                     mode_module=q, note=f"Dropout '{q}'")
-    if tp is nn.AvgPool1d:
-        return _pool(node, ctx, "avg_pool", mod.kernel_size, mod.stride, mod.padding,
-                     mod.ceil_mode, mod.count_include_pad, 1)
-    if tp is nn.MaxPool1d:
-        if mod.return_indices:
-            raise Unsupported("MaxPool1d with return_indices")
-        return _pool(node, ctx, "max_pool", mod.kernel_size, mod.stride, mod.padding,
-                     mod.ceil_mode, None, mod.dilation)
-    raise Unsupported(f"module '{q}' ({tp.__name__}) is not a fusable stage")
+    stage_of = _STAGE_OF_MODULE.get(tp)
+    if stage_of is None:
+        raise Unsupported(f"module '{q}' ({tp.__name__}) is not a fusable stage")
+    return stage_of(node, ctx, mod)
+
+
+# Modules called on the chain value: (node, ctx, module) -> Stage.
+def _softplus_module(node, ctx, mod):
+    return Stage([node], _unary("softplus", beta=_imm(mod.beta), threshold=_imm(mod.threshold)))
+
+
+def _elu_module(node, ctx, mod):
+    _check_inplace(ctx, node, mod.inplace)
+    return Stage([node], _unary("elu", alpha=_imm(mod.alpha)))
+
+
+def _leaky_relu_module(node, ctx, mod):
+    _check_inplace(ctx, node, mod.inplace)
+    return Stage([node], _unary("leaky_relu", alpha=_imm(mod.negative_slope)))
+
+
+def _hardtanh_module(node, ctx, mod):  # nn.ReLU6 too
+    _check_inplace(ctx, node, mod.inplace)
+    return _clamp(node, ctx, {"min": mod.min_val, "max": mod.max_val})
+
+
+def _softmax_module(node, ctx, mod):
+    return _softmax(node, ctx, "softmax" if type(mod) is nn.Softmax else "log_softmax",
+                    {"dim": mod.dim, "dtype": None})
+
+
+def _affine(q: str, mod, name: str):
+    return AttrRef(f"{q}.{name}") if getattr(mod, name, None) is not None else None
+
+
+def _group_norm_module(node, ctx, mod):
+    ctx.need_rank((2,), "GroupNorm")
+    if mod.num_channels != ctx.width:
+        raise Unsupported(f"GroupNorm({mod.num_groups}, {mod.num_channels}) on width {ctx.width}")
+    q = node.target
+    return _group_norm(node, ctx, mod.num_groups, _affine(q, mod, "weight"), _affine(q, mod, "bias"),
+                       mod.eps)
+
+
+def _layer_norm_module(node, ctx, mod):
+    q = node.target
+    return _layer_norm(node, ctx, mod.normalized_shape, _affine(q, mod, "weight"),
+                       _affine(q, mod, "bias"), mod.eps)
+
+
+def _dropout_module(node, ctx, mod):
+    _check_inplace(ctx, node, mod.inplace)
+    q, p = node.target, float(mod.p)
+    if p == 0:
+        return Stage([node], _unary("dropout", p=_imm(0.0), training=False))
+    if ctx.mode_flags.get(q, mod.training):
+        raise Unsupported(f"Dropout(p={p}) '{q}' is in training mode (runs in PyTorch)")
+    return Stage([node], {False: ("dropout", {"p": _imm(p), "training": False}),
+                          True: ("dropout", {"p": _imm(p), "training": True})},
+                 mode_module=q, note=f"Dropout '{q}'")
+
+
+def _avg_pool_module(node, ctx, mod):
+    return _pool(node, ctx, "avg_pool", mod.kernel_size, mod.stride, mod.padding,
+                 mod.ceil_mode, mod.count_include_pad, 1)
+
+
+def _max_pool_module(node, ctx, mod):
+    if mod.return_indices:
+        raise Unsupported("MaxPool1d with return_indices")
+    return _pool(node, ctx, "max_pool", mod.kernel_size, mod.stride, mod.padding,
+                 mod.ceil_mode, None, mod.dilation)
+
+
+_STAGE_OF_MODULE = {
+    nn.Identity: lambda node, ctx, mod: Stage([node], {None: None}),
+    nn.GELU: lambda node, ctx, mod: _gelu(mod.approximate, node),
+    nn.Softplus: _softplus_module, nn.ELU: _elu_module, nn.LeakyReLU: _leaky_relu_module,
+    nn.Hardtanh: _hardtanh_module, nn.ReLU6: _hardtanh_module,
+    nn.Softmax: _softmax_module, nn.LogSoftmax: _softmax_module,
+    nn.GroupNorm: _group_norm_module, nn.LayerNorm: _layer_norm_module,
+    nn.BatchNorm1d: lambda node, ctx, mod: _batch_norm_module(node, ctx, mod),
+    nn.Dropout: _dropout_module, nn.AvgPool1d: _avg_pool_module, nn.MaxPool1d: _max_pool_module,
+}
 
 
 # ---- stage helpers --------------------------------------------------------------------------

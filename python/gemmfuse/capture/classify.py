@@ -477,13 +477,11 @@ def _gelu(approximate, node) -> Stage:
     raise Unsupported(f"gelu approximate={approximate!r}")
 
 
-def _binary(node: fx.Node, ctx: _Ctx, op: str, args: list, kwargs: dict) -> Stage:
-    cur = ctx.cur
-    if len(args) < 2:
-        names = ["input", "other"]
-        for i, n in enumerate(names[len(args):]):
-            if n in kwargs:
-                args.append(kwargs.pop(n))
+def _binary_args(node: fx.Node, args: list, kwargs: dict) -> tuple:
+    """(first operand, second operand, alpha) of a binary op called with these arguments."""
+    for n in ["input", "other"][len(args):]:
+        if n in kwargs:
+            args.append(kwargs.pop(n))
     if len(args) != 2:
         raise Unsupported(f"{target_name(node)} with {len(args)} operands")
     alpha = kwargs.pop("alpha", 1)
@@ -492,7 +490,12 @@ def _binary(node: fx.Node, ctx: _Ctx, op: str, args: list, kwargs: dict) -> Stag
         raise Unsupported(f"unexpected keywords {sorted(kwargs)} to {target_name(node)}")
     if rounding is not None:
         raise Unsupported(f"division with rounding_mode={rounding!r}")
-    a0, a1 = args
+    return args[0], args[1], alpha
+
+
+def _binary(node: fx.Node, ctx: _Ctx, op: str, args: list, kwargs: dict) -> Stage:
+    cur = ctx.cur
+    a0, a1, alpha = _binary_args(node, args, kwargs)
     rev = False
     if op == "rsub":  # rsub(input, other, alpha) = other - alpha * input
         op = "sub"

@@ -95,57 +95,30 @@ def find_chains(gm: fx.GraphModule, flavor: str = "fx", check: Optional[Callable
 
 def _grow(chain: Chain, gm: fx.GraphModule, order: dict, numbers: Optional[dict] = None,
           taken: frozenset = frozenset()):
+    """Extend the chain stage by stage from its Linear along each value's first user (in
+    graph order) while classify takes it, then cut it back to where no value but the last
+    is used outside; chain.stop says why it ends."""
     lin = chain.linear
     chain.values = {lin: 0}
     chain_nodes = {lin}
-    mode_flags = {}
-    ctx = _Ctx(gm, chain, chain_nodes, mode_flags, numbers)
+    ctx = _Ctx(gm, chain, chain_nodes, {}, numbers)
     ctx.rank = node_info(lin).rank
     ctx.width = chain.out_features
-    stop = ""
     while True:
         cur = ctx.cur
-        users = sorted(cur.users, key=lambda n: order.get(n, 1 << 30))
-        if not users:
-            stop = f"{cur.name} is not used"
-            break
-        nxt = users[0]
-        if nxt.op == "output":
-            stop = f"{cur.name} is the graph's output"
-            break
-        if nxt in chain_nodes:  # cannot happen in a DAG, but be safe
-            stop = f"{nxt.name} already in the chain"
-            break
-        if nxt in taken:  # e.g. two chains that meet: the earlier one holds the meeting node
-            stop = f"{nxt.name} belongs to an earlier chain"
+        nxt, stop = _next_user(cur, order, chain_nodes, taken)
+        if nxt is None:
             break
         try:
             stage = classify(nxt, ctx)
         except Unsupported as e:
             stop = f"{nxt.name}: {e}"
             break
-        # The stage's value must keep the rank bookkeeping right.
         stage.input_node = cur
-        op_line = next((v for v in stage.variants.values() if v is not None), None)
         chain.stages.append(stage)
         chain_nodes.update(stage.nodes)
         vnode = stage.value_node
-        if op_line is None:
-            chain.values[vnode] = chain.values[cur]
-        else:
-            chain.values[vnode] = len(chain.stages)
-            op, keys = op_line
-            if op in ("sum", "mean", "max", "min", "logsumexp"):
-                if keys.get("keepdim", True):
-                    ctx.width = 1
-                else:
-                    ctx.rank -= 1
-                    ctx.has_feat = False
-                    ctx.width = 0
-            elif op in ("avg_pool", "max_pool"):
-                inf = node_info(vnode)
-                if isinstance(inf, TInfo) and inf.rank >= 1:
-                    ctx.width = int(inf.shape[-1])
+        _track_value(chain, ctx, stage, cur, vnode)
         inf = node_info(vnode)
         if isinstance(inf, TInfo) and inf.rank != ctx.rank:
             # Our bookkeeping disagrees with the graph's metadata: stop before this stage.
@@ -156,22 +129,54 @@ def _grow(chain: Chain, gm: fx.GraphModule, order: dict, numbers: Optional[dict]
             stop = f"{nxt.name}: rank bookkeeping mismatch"
             break
         ctx.cur = vnode
-    # Every value but the last must be used only inside the chain: keep the longest prefix
-    # for which that holds.
     chain.stop = stop
+    _keep_private_prefix(chain)
+
+
+def _next_user(cur, order: dict, chain_nodes: set, taken: frozenset):
+    """(the node the chain would take next, "") or (None, why the chain ends at cur)."""
+    users = sorted(cur.users, key=lambda n: order.get(n, 1 << 30))
+    if not users:
+        return None, f"{cur.name} is not used"
+    nxt = users[0]
+    if nxt.op == "output":
+        return None, f"{cur.name} is the graph's output"
+    if nxt in chain_nodes:  # cannot happen in a DAG, but be safe
+        return None, f"{nxt.name} already in the chain"
+    if nxt in taken:  # e.g. two chains that meet: the earlier one holds the meeting node
+        return None, f"{nxt.name} belongs to an earlier chain"
+    return nxt, ""
+
+
+def _track_value(chain: Chain, ctx: _Ctx, stage, cur, vnode) -> None:
+    """The new stage's value id, and the width and rank after it (reductions, pooling)."""
+    op_line = next((v for v in stage.variants.values() if v is not None), None)
+    if op_line is None:  # an identity: the value keeps its input's id
+        chain.values[vnode] = chain.values[cur]
+        return
+    chain.values[vnode] = len(chain.stages)
+    op, keys = op_line
+    if op in ("sum", "mean", "max", "min", "logsumexp"):
+        if keys.get("keepdim", True):
+            ctx.width = 1
+        else:
+            ctx.rank -= 1
+            ctx.has_feat = False
+            ctx.width = 0
+    elif op in ("avg_pool", "max_pool"):
+        inf = node_info(vnode)
+        if isinstance(inf, TInfo) and inf.rank >= 1:
+            ctx.width = int(inf.shape[-1])
+
+
+def _keep_private_prefix(chain: Chain) -> None:
+    """Every value but the last must be used only inside the chain: keep the longest prefix
+    for which that holds."""
     while chain.stages:
         inside = set(chain.nodes)
-        bad = None
         last = chain.output
-        for n in inside:
-            if n is last:
-                continue
-            for u in n.users:
-                if u not in inside:
-                    bad = (n, u)
-                    break
-            if bad:
-                break
+        bad = next(((n, u) for n in inside if n is not last for u in n.users if u not in inside),
+                   None)
         if bad is None:
             break
         removed = chain.stages.pop()

@@ -48,24 +48,38 @@ def untransposed(node) -> Optional[fx.Node]:
     inf = node_info(src)
     if not isinstance(inf, TInfo) or inf.rank != 2 or node.kwargs:
         return None
-    t = node.target
     if node.op == "call_method":
-        if t == "t" and not rest:
-            return src
-        if t in ("transpose", "swapaxes", "swapdims") and len(rest) == 2 and set(_dims(rest)) == {0, 1}:
-            return src
-        if t == "permute" and _dims(rest[0] if len(rest) == 1 and isinstance(rest[0], (tuple, list)) else rest) == (1, 0):
-            return src
+        return src if _transposes_method(node.target, rest) else None
     if node.op == "call_function":
-        if t is builtins.getattr and rest in (("T",), ("mT",)):
-            return src
-        if t is torch.t and not rest:
-            return src
-        if t in (torch.transpose, torch.swapaxes, torch.swapdims) and len(rest) == 2 and set(_dims(rest)) == {0, 1}:
-            return src
-        if t is torch.permute and len(rest) == 1 and _dims(rest[0]) == (1, 0):
-            return src
+        return src if _transposes_function(node.target, rest) else None
     return None
+
+
+def _swaps(rest: tuple) -> bool:
+    return len(rest) == 2 and set(_dims(rest)) == {0, 1}
+
+
+def _transposes_method(t, rest: tuple) -> bool:
+    """Whether Tensor.<t>(*rest) transposes a 2-d tensor."""
+    if t == "t":
+        return not rest
+    if t in ("transpose", "swapaxes", "swapdims"):
+        return _swaps(rest)
+    if t == "permute":
+        dims = rest[0] if len(rest) == 1 and isinstance(rest[0], (tuple, list)) else rest
+        return _dims(dims) == (1, 0)
+    return False
+
+
+def _transposes_function(t, rest: tuple) -> bool:
+    """Whether t(tensor, *rest) transposes a 2-d tensor (getattr(W, "T") included)."""
+    if t is builtins.getattr:
+        return rest in (("T",), ("mT",))
+    if t is torch.t:
+        return not rest
+    if t in (torch.transpose, torch.swapaxes, torch.swapdims):
+        return _swaps(rest)
+    return t is torch.permute and len(rest) == 1 and _dims(rest[0]) == (1, 0)
 
 
 def _weight(w, what: str):
@@ -85,22 +99,36 @@ def linear_parts(node: fx.Node, gm: fx.GraphModule) -> Optional[LinearParts]:
     """The parts of a Linear that `node` computes, None when it is no Linear, or raise
     Unsupported when it is one gemmfuse cannot take (with the reason)."""
     if node.op == "call_module":
-        mod = gm.get_submodule(node.target)
-        if type(mod) is not nn.Linear:
-            return None
-        if len(node.args) != 1 or node.kwargs:
-            raise Unsupported("Linear called with extra arguments")
-        q = node.target
-        return LinearParts(node.args[0], AttrRef(f"{q}.weight"),
-                           AttrRef(f"{q}.bias") if mod.bias is not None else None, q)
+        return _module_parts(node, gm)
     if node.op == "call_function" and node.target in LINEAR_FUNCS:
-        a = bind(node, ["input", "weight", "bias"], {"bias": None})
-        x, w, b = a["input"], a["weight"], a["bias"]
-        if not isinstance(x, fx.Node) or not isinstance(w, fx.Node):
-            raise Unsupported("F.linear with non-tensor arguments")
-        if b is not None and not isinstance(b, fx.Node):
-            raise Unsupported("F.linear bias is not a tensor")
-        return LinearParts(x, w, b, None, form="F.linear")
+        return _functional_parts(node)
+    return _matmul_parts(node)
+
+
+def _module_parts(node: fx.Node, gm: fx.GraphModule) -> Optional[LinearParts]:
+    mod = gm.get_submodule(node.target)
+    if type(mod) is not nn.Linear:
+        return None
+    if len(node.args) != 1 or node.kwargs:
+        raise Unsupported("Linear called with extra arguments")
+    q = node.target
+    return LinearParts(node.args[0], AttrRef(f"{q}.weight"),
+                       AttrRef(f"{q}.bias") if mod.bias is not None else None, q)
+
+
+def _functional_parts(node: fx.Node) -> LinearParts:
+    a = bind(node, ["input", "weight", "bias"], {"bias": None})
+    x, w, b = a["input"], a["weight"], a["bias"]
+    if not isinstance(x, fx.Node) or not isinstance(w, fx.Node):
+        raise Unsupported("F.linear with non-tensor arguments")
+    if b is not None and not isinstance(b, fx.Node):
+        raise Unsupported("F.linear bias is not a tensor")
+    return LinearParts(x, w, b, None, form="F.linear")
+
+
+def _matmul_parts(node: fx.Node) -> Optional[LinearParts]:
+    """x @ W.T, torch.mm/matmul, Tensor.mm/matmul and addmm with a 2-d weight (transposed
+    or stored [in, out])."""
     is_matmul = ((node.op == "call_function" and node.target in _MATMUL_FUNCS)
                  or (node.op == "call_method" and node.target in _MATMUL_METHODS))
     is_addmm = ((node.op == "call_function" and node.target is torch.addmm)
@@ -109,19 +137,7 @@ def linear_parts(node: fx.Node, gm: fx.GraphModule) -> Optional[LinearParts]:
         return None
     name = ("@" if node.target is operator.matmul else
             f"{'torch.' if node.op == 'call_function' else 'Tensor.'}{getattr(node.target, '__name__', node.target)}")
-    if is_matmul:
-        if len(node.args) != 2 or node.kwargs:
-            raise Unsupported(f"{name} with extra arguments")
-        x, w = node.args
-        b = None
-    else:
-        a = bind(node, ["input", "mat1", "mat2"], {"beta": 1, "alpha": 1})
-        if a["beta"] != 1 or a["alpha"] != 1:
-            raise Unsupported(f"{name} with beta or alpha other than 1")
-        b, x, w = a["input"], a["mat1"], a["mat2"]
-        binf = node_info(b)
-        if not isinstance(b, fx.Node) or not isinstance(binf, TInfo) or binf.rank != 1:
-            raise Unsupported(f"{name}: the added tensor is not a 1-d bias")
+    x, w, b = _addmm_operands(node, name) if is_addmm else _matmul_operands(node, name)
     xinf = node_info(x)
     if not isinstance(x, fx.Node) or not isinstance(xinf, TInfo):
         return None
@@ -134,3 +150,21 @@ def linear_parts(node: fx.Node, gm: fx.GraphModule) -> Optional[LinearParts]:
         return None
     return LinearParts(x, weight, b, None, weight_kn=kn,
                        form=f"{name} with the weight {'[in, out]' if kn else 'transposed'}")
+
+
+def _matmul_operands(node: fx.Node, name: str) -> tuple:
+    if len(node.args) != 2 or node.kwargs:
+        raise Unsupported(f"{name} with extra arguments")
+    x, w = node.args
+    return x, w, None
+
+
+def _addmm_operands(node: fx.Node, name: str) -> tuple:
+    a = bind(node, ["input", "mat1", "mat2"], {"beta": 1, "alpha": 1})
+    if a["beta"] != 1 or a["alpha"] != 1:
+        raise Unsupported(f"{name} with beta or alpha other than 1")
+    b, x, w = a["input"], a["mat1"], a["mat2"]
+    binf = node_info(b)
+    if not isinstance(b, fx.Node) or not isinstance(binf, TInfo) or binf.rank != 1:
+        raise Unsupported(f"{name}: the added tensor is not a 1-d bias")
+    return x, w, b

@@ -219,83 +219,89 @@ struct Context {
 
   void validate_node(int i) const {
     const Node& n = chain.nodes[i];
-    const bool feat = chain.has_feature_dim(i);
-    const int64_t w = chain.width_of(i);
     const OpFamily fam = family(n.op);
     const bool needs_feature = fam == OpFamily::Reduce || fam == OpFamily::RowNorm ||
                                fam == OpFamily::Pool || fam == OpFamily::ColumnNorm;
-    if (needs_feature && !feat)
+    if (needs_feature && !chain.has_feature_dim(i))
       unsupported(where(i) + ": needs a feature dim, but a keepdim=0 reduction dropped it");
     switch (fam) {
-      case OpFamily::Dropout:
-        if (!(n.p >= 0.0 && n.p <= 1.0))
-          invalid(where(i) + ": dropout probability has to be between 0 and 1");
-        if (n.training && n.p > 0.0)
-          unsupported("dropout in training mode is random: runs in PyTorch");
-        break;
-      case OpFamily::Binary:
-        switch (n.b.kind) {
-          case Operand::Kind::Imm: break;
-          case Operand::Kind::Tensor: resolve_tensor(n.b, i); break;
-          case Operand::Kind::Value: {
-            const int j = n.b.index;
-            if (j > i) invalid(where(i) + ": v" + std::to_string(j) + " is not an earlier value");
-            const bool fj = chain.has_feature_dim(j);
-            const int64_t wj = chain.width_of(j);
-            const bool fits = (feat && fj && (wj == w || wj == 1)) || (!feat && !fj);
-            if (!fits)
-              unsupported(where(i) + ": v" + std::to_string(j) + " of shape " +
-                          shape_str(value_shape(j)) + " does not broadcast into " +
-                          shape_str(value_shape(i)) + " without changing its shape");
-            break;
-          }
-          default:
-            unsupported(where(i) + ": the operand of a binary op must be a number, t<i> or v<i>");
-        }
-        break;
+      case OpFamily::Dropout: validate_dropout(i, n); break;
+      case OpFamily::Binary: validate_binary_operand(i, n); break;
       case OpFamily::RowNorm:
-        if (n.op == OpCode::GroupNorm) {
-          if (n.groups <= 0 || w % n.groups != 0)
-            unsupported(where(i) + ": " + std::to_string(n.groups) +
-                        " groups do not divide the width " + std::to_string(w));
-          if (n.groups > 1 && req.batch_sizes.size() != 1)
-            unsupported(where(i) + ": GroupNorm on a " +
-                        std::to_string(req.batch_sizes.size() + 1) +
-                        "-d input normalises dim 1, not the last dim");
-          resolve_affine(n.weight, i, "weight", w);
-          resolve_affine(n.bias, i, "bias", w);
-        }
+        if (n.op == OpCode::GroupNorm) validate_group_norm(i, n);
         break;
-      case OpFamily::Pool:
-        if (n.kernel <= 0 || n.stride <= 0 || n.padding < 0)
-          invalid(where(i) + ": kernel and stride must be positive, padding non-negative");
-        if (n.padding > n.kernel / 2)
-          invalid(where(i) + ": pad should be at most half of effective kernel size");
-        if (pool_output_width(w, n) <= 0)
-          invalid(where(i) + ": output size is too small for input width " + std::to_string(w));
-        break;
-      case OpFamily::ColumnNorm: {
-        if (req.batch_sizes.size() != 1)
-          unsupported(where(i) + ": BatchNorm1d on a " +
-                      std::to_string(req.batch_sizes.size() + 1) +
-                      "-d input does not normalise the last dim over the rows");
-        const bool rm = n.running_mean.present(), rv = n.running_var.present();
-        if (rm != rv) invalid(where(i) + ": running_mean and running_var come together");
-        for (const Operand* o : {&n.running_mean, &n.running_var, &n.num_batches})
-          if (o->present() && o->kind != Operand::Kind::State)
-            unsupported(where(i) + ": running statistics must be state tensors s<i>");
-        if (n.training && rm && n.momentum < 0 && !n.num_batches.present())
-          unsupported(where(i) + ": momentum=none needs num_batches");
-        resolve_affine(n.weight, i, "weight", w);
-        resolve_affine(n.bias, i, "bias", w);
-        if (batch_stats(n) && M == 1)
-          invalid("Expected more than 1 value per channel when training, got input size [1, " +
-                  std::to_string(w) + "]");
-        break;
+      case OpFamily::Pool: validate_pool(i, n); break;
+      case OpFamily::ColumnNorm: validate_batch_norm(i, n); break;
+      default: break;  // the other families take any value of their width
+    }
+  }
+
+  void validate_dropout(int i, const Node& n) const {
+    if (!(n.p >= 0.0 && n.p <= 1.0))
+      invalid(where(i) + ": dropout probability has to be between 0 and 1");
+    if (n.training && n.p > 0.0) unsupported("dropout in training mode is random: runs in PyTorch");
+  }
+
+  void validate_binary_operand(int i, const Node& n) const {
+    switch (n.b.kind) {
+      case Operand::Kind::Imm: return;
+      case Operand::Kind::Tensor: resolve_tensor(n.b, i); return;
+      case Operand::Kind::Value: {
+        const int j = n.b.index;
+        if (j > i) invalid(where(i) + ": v" + std::to_string(j) + " is not an earlier value");
+        const bool feat = chain.has_feature_dim(i), fj = chain.has_feature_dim(j);
+        const int64_t w = chain.width_of(i), wj = chain.width_of(j);
+        const bool fits = (feat && fj && (wj == w || wj == 1)) || (!feat && !fj);
+        if (!fits)
+          unsupported(where(i) + ": v" + std::to_string(j) + " of shape " +
+                      shape_str(value_shape(j)) + " does not broadcast into " +
+                      shape_str(value_shape(i)) + " without changing its shape");
+        return;
       }
       default:
-        break;
+        unsupported(where(i) + ": the operand of a binary op must be a number, t<i> or v<i>");
     }
+  }
+
+  void validate_group_norm(int i, const Node& n) const {
+    const int64_t w = chain.width_of(i);
+    if (n.groups <= 0 || w % n.groups != 0)
+      unsupported(where(i) + ": " + std::to_string(n.groups) + " groups do not divide the width " +
+                  std::to_string(w));
+    if (n.groups > 1 && req.batch_sizes.size() != 1)
+      unsupported(where(i) + ": GroupNorm on a " + std::to_string(req.batch_sizes.size() + 1) +
+                  "-d input normalises dim 1, not the last dim");
+    resolve_affine(n.weight, i, "weight", w);
+    resolve_affine(n.bias, i, "bias", w);
+  }
+
+  void validate_pool(int i, const Node& n) const {
+    const int64_t w = chain.width_of(i);
+    if (n.kernel <= 0 || n.stride <= 0 || n.padding < 0)
+      invalid(where(i) + ": kernel and stride must be positive, padding non-negative");
+    if (n.padding > n.kernel / 2)
+      invalid(where(i) + ": pad should be at most half of effective kernel size");
+    if (pool_output_width(w, n) <= 0)
+      invalid(where(i) + ": output size is too small for input width " + std::to_string(w));
+  }
+
+  void validate_batch_norm(int i, const Node& n) const {
+    const int64_t w = chain.width_of(i);
+    if (req.batch_sizes.size() != 1)
+      unsupported(where(i) + ": BatchNorm1d on a " + std::to_string(req.batch_sizes.size() + 1) +
+                  "-d input does not normalise the last dim over the rows");
+    const bool rm = n.running_mean.present(), rv = n.running_var.present();
+    if (rm != rv) invalid(where(i) + ": running_mean and running_var come together");
+    for (const Operand* o : {&n.running_mean, &n.running_var, &n.num_batches})
+      if (o->present() && o->kind != Operand::Kind::State)
+        unsupported(where(i) + ": running statistics must be state tensors s<i>");
+    if (n.training && rm && n.momentum < 0 && !n.num_batches.present())
+      unsupported(where(i) + ": momentum=none needs num_batches");
+    resolve_affine(n.weight, i, "weight", w);
+    resolve_affine(n.bias, i, "bias", w);
+    if (batch_stats(n) && M == 1)
+      invalid("Expected more than 1 value per channel when training, got input size [1, " +
+              std::to_string(w) + "]");
   }
 };
 

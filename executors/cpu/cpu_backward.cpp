@@ -153,107 +153,131 @@ struct Backward {
     const Node& nd = in.node;
     const std::vector<float>& x = vals[i];
     const std::vector<float>& y = vals[i + 1];
-    const int64_t w = static_cast<int64_t>(x.size());
-    std::vector<float> gi(w, 0.f);
-    const PointwiseParams pp = pointwise_params(nd);
+    std::vector<float> gi(x.size(), 0.f);
     switch (in.kind) {
-      case Instr::Kind::Pointwise:
-        if (family(nd.op) != OpFamily::Binary) {
-          for (int64_t c = 0; c < w; ++c) gi[c] = unary_grad(nd.op, x[c], y[c], g[c], pp);
-          break;
-        }
-        for (int64_t c = 0; c < w; ++c) {
-          const Grad2 d = binary_grad(nd.op, x[c], operand(in, vals, r, c), nd.reversed, g[c]);
-          gi[c] = d.l;
-          operand_grad(in, r, c, d.r, lo, local, part);
-        }
-        break;
-      case Instr::Kind::Reduce: {
-        const float g0 = g[0], res = y[0];
-        switch (nd.op) {
-          case OpCode::Sum: std::fill(gi.begin(), gi.end(), g0); break;
-          case OpCode::Mean: std::fill(gi.begin(), gi.end(), g0 / static_cast<float>(w)); break;
-          case OpCode::LogSumExp:
-            for (int64_t c = 0; c < w; ++c) gi[c] = g0 * std::exp(x[c] - res);
-            break;
-          case OpCode::Max: case OpCode::Min:
-            if (nd.first_index) {  // torch.max(x, dim): the first extreme (the first NaN)
-              int64_t at = 0;
-              for (int64_t c = 0; c < w; ++c)
-                if ((gf_isnan(res) && gf_isnan(x[c])) || x[c] == res) { at = c; break; }
-              gi[at] = g0;
-            } else {  // amax/amin: split among ties
-              int64_t count = 0;
-              for (int64_t c = 0; c < w; ++c) count += x[c] == res;
-              for (int64_t c = 0; c < w; ++c)
-                gi[c] = (x[c] == res ? g0 : 0.f) / static_cast<float>(count);
-            }
-            break;
-          default: throw std::logic_error("cpu backward: reduction");
-        }
-        break;
-      }
-      case Instr::Kind::Softmax: {
-        double s = 0;
-        if (nd.op == OpCode::Softmax) {
-          for (int64_t c = 0; c < w; ++c) s += double(g[c]) * y[c];
-          for (int64_t c = 0; c < w; ++c) gi[c] = static_cast<float>(y[c] * (g[c] - s));
-        } else {
-          for (int64_t c = 0; c < w; ++c) s += g[c];
-          for (int64_t c = 0; c < w; ++c) gi[c] = static_cast<float>(g[c] - std::exp(double(y[c])) * s);
-        }
-        break;
-      }
-      case Instr::Kind::GroupNorm: {
-        const float* wt = col_param(in.weight);
-        const int64_t gs = w / nd.groups;
-        for (int64_t grp = 0; grp < nd.groups; ++grp) {
-          const int64_t c0 = grp * gs;
-          const auto [mean, rstd] = group_stats(x.data() + c0, gs, nd.eps);
-          double m1 = 0, m2 = 0;
-          for (int64_t c = 0; c < gs; ++c) {
-            const double xh = (x[c0 + c] - mean) * rstd, gw = double(g[c0 + c]) * (wt ? wt[c0 + c] : 1.f);
-            m1 += gw;
-            m2 += gw * xh;
-            add_col(part, in.weight, c0 + c, double(g[c0 + c]) * xh);
-            add_col(part, in.bias, c0 + c, g[c0 + c]);
-          }
-          m1 /= double(gs);
-          m2 /= double(gs);
-          for (int64_t c = 0; c < gs; ++c) {
-            const double xh = (x[c0 + c] - mean) * rstd, gw = double(g[c0 + c]) * (wt ? wt[c0 + c] : 1.f);
-            gi[c0 + c] = static_cast<float>(rstd * (gw - m1 - xh * m2));
-          }
-        }
-        break;
-      }
-      case Instr::Kind::Pool:
-        for (int64_t o = 0; o < in.width_out; ++o) {
-          const auto [st, en, divisor] = pool_window(nd, o, w);
-          if (nd.op == OpCode::AvgPool) {
-            const float share = g[o] / divisor;
-            for (int64_t c = st; c < en; ++c) gi[c] += share;
-          } else {
-            const int64_t at = max_pool_at(x.data(), st, en);
-            if (at >= 0) gi[at] += g[o];
-          }
-        }
-        break;
-      case Instr::Kind::BatchNormApply: {  // running statistics (batch ones cut the rows)
-        const float* wt = col_param(in.weight);
-        const float* st = bn_stats(i);
-        for (int64_t c = 0; c < w; ++c) {
-          const double mean = st[c], invstd = st[w + c];
-          const double xh = (x[c] - mean) * invstd;
-          gi[c] = static_cast<float>(double(g[c]) * (wt ? wt[c] : 1.f) * invstd);
-          add_col(part, in.weight, c, double(g[c]) * xh);
-          add_col(part, in.bias, c, g[c]);
-        }
-        break;
-      }
+      case Instr::Kind::Pointwise: pointwise_backward(in, vals, i, g, gi, r, lo, local, part); break;
+      case Instr::Kind::Reduce: reduce_backward(nd, x, y, g, gi); break;
+      case Instr::Kind::Softmax: softmax_backward(nd, y, g, gi); break;
+      case Instr::Kind::GroupNorm: group_norm_backward(in, x, g, gi, part); break;
+      case Instr::Kind::Pool: pool_backward(nd, in.width_out, x, g, gi); break;
+      case Instr::Kind::BatchNormApply: batch_norm_backward(i, in, x, g, gi, part); break;
       case Instr::Kind::Save: throw std::logic_error("cpu backward: a Save among the stages");
     }
     g.swap(gi);
+  }
+
+  void pointwise_backward(const Instr& in, std::vector<std::vector<float>>& vals, int i,
+                          const std::vector<float>& g, std::vector<float>& gi, int64_t r, int lo,
+                          std::map<int, std::vector<float>>& local, Partials& part) {
+    const Node& nd = in.node;
+    const std::vector<float>& x = vals[i];
+    const std::vector<float>& y = vals[i + 1];
+    const int64_t w = static_cast<int64_t>(x.size());
+    const PointwiseParams pp = pointwise_params(nd);
+    if (family(nd.op) != OpFamily::Binary) {
+      for (int64_t c = 0; c < w; ++c) gi[c] = unary_grad(nd.op, x[c], y[c], g[c], pp);
+      return;
+    }
+    for (int64_t c = 0; c < w; ++c) {
+      const Grad2 d = binary_grad(nd.op, x[c], operand(in, vals, r, c), nd.reversed, g[c]);
+      gi[c] = d.l;
+      operand_grad(in, r, c, d.r, lo, local, part);
+    }
+  }
+
+  static void reduce_backward(const Node& nd, const std::vector<float>& x,
+                              const std::vector<float>& y, const std::vector<float>& g,
+                              std::vector<float>& gi) {
+    const int64_t w = static_cast<int64_t>(x.size());
+    const float g0 = g[0], res = y[0];
+    switch (nd.op) {
+      case OpCode::Sum: std::fill(gi.begin(), gi.end(), g0); return;
+      case OpCode::Mean: std::fill(gi.begin(), gi.end(), g0 / static_cast<float>(w)); return;
+      case OpCode::LogSumExp:
+        for (int64_t c = 0; c < w; ++c) gi[c] = g0 * std::exp(x[c] - res);
+        return;
+      case OpCode::Max: case OpCode::Min:
+        if (nd.first_index) {  // torch.max(x, dim): the first extreme (the first NaN)
+          int64_t at = 0;
+          for (int64_t c = 0; c < w; ++c)
+            if ((gf_isnan(res) && gf_isnan(x[c])) || x[c] == res) { at = c; break; }
+          gi[at] = g0;
+        } else {  // amax/amin: split among ties
+          int64_t count = 0;
+          for (int64_t c = 0; c < w; ++c) count += x[c] == res;
+          for (int64_t c = 0; c < w; ++c) gi[c] = (x[c] == res ? g0 : 0.f) / static_cast<float>(count);
+        }
+        return;
+      default: throw std::logic_error("cpu backward: reduction");
+    }
+  }
+
+  static void softmax_backward(const Node& nd, const std::vector<float>& y,
+                               const std::vector<float>& g, std::vector<float>& gi) {
+    const int64_t w = static_cast<int64_t>(y.size());
+    double s = 0;
+    if (nd.op == OpCode::Softmax) {
+      for (int64_t c = 0; c < w; ++c) s += double(g[c]) * y[c];
+      for (int64_t c = 0; c < w; ++c) gi[c] = static_cast<float>(y[c] * (g[c] - s));
+    } else {
+      for (int64_t c = 0; c < w; ++c) s += g[c];
+      for (int64_t c = 0; c < w; ++c) gi[c] = static_cast<float>(g[c] - std::exp(double(y[c])) * s);
+    }
+  }
+
+  void group_norm_backward(const Instr& in, const std::vector<float>& x,
+                           const std::vector<float>& g, std::vector<float>& gi, Partials& part) {
+    const Node& nd = in.node;
+    const float* wt = col_param(in.weight);
+    const int64_t gs = static_cast<int64_t>(x.size()) / nd.groups;
+    for (int64_t grp = 0; grp < nd.groups; ++grp) {
+      const int64_t c0 = grp * gs;
+      const auto [mean, rstd] = group_stats(x.data() + c0, gs, nd.eps);
+      double m1 = 0, m2 = 0;
+      for (int64_t c = 0; c < gs; ++c) {
+        const double xh = (x[c0 + c] - mean) * rstd, gw = double(g[c0 + c]) * (wt ? wt[c0 + c] : 1.f);
+        m1 += gw;
+        m2 += gw * xh;
+        add_col(part, in.weight, c0 + c, double(g[c0 + c]) * xh);
+        add_col(part, in.bias, c0 + c, g[c0 + c]);
+      }
+      m1 /= double(gs);
+      m2 /= double(gs);
+      for (int64_t c = 0; c < gs; ++c) {
+        const double xh = (x[c0 + c] - mean) * rstd, gw = double(g[c0 + c]) * (wt ? wt[c0 + c] : 1.f);
+        gi[c0 + c] = static_cast<float>(rstd * (gw - m1 - xh * m2));
+      }
+    }
+  }
+
+  static void pool_backward(const Node& nd, int64_t width_out, const std::vector<float>& x,
+                            const std::vector<float>& g, std::vector<float>& gi) {
+    const int64_t w = static_cast<int64_t>(x.size());
+    for (int64_t o = 0; o < width_out; ++o) {
+      const auto [st, en, divisor] = pool_window(nd, o, w);
+      if (nd.op == OpCode::AvgPool) {
+        const float share = g[o] / divisor;
+        for (int64_t c = st; c < en; ++c) gi[c] += share;
+      } else {
+        const int64_t at = max_pool_at(x.data(), st, en);
+        if (at >= 0) gi[at] += g[o];
+      }
+    }
+  }
+
+  // Running statistics (batch ones cut the rows into segments).
+  void batch_norm_backward(int i, const Instr& in, const std::vector<float>& x,
+                           const std::vector<float>& g, std::vector<float>& gi, Partials& part) {
+    const int64_t w = static_cast<int64_t>(x.size());
+    const float* wt = col_param(in.weight);
+    const float* st = bn_stats(i);
+    for (int64_t c = 0; c < w; ++c) {
+      const double mean = st[c], invstd = st[w + c];
+      const double xh = (x[c] - mean) * invstd;
+      gi[c] = static_cast<float>(double(g[c]) * (wt ? wt[c] : 1.f) * invstd);
+      add_col(part, in.weight, c, double(g[c]) * xh);
+      add_col(part, in.bias, c, g[c]);
+    }
   }
 
   void add_col(Partials& part, const OperandRef& o, int64_t c, double v) const {

@@ -312,23 +312,9 @@ struct Backward {
   // ---- one segment [lo, hi) over all rows ---------------------------------------------------
 
   void segment(int lo, int hi, std::vector<float>& dv_start) {
-    const bool top_is_output = hi == n;
     const int bn_below = lo > bp.start ? lo - 1 : -1;  // the BatchNorm whose output is v_lo
-    const int64_t w_lo = ch.row_width(lo), w_hi = ch.row_width(hi);
-    // Values read through v<j> by this segment from an earlier segment.
-    std::vector<int> far;
-    for (int i = lo; i < hi; ++i) {
-      const Node& nd = ch.nodes[i];
-      if (family(nd.op) == OpFamily::Binary && nd.b.kind == Operand::Kind::Value && nd.b.index < lo)
-        far.push_back(nd.b.index);
-    }
-    for (int j : far)
-      if (!pending.count(j)) pending[j].assign(M * ch.row_width(j), 0.f);
-    if (bn_below >= 0) {
-      bn_grad[bn_below].assign(M * w_lo, 0.f);
-      bn_sum_g[bn_below].assign(w_lo, 0.0);
-      bn_sum_gx[bn_below].assign(w_lo, 0.0);
-    }
+    const int64_t w_lo = ch.row_width(lo);
+    prepare_segment(lo, hi, bn_below, w_lo);
     const int threads = max_threads();
     std::vector<Partials> parts(threads);
     for (Partials& p : parts) {
@@ -351,62 +337,14 @@ struct Backward {
       vals[bp.start].assign(a.saved + bp.saved.v + r * bp.saved.v_cols,
                             a.saved + bp.saved.v + (r + 1) * bp.saved.v_cols);
       for (int i = bp.start; i < hi; ++i) forward(i, vals, r);
-      // The gradient at v_hi.
-      std::vector<float> g;
-      if (top_is_output) {
-        const float* go = static_cast<const float*>(a.grad_out) + r * w_hi;
-        g.assign(go, go + w_hi);
-      } else {  // v_hi is a batch-statistics BatchNorm's input: its backward, from the stats
-        const int b = hi;
-        const Instr& in = instr(b);
-        const float* wt = col_param(in.weight);
-        const float* s = saved_stats(b);
-        const std::vector<float>& x = vals[b];
-        const std::vector<float>& gb = bn_grad.at(b);
-        g.resize(w_hi);
-        for (int64_t c = 0; c < w_hi; ++c) {
-          const double xh = (x[c] - double(s[c])) * s[w_hi + c];
-          const double wc = wt ? wt[c] : 1.0;
-          // dx = invstd / M (M dxh - sum(dxh) - xh sum(dxh xh)), dxh = g w
-          g[c] = static_cast<float>(wc * s[w_hi + c] / double(M) *
-                                    (double(M) * gb[r * w_hi + c] - bn_sum_g.at(b)[c] -
-                                     xh * bn_sum_gx.at(b)[c]));
-        }
-      }
-      std::map<int, std::vector<float>> local;  // in-segment reads of v<j>: their gradients
-      auto add_pending = [&](int j) {
-        auto it = pending.find(j);
-        if (it != pending.end()) {
-          const int64_t wj = ch.row_width(j);
-          for (int64_t c = 0; c < wj; ++c) g[c] += it->second[r * wj + c];
-        }
-        auto lt = local.find(j);
-        if (lt != local.end()) {
-          for (size_t c = 0; c < g.size(); ++c) g[c] += lt->second[lt->second.size() == 1 ? 0 : c];
-          local.erase(lt);
-        }
-      };
-      add_pending(hi);
-      for (int i = hi - 1; i >= lo; --i) {
-        backward_far(i, vals, g, r, lo, local, parts[t]);
-        add_pending(i);
-      }
+      std::vector<float> g = top_gradient(hi, vals, r);
+      backward_rows(lo, hi, vals, g, r, parts[t]);
       if (bn_below >= 0) {  // g is at the BatchNorm's output: keep it and its column sums
-        const Instr& in = instr(bn_below);
-        const float* s = saved_stats(bn_below);
-        const std::vector<float>& x = vals[bn_below];
         if (sg[t].empty()) {
           sg[t].assign(w_lo, 0.0);
           sgx[t].assign(w_lo, 0.0);
         }
-        for (int64_t c = 0; c < w_lo; ++c) {
-          const double xh = (x[c] - double(s[c])) * s[w_lo + c];
-          bn_grad.at(bn_below)[r * w_lo + c] = g[c];
-          sg[t][c] += g[c];
-          sgx[t][c] += double(g[c]) * xh;
-          add_col(parts[t], in.weight, c, double(g[c]) * xh);
-          add_col(parts[t], in.bias, c, g[c]);
-        }
+        keep_batch_norm_gradient(bn_below, vals[bn_below], g, r, sg[t], sgx[t], parts[t]);
       } else {
         std::copy(g.begin(), g.end(), dv_start.begin() + r * w_lo);
       }
@@ -420,6 +358,91 @@ struct Backward {
           bn_sum_g[bn_below][c] += sg[t][c];
           bn_sum_gx[bn_below][c] += sgx[t][c];
         }
+    }
+  }
+
+  // The buffers a segment [lo, hi) writes: `pending` rows for the values below it that it
+  // reads through v<j>, and the gradient and column sums at the BatchNorm below it.
+  void prepare_segment(int lo, int hi, int bn_below, int64_t w_lo) {
+    for (int i = lo; i < hi; ++i) {
+      const Node& nd = ch.nodes[i];
+      const bool far = family(nd.op) == OpFamily::Binary && nd.b.kind == Operand::Kind::Value &&
+                       nd.b.index < lo;
+      if (far && !pending.count(nd.b.index))
+        pending[nd.b.index].assign(M * ch.row_width(nd.b.index), 0.f);
+    }
+    if (bn_below >= 0) {
+      bn_grad[bn_below].assign(M * w_lo, 0.f);
+      bn_sum_g[bn_below].assign(w_lo, 0.0);
+      bn_sum_gx[bn_below].assign(w_lo, 0.0);
+    }
+  }
+
+  // The gradient at v_hi for row r: the output's, or where v_hi is a batch-statistics
+  // BatchNorm's input, that BatchNorm's backward from its statistics and column sums.
+  std::vector<float> top_gradient(int hi, const std::vector<std::vector<float>>& vals,
+                                  int64_t r) const {
+    const int64_t w_hi = ch.row_width(hi);
+    if (hi == n) {
+      const float* go = static_cast<const float*>(a.grad_out) + r * w_hi;
+      return std::vector<float>(go, go + w_hi);
+    }
+    const Instr& in = instr(hi);
+    const float* wt = col_param(in.weight);
+    const float* s = saved_stats(hi);
+    const std::vector<float>& x = vals[hi];
+    const std::vector<float>& gb = bn_grad.at(hi);
+    std::vector<float> g(w_hi);
+    for (int64_t c = 0; c < w_hi; ++c) {
+      const double xh = (x[c] - double(s[c])) * s[w_hi + c];
+      const double wc = wt ? wt[c] : 1.0;
+      // dx = invstd / M (M dxh - sum(dxh) - xh sum(dxh xh)), dxh = g w
+      g[c] = static_cast<float>(wc * s[w_hi + c] / double(M) *
+                                (double(M) * gb[r * w_hi + c] - bn_sum_g.at(hi)[c] -
+                                 xh * bn_sum_gx.at(hi)[c]));
+    }
+    return g;
+  }
+
+  // Row r's gradient from v_hi down to v_lo, adding what later stages and earlier segments
+  // sent to each value read through v<j>.
+  void backward_rows(int lo, int hi, std::vector<std::vector<float>>& vals, std::vector<float>& g,
+                     int64_t r, Partials& part) {
+    std::map<int, std::vector<float>> local;  // in-segment reads of v<j>: their gradients
+    auto add_pending = [&](int j) {
+      auto it = pending.find(j);
+      if (it != pending.end()) {
+        const int64_t wj = ch.row_width(j);
+        for (int64_t c = 0; c < wj; ++c) g[c] += it->second[r * wj + c];
+      }
+      auto lt = local.find(j);
+      if (lt != local.end()) {
+        for (size_t c = 0; c < g.size(); ++c) g[c] += lt->second[lt->second.size() == 1 ? 0 : c];
+        local.erase(lt);
+      }
+    };
+    add_pending(hi);
+    for (int i = hi - 1; i >= lo; --i) {
+      backward_far(i, vals, g, r, lo, local, part);
+      add_pending(i);
+    }
+  }
+
+  // Row r's gradient g at a batch-statistics BatchNorm's output: kept for the segment below,
+  // with this thread's column sums and the BatchNorm's weight and bias gradients.
+  void keep_batch_norm_gradient(int b, const std::vector<float>& x, const std::vector<float>& g,
+                                int64_t r, std::vector<double>& sg, std::vector<double>& sgx,
+                                Partials& part) {
+    const Instr& in = instr(b);
+    const float* s = saved_stats(b);
+    const int64_t w = static_cast<int64_t>(g.size());
+    for (int64_t c = 0; c < w; ++c) {
+      const double xh = (x[c] - double(s[c])) * s[w + c];
+      bn_grad.at(b)[r * w + c] = g[c];
+      sg[c] += g[c];
+      sgx[c] += double(g[c]) * xh;
+      add_col(part, in.weight, c, double(g[c]) * xh);
+      add_col(part, in.bias, c, g[c]);
     }
   }
 

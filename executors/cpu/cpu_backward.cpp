@@ -479,50 +479,56 @@ struct Backward {
 
 }  // namespace
 
-void CpuExecutor::backward(const Plan& plan, const BackwardPlan& bp, const BackwardArgs& a) {
-  const int64_t M = plan.M, N = plan.N, K = plan.K;
-  if (a.grad_operands.size() != a.operands.size() || a.operand_numel.size() != a.operands.size())
-    throw std::invalid_argument("cpu backward: one gradient slot and size per operand");
-  for (size_t t = 0; t < a.grad_operands.size(); ++t)
-    if (a.grad_operands[t]) std::fill(a.grad_operands[t], a.grad_operands[t] + a.operand_numel[t], 0.f);
+namespace {
+
+// dV: the gradient at the value the GEMM (GEMV) produced, through the row stages.
+std::vector<float> gradient_at_gemm(const Plan& plan, const BackwardPlan& bp, const BackwardArgs& a) {
   const Chain& ch = plan.chain;
   const int n = static_cast<int>(ch.nodes.size());
-  const int64_t wv = ch.row_width(bp.start);
-  // dV: the gradient at the value the GEMM (GEMV) produced.
+  const int64_t M = plan.M, wv = ch.row_width(bp.start);
   std::vector<float> dv(static_cast<size_t>(M * wv), 0.f);
-  if (M > 0) {
-    if (bp.start == n) {
-      const float* go = static_cast<const float*>(a.grad_out);
-      std::copy(go, go + M * wv, dv.begin());
-    } else {
-      Backward b(plan, bp, a);
-      int hi = n;
-      for (auto it = bp.batch_norms.rbegin(); it != bp.batch_norms.rend(); ++it) {
-        std::vector<float> unused;
-        b.segment(*it + 1, hi, unused);
-        hi = *it;
-      }
-      b.segment(bp.start, hi, dv);
-    }
+  if (M == 0) return dv;
+  if (bp.start == n) {
+    const float* go = static_cast<const float*>(a.grad_out);
+    std::copy(go, go + M * wv, dv.begin());
+    return dv;
   }
+  Backward b(plan, bp, a);
+  int hi = n;
+  for (auto it = bp.batch_norms.rbegin(); it != bp.batch_norms.rend(); ++it) {
+    std::vector<float> unused;
+    b.segment(*it + 1, hi, unused);
+    hi = *it;
+  }
+  b.segment(bp.start, hi, dv);
+  return dv;
+}
+
+// The GEMM's gradients: dx = dV W, dW = dVᵀ x, db = the column sums of dV.
+void gemm_backward(const Plan& plan, const BackwardArgs& a, const std::vector<float>& dv) {
+  const int64_t M = plan.M, N = plan.N, K = plan.K;
   const float* x = static_cast<const float*>(a.x);
   const float* w = static_cast<const float*>(a.weight);
   const CpuMatmul mm = a.cpu_matmul ? a.cpu_matmul : CpuMatmul(matmul_loop);
-  if (!bp.gemv) {
-    if (a.grad_x) mm(M, K, N, dv.data(), false, w, false, static_cast<float*>(a.grad_x));
-    if (a.grad_w) mm(N, K, M, dv.data(), true, x, false, static_cast<float*>(a.grad_w));
-    if (a.grad_b) {
-      float* db = static_cast<float*>(a.grad_b);
-      for (int64_t c = 0; c < N; ++c) {
-        double s = 0;
-        for (int64_t r = 0; r < M; ++r) s += dv[r * N + c];
-        db[c] = static_cast<float>(s);
-      }
+  if (a.grad_x) mm(M, K, N, dv.data(), false, w, false, static_cast<float*>(a.grad_x));
+  if (a.grad_w) mm(N, K, M, dv.data(), true, x, false, static_cast<float*>(a.grad_w));
+  if (a.grad_b) {
+    float* db = static_cast<float*>(a.grad_b);
+    for (int64_t c = 0; c < N; ++c) {
+      double s = 0;
+      for (int64_t r = 0; r < M; ++r) s += dv[r * N + c];
+      db[c] = static_cast<float>(s);
     }
-    return;
   }
-  // The GEMV: v1[m] = s (x[m] . colsum(W) + sum(b)), so dx = s dv1 (x) colsum(W),
-  // dW[n] = s dv1ᵀ x for every n, db[n] = s sum(dv1).
+}
+
+// The GEMV: v1[m] = s (x[m] . colsum(W) + sum(b)), so dx = s dv1 (x) colsum(W),
+// dW[n] = s dv1ᵀ x for every n, db[n] = s sum(dv1).
+void gemv_backward(const Plan& plan, const BackwardPlan& bp, const BackwardArgs& a,
+                   const std::vector<float>& dv) {
+  const int64_t M = plan.M, N = plan.N, K = plan.K;
+  const float* x = static_cast<const float*>(a.x);
+  const float* w = static_cast<const float*>(a.weight);
   const double s = bp.gemv_scale;
   if (a.grad_x) {
     std::vector<double> cs(K, 0.0);
@@ -546,6 +552,18 @@ void CpuExecutor::backward(const Plan& plan, const BackwardPlan& bp, const Backw
     float* db = static_cast<float*>(a.grad_b);
     for (int64_t c = 0; c < N; ++c) db[c] = static_cast<float>(s * t);
   }
+}
+
+}  // namespace
+
+void CpuExecutor::backward(const Plan& plan, const BackwardPlan& bp, const BackwardArgs& a) {
+  if (a.grad_operands.size() != a.operands.size() || a.operand_numel.size() != a.operands.size())
+    throw std::invalid_argument("cpu backward: one gradient slot and size per operand");
+  for (size_t t = 0; t < a.grad_operands.size(); ++t)
+    if (a.grad_operands[t]) std::fill(a.grad_operands[t], a.grad_operands[t] + a.operand_numel[t], 0.f);
+  const std::vector<float> dv = gradient_at_gemm(plan, bp, a);
+  if (bp.gemv) gemv_backward(plan, bp, a, dv);
+  else gemm_backward(plan, a, dv);
 }
 
 }  // namespace gemmfuse

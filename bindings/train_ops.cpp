@@ -140,6 +140,96 @@ void update_running_stats(c10::string_view spec, const at::Tensor& x, const at::
 
 }  // namespace
 
+namespace {
+
+// The tensors one backward call reads and writes, alive until the executor has run.
+struct BackwardTensors {
+  at::Tensor go, x, w, b, dx, dw, db, workspace, weight_scratch;
+  std::vector<at::Tensor> ops, dops;
+};
+
+// C = op(A) op(B) with PyTorch's CPU GEMM, for the CPU executor's backward.
+void aten_matmul(int64_t M, int64_t N, int64_t K, const float* pa, bool ta, const float* pb,
+                 bool tb, float* pc) {
+  auto o = at::TensorOptions().dtype(at::kFloat);
+  at::Tensor A = at::from_blob(const_cast<float*>(pa), ta ? at::IntArrayRef{K, M} : at::IntArrayRef{M, K}, o);
+  at::Tensor B = at::from_blob(const_cast<float*>(pb), tb ? at::IntArrayRef{N, K} : at::IntArrayRef{K, N}, o);
+  at::Tensor C = at::from_blob(pc, {M, N}, o);
+  at::mm_out(C, ta ? A.t() : A, tb ? B.t() : B);
+}
+
+void* ptr(const at::Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; }
+
+// The inputs as the executor reads them (fp32, or the model's dtype for a GPU GEMM: `native`)
+// and the gradients it writes (fp32; those not needed left undefined).
+void bind_tensors(const CallInputs& in, const at::Tensor& grad_out, bool native,
+                  const std::vector<bool>& needs, BackwardTensors& t) {
+  auto f32 = [](const at::Tensor& v) { return v.to(at::kFloat).contiguous(); };
+  auto model = [&](const at::Tensor& v) { return native ? v.contiguous() : f32(v); };
+  auto need = [&](size_t i) { return i < needs.size() && needs[i]; };
+  t.go = f32(grad_out);
+  t.x = model(in.x);
+  t.w = model(in.weight);
+  t.b = in.bias ? model(*in.bias) : at::Tensor();
+  for (const auto& o : in.operands) t.ops.push_back(f32(o));
+  const auto f32_options = in.x.options().dtype(at::kFloat);
+  if (need(0)) t.dx = at::empty(t.x.sizes(), f32_options);
+  if (need(1)) t.dw = at::empty(t.w.sizes(), f32_options);
+  if (need(2) && t.b.defined()) t.db = at::empty(t.b.sizes(), f32_options);
+  for (size_t i = 0; i < t.ops.size(); ++i)
+    t.dops.push_back(need(3 + i) ? at::empty(t.ops[i].sizes(), t.ops[i].options()) : at::Tensor());
+}
+
+BackwardArgs backward_args(const BackwardTensors& t, const StateViews& state, const at::Tensor& saved) {
+  BackwardArgs a;
+  a.grad_out = t.go.data_ptr();
+  a.x = t.x.data_ptr();
+  a.weight = t.w.data_ptr();
+  a.bias = ptr(t.b);
+  for (const auto& o : t.ops) {
+    a.operands.push_back(o.data_ptr<float>());
+    a.operand_numel.push_back(o.numel());
+  }
+  a.state = state.pointers;
+  a.saved = saved.numel() ? saved.data_ptr<float>() : nullptr;
+  a.grad_x = ptr(t.dx);
+  a.grad_w = ptr(t.dw);
+  a.grad_b = ptr(t.db);
+  for (const auto& d : t.dops) a.grad_operands.push_back(d.defined() ? d.data_ptr<float>() : nullptr);
+  a.cpu_matmul = aten_matmul;
+  return a;
+}
+
+// The executor's workspace, and the scratch for what it builds from W for dx: over the
+// forward's prepared W where there is one (the next forward prepares it again; in training
+// W has changed by then anyway).
+void attach_scratch(Executor& executor, const Plan& plan, const BackwardPlan& bp,
+                    const CallInputs& in, bool needs_dx, BackwardTensors& t, BackwardArgs& a) {
+  const auto bytes = in.x.options().dtype(at::kByte);
+  const int64_t ws_bytes = static_cast<int64_t>(executor.backward_workspace_bytes(plan, bp));
+  if (ws_bytes > 0) t.workspace = at::empty({ws_bytes}, bytes);
+  a.workspace = ptr(t.workspace);
+  const size_t weight_bytes = needs_dx ? executor.backward_weight_bytes(plan, bp) : 0;
+  if (weight_bytes == 0) return;
+  t.weight_scratch = borrow_prepared(plan, in.weight, weight_bytes);
+  if (!t.weight_scratch.defined())
+    t.weight_scratch = at::empty({static_cast<int64_t>(weight_bytes)}, bytes);
+  a.weight_scratch = t.weight_scratch.data_ptr();
+}
+
+// The gradients in the dtypes of what they are gradients of (an empty tensor where none).
+std::vector<at::Tensor> gradients_out(const CallInputs& in, const BackwardTensors& t) {
+  auto back = [](const at::Tensor& g, const at::Tensor& like) {
+    return g.defined() ? g.to(like.scalar_type()) : at::empty({0}, like.options());
+  };
+  std::vector<at::Tensor> out{back(t.dx, in.x), back(t.dw, in.weight),
+                              in.bias ? back(t.db, *in.bias) : at::empty({0}, in.x.options())};
+  for (size_t i = 0; i < t.ops.size(); ++i) out.push_back(back(t.dops[i], in.operands[i]));
+  return out;
+}
+
+}  // namespace
+
 // The backward on the inputs' device: grad_out, operands and state in fp32 (and on the CPU
 // x, W, b too; on CUDA those stay in the model's dtype); gradients computed in fp32 and
 // returned in the inputs' dtypes.
@@ -157,60 +247,12 @@ std::vector<at::Tensor> backward_on_device(const CallInputs& in, const at::Tenso
 #endif
   const Plan& plan = training_plan(in);
   const BackwardPlan& bp = backward_plan_for(plan);
-  auto f32 = [](const at::Tensor& t) { return t.to(at::kFloat).contiguous(); };
   // The GEMV's backward reads x and W in fp32 (a rank-one update: memory-bound, no GEMM).
-  const bool native = gpu && !bp.gemv;
-  auto model = [&](const at::Tensor& t) { return native ? t.contiguous() : f32(t); };
-  const at::Tensor go = f32(grad_out), x = model(in.x), w = model(in.weight);
-  const at::Tensor b = in.bias ? model(*in.bias) : at::Tensor();
-  std::vector<at::Tensor> ops;
-  for (const auto& o : in.operands) ops.push_back(f32(o));
+  BackwardTensors t;
+  bind_tensors(in, grad_out, gpu && !bp.gemv, needs, t);
   StateViews state(in.state, StateViews::Native16Bit::No);
-  auto need = [&](size_t i) { return i < needs.size() && needs[i]; };
-  const auto f32_options = in.x.options().dtype(at::kFloat);
-
-  BackwardArgs a;
-  a.grad_out = go.data_ptr();
-  a.x = x.data_ptr();
-  a.weight = w.data_ptr();
-  a.bias = b.defined() ? b.data_ptr() : nullptr;
-  for (const auto& o : ops) {
-    a.operands.push_back(o.data_ptr<float>());
-    a.operand_numel.push_back(o.numel());
-  }
-  a.state = state.pointers;
-  a.saved = saved.numel() ? saved.data_ptr<float>() : nullptr;
-  at::Tensor dx = need(0) ? at::empty(x.sizes(), f32_options) : at::Tensor();
-  at::Tensor dw = need(1) ? at::empty(w.sizes(), f32_options) : at::Tensor();
-  at::Tensor db = need(2) && b.defined() ? at::empty(b.sizes(), f32_options) : at::Tensor();
-  std::vector<at::Tensor> dops;
-  for (size_t i = 0; i < ops.size(); ++i)
-    dops.push_back(need(3 + i) ? at::empty(ops[i].sizes(), ops[i].options()) : at::Tensor());
-  a.grad_x = dx.defined() ? dx.data_ptr() : nullptr;
-  a.grad_w = dw.defined() ? dw.data_ptr() : nullptr;
-  a.grad_b = db.defined() ? db.data_ptr() : nullptr;
-  for (auto& d : dops) a.grad_operands.push_back(d.defined() ? d.data_ptr<float>() : nullptr);
-  a.cpu_matmul = [](int64_t M, int64_t N, int64_t K, const float* pa, bool ta, const float* pb,
-                    bool tb, float* pc) {
-    auto o = at::TensorOptions().dtype(at::kFloat);
-    at::Tensor A = at::from_blob(const_cast<float*>(pa), ta ? at::IntArrayRef{K, M} : at::IntArrayRef{M, K}, o);
-    at::Tensor B = at::from_blob(const_cast<float*>(pb), tb ? at::IntArrayRef{N, K} : at::IntArrayRef{K, N}, o);
-    at::Tensor C = at::from_blob(pc, {M, N}, o);
-    at::mm_out(C, ta ? A.t() : A, tb ? B.t() : B);
-  };
-  const int64_t ws_bytes = static_cast<int64_t>(executor.backward_workspace_bytes(plan, bp));
-  at::Tensor workspace = ws_bytes > 0 ? at::empty({ws_bytes}, in.x.options().dtype(at::kByte)) : at::Tensor();
-  a.workspace = workspace.defined() ? workspace.data_ptr() : nullptr;
-  // What the backward builds from W (for dx) goes over the forward's prepared W where there is
-  // one (the next forward prepares it again; in training W has changed by then anyway).
-  const size_t weight_bytes = need(0) ? executor.backward_weight_bytes(plan, bp) : 0;
-  at::Tensor weight_scratch;
-  if (weight_bytes > 0) {
-    weight_scratch = borrow_prepared(plan, in.weight, weight_bytes);
-    if (!weight_scratch.defined())
-      weight_scratch = at::empty({static_cast<int64_t>(weight_bytes)}, in.x.options().dtype(at::kByte));
-    a.weight_scratch = weight_scratch.data_ptr();
-  }
+  BackwardArgs a = backward_args(t, state, saved);
+  attach_scratch(executor, plan, bp, in, !needs.empty() && needs[0], t, a);
 #ifdef GEMMFUSE_WITH_CUDA
   if (gpu) a.stream = c10::cuda::getCurrentCUDAStream(in.x.device().index()).stream();
 #endif
@@ -219,14 +261,7 @@ std::vector<at::Tensor> backward_on_device(const CallInputs& in, const at::Tenso
   } catch (const Unsupported& e) {
     TORCH_CHECK(false, "gemmfuse unsupported: ", e.what());
   }
-
-  auto back = [](const at::Tensor& g, const at::Tensor& like) {
-    return g.defined() ? g.to(like.scalar_type()) : at::empty({0}, like.options());
-  };
-  std::vector<at::Tensor> out{back(dx, in.x), back(dw, in.weight),
-                              in.bias ? back(db, *in.bias) : at::empty({0}, in.x.options())};
-  for (size_t i = 0; i < ops.size(); ++i) out.push_back(back(dops[i], in.operands[i]));
-  return out;
+  return gradients_out(in, t);
 }
 
 TORCH_LIBRARY_IMPL(gemmfuse, CPU, m) {

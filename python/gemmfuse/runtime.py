@@ -150,9 +150,7 @@ class ChainRuntime:
         #                                   fast's own ms where fp32's kernel ran faster, else None)
         self.precision_at: dict = {}      # the same keys -> "fp32" where `fast` runs fp32's kernel
         self._warned = False
-        self._fast_call = None            # _fast_path(self._fast)
-        self._fast = None                 # (shape, dtype, device, flags, spec, precision,
-        #                                   grad mode, autograd records) of the last fused call
+        self._fast_call = None            # _fast_path(...) of the last fused call's signature
         self._routed = None               # (shape, dtype, device, flags, reason) of the last call
         #                                   the planner routed to PyTorch
         self._routed_train = None         # the same for calls autograd records
@@ -161,7 +159,7 @@ class ChainRuntime:
         self._op = torch.ops.gemmfuse.run.default._op
 
     # -- pickling: the C++ binding and the per-process caches are rebuilt, not saved ----------
-    _TRANSIENT = ("_op", "_fast", "_fast_call", "_routed", "_routed_train", "refused", "refused_train", "_wt", "_cast",
+    _TRANSIENT = ("_op", "_fast_call", "_routed", "_routed_train", "refused", "refused_train", "_wt", "_cast",
                   "timed", "precision_at", "_root", "_paths")
 
     def __getstate__(self):
@@ -169,7 +167,7 @@ class ChainRuntime:
 
     def __setstate__(self, state):
         self.__dict__.update(state)
-        self._fast = self._fast_call = self._routed = self._routed_train = self._wt = self._cast = None
+        self._fast_call = self._routed = self._routed_train = self._wt = self._cast = None
         self.refused, self.refused_train, self.timed, self.precision_at = {}, {}, {}, {}
         _lib.load()
         self._op = torch.ops.gemmfuse.run.default._op
@@ -495,8 +493,8 @@ class ChainRuntime:
         self._saw(key + (train,))
         if (local is None and all(o is inputs[i] for o, i in zip(ops, self.op_idx))
                 and all(t is inputs[i] for t, i in zip(state, self.st_idx))):
-            self._fast = (x.shape, x.dtype, x.device, flags, spec, precision, grad_on, train)
-            self._fast_call = self._fast_path(self._fast)
+            self._fast_call = self._fast_path(
+                (x.shape, x.dtype, x.device, flags, spec, precision, grad_on, train))
         return out
 
     def _fast_path(self, fast):

@@ -33,13 +33,18 @@ from .. import optimize, runtimes
 from .models import MODELS
 
 
-def _args(argv):
-    p = argparse.ArgumentParser(prog="gemmfuse.bench.ddp")
-    p.add_argument("--model", default="m99", choices=sorted(MODELS))
+def step_arguments(p: argparse.ArgumentParser) -> None:
+    """The options the 2-GPU runners share: precision mode, checked and timed steps, rounds."""
     p.add_argument("--mode", default="fp32", choices=["fp32", "fast", "tf32"])
     p.add_argument("--steps", type=int, default=20, help="checked training steps")
     p.add_argument("--timed", type=int, default=20, help="timed steps per variant and round")
     p.add_argument("--rounds", type=int, default=3)
+
+
+def _args(argv):
+    p = argparse.ArgumentParser(prog="gemmfuse.bench.ddp")
+    p.add_argument("--model", default="m99", choices=sorted(MODELS))
+    step_arguments(p)
     p.add_argument("--batch", type=int, help="rows per rank (default 1024 on GPUs, 32 on the CPU)")
     p.add_argument("--features", type=int, help="K = N (default 8192 on GPUs, 256 on the CPU)")
     p.add_argument("--lr", type=float, default=1e-4, help="AdamW's (timed steps)")

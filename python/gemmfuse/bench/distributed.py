@@ -39,7 +39,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .. import explain, fused_calls, optimize, runtimes
-from .ddp import _time_steps, print_report
+from .ddp import _time_steps, print_report, step_arguments
 
 CASES = ("fsdp2-after", "fsdp2-before", "fsdp2-compile", "tp")
 
@@ -47,10 +47,7 @@ CASES = ("fsdp2-after", "fsdp2-before", "fsdp2-compile", "tp")
 def _args(argv):
     p = argparse.ArgumentParser(prog="gemmfuse.bench.distributed")
     p.add_argument("--case", required=True, choices=CASES)
-    p.add_argument("--mode", default="fp32", choices=["fp32", "fast", "tf32"])
-    p.add_argument("--steps", type=int, default=20, help="checked training steps")
-    p.add_argument("--timed", type=int, default=20, help="timed steps per variant and round")
-    p.add_argument("--rounds", type=int, default=3)
+    step_arguments(p)
     p.add_argument("--batch", type=int, help="rows per rank (default 4096 on GPUs, 16 on the CPU)")
     p.add_argument("--width", type=int, help="block width (default 4096 on GPUs, 32 on the CPU)")
     p.add_argument("--hidden", type=int, help="fc1's out features (default: the width)")

@@ -20,6 +20,7 @@
 // x1.w0, x0.w1 (each 2^11 too large: the split's p1), x0.w0.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <stdexcept>
 #include <type_traits>
@@ -177,19 +178,39 @@ size_t workspace_size(const F16x3Problem& p, int splits) {
 // Enqueues the GEMM; false (nothing enqueued) when the workspace is too small. With `pdl`
 // the launch is programmatic: the file must be built with CUTLASS_ENABLE_GDC_FOR_SM90, so
 // that the kernel's load warps wait for the x split before reading (programmatic_launch.h).
+// Opt the kernel into its dynamic shared memory on the current device, once per device.
+template <class Kernel>
+void allow_shared_storage() {
+  constexpr int kBytes = Kernel::SharedStorageSize;
+  if constexpr (kBytes >= (48 << 10)) {
+    static std::atomic<uint64_t> done{0};  // a bit per device id (< 64)
+    int dev = 0;
+    GF_CUDA_CHECK(cudaGetDevice(&dev));
+    const uint64_t bit = dev < 64 ? uint64_t(1) << dev : 0;
+    if (bit && (done.load(std::memory_order_acquire) & bit)) return;
+    GF_CUDA_CHECK(cudaFuncSetAttribute(cutlass::device_kernel<Kernel>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes));
+    done.fetch_or(bit, std::memory_order_release);
+  }
+}
+
 template <class Variant>
 bool launch(const F16x3Problem& p, int splits, void* workspace, size_t workspace_bytes,
             cudaStream_t stream, bool pdl) {
   using Gemm = typename Variant::Gemm;
+  using Kernel = typename Gemm::GemmKernel;
   const auto args = arguments<Variant>(p, splits);
   if (Gemm::get_workspace_size(args) > workspace_bytes) return false;
-  Gemm gemm;
-  if (gemm.can_implement(args) != cutlass::Status::kSuccess)
+  if (Gemm::can_implement(args) != cutlass::Status::kSuccess)
     throw std::logic_error("f16x3 GEMM: CUTLASS cannot implement an accepted shape");
-  // The split-K kernel's initialize clears its reduction flags (a memset on `stream`).
-  if (gemm.initialize(args, workspace, stream) != cutlass::Status::kSuccess)
+  // What Gemm::initialize does, but the kernel's shared-memory opt-in (a driver call, ~4 us of
+  // host time) once per device instead of on every launch. The split-K kernel's workspace
+  // initialization clears its reduction flags (a memset on `stream`).
+  allow_shared_storage<Kernel>();
+  if (Kernel::initialize_workspace(args, workspace, stream) != cutlass::Status::kSuccess)
     throw std::runtime_error("f16x3 GEMM: initialize failed");
-  if (gemm.run(stream, nullptr, pdl) != cutlass::Status::kSuccess)
+  auto params = Kernel::to_underlying_arguments(args, workspace);
+  if (Gemm::run(params, stream, nullptr, pdl) != cutlass::Status::kSuccess)
     throw std::runtime_error("f16x3 GEMM: launch failed");
   GF_LAUNCH_CHECK();
   return true;

@@ -164,3 +164,23 @@ def test_train_bench_records(tmp_path):
         # (gemm.bias's true gradient is 0: a BatchNorm follows; its relative error says nothing)
         assert all(r["grad_rel_err"][n] < 1e-3 for n in ("x", "gemm.weight", "bn.weight")), r["grad_rel_err"]
     assert out.with_suffix(".png").stat().st_size > 0
+
+
+def test_share_batching_gives_every_variant_the_shortest_calls_batch_size():
+    """One batch size for every variant of a comparison: the largest any of them picks
+    alone (its shortest call); a variant whose probe fails keeps its own (its round records
+    the failure)."""
+    from gemmfuse.bench.runner import share_batching
+
+    class Probe:
+        def __init__(self, per):
+            self.want, self.per = per, None
+
+        def probe(self, warmup):
+            if self.want is None:
+                raise RuntimeError("broken variant")
+            return self.want
+
+    timers = [Probe(1), Probe(4), Probe(2), Probe(None), None]
+    share_batching(timers, warmup=1)
+    assert [t.per for t in timers[:4]] == [4, 4, 4, None]

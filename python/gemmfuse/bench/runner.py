@@ -115,10 +115,11 @@ class CallTimer:
     On a GPU each call is timed alone between two CUDA events (`ms_latency`). A call shorter
     than its own host path (m18's GEMV: ~10 us of GPU work behind ~17 us of Python and
     dispatch) then measures the idle GPU waiting for the launch, not the work; such calls
-    (decided in the first round) are also timed in batches of back-to-back calls between two
-    events, `repeats` batches or more (at least MIN_BATCHED_MS of them), and `ms` is the
-    median batch time per call (sustained throughput, inputs still rotated). For longer calls the two agree and `ms` is the per-call median over
-    every round."""
+    (decided in the first round, or for every variant of a comparison by share_batching)
+    are also timed in batches of back-to-back calls between two events, `repeats` batches
+    or more (at least MIN_BATCHED_MS of them), and `ms` is the median batch time per call
+    (sustained throughput, inputs still rotated). For longer calls the two agree and `ms` is
+    the per-call median over every round."""
 
     def __init__(self, fn, sets, dev, tick=lambda: None):
         self.fn, self.sets, self.dev, self.tick = fn, sets, dev, tick
@@ -137,6 +138,16 @@ class CallTimer:
             b.record()
         _sync(self.dev)
         return [a.elapsed_time(b) / per for a, b in evs]
+
+    def probe(self, warmup, calls=5):
+        """The batch size this call would pick alone (route_timer.calls_per_batch of its
+        median single-call time after `warmup` calls); 1 off the GPU."""
+        if self.dev.type != "cuda":
+            return 1
+        for i in range(warmup):
+            self.fn(*self.sets[i % len(self.sets)])
+        _sync(self.dev)
+        return calls_per_batch(statistics.median(self._timed(1, calls)))
 
     def round(self, warmup, repeats, warmup_ms=WARMUP_MS):
         fn, sets = self.fn, self.sets
@@ -201,6 +212,21 @@ class CallTimer:
         if self.windows:
             out["timed_windows"] = self.windows  # turned into gpu_state by run()
         return out
+
+
+def share_batching(timers, warmup):
+    """Every timer of a comparison times in batches of one size, the one its shortest call
+    picks (CallTimer.probe): a variant just over the batching threshold would otherwise be
+    timed per call, idle launch gaps included, against others timed back to back."""
+    pers = []
+    for t in (t for t in timers if t is not None):
+        try:
+            pers.append((t, t.probe(warmup)))
+        except Exception:  # noqa: BLE001 - its own round records the failure
+            continue
+    per = max((p for _, p in pers), default=1)
+    for t, _ in pers:
+        t.per = per
 
 
 def time_calls(fn, sets, warmup, repeats, dev, tick=lambda: None):
@@ -454,6 +480,7 @@ def _measure_all(variants, model, sets, ref, ref_state, cfg, dev, progress, task
         dtype = torch.bfloat16 if v.endswith("bf16") else torch.float32
         tick = lambda t=tasks[v]: _tick(progress, t)  # noqa: E731
         built.append(_build(v, model, sets, dtype, ref, ref_state, dev, tick))
+    share_batching([t for rec, t in built if not rec.get("error")], cfg.warmup)
     for r in range(cfg.rounds):
         # Odd rounds run the variants in reverse (ABBA): each one follows a different
         # predecessor, whose heat and clock it may inherit, in alternate rounds.

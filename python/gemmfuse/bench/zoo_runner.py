@@ -30,7 +30,7 @@ import traceback
 
 import torch
 
-from .runner import CallTimer, _free, _num, _sync, errors
+from .runner import CallTimer, _free, _num, _sync, errors, share_batching
 from .zoo_report import err_of
 
 VARIANTS = ("eager", "compile", "optimize", "backend", "max-autotune")
@@ -321,6 +321,7 @@ def measure_group(base, sets32, loss_fn, ref, dtype, phase, variants, cfg, dev, 
             runs.append(run)
             tick()
         _stage(head, "all", "timing rounds")
+        share_batching([run.timer for run in runs], cfg.warmup)
         for r in range(cfg.rounds):
             for run in (runs if r % 2 == 0 else runs[::-1]):
                 run.round(cfg)

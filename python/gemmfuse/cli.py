@@ -71,6 +71,9 @@ def parser():
                         "compiles take long; eager always runs: the speedups divide its time)")
     z.add_argument("--zoo-max-autotune", action="store_true",
                    help="add torch.compile(mode='max-autotune') to the variants (long compiles)")
+    z.add_argument("--zoo-merge", nargs="+", metavar="JSON", default=None,
+                   help="no run: merge zoo records made in parts on one kind of GPU into --out "
+                        "(JSON, table, PNG and log)")
     b.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     b.add_argument("--seed", type=int, default=0)
     return p
@@ -85,8 +88,24 @@ def _zoo_args(cfg, args):
         cfg.zoo_variants = list(cfg.zoo_variants or DEFAULT_VARIANTS) + ["max-autotune"]
 
 
+def _zoo_merge(args):
+    import sys
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from .bench.zoo_report import merge
+    if not args.out:
+        raise SystemExit("--zoo-merge needs --out (the merged JSON's path)")
+    console = Console(width=None if sys.stdout.isatty() else 160, record=True)
+    merge(args.zoo_merge, args.out, console, SimpleNamespace(record=args.record))
+    return 0
+
+
 def main(argv=None):
     args = parser().parse_args(argv)
+    if args.cmd == "bench" and args.zoo_merge:
+        return _zoo_merge(args)
     if args.cmd == "bench" and args.host:
         from .bench.host import main as host_main
         return host_main(args.device, args.out)

@@ -3,6 +3,7 @@ the tiny batch kind; the real shapes are checked on the meta device (no memory, 
 import copy
 import json
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -237,3 +238,34 @@ def test_record_names_a_zoo_run(tmp_path):
     (tmp_path / "results").mkdir()
     res = {"header": {"gpu": "NVIDIA H100 80GB HBM3", "zoo": True}, "records": []}
     assert record(res, [str(run)], tmp_path / "results") == [str(tmp_path / "results" / "h100-zoo.json")]
+
+
+def test_zoo_merge_joins_parts(tmp_path, monkeypatch):
+    """Zoo runs made in parts (one GPU call each) merge into one record: every part's rows, the
+    summary over all of them, the parts and their commit in the header; parts from different
+    devices are refused."""
+    parts = []
+    for i, model in enumerate(("pinn", "swiglu")):
+        (tmp_path / str(i)).mkdir()
+        _zoo(tmp_path / str(i), "--zoo-models", model, "--zoo-variants", "eager,optimize",
+             "--zoo-dtypes", "fp32", "--zoo-phases", "forward")
+        parts.append(str(tmp_path / str(i) / "zoo.json"))
+    first = json.loads(Path(parts[0]).read_text())
+    first["header"]["git"] = None  # a part run from a tree without .git
+    Path(parts[0]).write_text(json.dumps(first))
+    monkeypatch.setenv("GEMMFUSE_GIT_COMMIT", "abc1234")
+    out = tmp_path / "merged" / "all.json"
+    assert main(["bench", "--zoo-merge", *parts, "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert [r["model"] for r in res["records"]] == ["pinn"] * 2 + ["swiglu"] * 2
+    h = res["header"]
+    assert h["models"] == ["pinn", "swiglu"] and set(h["models_info"]) == {"pinn", "swiglu"}
+    own = json.loads(Path(parts[1]).read_text())["header"]["git"]
+    assert [p["git"] for p in h["parts"]] == ["abc1234", own]
+    assert list(h["summary"]["median_speedup"]) == ["fp32 forward"]
+    assert out.with_suffix(".png").stat().st_size > 10_000
+    other = json.loads(Path(parts[1]).read_text())
+    other["header"]["gpu"] = "another GPU"
+    Path(parts[1]).write_text(json.dumps(other))
+    with pytest.raises(SystemExit, match="different devices"):
+        main(["bench", "--zoo-merge", *parts, "--out", str(out)])

@@ -4,7 +4,10 @@ speedups per dtype and phase; the rows where optimize is slower than eager or th
 slower than torch.compile), the PNG chart and the log."""
 from __future__ import annotations
 
+import json
+import os
 import statistics
+from pathlib import Path
 
 SLOW = 0.98  # below this speedup a row is listed as slower
 
@@ -231,3 +234,30 @@ def report(result, out, console, cfg):
         paths += record(result, paths)
     console.print("wrote " + ", ".join(paths))
     return paths
+
+
+def merge(paths, out, console, cfg):
+    """One record from zoo runs made in parts (a GPU call has a time limit, the zoo takes
+    longer): their records together, the summary over all of them, the table, PNG and log.
+    The parts must come from one kind of GPU; the header lists each part's models and commit
+    (GEMMFUSE_GIT_COMMIT names the commit where a part's header has none)."""
+    parts = [(str(p), json.loads(Path(p).read_text())) for p in paths]
+    gpus = {d["header"].get("gpu") for _, d in parts}
+    if len(gpus) != 1:
+        raise SystemExit(f"--zoo-merge: the parts ran on different devices: {sorted(map(str, gpus))}")
+    commit = os.environ.get("GEMMFUSE_GIT_COMMIT")
+    header = dict(parts[0][1]["header"], notes=[])
+    header["models"] = [m for _, d in parts for m in d["header"]["models"]]
+    header["models_info"] = {k: v for _, d in parts for k, v in d["header"]["models_info"].items()}
+    header["parts"] = [{"file": Path(p).name, "models": d["header"]["models"],
+                        "git": d["header"].get("git") or commit} for p, d in parts]
+    header["git"] = header.get("git") or commit
+    for _, d in parts:
+        header["notes"] += [n for n in d["header"].get("notes", []) if n not in header["notes"]]
+    records = [r for _, d in parts for r in d["records"]]
+    header["summary"] = summary(records)
+    result = {"header": header, "records": records}
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1, default=str))
+    return report(result, out, console, cfg)

@@ -40,7 +40,7 @@ test-sizes: setup
 test: test-cpp test-python test-sizes
 
 bench: build
-	$(VPY) -m gemmfuse bench $(BENCH_ARGS)
+	$(VPY) -m bench $(BENCH_ARGS)
 
 # A wheel of this checkout in dist/ (py3-none-linux_x86_64), built against the pinned torch
 # (in the same build folder as `make build`: only what changed is compiled).

@@ -7,10 +7,10 @@
 #               SANITIZE_PY="-k ..." runs memcheck and racecheck over that pytest selection too.
 #               The backward's kernels run only from Python (SANITIZE's gtests do not reach them):
 #               GEMMFUSE_GPU_GRAD_FUZZ_N=8 SANITIZE_PY="-k 'fuzz_backward and cuda'" does.
-#               DDP="m99 m84" runs gemmfuse.bench.ddp on two GPUs per model; PROFILE="m94"
+#               DDP="m99 m84" runs bench.ddp on two GPUs per model; PROFILE="m94"
 #               bench/micro/train_profile.py; HOST=1 the host-cost bench; ZOO="--zoo-models a,b
 #               --zoo-batches small" the model zoo (ZOO_REPEATS times); DIST="fsdp2-before
-#               fsdp2-after fsdp2-compile tp" gemmfuse.bench.distributed on two GPUs.
+#               fsdp2-after fsdp2-compile tp" bench.distributed on two GPUs.
 #   GEMMFUSE_GIT_COMMIT=<hash>: the commit the bench records (the copied tree's .git may be older).
 # The machine's own python3 holds torch; the wheel goes into it with --no-deps (no network).
 set -uo pipefail
@@ -60,21 +60,21 @@ if [ -n "${SANITIZE_PY:-}" ]; then  # the sanitizers over a pytest selection (th
   rm -f "$OUT/sanitize_py_tmp.log"
 fi
 
-if [ -n "${DDP:-}" ]; then  # gemmfuse.bench.ddp on two GPUs (torchrun), one run per model named
+if [ -n "${DDP:-}" ]; then  # bench.ddp on two GPUs (torchrun), one run per model named
   export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # no NVLink multicast
   for m in ${DDP}; do
-    python3 -m torch.distributed.run --nproc-per-node 2 -m gemmfuse.bench.ddp --model "$m" \
+    python3 -m torch.distributed.run --nproc-per-node 2 -m bench.ddp --model "$m" \
       --out "$OUT/ddp-$m.json" ${DDP_ARGS:-} > "$OUT/ddp-$m.log" 2>&1
     note "ddp $m rc=$? $(grep -E 'PASS|FAIL' "$OUT/ddp-$m.log" | tail -1 | grep -oE 'PASS|FAIL')"
     grep -vE '^(W|I)[0-9]{4}' "$OUT/ddp-$m.log" | tail -14
   done
 fi
 
-if [ -n "${DIST:-}" ]; then  # gemmfuse.bench.distributed on two GPUs (torchrun), one run per case
+if [ -n "${DIST:-}" ]; then  # bench.distributed on two GPUs (torchrun), one run per case
   export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # no NVLink multicast
   for c in ${DIST}; do
     timeout ${DIST_TIMEOUT:-240} python3 -m torch.distributed.run --nproc-per-node 2 \
-      -m gemmfuse.bench.distributed --case "$c" --steps 20 --out "$OUT/dist-$c.json" \
+      -m bench.distributed --case "$c" --steps 20 --out "$OUT/dist-$c.json" \
       > "$OUT/dist-$c.log" 2>&1
     note "distributed $c rc=$? $(grep -E 'PASS|FAIL' "$OUT/dist-$c.log" | tail -1 | grep -oE 'PASS|FAIL')"
     grep -vE '^(W|I)[0-9]{4}' "$OUT/dist-$c.log" | tail -12
@@ -82,14 +82,14 @@ if [ -n "${DIST:-}" ]; then  # gemmfuse.bench.distributed on two GPUs (torchrun)
 fi
 
 if [ -n "${PROFILE:-}" ]; then  # bench/micro/train_profile.py over these models
-  python3 bench/micro/train_profile.py ${PROFILE} > "$OUT/train_profile.log" 2>&1
+  python3 -m bench.micro.train_profile ${PROFILE} > "$OUT/train_profile.log" 2>&1
   note "train profile rc=$?"
   cat "$OUT/train_profile.log"
 fi
 
 if [ "${BENCH:-0}" = 1 ]; then
   for i in $(seq "${BENCH_REPEATS:-1}"); do
-    python3 -m gemmfuse bench --out "$OUT/bench-$i.json" ${BENCH_ARGS:-} > "$OUT/bench-$i.console" 2>&1
+    python3 -m bench --out "$OUT/bench-$i.json" ${BENCH_ARGS:-} > "$OUT/bench-$i.console" 2>&1
     note "bench $i rc=$?"
     rm -f "$OUT/bench-$i.console"  # the same text is in bench-$i.log
   done
@@ -97,14 +97,14 @@ if [ "${BENCH:-0}" = 1 ]; then
 fi
 
 if [ "${HOST:-0}" = 1 ]; then  # host cost per fused chain call (bench/host.py), CPU and CUDA
-  python3 -m gemmfuse bench --host --out "$OUT/host.json" > "$OUT/host.log" 2>&1
+  python3 -m bench --host --out "$OUT/host.json" > "$OUT/host.log" 2>&1
   note "host bench rc=$?"
   tail -8 "$OUT/host.log"
 fi
 
 if [ -n "${ZOO:-}" ]; then  # the model zoo (ZOO="--zoo-models ... --zoo-batches ..."), ZOO_REPEATS times
   for i in $(seq "${ZOO_REPEATS:-1}"); do
-    eval "python3 -m gemmfuse bench --zoo --out $OUT/zoo-$i.json ${ZOO}" > "$OUT/zoo-$i.log" 2>&1
+    eval "python3 -m bench --zoo --out $OUT/zoo-$i.json ${ZOO}" > "$OUT/zoo-$i.log" 2>&1
     note "zoo $i rc=$?"
   done
   tail -60 "$OUT/zoo-${ZOO_REPEATS:-1}.log" | tr -d '\000'  # the progress bar leaves NULs

@@ -10,7 +10,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PRODUCT = ("python/gemmfuse", "core", "bindings", "executors")
-SKIP = ("python/gemmfuse/bench",)  # the benchmark is not product code
+SKIP = ()  # paths under PRODUCT that are not product code
 SUFFIXES = {".py": ".py", ".cpp": ".cpp", ".h": ".h", ".cu": ".cpp", ".cuh": ".h"}
 
 

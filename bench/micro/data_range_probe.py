@@ -5,7 +5,7 @@ The seed inputs (x uniform [0, 1), W uniform +-1/sqrt(K)) give pre-activations u
 std ~0.33; the fused sm90 kernel's epilogue chooses its gelu form per warp from the range of
 its values (docs/measurements.md), so its speed can depend on the data. This probe shows
 how much.
-    python3 bench/micro/data_range_probe.py [--scales rand 1 2 4 16]
+    python3 -m bench.micro.data_range_probe [--scales rand 1 2 4 16]
 """
 import argparse
 import json
@@ -13,8 +13,9 @@ import json
 import torch
 
 import gemmfuse
-from gemmfuse.bench.runner import errors, time_calls
-from gemmfuse.bench.models import M99
+from bench.compare import errors
+from bench.timing import time_calls
+from bench.models import M99
 
 B, K, N = 1024, 8192, 8192
 

@@ -8,7 +8,7 @@ the ratio of their energies per call, and the energy per call says whether a ker
 more than cuBLAS's GEMM on the same flops (docs/measurements.md). Energy comes from
 NVML's total-energy counter (mJ) read through ctypes at the ends of each window; SM clock,
 power and temperature are sampled every 20 ms in a thread.
-    python3 bench/micro/energy_probe.py [--seconds 3] [--warmup-s 1.5] [--out F]
+    python3 -m bench.micro.energy_probe [--seconds 3] [--warmup-s 1.5] [--out F]
 """
 import argparse
 import ctypes
@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 import gemmfuse
-from gemmfuse.bench.models import M99
+from bench.models import M99
 
 B, K, N = 1024, 8192, 8192
 

@@ -6,7 +6,7 @@ gelu(u) = u Phi(u) = relu(u) - g(|u|), g(a) = a Phi(-a) = a erfc(a / sqrt 2) / 2
 [-1, 1] covers every finite u, with g(a) <= g(A) ignored past A. The fit minimaxes the
 absolute error (Lawson-weighted least squares on Chebyshev nodes, Chebyshev basis), then
 takes the monomial coefficients in z (well conditioned on [-1, 1], unlike powers of a).
-    python3 bench/micro/fit_gelu_wide.py [--clamp 4.75] [--degree 11] (the committed coefficients)
+    python3 -m bench.micro.fit_gelu_wide [--clamp 4.75] [--degree 11] (the committed coefficients)
 """
 import argparse
 

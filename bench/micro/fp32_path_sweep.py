@@ -3,7 +3,7 @@ tensor-core path (sm90; from 33 rows and K = 128, where its cost rule says so) s
 launch, the host's TMA descriptors)? Linear(K, N) -> relu, x uniform [0, 1), each shape's
 error against float64 too. Run once as is and once with GEMMFUSE_F16X3=0 (the SGEMM path)
 to compare the two paths.
-    python3 bench/micro/fp32_path_sweep.py [--precision fast] [--shapes MxKxN,...] [--out F]
+    python3 -m bench.micro.fp32_path_sweep [--precision fast] [--shapes MxKxN,...] [--out F]
 """
 import argparse
 import json
@@ -12,7 +12,8 @@ import torch
 from torch import nn
 
 import gemmfuse
-from gemmfuse.bench.runner import errors, time_calls
+from bench.compare import errors
+from bench.timing import time_calls
 
 SHAPES = [(m, k, n) for m in (256, 1024, 4096) for k, n in
           ((256, 256), (512, 512), (1024, 1024), (2048, 2048), (4096, 4096),

@@ -1,14 +1,14 @@
 """Where a training step's GPU time goes: torch.profiler over fwd+bwd of seed models with
 gemmfuse (fp32) and eager, the kernels by total CUDA time per call. Answers which of the
 backward's pieces (row backward, column sums, transposes, splits, GEMMs) is worth work.
-Usage: python bench/micro/train_profile.py [m84 m94 m99 ...]"""
+Usage: python3 -m bench.micro.train_profile [m84 m94 m99 ...]"""
 import sys
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 import gemmfuse
-from gemmfuse.bench.models import MODELS
+from bench.models import MODELS
 
 CALLS = 5
 

@@ -14,6 +14,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.append(str(ROOT))  # the benchmark package (bench/), which the wheel does not hold
 
 # The CPU tests exercise the CPU executor on every chain, also where the planner would route
 # the call to PyTorch as the faster (test_route.py checks that routing without this).
@@ -21,6 +22,13 @@ os.environ.setdefault("GEMMFUSE_ALWAYS_FUSE", "1")
 
 import gemmfuse  # noqa: E402,F401
 from gemmfuse import _lib  # noqa: E402
+
+def with_bench_path(env: dict) -> dict:
+    """`env` for a subprocess that imports the benchmark package (bench/ at the repository
+    root, outside the wheel): the root leads PYTHONPATH."""
+    paths = [str(ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return {**env, "PYTHONPATH": os.pathsep.join(paths)}
+
 
 HAVE_LIB = _lib.available()
 REQUIRE_LIB = os.environ.get("GEMMFUSE_REQUIRE_LIB") == "1"
@@ -41,13 +49,13 @@ SEED_N94 = 256  # m94: 8 groups of 32 channels
 
 
 def seed_ids():
-    from gemmfuse.bench.models import MODELS
+    from bench.models import MODELS
     return list(MODELS)
 
 
 def make_seed(mid, batch=SEED_B, k=SEED_K, n=None, device="cpu", seed=0):
     """(model, inputs) for seed model `mid` at small shapes; m94 keeps 32 channels per group."""
-    from gemmfuse.bench.models import MODELS
+    from bench.models import MODELS
     torch.manual_seed(seed)
     spec = MODELS[mid]
     if n is None:

@@ -19,7 +19,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 import gemmfuse
-from gemmfuse.bench.distributed import Net
+from bench.distributed import Net
 from gemmfuse.fsdp import unsharded_params
 from gemmfuse.tensor_parallel import is_dtensor, local
 
@@ -203,7 +203,7 @@ def case_tp_foreach(mesh, rank):
     multi-tensor (foreach) step: one call per parameter group, which DTensor refuses for a
     list mixing DTensors (the blocks) and plain tensors (the head, not parallelized)."""
     import torch.optim.optimizer as optim
-    from gemmfuse.bench import distributed as bench
+    from bench import distributed as bench
     devices = optim._get_foreach_kernels_supported_devices
     optim._get_foreach_kernels_supported_devices = lambda: [*devices(), "cpu"]
     try:

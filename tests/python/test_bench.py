@@ -1,4 +1,4 @@
-"""`python -m gemmfuse bench` end to end on the CPU at a tiny shape."""
+"""`python -m bench` end to end on the CPU at a tiny shape."""
 import json
 from pathlib import Path
 
@@ -7,8 +7,9 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 
-from gemmfuse.bench.runner import errors, time_calls  # noqa: E402
-from gemmfuse.cli import main  # noqa: E402
+from bench.compare import errors  # noqa: E402
+from bench.timing import time_calls  # noqa: E402
+from bench.cli import main  # noqa: E402
 
 FIELDS = {"model", "mode", "dtype", "ms", "speedup_vs_eager", "rel_err", "max_abs_err",
           "allclose_1e4", "gpu", "torch", "batch", "in_features", "out_features", "timestamp",
@@ -22,7 +23,7 @@ def _library_ready():
 
 def _bench(tmp_path, *extra):
     out = tmp_path / "r.json"
-    argv = ["bench", "--device", "cpu", "--models", "m84,m94", "--batch", "4",
+    argv = ["--device", "cpu", "--models", "m84,m94", "--batch", "4",
             "--in-features", "64", "--out-features", "96", "--repeats", "2", "--out", str(out),
             *extra]
     assert main(argv) == 0
@@ -80,7 +81,7 @@ def test_errors_and_timing():
 
 def test_device_info_commit(monkeypatch):
     # A copied tree (the GPU machine's) can carry an older .git: the caller's commit wins.
-    from gemmfuse.bench.runner import device_info
+    from bench.device import device_info
     monkeypatch.setenv("GEMMFUSE_GIT_COMMIT", "abc1234")
     assert device_info(torch.device("cpu"))["git"] == "abc1234"
     monkeypatch.delenv("GEMMFUSE_GIT_COMMIT")
@@ -89,13 +90,14 @@ def test_device_info_commit(monkeypatch):
 
 def test_negative_warmup_ms_is_refused():
     with pytest.raises(SystemExit, match="warmup-ms"):
-        main(["bench", "--device", "cpu", "--warmup-ms", "-1"])
+        main(["--device", "cpu", "--warmup-ms", "-1"])
 
 
 def test_variants_alternate_in_rounds(monkeypatch):
     """A model's variants are built (first call checked) first, then timed round by round:
     each round gives every variant its warm-up and timed calls in turn, odd rounds in reverse."""
-    import gemmfuse.bench.runner as gb
+    import bench.compare as compare
+    from bench.runner import Config
     log = []
 
     def fake_build(variant, model, example):
@@ -104,15 +106,15 @@ def test_variants_alternate_in_rounds(monkeypatch):
             return torch.zeros(2, 3)
         return fn, model, None
 
-    monkeypatch.setattr(gb, "build_variant", fake_build)
-    cfg = gb.Config(repeats=2, warmup=1, rounds=3)
+    monkeypatch.setattr(compare, "build_variant", fake_build)
+    cfg = Config(repeats=2, warmup=1, rounds=3)
     sets = [(torch.rand(2, 3),)]
     ref = torch.zeros(2, 3, dtype=torch.float64)
     from rich.progress import Progress
     progress = Progress(auto_refresh=False, disable=True)
     tasks = {v: progress.add_task(v, total=None) for v in ("eager", "gemmfuse-fp32")}
-    recs = gb._measure_all(["eager", "gemmfuse-fp32"], torch.nn.Linear(3, 3), sets, ref, {}, cfg,
-                           torch.device("cpu"), progress, tasks)
+    recs = compare.measure_all(["eager", "gemmfuse-fp32"], torch.nn.Linear(3, 3), sets, ref, {},
+                               cfg, torch.device("cpu"), progress, tasks)
     a, b = ["eager"] * 3, ["gemmfuse-fp32"] * 3  # a round: 1 warm-up + 2 timed calls each
     assert log == ["eager", "gemmfuse-fp32"] + a + b + b + a + a + b  # odd rounds reversed
     assert [r["mode"] for r in recs] == ["eager", "gemmfuse-fp32"]
@@ -123,7 +125,7 @@ def test_variants_alternate_in_rounds(monkeypatch):
 def test_record_keeps_the_latest_per_device_kind(tmp_path):
     """--record: the run's files become <kind>.json/.png/.log in the results folder, and its
     headline speedups a row of history.csv."""
-    from gemmfuse.bench.record import device_kind, record
+    from bench.record import device_kind, record
     assert device_kind("NVIDIA H100 80GB HBM3") == "h100" and device_kind(None) == "cpu"
     run = tmp_path / "out"
     run.mkdir()
@@ -149,7 +151,7 @@ def test_record_keeps_the_latest_per_device_kind(tmp_path):
 def test_train_bench_records(tmp_path):
     """--train: a record per model, variant and scenario, with gradient errors and speedups."""
     out = tmp_path / "t.json"
-    assert main(["bench", "--train", "--device", "cpu", "--models", "m84", "--modes", "fp32",
+    assert main(["--train", "--device", "cpu", "--models", "m84", "--modes", "fp32",
                  "--batch", "8", "--in-features", "32", "--out-features", "48", "--repeats", "2",
                  "--rounds", "1", "--no-bf16", "--out", str(out)]) == 0
     res = json.loads(out.read_text())
@@ -170,7 +172,7 @@ def test_share_batching_gives_every_variant_the_shortest_calls_batch_size():
     """One batch size for every variant of a comparison: the largest any of them picks
     alone (its shortest call); a variant whose probe fails keeps its own (its round records
     the failure)."""
-    from gemmfuse.bench.runner import share_batching
+    from bench.timing import share_batching
 
     class Probe:
         def __init__(self, per):

@@ -1,5 +1,5 @@
 """DistributedDataParallel through gemmfuse: two processes launched by torchrun train a seed
-model under DDP next to eager and float64 copies (gemmfuse.bench.ddp). On the CPU with gloo
+model under DDP next to eager and float64 copies (bench.ddp). On the CPU with gloo
 (chains forced fused: at these shapes the CPU router would send them to PyTorch), and on two
 GPUs with NCCL where there are."""
 import json
@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from conftest import needs_lib
+from conftest import needs_lib, with_bench_path
 
 pytestmark = needs_lib
 
@@ -19,9 +19,9 @@ def _torchrun(tmp_path, *args, env=None):
     out = tmp_path / "ddp.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
            "--master-port", str(29500 + os.getpid() % 1000),
-           "-m", "gemmfuse.bench.ddp", "--out", str(out), *args]
+           "-m", "bench.ddp", "--out", str(out), *args]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=240,
-                       env={**os.environ, **(env or {})}, cwd=tmp_path)
+                       env=with_bench_path({**os.environ, **(env or {})}), cwd=tmp_path)
     assert out.exists(), p.stdout[-3000:] + p.stderr[-3000:]
     return json.loads(out.read_text()), p
 

@@ -1,5 +1,5 @@
 """FSDP2 and tensor parallelism through gemmfuse on the CPU: two processes with gloo, launched
-by torchrun. The four cases of the 2-GPU runner (gemmfuse.bench.distributed) at small
+by torchrun. The four cases of the 2-GPU runner (bench.distributed) at small
 shapes: fully_shard then optimize(), optimize() then fully_shard, fully_shard under
 torch.compile(backend="gemmfuse"), and a ColwiseParallel -> RowwiseParallel MLP; then the
 edge cases of dist_cases.py in one launch. Each trains a copy with gemmfuse and one without
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import needs_lib
+from conftest import needs_lib, with_bench_path
 
 pytestmark = [needs_lib, pytest.mark.skipif(not torch.distributed.is_available(),
                                             reason="torch.distributed is not available")]
@@ -26,13 +26,13 @@ def _torchrun(tmp_path, target, *args, port_offset=0):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
            "--master-port", str(29000 + (os.getpid() + port_offset) % 1000), *target, *args]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=240,
-                       env={**os.environ, **ENV}, cwd=tmp_path)
+                       env=with_bench_path({**os.environ, **ENV}), cwd=tmp_path)
     return p
 
 
 def _case(tmp_path, case, steps=4):
     out = tmp_path / f"{case}.json"
-    p = _torchrun(tmp_path, ["-m", "gemmfuse.bench.distributed"], "--case", case, "--device", "cpu",
+    p = _torchrun(tmp_path, ["-m", "bench.distributed"], "--case", case, "--device", "cpu",
                   "--steps", str(steps), "--timed", "1", "--rounds", "1", "--out", str(out),
                   port_offset=sum(map(ord, case)))
     assert out.exists(), p.stdout[-3000:] + p.stderr[-3000:]

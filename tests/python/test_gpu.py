@@ -123,7 +123,7 @@ def test_16bit_models_cuda(mid, dtype):
 @pytest.mark.parametrize("M", [1, 7, 128, 1024, 4096])
 def test_shapes_not_multiple_of_16(M, precision):
     k, n = 1001, 999
-    from gemmfuse.bench.models import M94
+    from bench.models import M94
     for mid in ("m22", "m99", "m94"):
         if mid == "m94":  # 8 groups of 125 channels
             torch.manual_seed(0)

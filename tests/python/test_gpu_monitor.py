@@ -6,7 +6,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
-from gemmfuse.bench.gpu_monitor import (GpuMonitor, decode_reasons, parse_sample,  # noqa: E402
+from bench.gpu_monitor import (GpuMonitor, decode_reasons, parse_sample,  # noqa: E402
                                   summarize)
 
 # Answers like nvidia-smi: one line per query, or one every -lms ms; refuses the newest field
@@ -84,7 +84,7 @@ def test_monitor_without_nvidia_smi(tmp_path):
 
 def test_main_table_shows_the_clock_when_sampled():
     from rich.console import Console
-    from gemmfuse.bench.runner import main_table
+    from bench.runner import main_table
     header = {"gpu": "H100", "batch": 4, "in_features": 8, "out_features": 8, "rounds": 4}
     rec = {"model": "m99", "mode": "gemmfuse-bf16", "ms": 0.19, "speedup_vs_eager": 1.2,
            "rel_err": 1e-3, "max_abs_err": 1e-3, "pass": True}

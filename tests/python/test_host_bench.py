@@ -3,7 +3,7 @@ import json
 
 import torch
 
-from gemmfuse.bench import host
+from bench import host
 from conftest import needs_lib
 
 

@@ -1,10 +1,10 @@
-"""The seed models (gemmfuse.bench.models) against their description in docs/models.md."""
+"""The seed models (bench.models) against their description in docs/models.md."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from gemmfuse.bench.models import BATCH, IN_FEATURES, MODELS, OUT_FEATURES, M22  # noqa: E402
+from bench.models import BATCH, IN_FEATURES, MODELS, OUT_FEATURES, M22  # noqa: E402
 
 B, K, N = 8, 64, 96
 

@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 
 import gemmfuse
-from gemmfuse.bench.models import GPTBlock
+from bench.models import GPTBlock
 from gemmfuse.dynamo_module import GemmfuseDynamoModule
 from conftest import needs_lib
 

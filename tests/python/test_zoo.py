@@ -1,4 +1,4 @@
-"""The model zoo (bench/zoo.py) and `gemmfuse bench --zoo` (bench/zoo_runner.py) on the CPU at
+"""The model zoo (bench/zoo.py) and `python -m bench --zoo` (bench/zoo_runner.py) on the CPU at
 the tiny batch kind; the real shapes are checked on the meta device (no memory, no compute)."""
 import copy
 import json
@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from conftest import needs_lib
-from gemmfuse.bench import zoo_runner
-from gemmfuse.bench.zoo import KINDS, ZOO, count
-from gemmfuse.cli import main
+from bench import zoo_runner
+from bench.zoo import KINDS, ZOO, count
+from bench.cli import main
 
 NAMES = list(ZOO)
 
@@ -109,7 +109,7 @@ def _row(variant, ms, err, phase="forward", dtype="fp32", model="m"):
 
 
 def test_speedups_and_summary():
-    from gemmfuse.bench import zoo_report
+    from bench import zoo_report
     rows = zoo_runner.speedups([_row("eager", 2.0, 1e-7), _row("compile", 1.0, 1e-7),
                                 _row("optimize", 2.5, 1e-7), _row("backend", 1.25, 0.3)])
     by = {r["variant"]: r for r in rows}
@@ -134,7 +134,7 @@ def test_speedups_and_summary():
 
 def _zoo(tmp_path, *args):
     out = tmp_path / "zoo.json"
-    assert main(["bench", "--zoo", "--device", "cpu", "--zoo-batches", "tiny", "--repeats", "2",
+    assert main(["--zoo", "--device", "cpu", "--zoo-batches", "tiny", "--repeats", "2",
                  "--rounds", "1", "--out", str(out), *args]) == 0
     res = json.loads(out.read_text())
     assert out.with_suffix(".png").stat().st_size > 10_000
@@ -232,7 +232,7 @@ def test_zoo_bench_compile_variants(tmp_path, monkeypatch):
 
 def test_record_names_a_zoo_run(tmp_path):
     """--record: a zoo run is its device kind's `-zoo` record, and stays out of the history."""
-    from gemmfuse.bench.record import record
+    from bench.record import record
     run = tmp_path / "z.json"
     run.write_text("{}")
     (tmp_path / "results").mkdir()
@@ -255,7 +255,7 @@ def test_zoo_merge_joins_parts(tmp_path, monkeypatch):
     Path(parts[0]).write_text(json.dumps(first))
     monkeypatch.setenv("GEMMFUSE_GIT_COMMIT", "abc1234")
     out = tmp_path / "merged" / "all.json"
-    assert main(["bench", "--zoo-merge", *parts, "--out", str(out)]) == 0
+    assert main(["--zoo-merge", *parts, "--out", str(out)]) == 0
     res = json.loads(out.read_text())
     assert [r["model"] for r in res["records"]] == ["pinn"] * 2 + ["swiglu"] * 2
     h = res["header"]
@@ -268,4 +268,4 @@ def test_zoo_merge_joins_parts(tmp_path, monkeypatch):
     other["header"]["gpu"] = "another GPU"
     Path(parts[1]).write_text(json.dumps(other))
     with pytest.raises(SystemExit, match="different devices"):
-        main(["bench", "--zoo-merge", *parts, "--out", str(out)])
+        main(["--zoo-merge", *parts, "--out", str(out)])

@@ -1,4 +1,4 @@
-"""`gemmfuse bench --train`: training through the reference models, eager PyTorch against
+"""`python -m bench --train`: training through the reference models, eager PyTorch against
 gemmfuse in the same run. Per model and mode, three scenarios:
   fwd+bwd      forward and backward with x not requiring grad (a first layer)
   fwd+bwd(dx)  the same with x requiring grad (an inner layer: dx = dY W too)
@@ -87,7 +87,7 @@ def _grad_errors(got, ref) -> dict:
 
 
 def run_train(cfg, dev, progress, base) -> list:
-    from .runner import CallTimer, _free, _sync
+    from .timing import CallTimer, free, sync
     b, k, n = (1024, 8192, 8192) if dev.type == "cuda" else (64, 1024, 1024)
     b, k, n = cfg.batch or b, cfg.in_features or k, cfg.out_features or n
     names = _variants(cfg)
@@ -103,7 +103,7 @@ def run_train(cfg, dev, progress, base) -> list:
         ref = Variant("float64", model, sets, gys, dev)
         ref64 = ref.grads()
         del ref
-        _free(dev)
+        free(dev)
         variants, rows = [], []
         for name in names:
             rec_base = {"model": mid, "mode": name, "dtype": "bfloat16" if name.endswith("bf16") else "float32",
@@ -114,11 +114,11 @@ def run_train(cfg, dev, progress, base) -> list:
                 errs = _grad_errors(v.grads(), ref64)
                 peak = None
                 if dev.type == "cuda":
-                    _sync(dev)
+                    sync(dev)
                     torch.cuda.reset_peak_memory_stats(dev)
                     before = torch.cuda.memory_allocated(dev)
                     v.call("fwd+bwd(dx)")(0)
-                    _sync(dev)
+                    sync(dev)
                     peak = (torch.cuda.max_memory_allocated(dev) - before) / 2 ** 20
                 timers = {s: CallTimer(v.call(s), [()], dev) for s in SCENARIOS}
                 variants.append((v, timers))
@@ -142,7 +142,7 @@ def run_train(cfg, dev, progress, base) -> list:
                     out["peak_mb"] = peak
                 records.append(out)
         del variants
-        _free(dev)
+        free(dev)
     _finish(records)
     return records
 

@@ -1,6 +1,6 @@
 """DistributedDataParallel through gemmfuse, launched by torchrun:
 
-    torchrun --nproc-per-node 2 -m gemmfuse.bench.ddp [--model m99] [--steps 20] [--out F.json]
+    torchrun --nproc-per-node 2 -m bench.ddp [--model m99] [--steps 20] [--out F.json]
 
 Each rank holds three copies of a seed model under DDP, trained on the same per-rank batches:
 float64 (the reference), eager fp32 and gemmfuse (--mode). Checked over --steps steps of plain
@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from .. import optimize, runtimes
+from gemmfuse import optimize, runtimes
 from .models import MODELS
 
 
@@ -42,7 +42,7 @@ def step_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _args(argv):
-    p = argparse.ArgumentParser(prog="gemmfuse.bench.ddp")
+    p = argparse.ArgumentParser(prog="bench.ddp")
     p.add_argument("--model", default="m99", choices=sorted(MODELS))
     step_arguments(p)
     p.add_argument("--batch", type=int, help="rows per rank (default 1024 on GPUs, 32 on the CPU)")

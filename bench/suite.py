@@ -1,4 +1,4 @@
-"""`gemmfuse bench --suite`: Linear -> chain problems beyond the five reference models (varied
+"""`python -m bench --suite`: Linear -> chain problems beyond the five reference models (varied
 chains; M from 1 to 32768, N and K from 256 to 32768) and a minGPT-style transformer block,
 eager PyTorch against gemmfuse in the same dtype, in the same run: fp32 models (`fp32` and
 `fast` modes) and bf16 models."""
@@ -112,16 +112,17 @@ VARIANTS = ["eager", "gemmfuse-fp32", "gemmfuse-fast", "eager-bf16", "gemmfuse-b
 def run_suite(cfg, dev, progress, base, only=None) -> list:
     """Every problem's records (as the reference models' bench writes them), each with its
     name under `problem`."""
-    from .runner import _calls_per_variant, _free, _measure_all, finish, reference
+    from .compare import calls_per_variant, finish, measure_all, reference
+    from .timing import free
     probs = problems(cfg.input_sets, only, shrink=1 if dev.type == "cuda" else 32)
-    tasks = {(p.name, v): progress.add_task(f"{p.name[:24]} {v}", total=_calls_per_variant(cfg))
+    tasks = {(p.name, v): progress.add_task(f"{p.name[:24]} {v}", total=calls_per_variant(cfg))
              for p in probs for v in VARIANTS}
     records = []
     for i, p in enumerate(probs):
         torch.manual_seed(cfg.seed + 1000 + i)
         model, sets = p.make(dev)
         ref, ref_state = reference(model, sets)
-        rows = _measure_all(VARIANTS, model, sets, ref, ref_state, cfg, dev, progress,
+        rows = measure_all(VARIANTS, model, sets, ref, ref_state, cfg, dev, progress,
                             {v: tasks[(p.name, v)] for v in VARIANTS})
         for rec in rows:
             rec.update(base, model=p.name, problem=p.name, flops=p.flops,
@@ -130,7 +131,7 @@ def run_suite(cfg, dev, progress, base, only=None) -> list:
                 rec["tflops"] = p.flops / (rec["ms"] * 1e-3) / 1e12
         records += finish(rows)
         del model, sets, ref
-        _free(dev)
+        free(dev)
     return records
 
 

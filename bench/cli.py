@@ -1,4 +1,5 @@
-"""Command line: `gemmfuse bench ...` or `python -m gemmfuse bench ...` (see `gemmfuse bench -h`)."""
+"""Command line of the benchmark: `python -m bench ...` from the repository root (`make bench`;
+see `python -m bench -h`)."""
 from __future__ import annotations
 
 import argparse
@@ -9,9 +10,10 @@ def _list(s):
 
 
 def parser():
-    p = argparse.ArgumentParser(prog="gemmfuse")
-    sub = p.add_subparsers(dest="cmd", required=True)
-    b = sub.add_parser("bench", help="time the seed models: eager, torch.compile, gemmfuse")
+    p = argparse.ArgumentParser(prog="python -m bench",
+                                description="time the seed models (or the suite, the zoo, the "
+                                            "host cost): eager, torch.compile, gemmfuse")
+    b = p
     b.add_argument("--models", type=_list, default=None, help="comma list (default: all five)")
     b.add_argument("--modes", type=_list, default=None,
                    help="gemmfuse precisions, comma list of fp32,fast,tf32 (default: all)")
@@ -80,7 +82,7 @@ def parser():
 
 
 def _zoo_args(cfg, args):
-    from .bench.zoo_runner import DEFAULT_VARIANTS
+    from .zoo_runner import DEFAULT_VARIANTS
     cfg.zoo = True
     cfg.zoo_models, cfg.zoo_batches = args.zoo_models, args.zoo_batches
     cfg.zoo_dtypes, cfg.zoo_phases, cfg.zoo_variants = args.zoo_dtypes, args.zoo_phases, args.zoo_variants
@@ -94,7 +96,7 @@ def _zoo_merge(args):
 
     from rich.console import Console
 
-    from .bench.zoo_report import merge
+    from .zoo_report import merge
     if not args.out:
         raise SystemExit("--zoo-merge needs --out (the merged JSON's path)")
     console = Console(width=None if sys.stdout.isatty() else 160, record=True)
@@ -102,33 +104,39 @@ def _zoo_merge(args):
     return 0
 
 
+def _config(args):
+    """The run's Config from the arguments (the seed models, suite, training or zoo run)."""
+    from .runner import Config
+    from .timing import WARMUP_MS
+    if (args.rounds is not None and args.rounds < 1) or (args.repeats is not None and args.repeats < 1):
+        raise SystemExit("--rounds and --repeats must be at least 1")
+    warmup_ms = WARMUP_MS if args.warmup_ms is None else args.warmup_ms
+    if warmup_ms < 0:
+        raise SystemExit("--warmup-ms must not be negative")
+    cfg = Config(repeats=args.repeats, warmup=args.warmup, warmup_ms=warmup_ms,
+                 rounds=args.rounds, input_sets=args.input_sets,
+                 batch=args.batch, in_features=args.in_features,
+                 out_features=args.out_features, out=args.out, record=args.record,
+                 compile=args.compile,
+                 bf16=args.bf16, sweep=args.sweep, sweep_m=args.sweep_m,
+                 suite=args.suite, suite_only=args.suite_only, train=args.train,
+                 device=args.device, seed=args.seed)
+    if args.models:
+        cfg.models = args.models
+    if args.zoo:
+        _zoo_args(cfg, args)
+    if args.modes is not None:
+        cfg.modes = args.modes
+    return cfg
+
+
 def main(argv=None):
     args = parser().parse_args(argv)
-    if args.cmd == "bench" and args.zoo_merge:
+    if args.zoo_merge:
         return _zoo_merge(args)
-    if args.cmd == "bench" and args.host:
-        from .bench.host import main as host_main
+    if args.host:
+        from .host import main as host_main
         return host_main(args.device, args.out)
-    if args.cmd == "bench":
-        from .bench.runner import WARMUP_MS, Config, run
-        if (args.rounds is not None and args.rounds < 1) or (args.repeats is not None and args.repeats < 1):
-            raise SystemExit("--rounds and --repeats must be at least 1")
-        warmup_ms = WARMUP_MS if args.warmup_ms is None else args.warmup_ms
-        if warmup_ms < 0:
-            raise SystemExit("--warmup-ms must not be negative")
-        cfg = Config(repeats=args.repeats, warmup=args.warmup, warmup_ms=warmup_ms,
-                     rounds=args.rounds, input_sets=args.input_sets,
-                     batch=args.batch, in_features=args.in_features,
-                     out_features=args.out_features, out=args.out, record=args.record,
-                     compile=args.compile,
-                     bf16=args.bf16, sweep=args.sweep, sweep_m=args.sweep_m,
-                     suite=args.suite, suite_only=args.suite_only, train=args.train,
-                     device=args.device, seed=args.seed)
-        if args.models:
-            cfg.models = args.models
-        if args.zoo:
-            _zoo_args(cfg, args)
-        if args.modes is not None:
-            cfg.modes = args.modes
-        run(cfg)
+    from .runner import run
+    run(_config(args))
     return 0

@@ -1,7 +1,7 @@
-"""Benchmark tooling (``gemmfuse bench``): the five reference models (``models``), the timed
+"""Benchmark tooling (``python -m bench``): the five reference models (``models``), the timed
 comparison of eager PyTorch, torch.compile and gemmfuse (``runner``), the GPU state sampler
 (``gpu_monitor``), the charts (``plot``), and the model zoo (``zoo``: twelve architectures;
-``zoo_runner``, ``zoo_report``: ``gemmfuse bench --zoo``). Nothing in the product package
+``zoo_runner``, ``zoo_report``: ``python -m bench --zoo``). Nothing in the product package
 imports it."""
 from .runner import Config, run
 

@@ -1,4 +1,4 @@
-"""`gemmfuse bench --host`: what a fused chain call costs the host, against a plain PyTorch op.
+"""`python -m bench --host`: what a fused chain call costs the host, against a plain PyTorch op.
 
 The model is a deep narrow MLP, 16 x (Linear(W, W) -> ReLU), at tiny shapes, where a call is
 all host work: eager issues 32 ops, optimize() 16 fused chains. Per variant the wall time of

@@ -1,4 +1,4 @@
-"""What `gemmfuse bench --zoo` shows and writes from its records (zoo_runner.py): the rich
+"""What `python -m bench --zoo` shows and writes from its records (zoo_runner.py): the rich
 table (a row per model, batch, dtype and phase; a column per variant), the summary (median
 speedups per dtype and phase; the rows where optimize is slower than eager or the backend
 slower than torch.compile), the PNG chart and the log."""

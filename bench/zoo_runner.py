@@ -1,4 +1,4 @@
-"""`gemmfuse bench --zoo`: the model zoo (zoo.py) through eager PyTorch, torch.compile,
+"""`python -m bench --zoo`: the model zoo (zoo.py) through eager PyTorch, torch.compile,
 ``gemmfuse.optimize`` and the gemmfuse compile backend, in one process.
 
 Per model and batch kind one model is built (seeded). Per phase a float64 deepcopy of it gives
@@ -30,7 +30,8 @@ import traceback
 
 import torch
 
-from .runner import CallTimer, _free, _num, _sync, errors, share_batching
+from .compare import errors, finite_or_none
+from .timing import CallTimer, free, share_batching, sync
 from .zoo_report import err_of
 
 VARIANTS = ("eager", "compile", "optimize", "backend", "max-autotune")
@@ -126,7 +127,8 @@ def grad_errors(model, ref_grads):
             worst, name = e, n
     total = sum(v * v for v in norms.values()) ** 0.5
     overall = d2 ** 0.5 / total if total > 0 else d2 ** 0.5
-    return {"grad_rel_err": _num(worst), "grad_worst": name, "grad_rel_err_all": _num(overall),
+    return {"grad_rel_err": finite_or_none(worst), "grad_worst": name,
+            "grad_rel_err_all": finite_or_none(overall),
             "grad_zero": zero, "grad_missing": missing,
             "grad_finite": math.isfinite(worst) and math.isfinite(overall)}
 
@@ -196,7 +198,7 @@ class VariantRun:
     def build(self, base, sets, dtype, loss_fn, ref, phase):
         """Copy, wrap and check the variant (untimed); then its timer. Errors are recorded."""
         dev, rec = self.dev, self.rec
-        _sync(dev)
+        sync(dev)
         a0 = torch.cuda.memory_allocated(dev) if dev.type == "cuda" else 0
         t0 = time.perf_counter()
         try:
@@ -211,7 +213,7 @@ class VariantRun:
                 opt = _optimizer(m, dev)
                 rec.update(check_train(fn, m, opt, sets, loss_fn, ref))
                 timed = train_step(fn, m, opt, loss_fn)
-            _sync(dev)
+            sync(dev)
             rec["first_call_s"] = time.perf_counter() - t0
             rec.update(chains(holder))
             self.holder = holder
@@ -224,7 +226,7 @@ class VariantRun:
     def fail(self, e):
         self.rec.update(error=_first_line(e), traceback=traceback.format_exc()[-2000:], ms=None)
         self.timer = None
-        _free(self.dev)
+        free(self.dev)
 
     def round(self, cfg):
         """One timed round (CallTimer.round), with its peak memory above what it began with."""
@@ -233,12 +235,12 @@ class VariantRun:
         cuda = self.dev.type == "cuda"
         try:
             if cuda:
-                _sync(self.dev)
+                sync(self.dev)
                 torch.cuda.reset_peak_memory_stats(self.dev)
                 a = torch.cuda.memory_allocated(self.dev)
             self.timer.round(cfg.warmup, cfg.repeats, cfg.warmup_ms)
             if cuda:
-                _sync(self.dev)
+                sync(self.dev)
                 peak = torch.cuda.max_memory_allocated(self.dev)
                 self.transient = max(self.transient, peak - a)
                 self.peak_total = max(self.peak_total, peak)
@@ -284,7 +286,7 @@ def check_train(fn, model, opt, sets, loss_fn, ref):
     loss.backward()
     rec = errors(out, ref["outs"][0])
     lv = float(loss.detach())
-    rec["loss_rel_err"] = _num(abs(lv - ref["loss"]) / max(abs(ref["loss"]), 1e-30))
+    rec["loss_rel_err"] = finite_or_none(abs(lv - ref["loss"]) / max(abs(ref["loss"]), 1e-30))
     rec.update(grad_errors(model, ref["grads"]))
     del out, loss
     opt.step()
@@ -330,7 +332,7 @@ def measure_group(base, sets32, loss_fn, ref, dtype, phase, variants, cfg, dev, 
     faulthandler.cancel_dump_traceback_later()
     del runs, sets
     torch._dynamo.reset()  # each group compiles fresh models: no cache limits, no leftovers
-    _free(dev)
+    free(dev)
     return speedups(records)
 
 
@@ -380,9 +382,9 @@ def run_model(index, name, st, cfg, dev, tick, emit, base_rec):
                 emit(measure_group(base, sets32, loss_fn, ref, DTYPES[dn], phase,
                                    st["variants"], cfg, dev, tick, group))
             del ref
-            _free(dev)
+            free(dev)
         del base, sets32
-        _free(dev)
+        free(dev)
 
 
 # --------------------------------------------------------------------------------- the run
@@ -457,7 +459,7 @@ def _setup(cfg):
     from pathlib import Path
 
     from .record import OUT_DIR
-    from .runner import device_info, pick_device
+    from .device import device_info, pick_device
     dev = pick_device(cfg.device)
     gpu = dev.type == "cuda"
     cfg.repeats = cfg.repeats or (10 if gpu else 5)
@@ -481,7 +483,7 @@ def run_zoo(cfg, console=None):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from . import zoo_report
-    from .runner import _clean
+    from .record import clean_json
     console = console or Console(width=None if sys.stdout.isatty() else 160, record=True)
     dev, info, out = _setup(cfg)
     st = settings(cfg, dev)
@@ -496,7 +498,7 @@ def run_zoo(cfg, console=None):
 
     def emit(records):
         result["records"].extend(records)
-        out.write_text(json.dumps(_clean(result), indent=1, default=str))
+        out.write_text(json.dumps(clean_json(result), indent=1, default=str))
         progress.console.log(group_line(records))
         sys.stdout.flush()
 
@@ -514,6 +516,6 @@ def run_zoo(cfg, console=None):
             progress.update(tasks[name], completed=total)
             progress.refresh()
     header["summary"] = zoo_report.summary(result["records"])
-    out.write_text(json.dumps(_clean(result), indent=1, default=str))
+    out.write_text(json.dumps(clean_json(result), indent=1, default=str))
     zoo_report.report(result, out, console, cfg)
     return result, out

@@ -1,6 +1,6 @@
 """A bench record as the README's results table (markdown), from its JSON:
 
-    python -m gemmfuse.bench.summary bench/results/h100.json
+    python -m bench.summary bench/results/h100.json
 """
 from __future__ import annotations
 

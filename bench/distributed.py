@@ -1,7 +1,7 @@
 """FSDP2 and tensor parallelism through gemmfuse, launched by torchrun:
 
     NCCL_NVLS_ENABLE=0 python -m torch.distributed.run --nproc-per-node 2 \\
-        -m gemmfuse.bench.distributed --case fsdp2-after --steps 20 --out X.json
+        -m bench.distributed --case fsdp2-after --steps 20 --out X.json
 
 Cases (a model of --blocks residual blocks ``x + fc2(gelu(fc1(x)))`` and a head
 ``relu(head(x))``, width --width, hidden --hidden):
@@ -38,14 +38,14 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .. import explain, fused_calls, optimize, runtimes
+from gemmfuse import explain, fused_calls, optimize, runtimes
 from .ddp import _time_steps, print_report, step_arguments
 
 CASES = ("fsdp2-after", "fsdp2-before", "fsdp2-compile", "tp")
 
 
 def _args(argv):
-    p = argparse.ArgumentParser(prog="gemmfuse.bench.distributed")
+    p = argparse.ArgumentParser(prog="bench.distributed")
     p.add_argument("--case", required=True, choices=CASES)
     step_arguments(p)
     p.add_argument("--batch", type=int, help="rows per rank (default 4096 on GPUs, 16 on the CPU)")
@@ -117,7 +117,7 @@ def param_groups(model: nn.Module) -> list:
     torch.optim's multi-tensor (foreach) step, its default on CUDA, runs each group's
     parameters of a device and dtype in one call, which DTensor refuses for a list mixing
     both (tensor parallelism leaves the head a plain Linear beside the blocks' DTensors)."""
-    from ..tensor_parallel import is_dtensor
+    from gemmfuse.tensor_parallel import is_dtensor
     params = list(model.parameters())
     groups = ([p for p in params if is_dtensor(p)], [p for p in params if not is_dtensor(p)])
     return [{"params": g} for g in groups if g]
@@ -140,7 +140,7 @@ class Variant:
         return loss.detach()
 
     def local_params(self):
-        from ..tensor_parallel import local
+        from gemmfuse.tensor_parallel import local
         return [local(p.detach()).double() for p in self.model.parameters()]
 
 

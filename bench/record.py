@@ -6,6 +6,7 @@ training run as ``<kind>-train.*``, a zoo run (``--zoo``) as ``<kind>-zoo.*``.""
 from __future__ import annotations
 
 import csv
+import math
 import shutil
 from pathlib import Path
 
@@ -68,3 +69,13 @@ def record(result: dict, paths: list, results_dir: Path = RESULTS_DIR) -> list:
         w.writerow(history_row(result, f"{kind}.json"))
     written.append(str(hist))
     return written
+
+
+def clean_json(o):
+    if isinstance(o, float):
+        return o if math.isfinite(o) else None
+    if isinstance(o, dict):
+        return {k: clean_json(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [clean_json(v) for v in o]
+    return o

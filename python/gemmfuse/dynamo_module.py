@@ -15,7 +15,10 @@ import torch.nn as nn
 
 
 class GemmfuseDynamoModule(nn.Module):
-    def __init__(self, model: nn.Module, precision: str, examples: list, why_not_fx: str):
+    def __init__(self, model: nn.Module, precision: str, examples: list, why_not_fx: str,
+                 rebuild):
+        """``rebuild(model, precision, examples)``: optimize() again on a copy or an unpickled
+        model (optimized._unpickle), which pickling and deepcopy name."""
         super().__init__()
         d = self.__dict__  # the model's own dictionaries: state_dict keys and tensors are its
         d["_parameters"] = model._parameters
@@ -27,6 +30,7 @@ class GemmfuseDynamoModule(nn.Module):
         d["_gemmfuse_precision"] = precision
         d["_gemmfuse_examples"] = examples
         d["_gemmfuse_why_not_fx"] = why_not_fx
+        d["_gemmfuse_rebuild"] = rebuild
         # The rest of the graph runs as PyTorch ops (inductor=False), each chain behind a
         # runtime that checks every call, as optimize() promises.
         compiled = torch.compile(model, backend="gemmfuse",
@@ -48,16 +52,15 @@ class GemmfuseDynamoModule(nn.Module):
         return self
 
     def __reduce__(self):
-        from .optimized import _unpickle
         d = self.__dict__
-        return (_unpickle, (d["_gemmfuse_source"], d["_gemmfuse_precision"], d["_gemmfuse_examples"]))
+        return (d["_gemmfuse_rebuild"],
+                (d["_gemmfuse_source"], d["_gemmfuse_precision"], d["_gemmfuse_examples"]))
 
     def __deepcopy__(self, memo):
         import copy
-        from .optimized import _unpickle
         d = self.__dict__
-        return _unpickle(copy.deepcopy(d["_gemmfuse_source"], memo), d["_gemmfuse_precision"],
-                         d["_gemmfuse_examples"])
+        return d["_gemmfuse_rebuild"](copy.deepcopy(d["_gemmfuse_source"], memo),
+                                      d["_gemmfuse_precision"], d["_gemmfuse_examples"])
 
     def extra_repr(self) -> str:
         return (f"captured through torch.compile (torch.fx: {self._gemmfuse_why_not_fx}); "

@@ -14,7 +14,7 @@ already been lazily initialized" at the first real call). So every module fully_
 applied to is a *unit*: the tracer stops at it (``UnitTracer``), the parent's graph calls it
 through ``_call_unit``, and the unit's own forward is optimized on its own, inside FSDP's
 pre/post-forward (``Hooks.run``, as ``register_fsdp_forward_method`` runs them around another
-method), during the example call: the capture reads the unsharded parameters. At run time the
+method), during the example call (optimized._build_unit): the capture reads the unsharded parameters. At run time the
 fused op reads the unsharded parameters FSDP put in place, and returns gradients to them, which
 FSDP reduce-scatters into the sharded ones. A unit with hooks other than FSDP's runs as PyTorch
 runs it (the module's own call), with the reason in ``explain``.
@@ -129,30 +129,6 @@ class UnitCall:
         self.opt = None
         self.reason = ""
 
-    def build(self, args: tuple, kwargs: dict, precision: str):
-        """Optimize the unit's forward on this call's arguments, inside FSDP's hooks (the
-        capture reads the unsharded parameters); returns the call's output."""
-        from .optimized import _capture, _trace
-        m = self.module
-        gm, why = _trace(m, UnitTracer(m))
-        if gm is None:
-            self.reason = f"torch.fx cannot trace its forward ({why}): it runs in PyTorch"
-            return m(*args, **kwargs)
-        units = route_units(gm, self.qualname + ".")
-        hooks = Hooks(m, self.qualname)
-        made = {}
-
-        def body(*a, **k):
-            made["gm"], out = _capture(gm, m, _positional(m, a, k), precision, units=units)
-            return out
-        out = hooks.run(body, args, kwargs)
-        if "gm" in made:
-            made["gm"].__dict__["_gemmfuse_fsdp"] = hooks
-            self.opt = made["gm"]
-        else:
-            self.reason = next(iter(hooks.fallbacks))
-        return out
-
 
 def _call_unit(unit: UnitCall, *args, **kwargs):
     """The call_function target that replaces a unit's call_module node."""
@@ -161,7 +137,7 @@ def _call_unit(unit: UnitCall, *args, **kwargs):
     return unit.opt(*args, **kwargs)
 
 
-def _positional(module: nn.Module, args: tuple, kwargs: dict) -> tuple:
+def positional(module: nn.Module, args: tuple, kwargs: dict) -> tuple:
     """The call's arguments in the forward's order (the example run passes placeholders
     positionally)."""
     if not kwargs:
@@ -195,46 +171,18 @@ def route_units(gm: fx.GraphModule, prefix: str = "") -> list:
 
 class UnitProp(InfoProp):
     """InfoProp that, at each unit's first call, optimizes the unit's forward on the
-    arguments it receives there (UnitCall.build) and runs it."""
+    arguments it receives there and runs it: ``build_unit(unit, args, kwargs, precision)``
+    (optimized._build_unit, which captures the unit as optimize() captures a model)."""
 
-    def __init__(self, gm: fx.GraphModule, precision: str):
+    def __init__(self, gm: fx.GraphModule, precision: str, build_unit):
         super().__init__(gm)
         self.precision = precision
+        self.build_unit = build_unit
 
     def call_function(self, target, args, kwargs):
         if target is _call_unit and args[0].opt is None and not args[0].reason:
-            return args[0].build(tuple(args[1:]), dict(kwargs), self.precision)
+            return self.build_unit(args[0], tuple(args[1:]), dict(kwargs), self.precision)
         return super().call_function(target, args, kwargs)
-
-
-def optimize(model: nn.Module, example_inputs: tuple, precision: str):
-    """optimize() of a model with units: the model's graph stops at them, each unit's forward
-    is optimized inside its hooks during the example call, and a model that is a unit itself
-    runs its graph inside its own hooks."""
-    from .optimized import _capture, _through_dynamo, _trace
-    gm, why = _trace(model, UnitTracer(model))
-    if gm is None:  # dynamo runs FSDP's hooks as they are (graph breaks), and the rest fused
-        return _through_dynamo(model, example_inputs, precision, why)
-    units = route_units(gm)
-    if not is_unit(model):
-        gm = _capture(gm, model, example_inputs, precision, units=units)[0]
-        reshard(model)
-        return gm
-    hooks = Hooks(model, "")
-    made = {}
-
-    def body(*a, **k):
-        made["gm"], out = _capture(gm, model, _positional(model, a, k), precision, units=units)
-        return out
-    devices = sorted({t.device.index or 0 for t in list(example_inputs) + list(model.parameters())
-                      if isinstance(t, torch.Tensor) and t.device.type == "cuda"})
-    with torch.no_grad(), torch.random.fork_rng(devices=devices):
-        hooks.run(body, tuple(example_inputs), {})
-    reshard(model)
-    if "gm" not in made:  # hooks of its own besides FSDP's: dynamo runs them
-        return _through_dynamo(model, example_inputs, precision, next(iter(hooks.fallbacks)))
-    made["gm"].__dict__["_gemmfuse_fsdp"] = hooks
-    return made["gm"]
 
 
 def reshard(model: nn.Module):

@@ -16,6 +16,7 @@ import torch.nn as nn
 
 from . import _lib, direct, fsdp, measure, route_timer, tensor_parallel
 from .capture import CaptureReport, InfoProp, find_chains
+from .capture.parallel import capture_reason
 from .reports import ChainEntry, OptimizeReport, compiled_graphs
 from .rewrite import example_tensor, rewrite_chain
 from .snapshot import ModuleState
@@ -220,13 +221,72 @@ def optimize(model: nn.Module, example_inputs, precision: str = "fp32") -> nn.Mo
     example_inputs = tuple(example_inputs)
     _lib.load()
     if fsdp.has_units(model):
-        return fsdp.optimize(model, example_inputs, precision)
+        return _optimize_units(model, example_inputs, precision)
     gm, why = _trace(model)
     if gm is None:
         return _through_dynamo(model, example_inputs, precision, why)
     gm = _capture(gm, model, example_inputs, precision)[0]
     _time_whole(gm, model, example_inputs)
     return gm
+
+
+def _optimize_units(model: nn.Module, example_inputs: tuple, precision: str):
+    """optimize() of a model with FSDP units (fsdp.py): the model's graph stops at them, each
+    unit's forward is optimized inside its hooks during the example call (_build_unit), and a
+    model that is a unit itself runs its graph inside its own hooks."""
+    gm, why = _trace(model, fsdp.UnitTracer(model))
+    if gm is None:  # dynamo runs FSDP's hooks as they are (graph breaks), and the rest fused
+        return _through_dynamo(model, example_inputs, precision, why)
+    units = fsdp.route_units(gm)
+    if not fsdp.is_unit(model):
+        gm = _capture(gm, model, example_inputs, precision, units=units)[0]
+        fsdp.reshard(model)
+        return gm
+    hooks = fsdp.Hooks(model, "")
+    made = {}
+
+    def body(*a, **k):
+        args = fsdp.positional(model, a, k)
+        made["gm"], out = _capture(gm, model, args, precision, units=units)
+        return out
+    with torch.no_grad(), torch.random.fork_rng(devices=_cuda_devices(model, example_inputs)):
+        hooks.run(body, tuple(example_inputs), {})
+    fsdp.reshard(model)
+    if "gm" not in made:  # hooks of its own besides FSDP's: dynamo runs them
+        return _through_dynamo(model, example_inputs, precision, next(iter(hooks.fallbacks)))
+    made["gm"].__dict__["_gemmfuse_fsdp"] = hooks
+    return made["gm"]
+
+
+def _build_unit(unit: "fsdp.UnitCall", args: tuple, kwargs: dict, precision: str):
+    """Optimize an FSDP unit's forward on this call's arguments, inside FSDP's hooks (the
+    capture reads the unsharded parameters); returns the call's output. A unit that cannot
+    be captured keeps its own call, with the reason."""
+    m = unit.module
+    gm, why = _trace(m, fsdp.UnitTracer(m))
+    if gm is None:
+        unit.reason = f"torch.fx cannot trace its forward ({why}): it runs in PyTorch"
+        return m(*args, **kwargs)
+    units = fsdp.route_units(gm, unit.qualname + ".")
+    hooks = fsdp.Hooks(m, unit.qualname)
+    made = {}
+
+    def body(*a, **k):
+        made["gm"], out = _capture(gm, m, fsdp.positional(m, a, k), precision, units=units)
+        return out
+    out = hooks.run(body, args, kwargs)
+    if "gm" in made:
+        made["gm"].__dict__["_gemmfuse_fsdp"] = hooks
+        unit.opt = made["gm"]
+    else:
+        unit.reason = next(iter(hooks.fallbacks))
+    return out
+
+
+def _cuda_devices(model: nn.Module, example_inputs: tuple) -> list:
+    """The CUDA devices the model's parameters and the inputs are on (for fork_rng)."""
+    return sorted({t.device.index or 0 for t in list(example_inputs) + list(model.parameters())
+                   if isinstance(t, torch.Tensor) and t.device.type == "cuda"})
 
 
 def _whole_timed_device(opt: nn.Module, model: nn.Module, example_inputs: tuple):
@@ -311,7 +371,7 @@ def _capture(gm: GemmfuseModule, model: nn.Module, example_inputs: tuple, precis
     Returns (gm, the example call's output)."""
     # FSDP swaps parameters in and out of the modules during the run: they are its to restore
     before = ModuleState(model, skip=("_parameters",) if units is not None else ())
-    prop = fsdp.UnitProp(gm, precision) if units is not None else None
+    prop = fsdp.UnitProp(gm, precision, _build_unit) if units is not None else None
     out = _propagate(gm, example_inputs, prop)
     before.restore()  # the example call's own assignments, if any
     report = OptimizeReport(precision=precision, flavor="fx")
@@ -342,7 +402,7 @@ def _fuse_chain(gm: GemmfuseModule, chain, precision: str, remap: dict) -> Chain
     entry = ChainEntry(index=chain.index, linear=chain.linear.name,
                        nodes=chain.describe_nodes(), stop=chain.stop, form=chain.form, spec=spec,
                        status="pytorch", mode_modules=list(chain.mode_modules))
-    why = tensor_parallel.capture_reason(gm, chain)
+    why = capture_reason(gm, chain)
     if why:  # a tensor-parallel Linear whose chain cannot run on its local shard
         entry.reason = why
         return entry
@@ -370,14 +430,13 @@ def _fuse_chain(gm: GemmfuseModule, chain, precision: str, remap: dict) -> Chain
 def _through_dynamo(model: nn.Module, example_inputs: tuple, precision: str, why: str):
     """The model captured through dynamo (torch.fx could not trace it: `why`), compiled once
     on the example inputs with its buffers and the RNG left as they were."""
-    opt = GemmfuseDynamoModule(model, precision, [_example_record(v) for v in example_inputs], why)
+    opt = GemmfuseDynamoModule(model, precision, [_example_record(v) for v in example_inputs], why,
+                               rebuild=_unpickle)
     sharded = fsdp.has_units(model)  # FSDP2 swaps parameters itself, and reshards below
     before = ModuleState(model, skip=("_parameters",) if sharded else ())
     saved = [(b, b.detach().clone()) for b in model.buffers()]
-    devices = sorted({t.device.index or 0 for t in list(example_inputs) + list(model.parameters())
-                      if isinstance(t, torch.Tensor) and t.device.type == "cuda"})
     try:
-        with torch.no_grad(), torch.random.fork_rng(devices=devices):
+        with torch.no_grad(), torch.random.fork_rng(devices=_cuda_devices(model, example_inputs)):
             opt(*[t.clone() if isinstance(t, torch.Tensor) else t for t in example_inputs])
     finally:
         before.restore()

@@ -20,7 +20,8 @@ Everything else runs in PyTorch, with the reason: a row-parallel Linear (its loc
 a partial sum; the all-reduce comes before anything after it, so no stage can follow it
 fused), a column-parallel output kept as a DTensor or redistributed, other layouts, and
 DTensors that no recognised style prepared. Under torch.compile, chains over DTensors are left
-to Inductor (``capture_reason`` of the dynamo flavour).
+to Inductor (``dynamo_reason``); at optimize time ``capture.parallel.capture_reason`` reads
+a chain's DTensors through ``module_reason``.
 """
 from __future__ import annotations
 
@@ -119,25 +120,6 @@ def module_reason(module: nn.Module, name: str) -> str:
         return (f"'{name}' keeps its column-parallel output a DTensor (use_local_output=False): "
                 f"the chain runs in PyTorch")
     return ""
-
-
-def capture_reason(gm, chain) -> str:
-    """At optimize time: '' unless the chain reads DTensors in a way that cannot run fused on
-    local shards (module_reason), or reads DTensors without a Linear module to learn the
-    style from (F.linear with a DTensor weight, DTensor operands)."""
-    if DTensor is None:
-        return ""
-    from .capture import AttrRef, _attr_tensor
-    attrs = [s for s in [chain.weight, chain.bias, *chain.operands, *chain.state]
-             if isinstance(s, AttrRef) or (s is not None and s.op == "get_attr")]
-    tensors = {a.qualname if isinstance(a, AttrRef) else a.target for a in attrs}
-    dt = [q for q in tensors if is_dtensor(_attr_tensor(gm, q))]
-    if not dt:
-        return ""
-    if chain.linear_module is None or any(not q.startswith(chain.linear_module + ".") for q in dt):
-        return (f"DTensor {', '.join(sorted(dt))} outside a parallelized nn.Linear: the chain "
-                f"runs in PyTorch")
-    return module_reason(gm.get_submodule(chain.linear_module), chain.linear_module)
 
 
 def local_inputs(rt, inputs: list):

@@ -1,17 +1,18 @@
 // The chain spec: text <-> Chain IR (docs/chain-spec.md), op names and families, and the
-// shape rules of the IR (width_of / has_feature_dim).
+// shape rules of the IR (width_of / has_feature_dim). Each op's keys come from the attribute
+// schema (attributes.h): parsing and printing a stage are loops over it.
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <limits>
 #include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "gemmfuse/attributes.h"
 #include "gemmfuse/chain.h"
 
 namespace gemmfuse {
@@ -38,8 +39,6 @@ const OpInfo& info(OpCode op) {
   return kOps[i];
 }
 
-constexpr double kInf = std::numeric_limits<double>::infinity();
-
 // ---- printing -------------------------------------------------------------------------
 
 std::string fmt_number(double v) {
@@ -63,8 +62,17 @@ std::string fmt_operand(const Operand& o) {
   return "";
 }
 
-// Same value, with NaN equal to NaN (defaults are never NaN, but keep printing exact).
-bool same(double a, double b) { return a == b || (a != a && b != b); }
+// Key `a`'s value in node `n` as the spec spells it.
+std::string format_value(const Node& n, const Attribute& a) {
+  switch (a.type) {
+    case AttrType::Number: return fmt_number(n.*a.number);
+    case AttrType::NumberOrNone: return n.*a.number < 0 ? "none" : fmt_number(n.*a.number);
+    case AttrType::Integer: return fmt_int(n.*a.integer);
+    case AttrType::Bool: return n.*a.boolean ? "1" : "0";
+    case AttrType::Operand: return fmt_operand(n.*a.operand);
+  }
+  return "";
+}
 
 // ---- parsing --------------------------------------------------------------------------
 
@@ -122,74 +130,26 @@ Operand parse_operand(const std::string& s, const LineCtx& ctx, const std::strin
   return Operand::immediate(parse_number(s, ctx, key));
 }
 
-// Apply one key=value to a node of op `n.op`; fails for a key the op does not take.
+// A number >= 0, or `none` (-1).
+double parse_number_or_none(const std::string& s, const LineCtx& ctx, const std::string& key) {
+  if (s == "none") return -1.0;
+  const double v = parse_number(s, ctx, key);
+  if (!(v >= 0)) ctx.fail(key + " must be >= 0 or none");
+  return v;
+}
+
+// Apply one key=value to a node of op `n.op`; fails for a key outside the op's schema.
 void apply_key(Node& n, const std::string& key, const std::string& val, const LineCtx& ctx,
                int max_value) {
-  const OpFamily fam = family(n.op);
-  auto num = [&] { return parse_number(val, ctx, key); };
-  auto integer = [&] { return parse_int(val, ctx, key); };
-  auto boolean = [&] { return parse_bool(val, ctx, key); };
-  auto operand = [&] { return parse_operand(val, ctx, key, max_value); };
-  switch (n.op) {
-    case OpCode::Softplus:
-      if (key == "beta") { n.beta = num(); return; }
-      if (key == "threshold") { n.threshold = num(); return; }
-      break;
-    case OpCode::Elu:
-    case OpCode::LeakyRelu:
-    case OpCode::Pow:
-      if (key == "alpha") { n.alpha = num(); return; }
-      break;
-    case OpCode::Clamp:
-      if (key == "lo") { n.lo = num(); return; }
-      if (key == "hi") { n.hi = num(); return; }
-      break;
-    case OpCode::GroupNorm:
-      if (key == "groups") { n.groups = integer(); return; }
-      if (key == "eps") { n.eps = num(); return; }
-      if (key == "weight") { n.weight = operand(); return; }
-      if (key == "bias") { n.bias = operand(); return; }
-      break;
-    case OpCode::AvgPool:
-    case OpCode::MaxPool:
-      if (key == "kernel") { n.kernel = integer(); return; }
-      if (key == "stride") { n.stride = integer(); return; }
-      if (key == "padding") { n.padding = integer(); return; }
-      if (key == "ceil") { n.ceil_mode = boolean(); return; }
-      if (key == "include_pad" && n.op == OpCode::AvgPool) { n.count_include_pad = boolean(); return; }
-      break;
-    case OpCode::BatchNorm:
-      if (key == "training") { n.training = boolean(); return; }
-      if (key == "eps") { n.eps = num(); return; }
-      if (key == "momentum") {
-        if (val == "none") { n.momentum = -1.0; return; }
-        n.momentum = num();
-        if (!(n.momentum >= 0)) ctx.fail("momentum must be >= 0 or none");
-        return;
-      }
-      if (key == "weight") { n.weight = operand(); return; }
-      if (key == "bias") { n.bias = operand(); return; }
-      if (key == "running_mean") { n.running_mean = operand(); return; }
-      if (key == "running_var") { n.running_var = operand(); return; }
-      if (key == "num_batches") { n.num_batches = operand(); return; }
-      break;
-    case OpCode::Dropout:
-      if (key == "p") { n.p = num(); return; }
-      if (key == "training") { n.training = boolean(); return; }
-      break;
-    default:
-      if (fam == OpFamily::Binary) {
-        if (key == "b") { n.b = operand(); return; }
-        if (key == "rev") { n.reversed = boolean(); return; }
-      }
-      if (fam == OpFamily::Reduce && key == "keepdim") { n.keepdim = boolean(); return; }
-      if ((n.op == OpCode::Max || n.op == OpCode::Min) && key == "index") {
-        n.first_index = boolean();
-        return;
-      }
-      break;
+  const Attribute* a = find_attribute(n.op, key);
+  if (!a) ctx.fail(std::string("unknown key '") + key + "' for " + op_name(n.op));
+  switch (a->type) {
+    case AttrType::Number: n.*a->number = parse_number(val, ctx, key); return;
+    case AttrType::NumberOrNone: n.*a->number = parse_number_or_none(val, ctx, key); return;
+    case AttrType::Integer: n.*a->integer = parse_int(val, ctx, key); return;
+    case AttrType::Bool: n.*a->boolean = parse_bool(val, ctx, key); return;
+    case AttrType::Operand: n.*a->operand = parse_operand(val, ctx, key, max_value); return;
   }
-  ctx.fail(std::string("unknown key '") + key + "' for " + op_name(n.op));
 }
 
 // Split "a b=c  d=e" into whitespace-separated tokens.
@@ -206,6 +166,57 @@ std::string trim(const std::string& s) {
   if (b == std::string::npos) return "";
   const auto e = s.find_last_not_of(" \t\r");
   return s.substr(b, e - b + 1);
+}
+
+using KeyValues = std::vector<std::pair<std::string, std::string>>;
+
+// The key=value tokens after the first, each key once.
+KeyValues key_values(const std::vector<std::string>& tok, const LineCtx& ctx) {
+  KeyValues kv;
+  for (size_t i = 1; i < tok.size(); ++i) {
+    const auto eq = tok[i].find('=');
+    if (eq == std::string::npos || eq == 0) ctx.fail("expected key=value, got '" + tok[i] + "'");
+    std::string key = tok[i].substr(0, eq);
+    for (const auto& e : kv)
+      if (e.first == key) ctx.fail("key '" + key + "' given twice");
+    kv.emplace_back(std::move(key), tok[i].substr(eq + 1));
+  }
+  return kv;
+}
+
+bool has_key(const KeyValues& kv, const char* key) {
+  return std::any_of(kv.begin(), kv.end(), [&](const auto& e) { return e.first == key; });
+}
+
+// The first line: `linear in=K out=N bias=0/1`.
+void parse_linear(const std::string& name, const KeyValues& kv, const LineCtx& ctx,
+                  Chain& chain) {
+  if (name != "linear") ctx.fail("the first line must be `linear in=K out=N bias=0/1`");
+  for (const auto& [key, val] : kv) {
+    if (key == "in") chain.in_features = parse_int(val, ctx, key);
+    else if (key == "out") chain.out_features = parse_int(val, ctx, key);
+    else if (key == "bias") chain.has_bias = parse_bool(val, ctx, key);
+    else ctx.fail("unknown key '" + key + "' for linear");
+  }
+  if (!has_key(kv, "in") || !has_key(kv, "out")) ctx.fail("linear needs in= and out=");
+  if (chain.in_features < 0 || chain.out_features < 0) ctx.fail("negative feature count");
+}
+
+// A stage line: its keys, then the schema's defaults for the keys it leaves out (a required
+// one is an error). `max_value` is the largest value id the line may read (its input).
+Node parse_node(const std::string& name, const KeyValues& kv, const LineCtx& ctx,
+                int max_value) {
+  Node n;
+  if (name == "linear") ctx.fail("only the first line may be linear");
+  if (!op_from_name(name, &n.op)) ctx.fail("unknown op '" + name + "'");
+  for (const auto& [key, val] : kv) apply_key(n, key, val, ctx, max_value);
+  for (const Attribute& a : attributes(n.op)) {
+    if (has_key(kv, a.key)) continue;
+    if (a.missing_error) ctx.fail(a.missing_error);
+    set_default_value(n, a);
+  }
+  derive_unkeyed_fields(n);
+  return n;
 }
 
 }  // namespace
@@ -300,133 +311,24 @@ Chain parse_chain(const std::string& spec) {
     if (line.empty()) continue;
     const LineCtx ctx{line_no, line};
     const std::vector<std::string> tok = tokens(line);
-
-    // key=value pairs, each key once.
-    std::vector<std::pair<std::string, std::string>> kv;
-    for (size_t i = 1; i < tok.size(); ++i) {
-      const auto eq = tok[i].find('=');
-      if (eq == std::string::npos || eq == 0) ctx.fail("expected key=value, got '" + tok[i] + "'");
-      std::string key = tok[i].substr(0, eq);
-      for (const auto& e : kv)
-        if (e.first == key) ctx.fail("key '" + key + "' given twice");
-      kv.emplace_back(std::move(key), tok[i].substr(eq + 1));
-    }
-
-    if (!have_linear) {
-      if (tok[0] != "linear") ctx.fail("the first line must be `linear in=K out=N bias=0/1`");
-      bool got_in = false, got_out = false;
-      for (const auto& [key, val] : kv) {
-        if (key == "in") { chain.in_features = parse_int(val, ctx, key); got_in = true; }
-        else if (key == "out") { chain.out_features = parse_int(val, ctx, key); got_out = true; }
-        else if (key == "bias") chain.has_bias = parse_bool(val, ctx, key);
-        else ctx.fail("unknown key '" + key + "' for linear");
-      }
-      if (!got_in || !got_out) ctx.fail("linear needs in= and out=");
-      if (chain.in_features < 0 || chain.out_features < 0) ctx.fail("negative feature count");
+    const KeyValues kv = key_values(tok, ctx);
+    if (have_linear) {
+      chain.nodes.push_back(parse_node(tok[0], kv, ctx, static_cast<int>(chain.nodes.size())));
+    } else {
+      parse_linear(tok[0], kv, ctx, chain);
       have_linear = true;
-      continue;
     }
-
-    Node n;
-    if (tok[0] == "linear") ctx.fail("only the first line may be linear");
-    if (!op_from_name(tok[0], &n.op)) ctx.fail("unknown op '" + tok[0] + "'");
-    if (n.op == OpCode::LeakyRelu) n.alpha = 0.01;  // the spec's default slope
-    if (n.op == OpCode::Dropout) n.p = 0.5;
-    const int max_value = static_cast<int>(chain.nodes.size());  // this line's input
-    bool got_b = false, got_kernel = false, got_stride = false, got_alpha = false;
-    for (const auto& [key, val] : kv) {
-      apply_key(n, key, val, ctx, max_value);
-      got_b |= key == "b";
-      got_kernel |= key == "kernel";
-      got_stride |= key == "stride";
-      got_alpha |= key == "alpha";
-    }
-    if (family(n.op) == OpFamily::Binary && !got_b) ctx.fail("binary op needs b=");
-    if (n.op == OpCode::Pow && !got_alpha) ctx.fail("pow needs alpha= (the exponent)");
-    if (family(n.op) == OpFamily::Pool) {
-      if (!got_kernel) ctx.fail("pooling needs kernel=");
-      if (!got_stride) n.stride = n.kernel;
-    }
-    if (n.op == OpCode::BatchNorm) n.track_running_stats = n.running_mean.present();
-    chain.nodes.push_back(n);
   }
   if (!have_linear) throw std::invalid_argument("chain spec: empty (expected a linear line)");
   return chain;
 }
 
+// The op's keys in schema order: those printed always, the others when not at their default.
 std::string to_spec_line(const Node& n) {
-  const Node d = [&] {  // the defaults parse_chain starts from
-    Node x;
-    x.op = n.op;
-    if (n.op == OpCode::LeakyRelu) x.alpha = 0.01;
-    if (n.op == OpCode::Dropout) x.p = 0.5;
-    return x;
-  }();
   std::string s = op_name(n.op);
-  auto put = [&](const char* key, const std::string& val) {
-    s += ' ';
-    s += key;
-    s += '=';
-    s += val;
-  };
-  auto put_num = [&](const char* key, double v, double dv, bool always = false) {
-    if (always || !same(v, dv)) put(key, fmt_number(v));
-  };
-  auto put_operand = [&](const char* key, const Operand& o) {
-    if (o.present()) put(key, fmt_operand(o));
-  };
-  switch (n.op) {
-    case OpCode::Softplus:
-      put_num("beta", n.beta, d.beta);
-      put_num("threshold", n.threshold, d.threshold);
-      break;
-    case OpCode::Elu: case OpCode::LeakyRelu:
-      put_num("alpha", n.alpha, d.alpha);
-      break;
-    case OpCode::Pow:
-      put_num("alpha", n.alpha, d.alpha, true);
-      break;
-    case OpCode::Clamp:
-      put_num("lo", n.lo, -kInf);
-      put_num("hi", n.hi, kInf);
-      break;
-    case OpCode::GroupNorm:
-      if (n.groups != 1) put("groups", fmt_int(n.groups));
-      put_num("eps", n.eps, d.eps);
-      put_operand("weight", n.weight);
-      put_operand("bias", n.bias);
-      break;
-    case OpCode::AvgPool: case OpCode::MaxPool:
-      put("kernel", fmt_int(n.kernel));
-      if (n.stride != n.kernel) put("stride", fmt_int(n.stride));
-      if (n.padding != 0) put("padding", fmt_int(n.padding));
-      if (n.ceil_mode) put("ceil", "1");
-      if (n.op == OpCode::AvgPool && !n.count_include_pad) put("include_pad", "0");
-      break;
-    case OpCode::BatchNorm:
-      put("training", n.training ? "1" : "0");
-      put_num("eps", n.eps, d.eps);
-      if (n.momentum < 0) put("momentum", "none");
-      else put_num("momentum", n.momentum, d.momentum);
-      put_operand("weight", n.weight);
-      put_operand("bias", n.bias);
-      put_operand("running_mean", n.running_mean);
-      put_operand("running_var", n.running_var);
-      put_operand("num_batches", n.num_batches);
-      break;
-    case OpCode::Dropout:
-      put_num("p", n.p, d.p, true);
-      put("training", n.training ? "1" : "0");
-      break;
-    default:
-      if (family(n.op) == OpFamily::Binary) {
-        put("b", fmt_operand(n.b));
-        if (n.reversed) put("rev", "1");
-      }
-      if (family(n.op) == OpFamily::Reduce && !n.keepdim) put("keepdim", "0");
-      if (n.first_index) put("index", "1");
-      break;
-  }
+  for (const Attribute& a : attributes(n.op))
+    if (a.print == AttrPrint::Always || !has_default_value(n, a))
+      s += std::string(" ") + a.key + "=" + format_value(n, a);
   return s;
 }
 

@@ -1,10 +1,16 @@
-// Spec parsing and printing: every op round-trips, defaults and errors per docs/chain-spec.md.
+// Spec parsing and printing: every op round-trips, defaults and errors per docs/chain-spec.md;
+// the attribute schema they read: every key of every op round-trips, keys outside an op's
+// schema are refused, and a bare line parses to the schema's defaults.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <set>
 #include <stdexcept>
 #include <string>
+#include <tuple>
+#include <vector>
 
+#include "gemmfuse/attributes.h"
 #include "gemmfuse/chain.h"
 
 using namespace gemmfuse;
@@ -12,6 +18,56 @@ using namespace gemmfuse;
 namespace {
 
 std::string roundtrip(const std::string& spec) { return to_spec(parse_chain(spec)); }
+
+std::vector<OpCode> all_ops() {
+  std::vector<OpCode> ops;
+  for (int i = 0; i <= static_cast<int>(OpCode::Dropout); ++i)
+    ops.push_back(static_cast<OpCode>(i));
+  return ops;
+}
+
+// Every field of a Node, for comparing whole nodes.
+auto fields(const Node& n) {
+  return std::make_tuple(n.op, n.b, n.reversed, n.lo, n.hi, n.alpha, n.beta, n.threshold, n.eps,
+                         n.momentum, n.p, n.groups, n.kernel, n.stride, n.padding, n.keepdim,
+                         n.first_index, n.ceil_mode, n.count_include_pad, n.training,
+                         n.track_running_stats, n.weight, n.bias, n.running_mean, n.running_var,
+                         n.num_batches);
+}
+
+// The single stage of a spec whose stage line is `line`.
+Node parse_stage(const std::string& line) {
+  const Chain c = parse_chain("linear in=4 out=8 bias=1\n" + line + "\n");
+  if (c.nodes.size() != 1) throw std::logic_error("one stage expected");
+  return c.nodes[0];
+}
+
+// `op` with its required keys, each at a valid value of its type.
+std::string line_with_required_keys(OpCode op) {
+  std::string line = op_name(op);
+  for (const Attribute& a : attributes(op))
+    if (a.missing_error)
+      line += std::string(" ") + a.key + "=" + (a.type == AttrType::Bool ? "1" : "2");
+  return line;
+}
+
+// Sets key `a` of `n` to a value other than its default; `round` picks among several.
+void set_other_value(Node& n, const Attribute& a, int round) {
+  const double numbers[] = {0.375, -2.5, 1e-7, 7.0};
+  const double numbers_or_none[] = {-1.0, 0.375, 0.0, 7.0};  // -1: none
+  const Operand operands[] = {Operand::tensor(1), Operand::state(2), Operand::immediate(-0.5),
+                              Operand::value(0)};  // v0: the stage's input
+  switch (a.type) {
+    case AttrType::Number: n.*a.number = numbers[round]; break;
+    case AttrType::NumberOrNone: n.*a.number = numbers_or_none[round]; break;
+    case AttrType::Integer:
+      n.*a.integer = (a.default_from ? n.*a.default_from : int64_t(a.default_value)) + 1 + round;
+      break;
+    case AttrType::Bool: n.*a.boolean = a.default_value == 0.0; break;
+    case AttrType::Operand: n.*a.operand = operands[round]; break;
+  }
+  if (has_default_value(n, a)) set_other_value(n, a, (round + 1) % 4);
+}
 
 }  // namespace
 
@@ -175,4 +231,116 @@ TEST(Spec, PoolOutputWidthMatchesPyTorch) {
     n.ceil_mode = k.ceil;
     EXPECT_EQ(pool_output_width(k.L, n), k.out) << k.L << " " << k.k << " " << k.s << " " << k.p;
   }
+}
+
+TEST(SpecSchema, IsWellFormed) {
+  for (OpCode op : all_ops()) {
+    SCOPED_TRACE(op_name(op));
+    std::set<std::string> keys;
+    for (const Attribute& a : attributes(op)) {
+      EXPECT_TRUE(keys.insert(a.key).second) << "key " << a.key << " twice";
+      const int members = (a.number != nullptr) + (a.integer != nullptr) +
+                          (a.boolean != nullptr) + (a.operand != nullptr);
+      EXPECT_EQ(members, 1) << a.key;
+      if (a.missing_error) EXPECT_EQ(a.print, AttrPrint::Always) << a.key;
+      if (a.default_from) {  // an earlier Integer key, so its value is final first
+        EXPECT_EQ(a.type, AttrType::Integer) << a.key;
+        bool earlier = false;
+        for (const Attribute& b : attributes(op)) {
+          if (&b == &a) break;
+          earlier |= b.integer == a.default_from;
+        }
+        EXPECT_TRUE(earlier) << a.key;
+      }
+    }
+  }
+}
+
+// Every key of every op set to a value other than its default prints, and reads back as the
+// same node.
+TEST(SpecSchema, EveryKeyOfEveryOpRoundTrips) {
+  for (OpCode op : all_ops()) {
+    for (int round = 0; round < 4; ++round) {
+      Node n = default_node(op);
+      for (const Attribute& a : attributes(op)) set_other_value(n, a, round);
+      derive_unkeyed_fields(n);
+      const std::string line = to_spec_line(n);
+      SCOPED_TRACE(line);
+      for (const Attribute& a : attributes(op)) {
+        EXPECT_FALSE(has_default_value(n, a)) << a.key;
+        EXPECT_NE(line.find(std::string(" ") + a.key + "="), std::string::npos) << a.key;
+      }
+      const Node back = parse_stage(line);
+      EXPECT_TRUE(fields(back) == fields(n)) << "read back as " << to_spec_line(back);
+      EXPECT_EQ(to_spec_line(back), line);
+    }
+  }
+}
+
+TEST(SpecSchema, EveryOpRejectsKeysOutsideItsSchema) {
+  std::set<std::string> every_key = {"frobnicate", "in", "out"};
+  for (OpCode op : all_ops())
+    for (const Attribute& a : attributes(op)) every_key.insert(a.key);
+  for (OpCode op : all_ops()) {
+    for (const std::string& key : every_key) {
+      if (find_attribute(op, key)) continue;
+      const std::string line = line_with_required_keys(op) + " " + key + "=1";
+      SCOPED_TRACE(line);
+      try {
+        parse_stage(line);
+        ADD_FAILURE() << "accepted";
+      } catch (const std::invalid_argument& e) {
+        const std::string want = "unknown key '" + key + "' for " + op_name(op);
+        EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+      }
+    }
+  }
+}
+
+// A line naming only the op (and its required keys) parses to the schema's defaults.
+TEST(SpecSchema, DefaultsAreWhatABareLineParsesTo) {
+  for (OpCode op : all_ops()) {
+    const std::string line = line_with_required_keys(op);
+    SCOPED_TRACE(line);
+    const Node n = parse_stage(line);
+    bool any_required = false;
+    for (const Attribute& a : attributes(op)) {
+      if (a.missing_error) {
+        any_required = true;
+        EXPECT_FALSE(has_default_value(n, a)) << a.key;  // the line's value, not the default
+      } else {
+        EXPECT_TRUE(has_default_value(n, a)) << a.key;
+      }
+    }
+    if (!any_required) EXPECT_TRUE(fields(n) == fields(default_node(op)));
+  }
+  // The op-specific defaults of docs/chain-spec.md.
+  EXPECT_EQ(default_node(OpCode::LeakyRelu).alpha, 0.01);
+  EXPECT_EQ(default_node(OpCode::Elu).alpha, 1.0);
+  EXPECT_EQ(default_node(OpCode::Dropout).p, 0.5);
+  EXPECT_EQ(parse_stage("max_pool kernel=3").stride, 3);
+  EXPECT_FALSE(default_node(OpCode::BatchNorm).track_running_stats);
+  EXPECT_TRUE(parse_stage("batch_norm running_mean=s0").track_running_stats);
+}
+
+TEST(SpecSchema, RequiredKeysAndBadValuesKeepTheirMessages) {
+  auto msg = [](const std::string& line) -> std::string {
+    try {
+      parse_stage(line);
+    } catch (const std::invalid_argument& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_NE(msg("sub rev=1").find("binary op needs b="), std::string::npos);
+  EXPECT_NE(msg("pow").find("pow needs alpha= (the exponent)"), std::string::npos);
+  EXPECT_NE(msg("avg_pool stride=2").find("pooling needs kernel="), std::string::npos);
+  EXPECT_NE(msg("max_pool kernel=2 include_pad=0").find("unknown key 'include_pad' for max_pool"),
+            std::string::npos);
+  EXPECT_NE(msg("sum index=1").find("unknown key 'index' for sum"), std::string::npos);
+  EXPECT_NE(msg("batch_norm momentum=-1").find("momentum must be >= 0 or none"),
+            std::string::npos);
+  EXPECT_NE(msg("group_norm groups=x").find("'x' is not an integer"), std::string::npos);
+  // A bad value fails before a missing required key is noticed.
+  EXPECT_NE(msg("add rev=2").find("not 0 or 1"), std::string::npos);
 }

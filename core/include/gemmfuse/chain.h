@@ -51,7 +51,8 @@ struct Operand {
   }
 };
 
-// One stage. Only the fields its op uses are meaningful; the spec names them the same way.
+// One stage. Only the fields its op uses are meaningful. Which spec key sets which field, and
+// the field's default in the spec, is the attribute schema (attributes.h).
 struct Node {
   OpCode op = OpCode::Neg;
 

@@ -10,7 +10,8 @@
 // each Unary and Binary op are `Pointwise<OpCode::Code>` in executors/common/pointwise.h,
 // one source for both executors; the dispatch instantiates it for every row, so a row without
 // them fails to build. The other families' forward and backward are steps of the executors
-// (row reductions, row norms, windows, column statistics).
+// (row reductions, row norms, windows, column statistics). Each op's spec keys (its
+// attributes) are declared in the attribute schema, attributes.h.
 #pragma once
 
 #define GEMMFUSE_UNARY_OPS(X)                  \

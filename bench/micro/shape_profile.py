@@ -15,6 +15,7 @@ import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 import gemmfuse  # noqa: E402
+from bench.micro.train_profile import kernel_rows  # noqa: E402
 
 CALLS = 20
 # (M, K, N, activation): deep-mlp large, pinn large, dlrm large, swin-mlp large fc1, the
@@ -54,12 +55,7 @@ def kernels(fn, x):
         for _ in range(CALLS):
             fn(x)
         torch.cuda.synchronize()
-    rows = []
-    for e in prof.key_averages():
-        t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
-        if t > 0:
-            rows.append((t / CALLS / 1e3, e.count // CALLS, e.key))
-    return sorted(rows, reverse=True)
+    return kernel_rows(prof, CALLS)
 
 
 def main(shapes):

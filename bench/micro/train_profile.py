@@ -21,14 +21,19 @@ def profile_calls(fn, x, gy):
         for _ in range(CALLS):
             fn(x).backward(gy)
         torch.cuda.synchronize()
+    rows = kernel_rows(prof, CALLS)
+    total = sum(r[0] for r in rows)
+    return total, rows
+
+
+def kernel_rows(prof, calls: int) -> list:
+    """(ms per call, launches per call, name) of every kernel the profile saw, longest first."""
     rows = []
     for e in prof.key_averages():
         t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
         if t > 0:
-            rows.append((t / CALLS / 1e3, e.count // CALLS, e.key))
-    rows.sort(reverse=True)
-    total = sum(r[0] for r in rows)
-    return total, rows
+            rows.append((t / calls / 1e3, e.count // calls, e.key))
+    return sorted(rows, reverse=True)
 
 
 def main(ids):

@@ -6,6 +6,7 @@ calls). ``timer`` is the function that measures: tests replace it."""
 from __future__ import annotations
 
 import gc
+import math
 import os
 import statistics
 import time
@@ -41,14 +42,36 @@ def calls_per_batch(one_call_ms: float) -> int:
     return max(2, int(2 * BATCH_BELOW_MS / max(one_call_ms, 1e-3)))
 
 
-def median_ms(fn: Callable[[], object], device: torch.device, warmup: int = 2, runs: int = 7) -> float:
-    """fn's time per call in milliseconds after `warmup` calls: on a GPU the median of `runs`
-    calls each between two CUDA events; where that is under BATCH_BELOW_MS (a call then mostly
-    measures the idle GPU waiting for its launch), the median of `runs` batches of back-to-back
-    calls per call, as the bench times such calls (sustained throughput). On the CPU the wall
-    clock of single calls. No garbage collection inside the timed calls."""
+# Untimed calls before a GPU timing: at least this much of them, as the bench warms each
+# variant (bench.timing.WARMUP_MS): after a compile the GPU sits idle at a low clock, and the
+# first side timed would otherwise pay the clock's ramp that the second does not.
+WARMUP_MS = 20.0
+MAX_WARMUP_CALLS = 500
+
+
+def warm_up(fn: Callable[[], object], device: torch.device, warmup: int) -> None:
+    """`warmup` calls, then on a GPU more, until about WARMUP_MS of them have run."""
     for _ in range(warmup):
         fn()
+    if device.type != "cuda":
+        return
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    one_ms = (time.perf_counter() - t) * 1e3
+    for _ in range(min(MAX_WARMUP_CALLS, math.ceil(WARMUP_MS / max(one_ms, 1e-3)) - 1)):
+        fn()
+
+
+def median_ms(fn: Callable[[], object], device: torch.device, warmup: int = 2, runs: int = 7) -> float:
+    """fn's time per call in milliseconds after warm_up (`warmup` calls, on a GPU at least
+    WARMUP_MS of them): on a GPU the median of `runs` calls each between two CUDA events;
+    where that is under BATCH_BELOW_MS (a call then mostly measures the idle GPU waiting for
+    its launch), the median of `runs` batches of back-to-back calls per call, as the bench
+    times such calls (sustained throughput). On the CPU the wall clock of single calls. No
+    garbage collection inside the timed calls."""
+    warm_up(fn, device, warmup)
     gc_on = gc.isenabled()
     gc.disable()
     try:

@@ -208,3 +208,22 @@ def test_whole_graph_timing_compiles_the_faster_graph(whole_timed, fused_ms, fus
     verdict = "the fused chains run" if fused_runs else "Inductor alone runs"
     assert f"whole forward timed with the fused chains {fused_ms:g} ms, Inductor alone 2 ms: {verdict}" in text, text
     torch._dynamo.reset()
+
+
+def test_warm_up_on_the_cpu_is_the_warmup_calls():
+    calls = []
+    route_timer.warm_up(lambda: calls.append(1), torch.device("cpu"), 3)
+    assert len(calls) == 3
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_warm_up_on_a_gpu_runs_about_warmup_ms_of_calls():
+    """After a compile the GPU idles at a low clock: a timing warms up for ~WARMUP_MS of calls
+    first (a ~1 ms call: ~20 calls; a tiny one: at most MAX_WARMUP_CALLS)."""
+    long_calls, short_calls = [], []
+    cycles_per_ms = torch.cuda.get_device_properties(0).clock_rate  # kHz: cycles per ms
+    route_timer.warm_up(lambda: (torch.cuda._sleep(cycles_per_ms), long_calls.append(1)),
+                        torch.device("cuda"), 2)
+    route_timer.warm_up(lambda: short_calls.append(1), torch.device("cuda"), 2)
+    assert 2 + 5 <= len(long_calls) <= 2 + 1 + route_timer.WARMUP_MS, len(long_calls)
+    assert 100 < len(short_calls) <= 2 + 1 + route_timer.MAX_WARMUP_CALLS, len(short_calls)

@@ -210,3 +210,44 @@ TEST(Simplify, FixpointAcrossPasses) {
   EXPECT_TRUE(rel_close(after.out, before.out, 1e-6));
   EXPECT_TRUE(all_close(after.out, reference(c).out, 1e-5, 1e-5));
 }
+
+TEST(HoistScalarsOverSum, AffineStagesMovePastTheReductionAndItBecomesAGemv) {
+  std::mt19937_64 rng(test_seed());
+  struct Want { const char* reduction; const char* after; };
+  for (const Want& w : {Want{"sum keepdim=0", "sum keepdim=0\ndiv b=2\nadd b=23\nneg\nsub b=11.5 rev=1\nmul b=3\n"},
+                        Want{"mean", "mean\ndiv b=2\nadd b=1\nneg\nsub b=0.5 rev=1\nmul b=3\n"}}) {
+    SCOPED_TRACE(w.reduction);
+    const std::string spec = std::string("linear in=45 out=23 bias=1\ndiv b=2\nadd b=1\nneg\n"
+                                         "sub b=0.5 rev=1\n") + w.reduction + "\nmul b=3\n";
+    const Case c = make_case(spec, {3, 5}, {}, "", rng);
+    Chain ch = c.chain;
+    WeightPrep prep;
+    const Rewrites r = simplify(ch, prep);
+    EXPECT_EQ(body(ch), w.after);
+    EXPECT_TRUE(prep.column_sums);
+    ASSERT_EQ(r.size(), 2u);
+    EXPECT_NE(r[0].find("moved before div b=2, add b=1, neg, sub b=0.5 rev=1"), std::string::npos)
+        << r[0];
+    const auto before = run_cpu(c, false), after = run_cpu(c, true);
+    ASSERT_EQ(after.plan.steps[0].kind, Step::Kind::Gemv);
+    EXPECT_TRUE(rel_close(after.out, before.out, 1e-5));
+    EXPECT_TRUE(all_close(after.out, reference(c).out, 1e-4, 1e-5));
+  }
+}
+
+TEST(HoistScalarsOverSum, LeavesWhatDoesNotCommute) {
+  for (const char* stages : {"div b=2 rev=1\nsum\n",        // a / x is not affine
+                             "div b=0\nsum\n",              // x / 0 makes infinities
+                             "mul b=inf\nsum\n",            // so does inf * x
+                             "mul b=t0\nsum\n",             // a column vector, not a scalar
+                             "add b=3e38\nsum\n",           // N*c overflows a float
+                             "mul b=2\nsum\nadd b=v1\n",    // v1 is read later
+                             "exp\nsum\n",                  // not affine
+                             "mul b=2\nmax\n"}) {           // not a sum or mean
+    SCOPED_TRACE(stages);
+    Chain ch = parse_chain(std::string("linear in=4 out=8\n") + stages);
+    const std::string before = body(ch);
+    EXPECT_TRUE(hoist_scalars_over_sum(ch).empty());
+    EXPECT_EQ(body(ch), before);
+  }
+}

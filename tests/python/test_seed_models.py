@@ -152,3 +152,43 @@ def test_explain_lists_nodes_and_spec(mid):
     text = gemmfuse.explain(opt, print_it=False)
     assert "replaces these PyTorch nodes" in text and "linear in=96" in text
     assert "plan:" in text and "1 fused call(s)" in text and "fallbacks to PyTorch: none" in text
+
+
+class MatmulHalfSumScale(torch.nn.Module):
+    """torch.matmul(x, W.T) / 2 -> sum(dim=1) -> * s (issue 47: scalars between the product and
+    the sum used to keep it a GEMM)."""
+
+    def __init__(self, k=64, n=48):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(n, k) / k ** 0.5)
+
+    def forward(self, x):
+        return ((torch.matmul(x, self.weight.T) / 2 - 1).sum(dim=1) * 3)
+
+
+def test_scalars_between_the_product_and_a_sum_still_give_the_gemv():
+    torch.manual_seed(0)
+    model = MatmulHalfSumScale()
+    x = torch.randn(32, 64)
+    opt = gemmfuse.optimize(model, (x,))
+    text = gemmfuse.explain(opt, print_it=False)
+    assert "sum moved before" in text and "GEMV" in text, text
+    for _ in range(3):
+        x = torch.randn(32, 64)
+        assert_close64(opt(x), double_ref(model)(x.double()), what="x W^T / 2 - 1, sum, * 3")
+
+
+def test_scalars_over_a_sum_train_as_eager():
+    """The hoisted GEMV's gradients (weight and x) against float64."""
+    torch.manual_seed(1)
+    model = MatmulHalfSumScale()
+    ref = double_ref(model)
+    opt = gemmfuse.optimize(model, (torch.randn(16, 64),))
+    x = torch.randn(16, 64, requires_grad=True)
+    xd = x.detach().double().requires_grad_()
+    g = torch.randn(16)
+    opt(x).backward(g)
+    ref(xd).backward(g.double())
+    assert_close64(x.grad, xd.grad, what="dx")
+    assert_close64(model.weight.grad, ref.weight.grad, what="dW")
+    assert gemmfuse.runtimes(opt)[0].train_calls == 1

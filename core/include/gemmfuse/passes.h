@@ -50,6 +50,12 @@ Rewrites fold_scalar_chains(Chain& chain);
 // prepare W' = W*s[n], b' = (b - running_mean)*s + beta, s = gamma / sqrt(running_var + eps).
 Rewrites fold_eval_batchnorm(Chain& chain, WeightPrep& prep);
 
+// Scalar affine stages (neg; mul, add, sub by a finite immediate; div by a finite nonzero
+// one) from the Linear up to a `sum`/`mean`, none of their values read elsewhere: the
+// reduction moves first and the stages follow it, an added constant times the row width N
+// for a sum (sum(a*v + c) = a*sum(v) + N*c), so that sum_to_gemv applies.
+Rewrites hoist_scalars_over_sum(Chain& chain);
+
 // `sum`/`mean` (any keepdim) as the first stage, with v0 read by nobody: the Linear and the
 // reduction become one GEMV over the column sums of W (prep.column_sums = true). The node
 // stays in the chain as nodes[0] (so widths keep their meaning); the planner turns the
@@ -57,7 +63,7 @@ Rewrites fold_eval_batchnorm(Chain& chain, WeightPrep& prep);
 Rewrites sum_to_gemv(Chain& chain, WeightPrep& prep);
 
 // All of the above, in the order dropout, size-1 reductions, scalar chains, eval BatchNorm,
-// GEMV, repeated until none applies. For a plan that autograd will differentiate
+// scalars over a sum, GEMV, repeated until none applies. For a plan that autograd will differentiate
 // (`for_training`) the eval BatchNorm stays a stage: its fold would hide the pre-norm values
 // that the gradients of gamma and beta need.
 Rewrites simplify(Chain& chain, WeightPrep& prep, bool for_training = false);

@@ -1,7 +1,8 @@
 // The pass pipeline: each pass can expose work for another (dropping size-1 reductions can
 // put a sum right after the Linear; folding a BatchNorm can do the same), so run them in
 // order until none applies. Every pass strictly shrinks the chain or marks prep, except the
-// softmax rewrite which replaces a node that cannot reappear; so this terminates.
+// softmax rewrite, which replaces a node that cannot reappear, and the hoist of scalars over
+// a sum, which leaves the sum first (where it no longer applies); so this terminates.
 #include "gemmfuse/passes.h"
 
 namespace gemmfuse {
@@ -15,6 +16,7 @@ Rewrites simplify(Chain& chain, WeightPrep& prep, bool for_training) {
     add(drop_size1_reductions(chain));
     add(fold_scalar_chains(chain));
     if (!for_training) add(fold_eval_batchnorm(chain, prep));
+    add(hoist_scalars_over_sum(chain));
     add(sum_to_gemv(chain, prep));
     if (all.size() == before) break;
   }

@@ -103,11 +103,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_softmax_kernel(const __grid_
 
   stamp(p.trace, threadIdx.x, kTraceEntry);
   stamp_clock(p.trace, threadIdx.x, kTraceClockEntry);
-  if (p.trace != nullptr && threadIdx.x == 0) {
-    unsigned sm;
-    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-    p.trace[cta_index() * kGemmSoftmaxTraceSlots + kTraceSmId] = sm;
-  }
+  stamp_sm(p.trace, threadIdx.x);
   const int warp = cutlass::canonical_warp_idx_sync();
   const int warpgroup = cutlass::canonical_warp_group_idx();
   const int lane = cutlass::canonical_lane_idx();

@@ -36,7 +36,8 @@ struct GemmSoftmaxProblem {
   Activation act = Activation::Identity;
   float scale = 1.f;          // v = act(y) * scale
   // Optional timeline for the micro-benchmark: kGemmSoftmaxTraceSlots stamps per CTA (see
-  // TraceSlot), written by its first consumer thread. Null in normal runs.
+  // TraceSlot), written by its first consumer thread; only in a build with
+  // GEMMFUSE_KERNEL_TRACE=1 (the probes' build), ignored otherwise. Null in normal runs.
   unsigned long long* trace = nullptr;
   // Whether the tiles' epilogues may go through the kernel's deferred form (the first under
   // the second tile's mainloop; false: each whole after its mainloop, for the

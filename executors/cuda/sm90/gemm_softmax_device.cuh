@@ -76,20 +76,42 @@ __device__ __forceinline__ void consumer_sync() {
 // This CTA's place in the launch (see tile_of): its trace slots.
 __device__ __forceinline__ int cta_index() { return static_cast<int>(blockIdx.y * gridDim.x + blockIdx.x); }
 
+// The timeline stamps below exist only in builds with GEMMFUSE_KERNEL_TRACE=1 (the probes'
+// build: -DGEMMFUSE_BUILD_PROBES=ON); elsewhere they compile to nothing and the kernel
+// ignores GemmSoftmaxProblem::trace.
+#ifndef GEMMFUSE_KERNEL_TRACE
+#define GEMMFUSE_KERNEL_TRACE 0
+#endif
+
 // GemmSoftmaxProblem::trace: %globaltimer into slot k of this CTA, after `dep` is computed.
 __device__ __forceinline__ void stamp(unsigned long long* trace, int ctid, int k, float dep = 0.f) {
+#if GEMMFUSE_KERNEL_TRACE
   if (trace != nullptr && ctid == 0) {
     unsigned long long t;
     asm volatile("" ::"f"(dep));
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     trace[cta_index() * kGemmSoftmaxTraceSlots + k] = t;
   }
+#endif
 }
 
 // GemmSoftmaxProblem::trace: the SM's clock64 into slot k (its ratio to %globaltimer is the
 // SM clock over a phase).
 __device__ __forceinline__ void stamp_clock(unsigned long long* trace, int ctid, int k) {
+#if GEMMFUSE_KERNEL_TRACE
   if (trace != nullptr && ctid == 0) trace[cta_index() * kGemmSoftmaxTraceSlots + k] = clock64();
+#endif
+}
+
+// GemmSoftmaxProblem::trace: the SM this CTA runs on, into its kTraceSmId slot.
+__device__ __forceinline__ void stamp_sm(unsigned long long* trace, int ctid) {
+#if GEMMFUSE_KERNEL_TRACE
+  if (trace != nullptr && ctid == 0) {
+    unsigned sm;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    trace[cta_index() * kGemmSoftmaxTraceSlots + kTraceSmId] = sm;
+  }
+#endif
 }
 
 template <class T>

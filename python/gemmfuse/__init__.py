@@ -5,6 +5,7 @@
     gemmfuse.explain(fast)                                             # prints it, returns the text
     compiled = torch.compile(model, backend="gemmfuse")                # options={"precision": ...}
     gemmfuse.explain(compiled)                                         # after a call
+    with gemmfuse.fp32_matmul(): ...                                   # uncaptured fp32 products
 
 Python is the front only: capture (FX graph -> chain spec text), the optimized module and the
 torch.compile backend. Planning and kernels are C++ (``torch.ops.gemmfuse``).
@@ -15,6 +16,7 @@ from . import _lib
 from ._lib import LibraryMissing
 from .capture import find_chains
 from .explain import explain
+from .matmul_switch import counts as fp32_matmul_counts, fp32_matmul, set_fp32_matmul
 from .optimized import fused_calls, optimize, runtimes, weights_changed
 from .runtime import PRECISIONS
 
@@ -24,7 +26,7 @@ from .backend import compiler
 _backend.register()
 
 __all__ = ["optimize", "explain", "find_chains", "runtimes", "fused_calls", "weights_changed", "PRECISIONS",
-           "LibraryMissing", "compiler",
+           "LibraryMissing", "compiler", "fp32_matmul", "set_fp32_matmul", "fp32_matmul_counts",
            "load_library"]
 
 

@@ -1,0 +1,140 @@
+"""fp32 matrix products of code that is not captured, on gemmfuse's fp32 GEMM:
+
+    with gemmfuse.fp32_matmul():              # or gemmfuse.set_fp32_matmul(True)
+        loss = model(x).sum(); loss.backward()
+
+Inside it, every fp32 ``mm`` and ``addmm`` (what ``nn.Linear``, ``F.linear``, ``@`` and
+``torch.matmul`` on matrices come to at PyTorch's dispatcher, forward and backward alike) on
+a chosen device type runs as ``gemmfuse::stateless`` with the spec ``linear in=K out=N``: the
+C++ planner and executor pick the kernel as for a captured chain (on an H100 the split fp32
+kernel where it pays, cuBLAS elsewhere). The switch is a ``TorchDispatchMode``: it sits below
+autograd, so the gradients' products run through it too, and it changes no code.
+
+What it does not take runs as PyTorch runs it, counted with the reason (``counts()``):
+other dtypes, batched products (``bmm``, ``baddbmm``: no batched kernel yet), ``addmm``
+with ``beta`` or ``alpha`` other than 1 or a bias that is not one row, empty products.
+"""
+from __future__ import annotations
+
+import threading
+from collections import Counter
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from . import _lib
+from .runtime import PRECISIONS
+
+aten = torch.ops.aten
+FUSED = "gemmfuse"
+
+_counts: Counter = Counter()
+_counts_lock = threading.Lock()
+
+
+def counts() -> dict:
+    """Products seen inside the switch so far, by where they ran: ``"gemmfuse"``, or
+    ``"PyTorch: <reason>"``."""
+    with _counts_lock:
+        return dict(_counts)
+
+
+def reset_counts() -> None:
+    with _counts_lock:
+        _counts.clear()
+
+
+def _count(where: str) -> None:
+    with _counts_lock:
+        _counts[where] += 1
+
+
+def _declines(a, b, devices) -> str:
+    """'' when gemmfuse takes the product a @ b (2-D, fp32, on a chosen device), else why not."""
+    if a.dtype != torch.float32 or b.dtype != torch.float32:
+        return f"{a.dtype} operands (the switch is for fp32)"
+    if a.device.type not in devices or b.device != a.device:
+        return f"operands on {a.device.type} (the switch covers {', '.join(devices)})"
+    if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0]:
+        return "not a matrix product of matching shapes"
+    if a.numel() == 0 or b.numel() == 0:
+        return "an empty product"
+    return ""
+
+
+def _linear(a, b, bias, precision):
+    """a @ b (+ bias) as gemmfuse's Linear: x = a, W = bᵀ ([N, K], contiguous: a weight that
+    F.linear passed transposed is already), one row of bias."""
+    k, n = b.shape
+    spec = f"linear in={k} out={n} bias={int(bias is not None)}"
+    return _lib.ops().stateless(spec, a.contiguous(), b.t().contiguous(), bias, [], precision)
+
+
+def _mm(mode, args, kwargs):
+    a, b = args[0], args[1]
+    why = _declines(a, b, mode.devices)
+    return (None, why) if why else (_linear(a, b, None, mode.precision), "")
+
+
+def _addmm(mode, args, kwargs):
+    bias, a, b = args[0], args[1], args[2]
+    beta, alpha = kwargs.get("beta", 1), kwargs.get("alpha", 1)
+    why = _declines(a, b, mode.devices)
+    if not why and (beta != 1 or alpha != 1):
+        why = "addmm with beta or alpha other than 1"
+    if not why and not (bias.dtype == torch.float32 and bias.device == a.device
+                        and bias.shape in ((b.shape[1],), (1, b.shape[1]))):
+        why = "addmm's added term is not one fp32 row of the output's width"
+    if why:
+        return None, why
+    return _linear(a, b, bias.reshape(-1).contiguous(), mode.precision), ""
+
+
+def _batched(mode, args, kwargs):
+    return None, "a batched product (no batched kernel yet)"
+
+
+_HANDLERS = {aten.mm.default: _mm, aten.addmm.default: _addmm,
+             aten.bmm.default: _batched, aten.baddbmm.default: _batched}
+
+
+class Fp32MatmulMode(TorchDispatchMode):
+    """The dispatch mode behind ``fp32_matmul``: matrix products go to gemmfuse where it takes
+    them, everything else runs as it would."""
+
+    def __init__(self, precision: str = "fp32", devices=("cuda",)):
+        super().__init__()
+        if precision not in PRECISIONS:
+            raise ValueError(f"gemmfuse.fp32_matmul: precision must be one of {PRECISIONS}, "
+                             f"got {precision!r}")
+        self.precision, self.devices = precision, tuple(devices)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        handler = _HANDLERS.get(func)
+        if handler is None:
+            return func(*args, **kwargs)
+        out, why = handler(self, args, kwargs)
+        _count(FUSED if out is not None else f"PyTorch: {why}")
+        return out if out is not None else func(*args, **kwargs)
+
+
+def fp32_matmul(precision: str = "fp32", devices=("cuda",)) -> Fp32MatmulMode:
+    """A context manager: fp32 matrix products inside it run on gemmfuse's fp32 GEMM
+    (``precision``: "fp32", "fast" or "tf32"; ``devices``: the device types it covers)."""
+    _lib.load()
+    return Fp32MatmulMode(precision, devices)
+
+
+_global: list = []  # the mode set_fp32_matmul entered, if any
+
+
+def set_fp32_matmul(enabled: bool, precision: str = "fp32", devices=("cuda",)) -> None:
+    """The global form: from now on (True) or no longer (False), as ``fp32_matmul`` does for
+    a block. Turning it off must happen with no other dispatch mode entered after it."""
+    if _global:
+        _global.pop().__exit__(None, None, None)
+    if enabled:
+        mode = fp32_matmul(precision, devices)
+        mode.__enter__()
+        _global.append(mode)

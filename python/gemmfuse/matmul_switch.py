@@ -3,16 +3,18 @@
     with gemmfuse.fp32_matmul():              # or gemmfuse.set_fp32_matmul(True)
         loss = model(x).sum(); loss.backward()
 
-Inside it, every fp32 ``mm`` and ``addmm`` (what ``nn.Linear``, ``F.linear``, ``@`` and
-``torch.matmul`` on matrices come to at PyTorch's dispatcher, forward and backward alike) on
-a chosen device type runs as ``gemmfuse::stateless`` with the spec ``linear in=K out=N``: the
-C++ planner and executor pick the kernel as for a captured chain (on an H100 the split fp32
+Inside it, every fp32 ``mm`` and ``addmm`` of a matrix by a parameter's transpose (what
+``nn.Linear``, ``F.linear`` and ``x @ W.T`` come to at PyTorch's dispatcher) on a chosen
+device type runs as ``gemmfuse::stateless`` with the spec ``linear in=K out=N``: the C++
+planner and executor pick the kernel as for a captured chain (on an H100 the split fp32
 kernel where it pays, cuBLAS elsewhere). The switch is a ``TorchDispatchMode``: it sits below
-autograd, so the gradients' products run through it too, and it changes no code.
+autograd and changes no code.
 
 What it does not take runs as PyTorch runs it, counted with the reason (``counts()``):
-other dtypes, batched products (``bmm``, ``baddbmm``: no batched kernel yet), ``addmm``
-with ``beta`` or ``alpha`` other than 1 or a bias that is not one row, empty products.
+products whose right operand is not a parameter's transpose (activations, and the
+backward's products, until the executor can prepare such an operand without keeping it),
+other dtypes, batched products (``bmm``, ``baddbmm``: no batched kernel yet), ``addmm`` with
+``beta`` or ``alpha`` other than 1 or a bias that is not one row, empty products.
 """
 from __future__ import annotations
 
@@ -50,7 +52,11 @@ def _count(where: str) -> None:
 
 
 def _declines(a, b, devices) -> str:
-    """'' when gemmfuse takes the product a @ b (2-D, fp32, on a chosen device), else why not."""
+    """'' when gemmfuse takes the product a @ b, else why not: 2-D, fp32, on a chosen device,
+    and b the transpose of a parameter (W.T, as F.linear passes a weight). The executor
+    prepares W once per weight version and keeps the preparation (prepared_cache.cpp); a
+    product whose right operand changes every call (an activation, a gradient: the backward's
+    products) would add a kept preparation per call, so it runs in PyTorch."""
     if a.dtype != torch.float32 or b.dtype != torch.float32:
         return f"{a.dtype} operands (the switch is for fp32)"
     if a.device.type not in devices or b.device != a.device:
@@ -59,7 +65,20 @@ def _declines(a, b, devices) -> str:
         return "not a matrix product of matching shapes"
     if a.numel() == 0 or b.numel() == 0:
         return "an empty product"
+    if not _is_parameter_transpose(b):
+        return ("the right operand is not a parameter's transpose (its preparation would be "
+                "kept per call)")
     return ""
+
+
+def _is_parameter_transpose(b) -> bool:
+    """Whether b is W.T for a contiguous 2-D parameter W (an nn.Parameter, frozen or not, or
+    a leaf that requires grad)."""
+    w = b._base
+    if w is None or not (isinstance(w, torch.nn.Parameter) or (w.is_leaf and w.requires_grad)):
+        return False
+    return (w.dim() == 2 and w.is_contiguous() and b.t().is_contiguous()
+            and b.t().data_ptr() == w.data_ptr() and b.t().shape == w.shape)
 
 
 def _linear(a, b, bias, precision):

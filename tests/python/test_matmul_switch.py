@@ -30,7 +30,8 @@ def fresh_counts():
 @pytest.mark.parametrize("dev", DEVICES)
 def test_mlp_trains_through_the_switch(dev):
     """Forward and every gradient within eager fp32's error against float64 (1.25x, as fp32
-    mode promises), and each product counted: 2 forward, dW and dx per layer."""
+    mode promises), and each product counted: the 2 forward products on gemmfuse; dW and dx
+    per layer (their right operands are not parameters) in PyTorch."""
     torch.manual_seed(0)
     m = nn.Sequential(nn.Linear(256, 192), nn.GELU(), nn.Linear(192, 64)).to(dev)
     ref, eager = copy.deepcopy(m).double(), copy.deepcopy(m)
@@ -42,30 +43,34 @@ def test_mlp_trains_through_the_switch(dev):
         y.backward(g)
     ref(xd).backward(g.double())
     eager(xe).backward(g)
-    assert gemmfuse.fp32_matmul_counts() == {"gemmfuse": 6}
+    not_weight = ("PyTorch: the right operand is not a parameter's transpose (its preparation "
+                  "would be kept per call)")
+    assert gemmfuse.fp32_matmul_counts() == {"gemmfuse": 2, not_weight: 4}
     with torch.no_grad():
         assert rel(y, ref(xd)) <= 1.25 * rel(eager(xe), ref(xd)) + 1e-7
     pairs = [(x.grad, xe.grad, xd.grad)] + [
-        (p.grad, pe.grad, pr.grad) for p, pe, pr in zip(m.parameters(), eager.parameters(), ref.parameters())]
+        (p.grad, pe.grad, pr.grad)
+        for p, pe, pr in zip(m.parameters(), eager.parameters(), ref.parameters())]
     for got, eag, want in pairs:
         assert rel(got, want) <= 1.25 * rel(eag, want) + 1e-7
 
 
 @pytest.mark.parametrize("dev", DEVICES)
 def test_products_of_views_and_strides(dev):
-    """mm, addmm, `@` and matmul of a batch by a matrix, on transposed, sliced and offset
-    operands: the values of float64's product, fresh inputs each time."""
+    """mm, addmm, `@` and matmul of a batch, each by a parameter's transpose, on sliced and
+    offset left operands, frozen parameters too: float64's values, fresh inputs each time."""
     torch.manual_seed(1)
     a = torch.randn(70, 130, device=dev)[:, 3:67]        # [70, 64], rows strided, offset
-    bt = torch.randn(48, 64, device=dev)                  # b = bt.T: a weight as F.linear passes it
-    b = torch.randn(64, 40, device=dev)
+    w = nn.Parameter(torch.randn(48, 64, device=dev))
+    frozen = nn.Parameter(torch.randn(40, 64, device=dev), requires_grad=False)
     bias = torch.randn(40, device=dev)
     x3 = torch.randn(4, 9, 64, device=dev)
-    with gemmfuse.fp32_matmul(devices=(dev,)):
-        outs = [torch.mm(a, bt.T), torch.addmm(bias, a, b), a @ b, torch.matmul(x3, b),
-                torch.mm(a.T.contiguous().T, b)]
-    wants = [a.double() @ bt.T.double(), bias.double() + a.double() @ b.double(),
-             a.double() @ b.double(), x3.double() @ b.double(), a.double() @ b.double()]
+    with gemmfuse.fp32_matmul(devices=(dev,)), torch.no_grad():
+        outs = [torch.mm(a, w.T), torch.addmm(bias, a, frozen.T), a @ w.T, torch.matmul(x3, w.T),
+                torch.nn.functional.linear(a.contiguous(), frozen, bias)]
+    wd, fd = w.detach().double(), frozen.double()
+    wants = [a.double() @ wd.T, bias.double() + a.double() @ fd.T, a.double() @ wd.T,
+             x3.double() @ wd.T, a.double() @ fd.T + bias.double()]
     for got, want in zip(outs, wants):
         assert got.dtype == torch.float32 and got.shape == want.shape
         assert rel(got, want) < 1e-6
@@ -75,40 +80,46 @@ def test_products_of_views_and_strides(dev):
 @pytest.mark.parametrize("dev", DEVICES)
 def test_what_it_does_not_take_runs_as_pytorch(dev):
     torch.manual_seed(2)
-    a, b = torch.randn(8, 16, device=dev), torch.randn(16, 4, device=dev)
-    c = torch.randn(8, 4, device=dev)
+    a, w = torch.randn(8, 16, device=dev), nn.Parameter(torch.randn(4, 16, device=dev))
+    b, c = torch.randn(16, 4, device=dev), torch.randn(8, 4, device=dev)
     cases = [
+        (lambda: torch.mm(a, b), "not a parameter's transpose"),
+        (lambda: torch.mm(a, w.detach().T.contiguous()), "not a parameter's transpose"),
         (lambda: torch.mm(a.double(), b.double()), "float64 operands"),
         (lambda: torch.bmm(a[None], b[None]), "a batched product"),
-        (lambda: torch.addmm(c, a, b, beta=0.5), "beta or alpha"),
-        (lambda: torch.addmm(c, a, b), "not one fp32 row"),
-        (lambda: torch.mm(a[:0], b), "an empty product"),
+        (lambda: torch.addmm(c[0], a, w.T, beta=0.5), "beta or alpha"),
+        (lambda: torch.addmm(c, a, w.T), "not one fp32 row"),
+        (lambda: torch.mm(a[:0], w.T), "an empty product"),
     ]
     for fn, why in cases:
         matmul_switch.reset_counts()
-        with gemmfuse.fp32_matmul(devices=(dev,)):
+        with gemmfuse.fp32_matmul(devices=(dev,)), torch.no_grad():
             got = fn()
-        assert torch.equal(got, fn()), why
+        with torch.no_grad():
+            assert torch.equal(got, fn()), why
         (where,) = gemmfuse.fp32_matmul_counts()
         assert where.startswith("PyTorch: ") and why in where, (where, why)
     matmul_switch.reset_counts()
-    with gemmfuse.fp32_matmul(devices=("meta",)):  # another device type: not taken
-        torch.mm(a, b)
+    with gemmfuse.fp32_matmul(devices=("meta",)), torch.no_grad():  # another device type
+        torch.mm(a, w.T)
     (where,) = gemmfuse.fp32_matmul_counts()
     assert where == f"PyTorch: operands on {dev} (the switch covers meta)"
 
 
 @pytest.mark.parametrize("dev", DEVICES)
 def test_bad_shapes_and_special_values_behave_as_pytorch(dev):
-    a, b = torch.randn(8, 16, device=dev), torch.randn(15, 4, device=dev)
-    with gemmfuse.fp32_matmul(devices=(dev,)), pytest.raises(RuntimeError):
-        torch.mm(a, b)
+    a, w = torch.randn(8, 16, device=dev), nn.Parameter(torch.randn(4, 15, device=dev))
+    with gemmfuse.fp32_matmul(devices=(dev,)), torch.no_grad(), pytest.raises(RuntimeError):
+        torch.mm(a, w.T)
+    matmul_switch.reset_counts()
     a = torch.randn(40, 256, device=dev)
     a[3, 7], a[5, 9], a[11, :] = float("inf"), float("nan"), float("-inf")
-    b = torch.randn(256, 64, device=dev)
-    with gemmfuse.fp32_matmul(devices=(dev,)):
-        got = torch.mm(a, b)
-    want = torch.mm(a, b)
+    w = nn.Parameter(torch.randn(64, 256, device=dev))
+    with gemmfuse.fp32_matmul(devices=(dev,)), torch.no_grad():
+        got = torch.mm(a, w.T)
+    with torch.no_grad():
+        want = torch.mm(a, w.T)
+    assert gemmfuse.fp32_matmul_counts() == {"gemmfuse": 1}
     assert torch.equal(torch.isnan(got), torch.isnan(want))
     assert torch.equal(torch.isinf(got), torch.isinf(want))
     fin = torch.isfinite(want)
@@ -116,11 +127,11 @@ def test_bad_shapes_and_special_values_behave_as_pytorch(dev):
 
 
 def test_global_switch_on_and_off():
-    a, b = torch.randn(8, 16), torch.randn(16, 4)
+    a, w = torch.randn(8, 16), nn.Parameter(torch.randn(4, 16))
     gemmfuse.set_fp32_matmul(True, devices=("cpu",))
-    torch.mm(a, b)
+    torch.mm(a, w.T)
     gemmfuse.set_fp32_matmul(False)
-    torch.mm(a, b)
+    torch.mm(a, w.T)
     assert gemmfuse.fp32_matmul_counts() == {"gemmfuse": 1}
     with pytest.raises(ValueError, match="precision"):
         gemmfuse.fp32_matmul(precision="fp16")

@@ -12,6 +12,8 @@
 #               --zoo-batches small" the model zoo (ZOO_REPEATS times); DIST="fsdp2-before
 #               fsdp2-after fsdp2-compile tp" bench.distributed on two GPUs.
 #   GEMMFUSE_GIT_COMMIT=<hash>: the commit the bench records (the copied tree's .git may be older).
+#   WHEEL_DIR=.gpu/b: the wheel and test binary from there (a branch's, to test two in one call:
+#   OUT=$OUT/main bash scripts/device-run.sh; WHEEL_DIR=.gpu/b OUT=$OUT/b bash scripts/device-run.sh).
 # The machine's own python3 holds torch; the wheel goes into it with --no-deps (no network).
 set -uo pipefail
 OUT=${OUT:-/tmp/gemmfuse-out}; mkdir -p "$OUT"
@@ -23,12 +25,13 @@ summary=()
 note() { summary+=("$1"); echo "== $1"; }
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv
-python3 -m pip install -q --no-deps --no-index --force-reinstall .gpu/gemmfuse-*.whl > "$OUT/install.log" 2>&1
-note "wheel install rc=$? $(ls .gpu/gemmfuse-*.whl)"
+WHEEL_DIR=${WHEEL_DIR:-.gpu}
+python3 -m pip install -q --no-deps --no-index --force-reinstall "$WHEEL_DIR"/gemmfuse-*.whl > "$OUT/install.log" 2>&1
+note "wheel install rc=$? $(ls "$WHEEL_DIR"/gemmfuse-*.whl)"
 (cd /tmp && python3 -c 'import torch, gemmfuse; print("torch", torch.__version__, torch.cuda.get_device_name(), "gemmfuse", gemmfuse.load_library())') 2>&1 | tee -a "$OUT/install.log"
 
 if [ "${TESTS:-0}" = 1 ]; then
-  .gpu/gemmfuse_cuda_tests --gtest_brief=1 > "$OUT/cuda_tests.log" 2>&1
+  "$WHEEL_DIR"/gemmfuse_cuda_tests --gtest_brief=1 > "$OUT/cuda_tests.log" 2>&1
   note "cuda gtests rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/cuda_tests.log" | tr '\n' ' ')"
   tail -20 "$OUT/cuda_tests.log"
   # From tests/, so that the installed wheel is what the tests import.
@@ -40,7 +43,7 @@ fi
 if [ "${SANITIZE:-0}" = 1 ]; then
   for tool in memcheck racecheck; do
     timeout ${SANITIZE_TIMEOUT:-150} compute-sanitizer --tool $tool --error-exitcode 9 \
-      .gpu/gemmfuse_cuda_tests --gtest_brief=1 \
+      "$WHEEL_DIR"/gemmfuse_cuda_tests --gtest_brief=1 \
       --gtest_filter="${SANITIZE_FILTER:-CudaExecutor.*:-*LargerShape*:*WideRows*}" \
       > "$OUT/sanitize_tmp.log" 2>&1
     note "compute-sanitizer $tool rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize_tmp.log" | tail -1)"

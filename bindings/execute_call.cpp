@@ -31,8 +31,8 @@ at::Tensor execute(Executor& executor, const CallInputs& in,
   args.update_state = !in.for_training;
   if (args.saved) args.backward = &backward_plan_for(plan);
 
-  at::Tensor prepared =
-      prepared_for(plan, executor, args, in.weight, in.bias, in.operands, in.state);
+  at::Tensor prepared = prepared_for(plan, executor, args, in.weight, in.bias, in.operands,
+                                     in.state, in.keep_prepared);
   const auto ws_bytes = static_cast<int64_t>(executor.workspace_bytes(plan));
   at::Tensor workspace =
       ws_bytes > 0 ? at::empty({ws_bytes}, t.x.options().dtype(at::kByte)) : at::Tensor();

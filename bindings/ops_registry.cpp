@@ -3,6 +3,9 @@
 //             differentiable (run_autograd.cpp)
 //   stateless the same for chains without state (no running statistics): what `run` calls
 //             below autograd for them, so that graphs see an op that mutates nothing
+//   linear    one Linear, no stages, its spec from the weight's shape (gemmfuse.fp32_matmul);
+//             keep_weight=False for a weight that changes every call: its preparation (the
+//             split parts) is made for the call and not kept
 //   describe  the plan as text (for gemmfuse.explain), or "gemmfuse unsupported: ..." raised
 //   route     "" where the plan (inference or training) runs fused, else why PyTorch is faster
 //   check     "" when a spec parses, else the reason
@@ -59,6 +62,25 @@ at::Tensor stateless(c10::string_view spec, const at::Tensor& x, const at::Tenso
   return Run(spec, x, weight, bias, operands, {}, precision);
 }
 
+// The spec of one Linear with the weight [out, in] and the bias, if any.
+std::string linear_spec(const at::Tensor& weight, const c10::optional<at::Tensor>& bias) {
+  TORCH_CHECK(weight.dim() == 2, "gemmfuse::linear: the weight must be 2-D, got ", weight.dim(),
+              "-D");
+  return "linear in=" + std::to_string(weight.size(1)) + " out=" +
+         std::to_string(weight.size(0)) + " bias=" + (bias.has_value() ? "1" : "0");
+}
+
+// gemmfuse::linear on a device (RunOn: run_on_cpu, run_on_cuda).
+template <at::Tensor (*RunOn)(const CallInputs&, float*)>
+at::Tensor linear_on(const at::Tensor& x, const at::Tensor& weight,
+                     const c10::optional<at::Tensor>& bias, c10::string_view precision,
+                     bool keep_weight) {
+  const std::string spec = linear_spec(weight, bias);
+  CallInputs in{spec, x, weight, bias, {}, {}, precision};
+  in.keep_prepared = keep_weight;
+  return RunOn(in, nullptr);
+}
+
 // Shape only: what torch.compile's fake tensors and torch.export need (sizes may be symbolic).
 at::Tensor run_meta(c10::string_view spec, const at::Tensor& x, const at::Tensor& weight,
                     const c10::optional<at::Tensor>&, at::TensorList, at::TensorList,
@@ -70,6 +92,11 @@ at::Tensor run_meta(c10::string_view spec, const at::Tensor& x, const at::Tensor
               "expected m1 and m2 to have the same dtype, but got: ", x.scalar_type(), " != ",
               weight.scalar_type());
   return at::empty_symint(output_sym_shape(*chain, x.sym_sizes()), x.options());
+}
+
+at::Tensor linear_meta(const at::Tensor& x, const at::Tensor& weight,
+                       const c10::optional<at::Tensor>& bias, c10::string_view precision, bool) {
+  return run_meta(linear_spec(weight, bias), x, weight, bias, {}, {}, precision);
 }
 
 // The training plan and its backward (what runs while autograd records), or why the chain
@@ -155,6 +182,8 @@ TORCH_LIBRARY(gemmfuse, m) {
       "route(str spec, Tensor x, Tensor weight, Tensor? bias, Tensor[] operands, "
       "Tensor[] state, str precision, bool for_training=False) -> str",
       &route);
+  m.def("linear(Tensor x, Tensor weight, Tensor? bias, str precision, bool keep_weight=True) "
+        "-> Tensor");
   m.def(
       "train_forward(str spec, Tensor x, Tensor weight, Tensor? bias, Tensor[] operands, "
       "Tensor[] state, str precision) -> (Tensor, Tensor)");
@@ -172,15 +201,18 @@ TORCH_LIBRARY(gemmfuse, m) {
 TORCH_LIBRARY_IMPL(gemmfuse, CPU, m) {
   m.impl("run", &run_cpu);
   m.impl("stateless", &stateless<&run_cpu>);
+  m.impl("linear", &linear_on<&run_on_cpu>);
 }
 TORCH_LIBRARY_IMPL(gemmfuse, Meta, m) {
   m.impl("run", &run_meta);
   m.impl("stateless", &stateless<&run_meta>);
+  m.impl("linear", &linear_meta);
 }
 #ifdef GEMMFUSE_WITH_CUDA
 TORCH_LIBRARY_IMPL(gemmfuse, CUDA, m) {
   m.impl("run", &run_cuda);
   m.impl("stateless", &stateless<&run_cuda>);
+  m.impl("linear", &linear_on<&run_on_cuda>);
 }
 #endif
 

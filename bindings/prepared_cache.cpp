@@ -50,10 +50,12 @@ void for_each_source(const Plan& plan, const at::Tensor& weight,
 at::Tensor prepared_for(const Plan& plan, Executor& executor,
                         const RunArgs& args, const at::Tensor& weight,
                         const c10::optional<at::Tensor>& bias, at::TensorList operands,
-                        at::TensorList state) {
+                        at::TensorList state, bool keep) {
   const size_t bytes = executor.prepared_bytes(plan);
   if (bytes == 0) return at::Tensor();
-  if (graph_capturing(weight)) {  // prepared in the graph, on every replay
+  // Prepared for this call alone: inside a graph being captured (on every replay), or a
+  // weight that changes every call (the caching allocator frees it after the call's work).
+  if (!keep || graph_capturing(weight)) {
     at::Tensor data = at::empty({static_cast<int64_t>(bytes)}, weight.options().dtype(at::kByte));
     executor.prepare(plan, args, data.data_ptr());
     return data;

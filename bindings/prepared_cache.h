@@ -15,11 +15,12 @@ namespace gemmfuse::bindings {
 
 // Returns the prepared bytes for this plan and these tensors, preparing them (on the
 // executor's stream) when missing or when any tensor they were built from has changed.
-// An empty tensor when the plan needs no preparation.
+// An empty tensor when the plan needs no preparation. With `keep` false (a weight that
+// changes every call) the bytes are prepared for this call alone and not kept.
 at::Tensor prepared_for(const Plan& plan, Executor& executor,
                         const RunArgs& args, const at::Tensor& weight,
                         const c10::optional<at::Tensor>& bias, at::TensorList operands,
-                        at::TensorList state);
+                        at::TensorList state, bool keep = true);
 
 // The prepared bytes of this plan and weight for the caller to overwrite (the backward's
 // Executor::backward_weight_bytes), when they exist and hold at least `bytes`; the entry is

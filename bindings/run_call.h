@@ -22,6 +22,9 @@ struct CallInputs {
   at::TensorList operands, state;
   c10::string_view precision;
   bool for_training = false;  // gemmfuse::train_forward: the training plan, args.saved filled
+  // false: the weight changes every call (gemmfuse::linear with keep_weight=False), so its
+  // preparation is made for this call and not kept (prepared_cache.h).
+  bool keep_prepared = true;
 };
 
 // The call's tensors as an executor wants them (dtype, contiguity).

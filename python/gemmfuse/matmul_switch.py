@@ -3,16 +3,17 @@
     with gemmfuse.fp32_matmul():              # or gemmfuse.set_fp32_matmul(True)
         loss = model(x).sum(); loss.backward()
 
-Inside it, every fp32 ``mm`` and ``addmm`` of a matrix by a parameter's transpose (what
-``nn.Linear``, ``F.linear`` and ``x @ W.T`` come to at PyTorch's dispatcher) on a chosen
-device type runs as ``gemmfuse::stateless`` with the spec ``linear in=K out=N``: the C++
-planner and executor pick the kernel as for a captured chain (on an H100 the split fp32
-kernel where it pays, cuBLAS elsewhere). The switch is a ``TorchDispatchMode``: it sits below
-autograd and changes no code.
+Inside it, every 2-D fp32 ``mm`` and ``addmm`` (what ``nn.Linear``, ``F.linear``, ``@`` and
+``torch.matmul`` on matrices come to at PyTorch's dispatcher, and what their backward
+formulas call) on a chosen device type runs as ``gemmfuse::linear``: a Linear with
+W = bᵀ, whose kernel the C++ planner and executor pick as for a captured chain (on an H100
+the split fp32 kernel where it pays, cuBLAS elsewhere). The switch is a
+``TorchDispatchMode``: it sits below autograd, so the gradients' products run through it
+too, and it changes no code. W's preparation (its split parts) is kept per weight version
+where W is a parameter; any other right operand (an activation, a gradient) is prepared for
+its call alone (``keep_weight=False``).
 
 What it does not take runs as PyTorch runs it, counted with the reason (``counts()``):
-products whose right operand is not a parameter's transpose (activations, and the
-backward's products, until the executor can prepare such an operand without keeping it),
 other dtypes, batched products (``bmm``, ``baddbmm``: no batched kernel yet), ``addmm`` with
 ``beta`` or ``alpha`` other than 1 or a bias that is not one row, empty products.
 """
@@ -52,11 +53,7 @@ def _count(where: str) -> None:
 
 
 def _declines(a, b, devices) -> str:
-    """'' when gemmfuse takes the product a @ b, else why not: 2-D, fp32, on a chosen device,
-    and b the transpose of a parameter (W.T, as F.linear passes a weight). The executor
-    prepares W once per weight version and keeps the preparation (prepared_cache.cpp); a
-    product whose right operand changes every call (an activation, a gradient: the backward's
-    products) would add a kept preparation per call, so it runs in PyTorch."""
+    """'' when gemmfuse takes the product a @ b (2-D, fp32, on a chosen device), else why not."""
     if a.dtype != torch.float32 or b.dtype != torch.float32:
         return f"{a.dtype} operands (the switch is for fp32)"
     if a.device.type not in devices or b.device != a.device:
@@ -65,9 +62,6 @@ def _declines(a, b, devices) -> str:
         return "not a matrix product of matching shapes"
     if a.numel() == 0 or b.numel() == 0:
         return "an empty product"
-    if not _is_parameter_transpose(b):
-        return ("the right operand is not a parameter's transpose (its preparation would be "
-                "kept per call)")
     return ""
 
 
@@ -83,10 +77,11 @@ def _is_parameter_transpose(b) -> bool:
 
 def _linear(a, b, bias, precision):
     """a @ b (+ bias) as gemmfuse's Linear: x = a, W = bᵀ ([N, K], contiguous: a weight that
-    F.linear passed transposed is already), one row of bias."""
-    k, n = b.shape
-    spec = f"linear in={k} out={n} bias={int(bias is not None)}"
-    return _lib.ops().stateless(spec, a.contiguous(), b.t().contiguous(), bias, [], precision)
+    F.linear passed transposed is already), one row of bias. W's preparation is kept only
+    where W is a parameter (the executor keeps one per weight; a right operand that changes
+    every call would add one each call)."""
+    keep = _is_parameter_transpose(b)
+    return _lib.ops().linear(a.contiguous(), b.t().contiguous(), bias, precision, keep)
 
 
 def _mm(mode, args, kwargs):

@@ -10,7 +10,11 @@ from conftest import needs_lib
 def test_measure_against_itself():
     # With optimize() replaced by the identity, the "optimized" model is eager's: both time the
     # same calls, so the harness must report nearly the same time for each.
-    t = host.measure(torch.device("cpu"), width=16, batch=4, optimize=lambda m, ex: m)
+    # A busy machine (a build on the same cores) can stall one side of a run: three tries.
+    for _ in range(3):
+        t = host.measure(torch.device("cpu"), width=16, batch=4, optimize=lambda m, ex: m)
+        if 0.5 < t.optimized_us / t.eager_us < 2.0:
+            break
     assert t.eager_us > 0 and t.plain_op_us > 0
     assert 0.5 < t.optimized_us / t.eager_us < 2.0, t
     assert t.per_chain_us == t.optimized_us / host.CHAINS

@@ -132,6 +132,10 @@ void check_call(const Chain& chain, const at::Tensor& x, const at::Tensor& weigh
   if (bias.has_value()) {
     same_device(*bias);
     TORCH_CHECK(chain.has_bias, "gemmfuse: a bias was passed to a chain without one");
+    // The executors read one value per output: a broadcasting bias would be read past its end.
+    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == chain.out_features, "gemmfuse: bias of shape ",
+                bias->sizes(), " does not match the chain's Linear(", chain.in_features, ", ",
+                chain.out_features, "): one value per output");
   } else {
     TORCH_CHECK(!chain.has_bias, "gemmfuse: the chain's Linear has a bias but none was passed");
   }

@@ -5,6 +5,7 @@ import copy
 import pytest
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 import gemmfuse
 from conftest import assert_close64, double_ref, make_seed, needs_cuda, needs_lib, seed_ids
@@ -217,3 +218,25 @@ def test_data_dependent_control_flow_runs_as_eager():
     with torch.no_grad():
         for x in (torch.randn(2, 4) * 10, torch.zeros(2, 4) - 100):
             torch.testing.assert_close(opt(x), m(x))
+
+
+def test_broadcasting_bias_runs_as_pytorch():
+    """F.linear broadcasts a bias of one element over the outputs; the fused op reads one value
+    per output, so the chain runs in PyTorch (with the reason), and the op itself refuses such a
+    bias with a clear error instead of reading past its end."""
+    class OneBias(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(3, 8))
+            self.b = nn.Parameter(torch.randn(1))
+
+        def forward(self, x):
+            return torch.relu(F.linear(x, self.w, self.b))
+
+    model, x = OneBias(), torch.randn(4, 8)
+    opt = gemmfuse.optimize(model, (x,))
+    torch.testing.assert_close(opt(x), model(x), rtol=0, atol=0)
+    assert "broadcasts, PyTorch runs it" in gemmfuse.explain(opt, print_it=False)
+    with pytest.raises(RuntimeError, match="bias of shape"):
+        torch.ops.gemmfuse.stateless("linear in=8 out=3 bias=1", x, model.w.detach(),
+                                     torch.randn(2), [], "fp32")

@@ -72,6 +72,11 @@ def find_chains(gm: fx.GraphModule, flavor: str = "fx", check: Optional[Callable
             report.rejected.append((node.name, "0-d input"))
             continue
         n_out, k_in = (wshape[1], wshape[0]) if parts.weight_kn else (wshape[0], wshape[1])
+        bshape = _shape_of_source(gm, b) if b is not None else (n_out,)
+        if bshape is None or tuple(bshape) != (n_out,):
+            report.rejected.append((node.name, f"bias of shape {bshape} is not one value per "
+                                               f"output ({n_out}): it broadcasts, PyTorch runs it"))
+            continue
         chain = Chain(index=len(report.chains), linear=node, x=x, weight=w, bias=b,
                       in_features=int(k_in), out_features=int(n_out), linear_module=q,
                       weight_kn=parts.weight_kn, form=parts.form)

@@ -107,6 +107,26 @@ at::Tensor concrete_stand_in(const at::Tensor& t, int64_t stand_in) {
 
 namespace {
 
+// Each BatchNorm's running statistics hold one value per column of its input (and the batch
+// counter one): the executors read that many, so a state tensor of another size is refused.
+void check_state_sizes(const Chain& chain, at::TensorList state) {
+  for (size_t i = 0; i < chain.nodes.size(); ++i) {
+    const Node& n = chain.nodes[i];
+    if (n.op != OpCode::BatchNorm) continue;
+    const int64_t w = chain.width_of(static_cast<int>(i));
+    const std::pair<const Operand*, int64_t> held[] = {
+        {&n.running_mean, w}, {&n.running_var, w}, {&n.num_batches, 1}};
+    for (const auto& [o, numel] : held) {
+      if (!o->present() || o->kind != Operand::Kind::State) continue;
+      TORCH_CHECK(o->index < static_cast<int>(state.size()), "gemmfuse: the chain reads state s",
+                  o->index, " but ", state.size(), " state tensors were passed");
+      TORCH_CHECK(state[o->index].numel() == numel, "gemmfuse: state s", o->index, " of shape ",
+                  state[o->index].sizes(), " does not fit the BatchNorm over ", w,
+                  " columns (expected ", numel, " values)");
+    }
+  }
+}
+
 // The F.linear checks and same-device checks of one call against its chain.
 void check_call(const Chain& chain, const at::Tensor& x, const at::Tensor& weight,
                 const c10::optional<at::Tensor>& bias, at::TensorList operands,
@@ -141,6 +161,7 @@ void check_call(const Chain& chain, const at::Tensor& x, const at::Tensor& weigh
   }
   for (const auto& t : operands) same_device(t);
   for (const auto& t : state) same_device(t);
+  check_state_sizes(chain, state);
 }
 
 // What selects a plan besides the spec: x's sizes, the operands' sizes, dtype, precision,

@@ -240,3 +240,17 @@ def test_broadcasting_bias_runs_as_pytorch():
     with pytest.raises(RuntimeError, match="bias of shape"):
         torch.ops.gemmfuse.stateless("linear in=8 out=3 bias=1", x, model.w.detach(),
                                      torch.randn(2), [], "fp32")
+
+
+def test_running_statistics_of_another_size_are_refused():
+    """The op refuses BatchNorm state that is not one value per column (the executors would
+    read past its end) with a clear error; state of the right size runs."""
+    x, w = torch.randn(4, 8), torch.randn(3, 8)
+    spec = ("linear in=8 out=3 bias=0\n"
+            "batch_norm training=0 running_mean=s0 running_var=s1 weight=t0 bias=t1")
+    ops = [torch.randn(3), torch.randn(3)]
+    with pytest.raises(RuntimeError, match="does not fit the BatchNorm over 3 columns"):
+        torch.ops.gemmfuse.run(spec, x, w, None, ops, [torch.randn(2), torch.rand(3) + 0.5],
+                               "fp32")
+    out = torch.ops.gemmfuse.run(spec, x, w, None, ops, [torch.randn(3), torch.rand(3) + 0.5], "fp32")
+    assert out.shape == (4, 3) and torch.isfinite(out).all()

@@ -252,5 +252,6 @@ def test_running_statistics_of_another_size_are_refused():
     with pytest.raises(RuntimeError, match="does not fit the BatchNorm over 3 columns"):
         torch.ops.gemmfuse.run(spec, x, w, None, ops, [torch.randn(2), torch.rand(3) + 0.5],
                                "fp32")
-    out = torch.ops.gemmfuse.run(spec, x, w, None, ops, [torch.randn(3), torch.rand(3) + 0.5], "fp32")
+    state = [torch.randn(3), torch.rand(3) + 0.5]
+    out = torch.ops.gemmfuse.run(spec, x, w, None, ops, state, "fp32")
     assert out.shape == (4, 3) and torch.isfinite(out).all()

@@ -54,48 +54,57 @@ def find_chains(gm: fx.GraphModule, flavor: str = "fx", check: Optional[Callable
             continue
         if parts is None:
             continue
-        x, w, b, q = parts.x, parts.weight, parts.bias, parts.module
-        why = dynamo_reason(x, w) if flavor != "fx" else ""
+        chain, why = _start_chain(gm, node, parts, flavor, len(report.chains))
         if why:
             report.rejected.append((node.name, why))
             continue
-        wshape = _shape_of_source(gm, w)
-        if wshape is None or len(wshape) != 2:
-            report.rejected.append((node.name, f"linear weight shape unknown or not 2-d ({wshape})"))
-            continue
-        xinf = node_info(x)
-        lin_inf = node_info(node)
-        if not isinstance(lin_inf, TInfo) or not isinstance(xinf, TInfo):
-            report.rejected.append((node.name, "no shape information for the linear's input/output"))
-            continue
-        if xinf.rank < 1:
-            report.rejected.append((node.name, "0-d input"))
-            continue
-        n_out, k_in = (wshape[1], wshape[0]) if parts.weight_kn else (wshape[0], wshape[1])
-        bshape = _shape_of_source(gm, b) if b is not None else (n_out,)
-        if bshape is None or tuple(bshape) != (n_out,):
-            report.rejected.append((node.name, f"bias of shape {bshape} is not one value per "
-                                               f"output ({n_out}): it broadcasts, PyTorch runs it"))
-            continue
-        chain = Chain(index=len(report.chains), linear=node, x=x, weight=w, bias=b,
-                      in_features=int(k_in), out_features=int(n_out), linear_module=q,
-                      weight_kn=parts.weight_kn, form=parts.form)
         _grow(chain, gm, order, numbers, taken)
         _bias_from_first_add(chain)
         chain.finish()
-        if check is not None:
-            bad = None
-            for flags in chain.flag_combos():
-                reason = check(chain.spec(flags))
-                if reason:
-                    bad = reason
-                    break
-            if bad:
-                report.rejected.append((node.name, f"spec refused by the parser: {bad}"))
-                continue
+        bad = _refused_spec(chain, check)
+        if bad:
+            report.rejected.append((node.name, f"spec refused by the parser: {bad}"))
+            continue
         taken.update(chain.nodes)
         report.chains.append(chain)
     return report
+
+
+def _start_chain(gm: fx.GraphModule, node: fx.Node, parts, flavor: str, index: int):
+    """(the chain that starts at the Linear `node`, ''), or (None, why it cannot start):
+    unknown shapes, a 0-d input, a bias that is not one value per output (F.linear
+    broadcasts it; the fused op reads one per output), or a dynamo graph's reason."""
+    x, w, b = parts.x, parts.weight, parts.bias
+    why = dynamo_reason(x, w) if flavor != "fx" else ""
+    if why:
+        return None, why
+    wshape = _shape_of_source(gm, w)
+    if wshape is None or len(wshape) != 2:
+        return None, f"linear weight shape unknown or not 2-d ({wshape})"
+    xinf, lin_inf = node_info(x), node_info(node)
+    if not isinstance(lin_inf, TInfo) or not isinstance(xinf, TInfo):
+        return None, "no shape information for the linear's input/output"
+    if xinf.rank < 1:
+        return None, "0-d input"
+    n_out, k_in = (wshape[1], wshape[0]) if parts.weight_kn else (wshape[0], wshape[1])
+    bshape = _shape_of_source(gm, b) if b is not None else (n_out,)
+    if bshape is None or tuple(bshape) != (n_out,):
+        return None, (f"bias of shape {bshape} is not one value per output ({n_out}): it "
+                      f"broadcasts, PyTorch runs it")
+    return Chain(index=index, linear=node, x=x, weight=w, bias=b, in_features=int(k_in),
+                 out_features=int(n_out), linear_module=parts.module, weight_kn=parts.weight_kn,
+                 form=parts.form), ""
+
+
+def _refused_spec(chain: Chain, check: Optional[Callable]) -> str:
+    """The C++ parser's reason for refusing one of the chain's specs ('' where it takes all)."""
+    if check is None:
+        return ""
+    for flags in chain.flag_combos():
+        reason = check(chain.spec(flags))
+        if reason:
+            return reason
+    return ""
 
 
 def _grow(chain: Chain, gm: fx.GraphModule, order: dict, numbers: Optional[dict] = None,

@@ -10,13 +10,15 @@ import time
 
 import torch
 
+from gemmfuse import route_timer
 from gemmfuse.route_timer import calls_per_batch
 
 
 # The least GPU time of warm-up calls per round after the first (see CallTimer.round);
 # `python -m bench --warmup-ms` sets it per run (5000: each variant timed at the clock the chip
-# settles to under its own sustained load; docs/measurements.md).
-WARMUP_MS = 20.0
+# settles to under its own sustained load; docs/measurements.md). The same default as the
+# product's own timed routes (gemmfuse.route_timer.WARMUP_MS).
+WARMUP_MS = route_timer.WARMUP_MS
 
 
 # Each round times at least this much of a short call's batches: ten batches of a 0.4 ms call

@@ -42,8 +42,8 @@ def calls_per_batch(one_call_ms: float) -> int:
     return max(2, int(2 * BATCH_BELOW_MS / max(one_call_ms, 1e-3)))
 
 
-# Untimed calls before a GPU timing: at least this much of them, as the bench warms each
-# variant (bench.timing.WARMUP_MS): after a compile the GPU sits idle at a low clock, and the
+# Untimed calls before a GPU timing: at least this much of them (the bench's default for each
+# variant too, bench/timing.py): after a compile the GPU sits idle at a low clock, and the
 # first side timed would otherwise pay the clock's ramp that the second does not.
 WARMUP_MS = 20.0
 MAX_WARMUP_CALLS = 500

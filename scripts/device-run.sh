@@ -12,6 +12,8 @@
 #               --zoo-batches small" the model zoo (ZOO_REPEATS times); DIST="fsdp2-before
 #               fsdp2-after fsdp2-compile tp" bench.distributed on two GPUs.
 #   GEMMFUSE_GIT_COMMIT=<hash>: the commit the bench records (the copied tree's .git may be older).
+#   Two GPUs at once: CUDA_VISIBLE_DEVICES=1 SKIP_INSTALL=1 OUT=$OUT/b ... & beside a run on GPU 0
+#   that installed the wheel (one install: a second would rewrite the package under the first).
 #   WHEEL_DIR=.gpu/b: the wheel and test binary from there (a branch's, to test two in one call:
 #   OUT=$OUT/main bash scripts/device-run.sh; WHEEL_DIR=.gpu/b OUT=$OUT/b bash scripts/device-run.sh).
 # The machine's own python3 holds torch; the wheel goes into it with --no-deps (no network).
@@ -26,8 +28,10 @@ note() { summary+=("$1"); echo "== $1"; }
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv
 WHEEL_DIR=${WHEEL_DIR:-.gpu}
-python3 -m pip install -q --no-deps --no-index --force-reinstall "$WHEEL_DIR"/gemmfuse-*.whl > "$OUT/install.log" 2>&1
-note "wheel install rc=$? $(ls "$WHEEL_DIR"/gemmfuse-*.whl)"
+if [ "${SKIP_INSTALL:-0}" != 1 ]; then  # SKIP_INSTALL=1: a run beside another that installed it
+  python3 -m pip install -q --no-deps --no-index --force-reinstall "$WHEEL_DIR"/gemmfuse-*.whl > "$OUT/install.log" 2>&1
+  note "wheel install rc=$? $(ls "$WHEEL_DIR"/gemmfuse-*.whl)"
+fi
 (cd /tmp && python3 -c 'import torch, gemmfuse; print("torch", torch.__version__, torch.cuda.get_device_name(), "gemmfuse", gemmfuse.load_library())') 2>&1 | tee -a "$OUT/install.log"
 
 if [ "${TESTS:-0}" = 1 ]; then

@@ -7,28 +7,21 @@
 
 #include "column_stats.h"
 #include "cuda_check.h"
-#include "device_info.h"
-#include "fused_softmax.h"
+#include "device_facts.h"
 #include "gemm_cublas.h"
-#include "gemm_f16x3.h"
+#include "gemm_softmax.h"
 #include "gemv.h"
 #include "layout.h"
+#include "plan_state.h"
 #include "prepare.h"
 #include "row_program.h"
+#include "selection.h"
 
 namespace gemmfuse {
 
 using namespace gemmfuse::cuda;
 
 namespace {
-
-// The fused kernel's workspace (its row partials) when run() takes it for this plan on the
-// current device, else 0 (the steps' workspace_layout applies). Y and cuBLASLt's workspace
-// (64 MiB at the seed shape) are not allocated for a call the kernel computes.
-size_t fused_workspace_bytes(const Plan& plan, const FusedSoftmax& f) {
-  if (!f.matches || !fused_softmax_unused(plan, f).empty()) return 0;  // no reason string per call
-  return sm90::gemm_softmax_workspace_bytes(plan.M, plan.N);           // a multiple of 256 bytes
-}
 
 // Device memory for one call, allocated and freed in stream order (cudaMallocAsync).
 class StreamScratch {
@@ -48,10 +41,10 @@ class StreamScratch {
   cudaStream_t stream_;
 };
 
-// Gemm + RowPass as one sm90 kernel, for a plan fused_workspace_bytes accepted and `ws` its
-// workspace; false (nothing enqueued): the pointers are misaligned or the driver refused the
-// cooperative grid, so the caller runs the steps.
-bool run_fused_softmax(const Plan& plan, const FusedSoftmax& f, const RunArgs& args,
+// Gemm + RowPass as one sm90 kernel, for a plan whose Selection chose it and `ws` its
+// workspace; false (nothing enqueued): the call's pointers are misaligned or the driver
+// refused the cooperative grid, so the caller runs the steps.
+bool run_fused_softmax(const Plan& plan, const FusedSoftmaxChoice& f, const RunArgs& args,
                        const PreparedLayout& P, const char* prep, char* ws, cudaStream_t stream) {
   sm90::GemmSoftmaxProblem p;
   p.M = plan.M;
@@ -64,31 +57,36 @@ bool run_fused_softmax(const Plan& plan, const FusedSoftmax& f, const RunArgs& a
   if (plan.chain.has_bias && p.bias == nullptr)
     throw std::logic_error("CUDA executor: a 16-bit bias without its prepared fp32 copy");
   p.out = args.out;
-  p.act = f.act;
+  p.act = f.gelu ? sm90::Activation::GeluErf : sm90::Activation::Identity;
   p.scale = f.scale;
-  // TMA and the 16-byte stores need aligned rows (K, N multiples of 8: checked in unfit).
+  p.programmatic = f.programmatic;
+  p.defer_epilogues = f.defer_epilogues;
+  // TMA and the 16-byte stores need aligned rows (K, N multiples of 8: checked by the selection).
   if (!aligned16(p.x) || !aligned16(p.w) || !aligned16(p.out)) return false;
   return sm90::launch_gemm_softmax(p, ws, stream);
 }
 
-// The plan step by step, with the steps' workspace `ws` (layout W).
-void run_steps(const Plan& plan, const RunArgs& args, const char* prep, const WorkspaceLayout& W,
-               char* ws, cudaStream_t stream) {
-  for (const Step& s : plan.steps) {
+// The plan step by step, with the steps' workspace `ws` (layout st.workspace), each on the
+// kernel its Selection chose.
+void run_steps(const Plan& plan, const PlanState& st, const RunArgs& args, const char* prep, char* ws,
+               cudaStream_t stream) {
+  const WorkspaceLayout& W = st.workspace;
+  for (size_t i = 0; i < plan.steps.size(); ++i) {
+    const Step& s = plan.steps[i];
     switch (s.kind) {
       case Step::Kind::Gemm:
-        run_gemm(plan, s, args, prep, ws, stream);
+        run_gemm(plan, st, s, args, prep, ws, stream);
         break;
       case Step::Kind::Gemv:
         launch_gemv(plan, s, args, prep, ws, stream);
         break;
       case Step::Kind::RowPass:
-        launch_row_pass(plan, s, args, ws,
+        launch_row_pass(plan, s, st.sel.rows[i], args, ws,
                         W.row_scratch != kAbsent ? reinterpret_cast<float*>(ws + W.row_scratch) : nullptr,
                         stream);
         break;
       case Step::Kind::ColumnStats:
-        launch_column_stats(plan, s, args, ws,
+        launch_column_stats(plan, s, st.sel.colstats[i], args, ws,
                             W.colstats != kAbsent ? reinterpret_cast<double*>(ws + W.colstats) : nullptr,
                             stream);
         break;
@@ -116,10 +114,7 @@ void save_for_backward(const Plan& plan, const BackwardPlan& bp, float* saved, c
 }  // namespace
 
 int64_t CudaExecutor::fast_min_rows(int64_t M, int64_t N, int64_t K) {
-  const int64_t rows = cuda::sm90::kF16x3TileMN;
-  if (M > rows || M < cuda::sm90::kF16x3MinRows || cuda::sm90::f16x3_declines(M, N, K) != nullptr)
-    return PlanRequest{}.fast_min_rows;
-  return rows;
+  return cuda::fast_min_rows(M, N, K, device_facts(), current_overrides());
 }
 
 void CudaExecutor::check(const Plan& plan) {
@@ -143,50 +138,19 @@ void CudaExecutor::check(const Plan& plan) {
 }
 
 std::string CudaExecutor::describe_kernels(const Plan& plan) {
-  const FusedSoftmax f = match_fused_softmax(plan);
-  if (f.matches) {
-    const std::string why = fused_softmax_unused(plan, f);
-    if (why.empty())
-      return "cuda: Gemm + RowPass run as one sm90 kernel (TMA/wgmma GEMM, the softmax finished "
-             "on chip; Y never goes to memory)";
-    return "cuda: the fused sm90 GEMM + softmax kernel is not used: " + why;
-  }
-  if (fp32_mode_gemm(plan)) {
-    const char* why = sm90::f16x3_declines(plan.M, plan.N, plan.K);
-    if (why == nullptr) {
-      const int splits = sm90::f16x3_splits(plan.M, plan.N, sm_count());
-      return "cuda: the fp32 Gemm runs on fp16 tensor cores: each row of x and W scaled by a "
-             "power of two and split into two fp16 parts (22 bits), the three part products "
-             "that reach fp32's precision, the large one summed in fp32 every 64 of K, each W "
-             "part read once" +
-             (splits > 1 ? "; each output tile's K cut into " + std::to_string(splits) +
-                               " ranges on as many SMs, their sums added in fp32 (split-K: the "
-                               "tiles alone would leave most SMs idle)"
-                         : std::string()) +
-             "; values over 2^28 below their row's largest and infinities left out of the "
-             "parts and their products added back (a few in x: in fp32; many tiny ones: a "
-             "second split of those rows and a second GEMM pass over them), rows of x with "
-             "many infinities and W's rows holding such values recomputed in fp32, rows and "
-             "columns with a NaN written NaN (x, W, bias and out 16-byte aligned, else SGEMM)";
-    }
-    return std::string("cuda: the fp32 Gemm does not use the f16x3 kernel: ") + why;
-  }
-  if (uses_split(plan))
-    return "cuda: the fast Gemm splits x and W into bf16 hi + lo parts, one GEMM summing "
-           "xlo.Whi + xhi.Wlo first, then xhi.Whi; rows and columns with infinities or values "
-           "past bf16's range recomputed in fp32, with a NaN written NaN";
-  return "";
+  check(plan);
+  return plan_state(plan)->sel.describe();
 }
 
 size_t CudaExecutor::prepared_bytes(const Plan& plan) const {
   check(plan);
-  return prepared_layout(plan).total;
+  return plan_state(plan)->prepared.total;
 }
 
 size_t CudaExecutor::workspace_bytes(const Plan& plan) const {
   check(plan);
-  const size_t fused = fused_workspace_bytes(plan, match_fused_softmax(plan));
-  return fused > 0 ? fused : workspace_layout(plan).total;
+  const auto st = plan_state(plan);
+  return st->fused_workspace > 0 ? st->fused_workspace : st->workspace.total;
 }
 
 void CudaExecutor::prepare(const Plan& plan, const RunArgs& args, void* prepared) {
@@ -199,29 +163,25 @@ void CudaExecutor::run(const Plan& plan, const RunArgs& args, const void* prepar
   check(plan);
   if (plan.M == 0) return;
   const cudaStream_t stream = static_cast<cudaStream_t>(args.stream);
-  const FusedSoftmax f = match_fused_softmax(plan);
-  const size_t fused_ws = fused_workspace_bytes(plan, f);
+  const auto st = plan_state(plan);
   char* ws = static_cast<char*>(workspace);
-  if (ws == nullptr && (fused_ws > 0 || workspace_layout(plan).total > 0))
+  if (ws == nullptr && (st->fused_workspace > 0 || st->workspace.total > 0))
     throw std::invalid_argument("gemmfuse: no workspace passed");
   if (!aligned16(ws)) throw std::invalid_argument("gemmfuse: workspace must be 16-byte aligned");
   const char* prep = static_cast<const char*>(prepared);
-  const PreparedLayout P = prepared_layout(plan);
-  if (P.total > 0 && prep == nullptr)
+  if (st->prepared.total > 0 && prep == nullptr)
     throw std::invalid_argument("gemmfuse: the plan needs prepared weights (prepare() first)");
   if (!args.x || !args.out) throw std::invalid_argument("gemmfuse: x and out are required");
 
-  if (fused_ws > 0) {  // `workspace` holds the fused kernel's partials only
-    if (run_fused_softmax(plan, f, args, P, prep, ws, stream)) return;
-    // Declined at run time: the steps get a workspace of their own for this call.
-    const WorkspaceLayout W = workspace_layout(plan);
-    const StreamScratch scratch(W.total, stream);
-    run_steps(plan, args, prep, W, scratch.get(), stream);
+  if (st->fused_workspace > 0) {  // `workspace` holds the fused kernel's partials only
+    if (run_fused_softmax(plan, st->sel.fused, args, st->prepared, prep, ws, stream)) return;
+    // Declined by this call's pointers or the driver: the steps get a workspace of their own.
+    const StreamScratch scratch(st->workspace.total, stream);
+    run_steps(plan, *st, args, prep, scratch.get(), stream);
     return;
   }
-  run_steps(plan, args, prep, workspace_layout(plan), ws, stream);
+  run_steps(plan, *st, args, prep, ws, stream);
   if (args.saved) save_for_backward(plan, *args.backward, args.saved, ws, stream);
 }
-
 
 }  // namespace gemmfuse

@@ -10,7 +10,11 @@
 //                stats updated on device; eval: from the running stats)
 //   prepare()    prepare.cu: folded eval BatchNorm, fp32 bias, column sums, W splits
 //   Gemm + RowPass of a 16-bit Linear -> [gelu] -> [scalar] -> softmax: one sm90 kernel
-//                (sm90/gemm_softmax.cu) when the device and shape allow (fused_softmax.h)
+//                (sm90/gemm_softmax.cu) when the device and shape allow
+//
+// Which kernel runs each step (and the backward's GEMMs) is chosen once per plan and device
+// by the kernel selection (selection.h), kept with the plan (plan_state.h); run() and
+// backward() launch what it chose.
 //
 // Contract (executor.h): x, weight, bias and out in plan.dtype, operands and running stats
 // fp32, num_batches int64, all device pointers on the current device. run() never
@@ -37,21 +41,20 @@ class CudaExecutor : public Executor {
   // Throws Unsupported when the plan exceeds this executor's limits (e.g. a row program of
   // more than 32 instructions). prepared_bytes/workspace_bytes/run call it too.
   static void check(const Plan& plan);
-  // PlanRequest::fast_min_rows on the current device for an M x N x K GEMM: where fp32 mode's
-  // f16x3 kernel takes the shape, up to one row of its 128-row tiles (split-K there, 1-6%
-  // faster than `fast`'s three bf16 products at 128 rows in the suite on an H200, and more
-  // accurate); else the planner's default.
+  // PlanRequest::fast_min_rows on the current device for an M x N x K GEMM: the kernel
+  // selection's rule (selection.h's fast_min_rows) with this device's facts.
   static int64_t fast_min_rows(int64_t M, int64_t N, int64_t K);
 
-  // What run() launches for this plan on the current device beyond the plan's own steps
-  // (one line, or "" when it runs the steps as described), for explain.
+  // The kernel selection for this plan on the current device, one line per choice with its
+  // reason and the overrides that are set, for explain.
   static std::string describe_kernels(const Plan& plan);
 
   size_t prepared_bytes(const Plan& plan) const override;
   size_t workspace_bytes(const Plan& plan) const override;
   void prepare(const Plan& plan, const RunArgs& args, void* prepared) override;
   void run(const Plan& plan, const RunArgs& args, const void* prepared, void* workspace) override;
-  // What backward() runs for dx and dW on the current device, and why, for explain.
+  // What backward() runs for dx, dW and the row backward on the current device, and why
+  // (the Selection's), for explain.
   static std::string describe_backward(const Plan& plan, const BackwardPlan& bp);
   // backward.cu: the row backward by segments, then db, dW and dx on cuBLAS or f16x3.
   void backward(const Plan& plan, const BackwardPlan& bp, const BackwardArgs& args) override;

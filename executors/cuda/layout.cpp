@@ -4,7 +4,6 @@
 
 #include "column_stats.h"
 #include "gemm_f16x3.h"
-#include "row_program.h"
 #include "split.h"
 
 namespace gemmfuse::cuda {
@@ -15,20 +14,6 @@ const Step* find_step(const Plan& plan, Step::Kind kind) {
   for (const Step& s : plan.steps)
     if (s.kind == kind) return &s;
   return nullptr;
-}
-
-bool uses_split(const Plan& plan) {
-  return plan.dtype == DType::F32 && plan.precision == Precision::Fast &&
-         find_step(plan, Step::Kind::Gemm) != nullptr;
-}
-
-bool fp32_mode_gemm(const Plan& plan) {
-  return plan.dtype == DType::F32 && plan.precision == Precision::FP32 &&
-         find_step(plan, Step::Kind::Gemm) != nullptr;
-}
-
-bool uses_f16x3(const Plan& plan) {
-  return fp32_mode_gemm(plan) && sm90::f16x3_declines(plan.M, plan.N, plan.K) == nullptr;
 }
 
 namespace {
@@ -42,13 +27,13 @@ struct Cursor {
 };
 }  // namespace
 
-PreparedLayout prepared_layout(const Plan& plan) {
+PreparedLayout prepared_layout(const Plan& plan, const Selection& sel) {
   PreparedLayout L;
   const int64_t N = plan.N, K = plan.K;
   const size_t dsz = dtype_size(plan.dtype);
   const Step* gemm = find_step(plan, Step::Kind::Gemm);
   const bool fold = plan.prep.fold_batchnorm;
-  const bool split = uses_split(plan), f16x3 = uses_f16x3(plan);
+  const bool split = sel.gemm.split_parts, f16x3 = sel.gemm.f16x3_parts;
   Cursor c;
   if (fold) L.scale = c.take(sizeof(float) * N);
   if (fold || (plan.chain.has_bias && plan.dtype != DType::F32))
@@ -77,11 +62,11 @@ PreparedLayout prepared_layout(const Plan& plan) {
   return L;
 }
 
-WorkspaceLayout workspace_layout(const Plan& plan) {
+WorkspaceLayout workspace_layout(const Plan& plan, const Selection& sel) {
   WorkspaceLayout L;
   Cursor c;
   c.at = plan.buffers_bytes();
-  const bool split = uses_split(plan), f16x3 = uses_f16x3(plan);
+  const bool split = sel.gemm.split_parts, f16x3 = sel.gemm.f16x3_parts;
   if (split) {
     const int64_t Kh = split_segment_width(plan.K);
     L.x_split = c.take(sizeof(uint16_t) * plan.M * kFastSplitSegments * Kh);
@@ -99,17 +84,18 @@ WorkspaceLayout workspace_layout(const Plan& plan) {
   if (split || f16x3) L.x_flags = c.take(sizeof(int32_t) * plan.M);
   if (find_step(plan, Step::Kind::Gemm)) {
     L.lt_bytes = kLtWorkspaceBytes;  // the split-K f16x3 kernel may need more for its partial tiles
-    if (f16x3) L.lt_bytes = std::max(L.lt_bytes, sm90::f16x3_workspace_bytes(plan.M, plan.N, plan.K));
+    if (f16x3)
+      L.lt_bytes = std::max(L.lt_bytes, sm90::f16x3_workspace_bytes(plan.M, plan.N, plan.K, false, sel.gemm.splits));
     L.lt = c.take(L.lt_bytes);
   }
-  for (const Step& s : plan.steps) {
+  for (size_t i = 0; i < plan.steps.size(); ++i) {
+    const Step& s = plan.steps[i];
     if (s.kind == Step::Kind::ColumnStats && s.input >= 0)
       L.colstats_bytes =
           std::max(L.colstats_bytes, colstats_workspace_bytes(plan.M, std::max<int64_t>(s.width_in, 1)));
-    if (s.kind == Step::Kind::RowPass) {
-      const RowConfig rc = row_config(s, plan.M);
-      if (rc.scratch) L.row_scratch_bytes = std::max(L.row_scratch_bytes, rc.scratch_bytes);
-    }
+    const RowConfig& rc = sel.rows[i].config;  // the interpreter's (Register's fallback) shape
+    if (s.kind == Step::Kind::RowPass && rc.scratch)
+      L.row_scratch_bytes = std::max(L.row_scratch_bytes, rc.scratch_bytes);
   }
   if (L.colstats_bytes) L.colstats = c.take(L.colstats_bytes);
   if (L.row_scratch_bytes) L.row_scratch = c.take(L.row_scratch_bytes);

@@ -19,6 +19,7 @@
 
 #include "cuda_check.h"
 #include "layout.h"
+#include "plan_state.h"
 #include "running_stats.h"
 #include "split.h"
 
@@ -120,7 +121,7 @@ __global__ void __launch_bounds__(256) bsum_kernel(const float* __restrict__ bia
 
 template <class T>
 void prepare_typed(const Plan& plan, const RunArgs& args, char* prepared, cudaStream_t stream) {
-  const PreparedLayout L = prepared_layout(plan);
+  const PreparedLayout L = plan_state(plan)->prepared;
   const int64_t N = plan.N, K = plan.K;
   const bool fold = plan.prep.fold_batchnorm;
   const Node& bn = plan.prep.batchnorm;
@@ -214,7 +215,7 @@ const float* operand_ptr(const Operand& op, const RunArgs& args) {
 }
 
 void prepare_weights(const Plan& plan, const RunArgs& args, char* prepared, cudaStream_t stream) {
-  const PreparedLayout L = prepared_layout(plan);
+  const PreparedLayout L = plan_state(plan)->prepared;
   if (L.total == 0) return;
   if (!prepared) throw std::invalid_argument("gemmfuse: prepare() without prepared memory");
   switch (plan.dtype) {

@@ -20,9 +20,11 @@
 #include "cuda_test_util.h"
 #include "cuda_executor.h"
 #include "column_stats.h"
-#include "fused_softmax.h"
+#include "device_facts.h"
+#include "gemm_softmax.h"
 #include "row_program.h"
 #include "row_stats_buffers.h"
+#include "selection.h"
 #include "split.h"
 
 namespace {
@@ -34,6 +36,12 @@ using gftest::DevMem;
 using gftest::gpu_present;
 
 size_t elt(DType d) { return d == DType::F32 ? 4 : 2; }
+
+// "" where the fused GEMM + softmax kernel runs the plan on the current device, else why not.
+std::string fused_softmax_unused(const Plan& plan) {
+  const cuda::Selection s = cuda::select(plan, nullptr, cuda::device_facts(&plan), cuda::current_overrides());
+  return s.fused.used ? "" : s.fused.reason;
+}
 
 // fp32 values -> bytes in dtype d.
 std::vector<uint8_t> encode(const std::vector<float>& v, DType d) {
@@ -696,7 +704,7 @@ TEST(CudaExecutor, NaNAndInfPropagate) {
   }
 }
 
-// The fused sm90 GEMM + softmax kernel (fused_softmax.h) on problems it takes: ragged M, N
+// The fused sm90 GEMM + softmax kernel (the selection's FusedSoftmaxChoice) on problems it takes: ragged M, N
 // and K tails, one and two tiles per CTA, with and without gelu and a scalar, NaN and inf rows, a
 // CUDA graph and a side stream. Each plan must actually take the kernel.
 TEST(CudaExecutor, FusedGemmSoftmaxSm90) {
@@ -718,7 +726,7 @@ TEST(CudaExecutor, FusedGemmSoftmaxSm90) {
                           "mul b=-1.5\nsoftmax", "gelu\nmul b=-2\nsoftmax"};
   const Problem gelu_softmax{linear(264, 4104) + "gelu\nsoftmax", {1000}};  // two tiles per CTA
   auto expect_fused = [](const Plan& plan) {
-    EXPECT_EQ(cuda::fused_softmax_unused(plan), "") << plan.describe();
+    EXPECT_EQ(fused_softmax_unused(plan), "") << plan.describe();
   };
   for (DType d : {DType::BF16, DType::F16}) {
     CudaOptions o;
@@ -839,7 +847,7 @@ struct FusedRun {
     req.batch_sizes = {M};
     req.dtype = d;
     plan = make_plan(req);
-    EXPECT_EQ(cuda::fused_softmax_unused(plan), "") << plan.describe();
+    EXPECT_EQ(fused_softmax_unused(plan), "") << plan.describe();
     const auto wb = encode(c.w, d), bb = encode(c.b, d);
     x = std::make_unique<DevMem>(c.x.size() * elt(d));
     w = std::make_unique<DevMem>(wb.size());
@@ -1030,7 +1038,7 @@ TEST(CudaExecutorPlan, FusedSoftmaxMatchesOnlyItsChains) {
   EXPECT_FALSE(cuda::match_fused_softmax(make_plan(req)).matches);
   req.dtype = DType::F32;
   req.chain = parse_chain(linear(264, 4104) + "gelu\nsoftmax");
-  EXPECT_EQ(cuda::match_fused_softmax(make_plan(req)).why, "fp32 model");
+  EXPECT_EQ(cuda::match_fused_softmax(make_plan(req)).reason, "fp32 model");
 }
 
 TEST(CudaExecutor, GemvRowsWithInfOrNaNFollowTheColumnSigns) {

@@ -21,6 +21,7 @@
 
 #include "cpu_test_util.h"
 #include "cuda_test_util.h"
+#include "device_facts.h"
 #include "fp32_gemm_f16x3.h"
 #include "gemm_f16x3.h"
 #include "split.h"
@@ -31,8 +32,12 @@ using gemmfuse::cuda::Fp32GemmF16x3;
 using gemmfuse::cuda::launch_fp32_gemm_f16x3;
 using gemmfuse::cuda::launch_split_f16x2;
 using gemmfuse::cuda::RowMarks;
-using gemmfuse::cuda::sm90::f16x3_unfit;
 using gftest::DevMem;
+
+// The kernel selection's f16x3_unfit for the current device and overrides.
+const char* f16x3_unfit(int64_t M, int64_t N, int64_t K) {
+  return gemmfuse::cuda::f16x3_unfit(M, N, K, gemmfuse::cuda::device_facts(), gemmfuse::cuda::current_overrides());
+}
 
 #define SKIP_WITHOUT_SM90()                                                     \
   do {                                                                          \

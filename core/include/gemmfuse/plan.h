@@ -12,8 +12,11 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gemmfuse/chain.h"
@@ -119,6 +122,41 @@ struct WeightPrep {
   Node batchnorm;                    // the folded BatchNorm (operands refer to the run's tensors)
 };
 
+// What an executor derives from a plan once and keeps with it (the CUDA executor's kernel
+// selection and memory layouts, per device), in slots by key; the core does not know its
+// type. Thread-safe. A copy of the plan starts with none: the copy may be changed before it
+// runs.
+class PlanMemo {
+ public:
+  PlanMemo() = default;
+  PlanMemo(const PlanMemo&) {}
+  PlanMemo& operator=(const PlanMemo&) {
+    std::lock_guard<std::mutex> lock(mu_);
+    slots_.clear();
+    return *this;
+  }
+  // The value in slot `key` where fresh(value) holds, else make()'s, kept in the slot.
+  template <class T, class Fresh, class Make>
+  std::shared_ptr<const T> get(uint64_t key, Fresh fresh, Make make) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [k, v] : slots_) {
+      if (k != key) continue;
+      auto t = std::static_pointer_cast<const T>(v);
+      if (fresh(*t)) return t;
+      t = std::make_shared<const T>(make());
+      v = t;
+      return t;
+    }
+    auto t = std::make_shared<const T>(make());
+    slots_.emplace_back(key, t);
+    return t;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  mutable std::vector<std::pair<uint64_t, std::shared_ptr<const void>>> slots_;
+};
+
 struct Plan {
   Chain chain;                      // after simplification
   std::vector<std::string> rewrites;  // what simplification did, one line each
@@ -136,6 +174,7 @@ struct Plan {
   // this device and shape: the reason. The plan still runs when called; the Python front
   // asks (`gemmfuse::route`) and runs such calls in PyTorch, and `explain` shows the reason.
   std::string pytorch_faster;
+  PlanMemo memo;  // the executors' (PlanMemo)
 
   // Byte offset of buffer i in the workspace (256-byte aligned) and the bytes all buffers take.
   size_t buffer_offset(int i) const;

@@ -1,10 +1,12 @@
 // The CUDA executor's backward (backward.h): the row backward by segments (row_backward.cu),
 // the column sums of operand and BatchNorm gradients, then db = Σ_rows dV, and dx = dV W and
-// dW = dVᵀ x in the chain's precision: fp32 dW on the f16x3 kernel where its cost rule takes
-// the shape (dW = dVᵀ (xᵀ)ᵀ: both operands transposed so that M is their reduced dimension,
-// then split as the forward splits x and W), fp32 dx on it too (dV split by rows as x is, W
-// split by columns and read MN-major where it lies, its parts in the weight scratch), else cuBLAS (fp32: SGEMM, no TF32; `tf32`: TF32;
-// 16-bit models: their own type with fp32 accumulation). Stream-ordered, no host sync.
+// dW = dVᵀ x in the chain's precision, on the kernels the Selection chose (selection.h's
+// BackwardChoice): fp32 dW on the f16x3 kernel where its cost rule takes the shape
+// (dW = dVᵀ (xᵀ)ᵀ: both operands transposed so that M is their reduced dimension, then split
+// as the forward splits x and W), fp32 dx on it too (dV split by rows as x is, W split by
+// columns and read MN-major where it lies, its parts in the weight scratch), else cuBLAS
+// (fp32: SGEMM, no TF32; `tf32`: TF32; 16-bit models: their own type with fp32
+// accumulation). Stream-ordered, no host sync.
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -19,6 +21,7 @@
 #include "cuda_executor.h"
 #include "fp32_gemm_f16x3.h"
 #include "gemm_f16x3.h"
+#include "plan_state.h"
 #include "row_backward.h"
 
 namespace gemmfuse {
@@ -38,24 +41,6 @@ cublasHandle_t blas_handle(cudaStream_t stream) {
   return g_handles[dev];
 }
 
-// nullptr where dW = dVᵀ x runs on the f16x3 kernel, else why cuBLAS computes it. As an f16x3
-// problem it has N rows (dVᵀ's), K columns (xᵀ's rows) and reduces over the M rows.
-const char* dw_f16x3_declines(const Plan& plan, const BackwardPlan& bp) {
-  if (plan.dtype != DType::F32 || plan.precision != Precision::FP32)
-    return "only fp32 mode's dW runs on the split kernel";
-  if (bp.gemv) return "the GEMV's dW is one row broadcast";
-  return sm90::f16x3_declines(plan.N, plan.K, plan.M);
-}
-
-// nullptr where dx = dV W runs on the f16x3 kernel, else why cuBLAS computes it. As an f16x3
-// problem it has M rows, K columns and reduces over N, W [N, K] read MN-major.
-const char* dx_f16x3_declines(const Plan& plan, const BackwardPlan& bp) {
-  if (plan.dtype != DType::F32 || plan.precision != Precision::FP32)
-    return "only fp32 mode's dx runs on the split kernel";
-  if (bp.gemv) return "the GEMV's dx is a rank-one product";
-  return sm90::f16x3_declines_mn_major(plan.M, plan.K, plan.N);
-}
-
 // The scratch of one backward, laid out once per call in the order below (256-byte aligned).
 struct BackwardLayout {
   size_t total = 0;
@@ -63,11 +48,11 @@ struct BackwardLayout {
   std::map<int, size_t> vals, acc, bn_g, bn_gx, bn_sums, eval_stats, sinks;
   std::map<int, int64_t> sink_cols;  // operand index -> sink columns (1: a Scalar's row sums)
   size_t gemv_row = 0;
-  // dW on the f16x3 kernel (dw_f16x3_declines): after the row backward, over its scratch.
+  // dW on the f16x3 kernel (the Selection's): after the row backward, over its scratch.
   bool dw_f16x3 = false;
   size_t dvt = 0, xt = 0, x_parts = 0, x_exps = 0, x_flags = 0, x_tiny = 0, w_parts = 0,
          w_exps = 0, w_flags = 0, w_list = 0, gemm_ws = 0, gemm_ws_bytes = 0;
-  // dx on the f16x3 kernel (dx_f16x3_declines): after dW, over the same scratch; W's column
+  // dx on the f16x3 kernel (the Selection's): after dW, over the same scratch; W's column
   // split's parts in the weight scratch (CudaExecutor::backward_weight_bytes). With dV's
   // second level (softmax-like gradients hold many values ~2^-30 below their row's largest).
   bool dx_f16x3 = false;
@@ -83,11 +68,11 @@ struct BackwardLayout {
 
   int64_t slots = 0;  // the row backward's CTAs: vals, g and sinks hold a row per slot
 
-  BackwardLayout(const Plan& plan, const BackwardPlan& bp) {
+  BackwardLayout(const Plan& plan, const BackwardPlan& bp, const BackwardChoice& choice) {
     const Chain& ch = plan.chain;
     const int n = static_cast<int>(ch.nodes.size());
     const int64_t M = plan.M, wv = ch.row_width(bp.start);
-    slots = M > 0 ? row_backward_slots(M) : 0;
+    slots = choice.slots;
     const int64_t S = slots;
     int64_t wmax = wv;
     dv = add(4 * M * wv);
@@ -127,7 +112,7 @@ struct BackwardLayout {
     }
     if (bp.gemv) gemv_row = add(4 * plan.K);
     const size_t row_end = total;
-    dw_f16x3 = M > 0 && dw_f16x3_declines(plan, bp) == nullptr;
+    dw_f16x3 = choice.dw == GemmKind::F16x3;
     if (dw_f16x3) {
       const int64_t N = plan.N, K = plan.K;
       total = scratch;
@@ -141,11 +126,11 @@ struct BackwardLayout {
       w_exps = add(4 * K);
       w_flags = add(4 * K);
       w_list = add(4 * (1 + K));
-      gemm_ws_bytes = sm90::f16x3_workspace_bytes(N, K, M);
+      gemm_ws_bytes = sm90::f16x3_workspace_bytes(N, K, M, false, choice.dw_splits);
       gemm_ws = add(gemm_ws_bytes);
     }
     const size_t dw_end = total;
-    dx_f16x3 = M > 0 && dx_f16x3_declines(plan, bp) == nullptr;
+    dx_f16x3 = choice.dx == GemmKind::F16x3;
     if (dx_f16x3) {
       const int64_t N = plan.N, K = plan.K;
       total = scratch;
@@ -163,7 +148,7 @@ struct BackwardLayout {
       slot_tiny = add(4 * M);
       slot_exps = add(4 * M);
       slot_parts = add(2 * 2 * M * N);
-      dx_ws_bytes = sm90::f16x3_workspace_bytes(M, K, N, /*w_mn_major=*/true);
+      dx_ws_bytes = sm90::f16x3_workspace_bytes(M, K, N, /*w_mn_major=*/true, choice.dx_splits);
       dx_ws = add(dx_ws_bytes);
     }
     total = std::max({total, dw_end, row_end});
@@ -173,8 +158,8 @@ struct BackwardLayout {
 // dW[N, K] = dVᵀ x on the f16x3 kernel: dVᵀ [N, M] and xᵀ [K, M] transposed by cuBLAS, xᵀ split
 // as the forward splits W (its rows marked for the fix-up's column recompute), dVᵀ as x;
 // no second level (rows with many tiny values are recomputed by the fix-up instead).
-void dw_on_f16x3(const Plan& plan, const BackwardLayout& L, char* ws, const float* dv, const float* x,
-                 float* gw, cublasHandle_t h, cudaStream_t stream) {
+void dw_on_f16x3(const Plan& plan, const BackwardLayout& L, int splits, char* ws, const float* dv,
+                 const float* x, float* gw, cublasHandle_t h, cudaStream_t stream) {
   const int64_t M = plan.M, N = plan.N, K = plan.K;
   auto f32 = [&](size_t off) { return reinterpret_cast<float*>(ws + off); };
   auto i32 = [&](size_t off) { return reinterpret_cast<int*>(ws + off); };
@@ -207,13 +192,14 @@ void dw_on_f16x3(const Plan& plan, const BackwardLayout& L, char* ws, const floa
   g.scratch.x_tiny = i32(L.x_tiny);
   g.gemm_workspace = ws + L.gemm_ws;
   g.gemm_workspace_bytes = L.gemm_ws_bytes;
+  g.splits = splits;
   launch_fp32_gemm_f16x3(g, stream);
 }
 
 // dx[M, K] = dV W on the f16x3 kernel: dV split by rows as the forward's x (with its second
 // level), W [N, K] by columns (its parts into `w_parts`: N K fp16 pairs) and read MN-major.
-void dx_on_f16x3(const Plan& plan, const BackwardLayout& L, char* ws, void* w_parts, const float* dv,
-                 const float* w, float* gx, cudaStream_t stream) {
+void dx_on_f16x3(const Plan& plan, const BackwardLayout& L, int splits, char* ws, void* w_parts,
+                 const float* dv, const float* w, float* gx, cudaStream_t stream) {
   const int64_t M = plan.M, N = plan.N, K = plan.K;
   auto f32 = [&](size_t off) { return reinterpret_cast<float*>(ws + off); };
   auto i32 = [&](size_t off) { return reinterpret_cast<int*>(ws + off); };
@@ -245,6 +231,7 @@ void dx_on_f16x3(const Plan& plan, const BackwardLayout& L, char* ws, void* w_pa
   g.scratch.second.y = f32(L.slot_y);
   g.gemm_workspace = ws + L.dx_ws;
   g.gemm_workspace_bytes = L.dx_ws_bytes;
+  g.splits = splits;
   launch_fp32_gemm_f16x3(g, stream);
 }
 
@@ -289,25 +276,17 @@ unsigned blocks(int64_t n) { return static_cast<unsigned>((n + 255) / 256); }
 }  // namespace cuda
 
 std::string CudaExecutor::describe_backward(const Plan& plan, const BackwardPlan& bp) {
-  const char* dw = cuda::dw_f16x3_declines(plan, bp);
-  const char* dx = cuda::dx_f16x3_declines(plan, bp);
-  std::string s = "cuda backward: ";
-  s += dw == nullptr ? "dW = dVᵀ x on the fp32 f16x3 kernel (dV and x transposed by cuBLAS, then split as "
-                       "the forward's x and W)"
-                     : std::string("dW on cuBLAS (") + dw + ")";
-  s += dx == nullptr ? "; dx = dV W on the fp32 f16x3 kernel (dV split as the forward's x, W split by columns "
-                       "and read MN-major, its parts over the forward's prepared W where it is cached, which "
-                       "the next forward prepares again)"
-                     : std::string("; dx on cuBLAS (") + dx + ")";
-  return s;
+  check(plan);
+  return cuda::plan_state(plan, &bp)->sel.describe_backward();
 }
 
 size_t CudaExecutor::backward_workspace_bytes(const Plan& plan, const BackwardPlan& bp) const {
-  return cuda::BackwardLayout(plan, bp).total;
+  return cuda::BackwardLayout(plan, bp, cuda::plan_state(plan, &bp)->sel.backward).total;
 }
 
 size_t CudaExecutor::backward_weight_bytes(const Plan& plan, const BackwardPlan& bp) const {
-  return cuda::dx_f16x3_declines(plan, bp) == nullptr ? size_t(4) * plan.N * plan.K : 0;
+  return cuda::plan_state(plan, &bp)->sel.backward.dx == cuda::GemmKind::F16x3 ? size_t(4) * plan.N * plan.K
+                                                                                : 0;
 }
 
 void CudaExecutor::backward(const Plan& plan, const BackwardPlan& bp, const BackwardArgs& a) {
@@ -316,7 +295,9 @@ void CudaExecutor::backward(const Plan& plan, const BackwardPlan& bp, const Back
   const Chain& ch = plan.chain;
   const int n = static_cast<int>(ch.nodes.size());
   const int64_t M = plan.M, N = plan.N, K = plan.K;
-  const BackwardLayout L(plan, bp);
+  const auto st = plan_state(plan, &bp);
+  const BackwardChoice& choice = st->sel.backward;
+  const BackwardLayout L(plan, bp, choice);
   char* ws = static_cast<char*>(a.workspace);
   if (L.total > 0 && ws == nullptr) throw std::invalid_argument("gemmfuse: no backward workspace");
   auto at = [&](size_t off) { return reinterpret_cast<float*>(ws + off); };
@@ -326,9 +307,9 @@ void CudaExecutor::backward(const Plan& plan, const BackwardPlan& bp, const Back
   const int64_t wv = ch.row_width(bp.start);
   float* dv = at(L.dv);
 
-  if (M > 0 && bp.start == n) {
+  if (choice.rows == RowBackwardMode::CopyGradient && M > 0) {
     GF_CUDA_CHECK(cudaMemcpyAsync(dv, a.grad_out, 4 * M * wv, cudaMemcpyDeviceToDevice, stream));
-  } else if (M > 0) {
+  } else if (choice.rows == RowBackwardMode::Segments) {
     for (const auto& [j, off] : L.acc)
       GF_CUDA_CHECK(cudaMemsetAsync(at(off), 0, 4 * M * ch.row_width(j), stream));
     for (const auto& [t, off] : L.sinks)
@@ -490,7 +471,7 @@ void CudaExecutor::backward(const Plan& plan, const BackwardPlan& bp, const Back
   float* gx = static_cast<float*>(a.grad_x);
   float* gw = static_cast<float*>(a.grad_w);
   float* gb = static_cast<float*>(a.grad_b);
-  if (bp.gemv) {
+  if (choice.dw == GemmKind::Gemv) {  // the GEMV's backward
     const float s = static_cast<float>(bp.gemv_scale);
     const float* x = static_cast<const float*>(a.x);
     const float* w = static_cast<const float*>(a.weight);
@@ -525,9 +506,8 @@ void CudaExecutor::backward(const Plan& plan, const BackwardPlan& bp, const Back
   cublasHandle_t h = blas_handle(stream);
   const void* dvp = dv;
   cudaDataType_t ab = CUDA_R_32F;
-  cublasComputeType_t compute = plan.precision == Precision::TF32 && plan.dtype == DType::F32
-                                    ? CUBLAS_COMPUTE_32F_FAST_TF32
-                                    : CUBLAS_COMPUTE_32F;
+  const GemmKind blas = choice.dx != GemmKind::F16x3 ? choice.dx : choice.dw;  // what cuBLAS runs
+  const cublasComputeType_t compute = blas == GemmKind::Tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   if (plan.dtype != DType::F32) {  // a 16-bit model: its gradient of Y in its own type, as eager's
     ab = plan.dtype == DType::BF16 ? CUDA_R_16BF : CUDA_R_16F;
     void* d16 = ws + L.dv16;
@@ -539,12 +519,13 @@ void CudaExecutor::backward(const Plan& plan, const BackwardPlan& bp, const Back
     dvp = d16;
   }
   if (gw && L.dw_f16x3) {
-    dw_on_f16x3(plan, L, ws, dv, static_cast<const float*>(a.x), gw, h, stream);
+    dw_on_f16x3(plan, L, choice.dw_splits, ws, dv, static_cast<const float*>(a.x), gw, h, stream);
     gw = nullptr;
   }
   if (gx && L.dx_f16x3) {
     if (a.weight_scratch == nullptr) throw std::invalid_argument("gemmfuse: no backward weight scratch");
-    dx_on_f16x3(plan, L, ws, a.weight_scratch, dv, static_cast<const float*>(a.weight), gx, stream);
+    dx_on_f16x3(plan, L, choice.dx_splits, ws, a.weight_scratch, dv, static_cast<const float*>(a.weight), gx,
+                stream);
     gx = nullptr;
   }
   const float one = 1.f, zero = 0.f;

@@ -8,7 +8,6 @@
 #include <stdexcept>
 
 #include "cuda_check.h"
-#include "device_info.h"
 
 namespace gemmfuse::cuda {
 namespace {
@@ -523,7 +522,6 @@ void plan_pointwise_runs(BwSegment& seg) {
   }
 }
 
-int64_t row_backward_slots(int64_t M) { return std::min<int64_t>(M, int64_t(sm_count()) * 4); }
 
 void launch_row_backward(const BwSegment& seg, cudaStream_t stream) {
   if (seg.M <= 0) return;

@@ -55,7 +55,7 @@ struct BwSegment {
   int32_t lo = 0;                     // nodes lo .. hi-1 are differentiated (relative to start)
   BwInstr ins[kMaxBackwardInstrs];
   int64_t M = 0;
-  int64_t slots = 0;                  // the grid (row_backward_slots): scratch rows per buffer
+  int64_t slots = 0;                  // the grid (BackwardChoice::slots): scratch rows per buffer
   const float* v0 = nullptr;          // the saved start value, [M, w0]
   int32_t w0 = 0;
   float* vals = nullptr;              // scratch: value j (relative, 1..n) at vals + off[j] + slot * w_j
@@ -82,12 +82,6 @@ struct BwSegment {
 // Fills seg.run_first from its instructions, lo, bn_below and acc (backward.cu, once per
 // segment).
 void plan_pointwise_runs(BwSegment& seg);
-
-// The row backward's grid for M rows on this device: four CTAs an SM (at most M). Fewer slots
-// mean less scratch (it is slots rows deep) but too little latency hiding: on an H100 at the
-// seed shape, two an SM ran m94's backward 13% slower than one CTA a row, four ran as fast with
-// 31% less peak memory (448 -> 308 MB).
-int64_t row_backward_slots(int64_t M);
 
 void launch_row_backward(const BwSegment& seg, cudaStream_t stream);
 

@@ -22,12 +22,10 @@
 #include "column_stats.h"
 
 #include <algorithm>
-#include <atomic>
 #include <stdexcept>
 #include <string>
 
 #include "cuda_check.h"
-#include "device_info.h"
 #include "layout.h"
 #include "prepare.h"
 #include "programmatic_launch.h"
@@ -265,14 +263,7 @@ __global__ void colstats_running_kernel(RunningStat running_mean, RunningStat ru
   stats[2 * W + c] = static_cast<float>(load_stat(running_var, c));
 }
 
-
-std::atomic<bool> g_vector_colstats{true};
-std::atomic<int> g_fused_colstats{1};
-
 }  // namespace
-
-void set_vector_colstats(bool on) { g_vector_colstats.store(on); }
-void set_fused_colstats(int mode) { g_fused_colstats.store(mode); }
 
 int64_t colstats_chunks(int64_t M) {
   return std::clamp<int64_t>((M + kRowsPerChunk - 1) / kRowsPerChunk, 1, kMaxChunks);
@@ -282,8 +273,8 @@ size_t colstats_workspace_bytes(int64_t M, int64_t W) {
   return sizeof(double) * 2 * static_cast<size_t>(W) * static_cast<size_t>(colstats_chunks(M));
 }
 
-void launch_column_stats(const Plan& plan, const Step& step, const RunArgs& args,
-                         char* workspace, double* partials, cudaStream_t stream) {
+void launch_column_stats(const Plan& plan, const Step& step, const ColStatsChoice& choice,
+                         const RunArgs& args, char* workspace, double* partials, cudaStream_t stream) {
   const int64_t M = plan.M, W = std::max<int64_t>(step.width_in, 1);
   const Node& bn = step.node;
   if (step.output < 0) throw std::logic_error("CUDA column stats: output must be a buffer");
@@ -292,7 +283,7 @@ void launch_column_stats(const Plan& plan, const Step& step, const RunArgs& args
   const RunningStat rv = running_stat(args, bn.running_var);
   const unsigned grid2 = static_cast<unsigned>((W + 255) / 256);
 
-  if (step.input < 0) {  // eval: mean = running_mean, invstd = 1/sqrt(running_var + eps)
+  if (choice.kind == ColStatsKind::Running) {  // eval: mean = running_mean, invstd = 1/sqrt(running_var + eps)
     if (!rm || !rv)
       throw std::invalid_argument("gemmfuse: eval batch_norm without running statistics");
     colstats_running_kernel<<<grid2, 256, 0, stream>>>(rm, rv, W, bn.eps, stats);
@@ -314,37 +305,31 @@ void launch_column_stats(const Plan& plan, const Step& step, const RunArgs& args
   if (update && bn.momentum < 0 && !nb)
     throw Unsupported("batch_norm momentum=None needs num_batches_tracked");
 
-  // One fused kernel when the column slices alone give every SM work (a CTA per 32 columns,
-  // or per 16 when that is what it takes).
-  const int fused = g_fused_colstats.load();
-  if (fused != 0 && W % 4 == 0 && reinterpret_cast<uintptr_t>(y) % 16 == 0 &&
-      (W + 15) / 16 <= 0x7fffffffLL) {
-    const int64_t sms = sm_count();
-    int tc = fused == 8 || fused == 4 ? fused : 0;
-    if (fused == 1) tc = (W + 31) / 32 >= sms * 3 / 2 ? 8 : (W + 15) / 16 >= sms ? 4 : 0;
-    if (tc != 0) {
-      const bool none = update && bn.momentum < 0;
-      const double mom = bn.momentum < 0 ? -1.0 : bn.momentum;
-      const unsigned g = static_cast<unsigned>((W + 4 * tc - 1) / (4 * tc));
-      const RunningStat urm = update ? rm : RunningStat{};
-      const RunningStat urv = update ? rv : RunningStat{};
-      const bool inc = nb != nullptr && !none;
-      launch_programmatic(tc == 8 ? colstats_fused_kernel<8> : colstats_fused_kernel<4>, dim3(g),
-                          dim3(kFusedThreads), 0, stream, y, M, W, bn.eps, mom, stats, urm, urv, nb,
-                          inc);
-      if (nb != nullptr && none) {
-        colstats_count_kernel<<<1, 1, 0, stream>>>(nb);
-        GF_LAUNCH_CHECK();
-      }
-      return;
+  // The Selection's kernel; y's alignment is the call's (the plan's buffers are 256-byte
+  // aligned in a 16-byte aligned workspace): where it fails, the scalar two-level kernels.
+  const bool y16 = reinterpret_cast<uintptr_t>(y) % 16 == 0;
+  if (choice.kind == ColStatsKind::Fused && y16) {
+    const int tc = choice.threads_per_segment;
+    const bool none = update && bn.momentum < 0;
+    const double mom = bn.momentum < 0 ? -1.0 : bn.momentum;
+    const unsigned g = static_cast<unsigned>((W + 4 * tc - 1) / (4 * tc));
+    const RunningStat urm = update ? rm : RunningStat{};
+    const RunningStat urv = update ? rv : RunningStat{};
+    const bool inc = nb != nullptr && !none;
+    launch_programmatic(tc == 8 ? colstats_fused_kernel<8> : colstats_fused_kernel<4>, dim3(g),
+                        dim3(kFusedThreads), 0, stream, y, M, W, bn.eps, mom, stats, urm, urv, nb, inc);
+    if (nb != nullptr && none) {
+      colstats_count_kernel<<<1, 1, 0, stream>>>(nb);
+      GF_LAUNCH_CHECK();
     }
+    return;
   }
 
   const int64_t R = colstats_chunks(M);
   const int64_t rows_per_chunk = (M + R - 1) / R;
   if ((W + kCols - 1) / kCols > 0x7fffffffLL)
     throw Unsupported("CUDA column stats: width out of range");
-  if (W % 4 == 0 && reinterpret_cast<uintptr_t>(y) % 16 == 0 && g_vector_colstats.load()) {
+  if (choice.vector && y16) {
     const dim3 grid1(static_cast<unsigned>((W / 4 + kCols - 1) / kCols), static_cast<unsigned>(R));
     colstats_partial4_kernel<<<grid1, kCols * kWarps, 0, stream>>>(y, M, W, rows_per_chunk,
                                                                   partials, nb);

@@ -10,6 +10,7 @@
 
 #include "gemmfuse/executor.h"
 #include "gemmfuse/plan.h"
+#include "selection.h"
 
 namespace gemmfuse::cuda {
 
@@ -17,14 +18,10 @@ namespace gemmfuse::cuda {
 int64_t colstats_chunks(int64_t M);
 size_t colstats_workspace_bytes(int64_t M, int64_t W);
 
-// The 16-byte-vector level-1 kernel on (default) or off (the scalar kernel): for timing.
-void set_vector_colstats(bool on);
-// The one-kernel path (a CTA per column slice streaming every row, finalize in the same kernel):
-// 0 off (two levels), 1 auto (default: when the slices fill the GPU), 8 or 4 forced threads per
-// row segment (32 or 16 columns per CTA). For timing.
-void set_fused_colstats(int mode);
-
-void launch_column_stats(const Plan& plan, const Step& step, const RunArgs& args,
-                         char* workspace, double* partials, cudaStream_t stream);
+// Which kernel computes a step's statistics (one kernel streaming every row per column slice,
+// or two levels; set_fused_colstats and set_vector_colstats switch them for timing) is the
+// kernel selection's (selection.h's ColStatsChoice).
+void launch_column_stats(const Plan& plan, const Step& step, const ColStatsChoice& choice,
+                         const RunArgs& args, char* workspace, double* partials, cudaStream_t stream);
 
 }  // namespace gemmfuse::cuda

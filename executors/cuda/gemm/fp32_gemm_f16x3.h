@@ -47,7 +47,8 @@ struct Fp32GemmF16x3 {
 };
 
 // Enqueues the whole GEMM on `stream`. Throws std::logic_error where the kernel declines the
-// call (unaligned pointers, too little workspace): callers check sm90::f16x3_unfit first.
+// call (unaligned pointers, too little workspace): the kernel selection gave it the shape
+// (selection.h's f16x3_unfit).
 void launch_fp32_gemm_f16x3(const Fp32GemmF16x3& g, cudaStream_t stream);
 
 }  // namespace gemmfuse::cuda

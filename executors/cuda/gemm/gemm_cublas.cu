@@ -1,5 +1,5 @@
-// The Gemm step on cuBLASLt (fp32 with at most 32 rows of x: gemm_small_m.cu; fp32 in
-// `fp32` precision on sm90 where its cost rule takes the shape: sm90/gemm_f16x3.cu).
+// The Gemm step on the kernel the Selection chose (gemm_cublas.h): cuBLASLt here, the
+// small-M kernel (gemm_small_m.cu) or the f16x3 kernel (sm90/gemm_f16x3.cu).
 //
 // Row-major Y[M,N] = x[M,K] W[N,K]^T is column-major Y^T[N,M] = W . x^T: cuBLASLt's
 // D[m=N, n=M] = op(A)[N,K] op(B)[K,M] with A = W stored [K,N] (ld K, transa = T) and
@@ -83,19 +83,8 @@ struct LtGemm {
   cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
   float beta = 0.f;
   const void* bias = nullptr;  // in d_type
+  size_t heuristic_bytes = 0;  // the workspace the heuristic is told of (0: all; GemmChoice)
 };
-
-// The workspace limit given to the heuristic. It steers the kernel choice: with 32 MiB the
-// seed-shape SGEMM (M = 1024) gets a 64x256 kernel 0.3-1% slower than the 128x128 one eager
-// uses (which 4 MiB gives), while small batches need the large limit for their split-K
-// kernels (fp32 M = 16: 0.167 ms against 0.296 with 4 MiB), and at M = 4096 the 4 MiB choice
-// is 0.5% slower. So 4 MiB only for fp32 SGEMMs with M in [512, 2048], where it measures
-// faster (docs/measurements.md); per-shape timing at optimize would replace the rule.
-uint64_t heuristic_workspace(const LtGemm& g, size_t ws_bytes) {
-  const bool sgemm = g.compute == CUBLAS_COMPUTE_32F && g.ab_type == CUDA_R_32F;
-  const bool mid_rows = g.n >= 512 && g.n <= 2048;  // g.n is M, the rows of x
-  return sgemm && mid_rows ? std::min<uint64_t>(ws_bytes, uint64_t(4) << 20) : ws_bytes;
-}
 
 // Returns false (and launches nothing) when no algorithm exists with the bias epilogue.
 bool lt_matmul(const LtGemm& g, void* ws, size_t ws_bytes, cudaStream_t stream) {
@@ -144,7 +133,7 @@ bool lt_matmul(const LtGemm& g, void* ws, size_t ws_bytes, cudaStream_t stream) 
   if (!cached) {
     Preference pref;
     GF_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref.d));
-    const uint64_t wsb = heuristic_workspace(g, ws_bytes);
+    const uint64_t wsb = g.heuristic_bytes > 0 ? std::min<uint64_t>(ws_bytes, g.heuristic_bytes) : ws_bytes;
     GF_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
         pref.d, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof(wsb)));
     GF_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
@@ -238,125 +227,169 @@ F16x3Scratch f16x3_scratch(const WorkspaceLayout& W, char* workspace) {
   return s;
 }
 
-}  // namespace
-
-void run_gemm(const Plan& plan, const Step& step, const RunArgs& args, const char* prepared,
-              char* workspace, cudaStream_t stream) {
-  const int64_t M = plan.M, N = plan.N, K = plan.K;
-  if (M == 0 || N == 0) return;
-  const PreparedLayout P = prepared_layout(plan);
-  const WorkspaceLayout W = workspace_layout(plan);
-  if (P.total > 0 && prepared == nullptr)
-    throw std::logic_error("CUDA gemm: the plan needs prepared weights but none were given");
-
-  const bool to_output = step.output == kOutput;
-  void* y = to_output ? args.out : workspace + plan.buffer_offset(step.output);
-  const cudaDataType_t d_type = to_output ? cuda_type(plan.dtype) : CUDA_R_32F;
-  void* lt_ws = workspace + W.lt;
-
-  // The bias in D's type: prepared (folded or converted) or the caller's.
+// One Gemm call's operands: where Y goes, in what type, the bias in that type, W (or W').
+struct GemmCall {
+  const PreparedLayout& P;
+  const WorkspaceLayout& W;
+  const char* prepared;
+  char* workspace;
+  void* y = nullptr;
+  cudaDataType_t d_type = CUDA_R_32F;
   const void* bias = nullptr;
-  if (d_type == CUDA_R_32F && P.bias_f32 != kAbsent) {
-    bias = prepared + P.bias_f32;
-  } else if (d_type != CUDA_R_32F && P.bias_dt != kAbsent) {
-    bias = prepared + P.bias_dt;
+  const void* w = nullptr;
+};
+
+GemmCall gemm_call(const Plan& plan, const PlanState& st, const Step& step, const RunArgs& args,
+                   const char* prepared, char* workspace) {
+  GemmCall c{st.prepared, st.workspace, prepared, workspace};
+  const PreparedLayout& P = st.prepared;
+  const bool to_output = step.output == kOutput;
+  c.y = to_output ? args.out : workspace + plan.buffer_offset(step.output);
+  c.d_type = to_output ? cuda_type(plan.dtype) : CUDA_R_32F;
+  // The bias in D's type: prepared (folded or converted) or the caller's.
+  if (c.d_type == CUDA_R_32F && P.bias_f32 != kAbsent) {
+    c.bias = prepared + P.bias_f32;
+  } else if (c.d_type != CUDA_R_32F && P.bias_dt != kAbsent) {
+    c.bias = prepared + P.bias_dt;
   } else if (plan.chain.has_bias) {
     if (!args.bias) throw std::invalid_argument("gemmfuse: the chain's Linear has a bias but none was passed");
-    if (d_type != cuda_type(plan.dtype))
+    if (c.d_type != cuda_type(plan.dtype))
       throw std::logic_error("CUDA gemm: bias type does not match the output (prepare missing)");
-    bias = args.bias;
+    c.bias = args.bias;
   }
+  c.w = P.w_folded != kAbsent ? prepared + P.w_folded : args.weight;
+  return c;
+}
 
-  if (K == 0) {  // x W^T is zero: Y = bias (cuBLASLt rejects k = 0)
-    GF_CUDA_CHECK(cudaMemsetAsync(y, 0, static_cast<size_t>(M * N) * (d_type == CUDA_R_32F ? 4 : 2), stream));
-    if (bias) add_bias(y, bias, d_type, M, N, stream);
-    return;
-  }
-
+// fast: xlo.Whi + xhi.Wlo + xhi.Whi on bf16 tensor cores, fp32 accumulation, as one GEMM over
+// [xlo|xhi|xhi] . [Whi|Wlo|Whi]^T (K' = 3 Kh). cuBLAS's mainloop runs K in order (split-K:
+// each part in order), so the small products are summed first, apart from the large one,
+// which then lands on a sum of their size: as accurate as a GEMM of their own added to it,
+// without writing and re-reading Y (docs/measurements.md). Rows with a value the split cannot
+// carry are recomputed in fp32 after it, or written NaN where they hold one (split.h).
+void gemm_fast_split(const Plan& plan, const RunArgs& args, const GemmCall& c, cudaStream_t stream) {
+  const int64_t M = plan.M, N = plan.N, K = plan.K;
+  const PreparedLayout& P = c.P;
+  const WorkspaceLayout& W = c.W;
+  if (P.w_split == kAbsent || W.x_split == kAbsent || P.w_list == kAbsent || P.w_flags == kAbsent ||
+      W.x_flags == kAbsent)
+    throw std::logic_error("CUDA gemm: split precision without split buffers");
+  const int64_t Kh = P.Kh;
+  const auto* x = static_cast<const float*>(args.x);
+  auto* xs = reinterpret_cast<__nv_bfloat16*>(c.workspace + W.x_split);
+  auto* x_flags = reinterpret_cast<int*>(c.workspace + W.x_flags);
+  launch_split_hilo(x, nullptr, M, K, Kh, HiLoOrder::LoHiHi, xs, RowMarks{x_flags, nullptr}, stream);
   LtGemm g;
   g.m = N;
   g.n = M;
-  g.D = y;
+  g.D = c.y;
   g.ldd = N;
-  g.d_type = d_type;
+  g.d_type = c.d_type;
+  g.ab_type = CUDA_R_16BF;
+  g.compute = CUBLAS_COMPUTE_32F;
+  g.A = c.prepared + P.w_split;
+  g.lda = kFastSplitSegments * Kh;
+  g.B = xs;
+  g.ldb = kFastSplitSegments * Kh;
+  g.k = kFastSplitSegments * Kh;
+  g.bias = c.bias;
+  last_gemm(g, c.workspace + W.lt, W.lt_bytes, stream);
+  const float* scale = P.scale != kAbsent ? reinterpret_cast<const float*>(c.prepared + P.scale) : nullptr;
+  launch_fixup_exceptional(x, static_cast<const float*>(args.weight), scale,
+                           static_cast<const float*>(c.bias), static_cast<float*>(c.y), M, N, K,
+                           nullptr, x_flags, reinterpret_cast<const int*>(c.prepared + P.w_list),
+                           reinterpret_cast<const int*>(c.prepared + P.w_flags), SecondLevel{}, stream);
+}
 
-  if (uses_split(plan)) {
-    // fast: xlo.Whi + xhi.Wlo + xhi.Whi on bf16 tensor cores, fp32 accumulation, as one GEMM
-    // over [xlo|xhi|xhi] . [Whi|Wlo|Whi]^T (K' = 3 Kh). cuBLAS's mainloop runs K in order
-    // (split-K: each part in order), so the small products are summed first, apart from the
-    // large one, which then lands on a sum of their size: as accurate as a GEMM of their own
-    // added to it, without writing and re-reading Y (docs/measurements.md). Rows with a
-    // value the split cannot carry are recomputed in fp32 after it, or written NaN where they
-    // hold one (split.h).
-    if (P.w_split == kAbsent || W.x_split == kAbsent || P.w_list == kAbsent || P.w_flags == kAbsent ||
-        W.x_flags == kAbsent)
-      throw std::logic_error("CUDA gemm: split precision without split buffers");
-    const int64_t Kh = P.Kh;
-    const auto* x = static_cast<const float*>(args.x);
-    auto* xs = reinterpret_cast<__nv_bfloat16*>(workspace + W.x_split);
-    auto* x_flags = reinterpret_cast<int*>(workspace + W.x_flags);
-    launch_split_hilo(x, nullptr, M, K, Kh, HiLoOrder::LoHiHi, xs, RowMarks{x_flags, nullptr}, stream);
-    g.ab_type = CUDA_R_16BF;
-    g.compute = CUBLAS_COMPUTE_32F;
-    g.A = prepared + P.w_split;
-    g.lda = kFastSplitSegments * Kh;
-    g.B = xs;
-    g.ldb = kFastSplitSegments * Kh;
-    g.k = kFastSplitSegments * Kh;
-    g.bias = bias;
-    last_gemm(g, lt_ws, W.lt_bytes, stream);
-    const float* scale = P.scale != kAbsent ? reinterpret_cast<const float*>(prepared + P.scale) : nullptr;
-    launch_fixup_exceptional(x, static_cast<const float*>(args.weight), scale,
-                             static_cast<const float*>(bias), static_cast<float*>(y), M, N, K,
-                             nullptr, x_flags, reinterpret_cast<const int*>(prepared + P.w_list),
-                             reinterpret_cast<const int*>(prepared + P.w_flags), SecondLevel{}, stream);
-    return;
-  }
+// fp32 on fp16 tensor cores (split.h), K cut into the Selection's ranges.
+void gemm_f16x3(const Plan& plan, const GemmChoice& choice, const RunArgs& args, const GemmCall& c,
+                cudaStream_t stream) {
+  const PreparedLayout& P = c.P;
+  const WorkspaceLayout& W = c.W;
+  if (P.w_parts == kAbsent || W.x_parts == kAbsent || P.w_list == kAbsent || P.w_flags == kAbsent ||
+      W.x_flags == kAbsent || W.x_tiny == kAbsent || W.second_parts == kAbsent)
+    throw std::logic_error("CUDA gemm: f16x3 without its split buffers");
+  Fp32GemmF16x3 f;
+  f.M = plan.M;
+  f.N = plan.N;
+  f.K = plan.K;
+  f.x = static_cast<const float*>(args.x);
+  f.w = static_cast<const float*>(c.w);
+  f.w_parts = reinterpret_cast<const __half*>(c.prepared + P.w_parts);
+  f.w_exps = reinterpret_cast<const float*>(c.prepared + P.w_exps);
+  f.w_list = reinterpret_cast<const int*>(c.prepared + P.w_list);
+  f.w_flags = reinterpret_cast<const int*>(c.prepared + P.w_flags);
+  f.bias = static_cast<const float*>(c.bias);
+  f.y = static_cast<float*>(c.y);
+  f.scratch = f16x3_scratch(W, c.workspace);
+  f.gemm_workspace = c.workspace + W.lt;
+  f.gemm_workspace_bytes = W.lt_bytes;
+  f.splits = choice.splits;
+  launch_fp32_gemm_f16x3(f, stream);
+}
 
-  const void* w = args.weight;
-  if (P.w_folded != kAbsent) w = prepared + P.w_folded;
-  if (uses_f16x3(plan) && aligned16(args.x) && aligned16(w) && aligned16(y) &&
-      (bias == nullptr || aligned16(bias))) {  // fp32 on fp16 tensor cores (split.h)
-    if (P.w_parts == kAbsent || W.x_parts == kAbsent || P.w_list == kAbsent || P.w_flags == kAbsent ||
-        W.x_flags == kAbsent || W.x_tiny == kAbsent || W.second_parts == kAbsent)
-      throw std::logic_error("CUDA gemm: f16x3 without its split buffers");
-    Fp32GemmF16x3 f;
-    f.M = M;
-    f.N = N;
-    f.K = K;
-    f.x = static_cast<const float*>(args.x);
-    f.w = static_cast<const float*>(w);
-    f.w_parts = reinterpret_cast<const __half*>(prepared + P.w_parts);
-    f.w_exps = reinterpret_cast<const float*>(prepared + P.w_exps);
-    f.w_list = reinterpret_cast<const int*>(prepared + P.w_list);
-    f.w_flags = reinterpret_cast<const int*>(prepared + P.w_flags);
-    f.bias = static_cast<const float*>(bias);
-    f.y = static_cast<float*>(y);
-    f.scratch = f16x3_scratch(W, workspace);
-    f.gemm_workspace = lt_ws;
-    f.gemm_workspace_bytes = W.lt_bytes;
-    launch_fp32_gemm_f16x3(f, stream);
-    return;
-  }
-  g.A = w;
-  g.lda = K;
+// cuBLASLt in the kind's types (SGEMM, TF32, the model's 16-bit type).
+void gemm_lt(const Plan& plan, GemmKind kind, const GemmChoice& choice, const RunArgs& args,
+             const GemmCall& c, cudaStream_t stream) {
+  LtGemm g;
+  g.m = plan.N;
+  g.n = plan.M;
+  g.D = c.y;
+  g.ldd = plan.N;
+  g.d_type = c.d_type;
+  g.A = c.w;
+  g.lda = plan.K;
   g.B = args.x;
-  g.ldb = K;
-  g.k = K;
-  g.bias = bias;
+  g.ldb = plan.K;
+  g.k = plan.K;
+  g.bias = c.bias;
   g.ab_type = cuda_type(plan.dtype);
-  const bool exact_f32 = plan.dtype == DType::F32 && plan.precision != Precision::TF32;
-  if (exact_f32 && small_m_gemm_fits(M, N, K, args.x, w, W.lt_bytes)) {  // a few rows: bound by reading W
-    launch_small_m_gemm(static_cast<const float*>(args.x), static_cast<const float*>(w),
-                        static_cast<const float*>(bias), static_cast<float*>(y), M, N, K, lt_ws,
-                        W.lt_bytes, stream);
-    return;
+  g.compute = kind == GemmKind::Tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  g.heuristic_bytes = kind == GemmKind::Sgemm ? choice.lt_heuristic_bytes : 0;
+  last_gemm(g, c.workspace + c.W.lt, c.W.lt_bytes, stream);
+}
+
+// Whether the call's pointers let `kind` run (the checks left to the call: alignment, and
+// the small-M kernel's room for x's shifted copies); else GemmChoice::fallback runs.
+bool call_takes(GemmKind kind, const Plan& plan, const RunArgs& args, const GemmCall& c) {
+  switch (kind) {
+    case GemmKind::F16x3:
+      return aligned16(args.x) && aligned16(c.w) && aligned16(c.y) && (c.bias == nullptr || aligned16(c.bias));
+    case GemmKind::SmallM:
+      return small_m_gemm_fits(plan.M, plan.N, plan.K, args.x, c.w, c.W.lt_bytes);
+    default: return true;
   }
-  if (plan.dtype == DType::F32)
-    g.compute = plan.precision == Precision::TF32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-  else
-    g.compute = CUBLAS_COMPUTE_32F;  // bf16/fp16 inputs, fp32 accumulation
-  last_gemm(g, lt_ws, W.lt_bytes, stream);
+}
+
+}  // namespace
+
+void run_gemm(const Plan& plan, const PlanState& st, const Step& step, const RunArgs& args,
+              const char* prepared, char* workspace, cudaStream_t stream) {
+  if (plan.M == 0 || plan.N == 0) return;
+  if (st.prepared.total > 0 && prepared == nullptr)
+    throw std::logic_error("CUDA gemm: the plan needs prepared weights but none were given");
+  const GemmChoice& choice = st.sel.gemm;
+  const GemmCall c = gemm_call(plan, st, step, args, prepared, workspace);
+  const GemmKind kind = call_takes(choice.kind, plan, args, c) ? choice.kind : choice.fallback;
+  switch (kind) {
+    case GemmKind::BiasOnly:  // x W^T is zero: Y = bias (cuBLASLt rejects k = 0)
+      GF_CUDA_CHECK(cudaMemsetAsync(c.y, 0, static_cast<size_t>(plan.M * plan.N) * (c.d_type == CUDA_R_32F ? 4 : 2),
+                                    stream));
+      if (c.bias) add_bias(c.y, c.bias, c.d_type, plan.M, plan.N, stream);
+      return;
+    case GemmKind::FastSplit: return gemm_fast_split(plan, args, c, stream);
+    case GemmKind::F16x3: return gemm_f16x3(plan, choice, args, c, stream);
+    case GemmKind::SmallM:  // a few rows: bound by reading W
+      return launch_small_m_gemm(static_cast<const float*>(args.x), static_cast<const float*>(c.w),
+                                 static_cast<const float*>(c.bias), static_cast<float*>(c.y), plan.M, plan.N,
+                                 plan.K, workspace + c.W.lt, c.W.lt_bytes, stream);
+    case GemmKind::Sgemm:
+    case GemmKind::Tf32:
+    case GemmKind::Half: return gemm_lt(plan, kind, choice, args, c, stream);
+    case GemmKind::None:
+    case GemmKind::Gemv: break;
+  }
+  throw std::logic_error(std::string("CUDA gemm: a Gemm step selected as ") + gemm_kind_name(kind));
 }
 
 }  // namespace gemmfuse::cuda

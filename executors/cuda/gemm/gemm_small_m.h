@@ -7,10 +7,12 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "selection.h"
+
 namespace gemmfuse::cuda {
 
-constexpr int64_t kSmallMMaxRows = 32;
-constexpr int64_t kSmallMMaxK = (int64_t(1) << 26) - 8;  // x offsets are 32-bit
+// kSmallMMaxRows and kSmallMMaxK (x offsets are 32-bit) are the kernel selection's
+// (selection.h), which gives this kernel the plans it takes.
 
 // Whether the kernel takes this problem: 1 <= M <= 32, N >= 1, 1 <= K <= kSmallMMaxK, fp32
 // arrays (4-byte aligned), and, unless the rows of x and W all start on 16-byte boundaries,

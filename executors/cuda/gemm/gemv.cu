@@ -15,6 +15,7 @@
 #include "cuda_check.h"
 #include "gemv_nonfinite.h"
 #include "layout.h"
+#include "plan_state.h"
 
 namespace gemmfuse::cuda {
 namespace {
@@ -155,7 +156,7 @@ void launch_gemv(const Plan& plan, const Step& step, const RunArgs& args, const 
                  char* workspace, cudaStream_t stream) {
   if (plan.M == 0) return;
   if (plan.M > 0x7fffffffLL) throw Unsupported("CUDA gemv: too many rows");
-  const PreparedLayout L = prepared_layout(plan);
+  const PreparedLayout L = plan_state(plan)->prepared;
   if (L.wsum == kAbsent || prepared == nullptr)
     throw std::logic_error("CUDA gemv: the plan has a Gemv step but no column sums prepared");
   const float* wsum = reinterpret_cast<const float*>(prepared + L.wsum);

@@ -1,7 +1,7 @@
-// RowPass steps on the GPU: checks a step, picks its launch shape (row_config), resolves its
-// program against the run's pointers (DevProgram) and launches one of the two row kernels:
-// the register kernel (row_register_kernel.cuh) where the row fits registers, else the
-// interpreter (row_interpreter_kernel.cuh).
+// RowPass steps on the GPU: checks a step, resolves its program against the run's pointers
+// (DevProgram) and launches the row kernel the Selection chose (selection.h's RowChoice):
+// the register kernel (row_register_kernel.cuh), or the interpreter
+// (row_interpreter_kernel.cuh) in the shape RowChoice::config gives.
 #include "row_program.h"
 
 #include <algorithm>
@@ -45,65 +45,12 @@ int64_t eff(int64_t w) { return w > 0 ? w : 1; }
   throw Unsupported("CUDA row program: " + why);
 }
 
-bool is_pool(const Instr& in) { return in.kind == Instr::Kind::Pool; }
-
-// Width after the instruction, from the width before it.
-int64_t width_after(const Instr& in, int64_t w) {
-  switch (in.kind) {
-    case Instr::Kind::Reduce: return 1;
-    case Instr::Kind::Pool: return eff(in.width_out);
-    default: return w;
-  }
-}
-
 struct DeviceLimits {
   bool known = false;
   size_t limit = 0;
 };
 std::mutex g_limits_mutex;
 std::vector<DeviceLimits> g_limits;
-std::atomic<bool> g_register_rows{true};
-std::atomic<int> g_register_wide_threads{512};
-std::atomic<bool> g_register_one_value{true};
-
-// Register mode's threads per CTA and chunks per thread (0: the step cannot use it). Rows
-// wider than 4096: 512 threads x 4 chunks (61 registers, 2 CTAs = 32 warps per SM) by default;
-// 256 x 8 takes 111 registers (2 CTAs = 16 warps per SM).
-int register_threads(int64_t w) {
-  return w > 4096 ? g_register_wide_threads.load() : w >= 1024 ? 256 : 128;
-}
-int register_vpt(const Step& step) {
-  const int64_t w0 = eff(step.width_in);
-  if (w0 % 4 != 0 || w0 <= kWarpModeMaxWidth || w0 > kRegMaxWidth) return 0;
-  int64_t w = w0;
-  for (const Instr& in : step.program) {
-    if (w == 1 && in.kind != Instr::Kind::Pointwise && in.kind != Instr::Kind::Save &&
-        in.kind != Instr::Kind::BatchNormApply)
-      return 0;
-    switch (in.kind) {
-      case Instr::Kind::Pool: return 0;
-      case Instr::Kind::GroupNorm: {
-        if (in.node.groups <= 0 || w % in.node.groups != 0) return 0;
-        const int64_t gs = w / in.node.groups;
-        if (gs % 4 != 0) return 0;
-        const int64_t q = gs / 4;
-        if (q > 32 || (q & (q - 1)) != 0) return 0;
-        break;
-      }
-      case Instr::Kind::Pointwise:
-      case Instr::Kind::Reduce:
-      case Instr::Kind::Softmax:
-      case Instr::Kind::BatchNormApply:
-      case Instr::Kind::Save:
-        break;
-      default: return 0;
-    }
-    w = width_after(in, w);
-  }
-  const int64_t nt = register_threads(w0), nch = w0 / 4;
-  const int64_t need = (nch + nt - 1) / nt;
-  return need <= 1 ? 1 : need <= 2 ? 2 : need <= 4 ? 4 : need <= 8 ? 8 : 0;
-}
 
 }  // namespace
 
@@ -129,20 +76,13 @@ void check_row_step(const Step& step) {
         break;
       default: break;
     }
-    w = width_after(in, w);
+    w = row_width_after(in, w);
     if (w > INT_MAX / 2) unsupported("row width too large");
   }
   if (w != eff(step.width_out))
     throw std::logic_error("CUDA row program: program ends at width " + std::to_string(w) +
                            ", step says " + std::to_string(step.width_out));
 }
-
-void set_register_rows(bool on) { g_register_rows.store(on); }
-void set_register_wide_threads(int threads) {
-  g_register_wide_threads.store(threads == 256 ? 256 : 512);
-}
-bool register_rows() { return g_register_rows.load(); }
-void set_register_one_value(bool on) { g_register_one_value.store(on); }
 
 size_t row_smem_limit() {
   int dev = 0;
@@ -173,43 +113,9 @@ size_t row_smem_limit() {
   return d.limit;
 }
 
-RowConfig row_config(const Step& step, int64_t M) {
-  check_row_step(step);
-  RowConfig rc;
-  int64_t w = eff(step.width_in), capA = w, capB = 0;
-  for (const Instr& in : step.program) {
-    w = width_after(in, w);
-    if (is_pool(in)) capB = std::max(capB, w);
-    else capA = std::max(capA, w);
-  }
-  rc.reg_vpt = register_vpt(step);
-  rc.capA = static_cast<int>((capA + 3) / 4 * 4);
-  rc.capB = static_cast<int>((capB + 3) / 4 * 4);
-  rc.warp_mode = rc.capA <= kWarpModeMaxWidth && rc.capB <= kWarpModeMaxWidth;
-  if (rc.warp_mode) {
-    rc.threads = kWarpModeThreads;
-    rc.rows_per_cta = kWarpModeThreads / 32;
-  } else {
-    rc.threads = rc.capA >= 1024 ? 256 : 128;  // 256 beats 512 at width 8192 on H100
-    rc.rows_per_cta = 1;
-  }
-  const size_t slot_bytes = sizeof(float) * (static_cast<size_t>(rc.capA) + rc.capB);
-  rc.smem_bytes = slot_bytes * rc.rows_per_cta;
-  if (!rc.warp_mode && rc.smem_bytes > row_smem_limit()) {
-    rc.scratch = true;
-    rc.smem_bytes = 0;
-    rc.grid = std::min<int64_t>(M, kScratchCtas);
-    rc.scratch_bytes = slot_bytes * static_cast<size_t>(std::max<int64_t>(rc.grid, 1));
-  } else {
-    rc.grid = (M + rc.rows_per_cta - 1) / rc.rows_per_cta;
-    if (rc.grid > INT_MAX) unsupported("too many rows for one launch");
-  }
-  return rc;
-}
-
-void launch_row_pass(const Plan& plan, const Step& step, const RunArgs& args, char* workspace,
-                     float* row_scratch, cudaStream_t stream) {
-  const RowConfig rc = row_config(step, plan.M);
+void launch_row_pass(const Plan& plan, const Step& step, const RowChoice& choice, const RunArgs& args,
+                     char* workspace, float* row_scratch, cudaStream_t stream) {
+  const RowConfig& rc = choice.config;
   if (plan.M == 0 || rc.grid == 0) return;
   if (rc.scratch && row_scratch == nullptr)
     throw std::logic_error("CUDA row program: scratch rows needed but none in the workspace");
@@ -325,16 +231,15 @@ void launch_row_pass(const Plan& plan, const Step& step, const RunArgs& args, ch
         break;
       default: unsupported("unknown instruction kind");
     }
-    w = width_after(in, w);
+    w = row_width_after(in, w);
     d.wout = static_cast<int32_t>(w);
   }
 
-  // Register mode when the step allows it and every vector the kernel reads is 16-byte aligned.
-  // A row that ends as one value (m22: logsumexp, then pointwise on the value) too, unless
-  // set_register_one_value(false).
+  // Register mode where the Selection chose it and every vector this call passes the kernel is
+  // 16-byte aligned (the pointers are the call's: the one check left to launch time); a row
+  // that ends as one value writes no vectors.
   const bool one_value = P.wout == 1 && P.win > 1;
-  bool reg = rc.reg_vpt > 0 && !rc.warp_mode && register_rows() && P.in_vec &&
-             (one_value ? g_register_one_value.load() : P.out_vec) && plan.M <= INT_MAX;
+  bool reg = choice.kind == RowKind::Register && P.in_vec && (one_value || P.out_vec);
   for (int i = 0; reg && i < P.n; ++i) {
     const DevInstr& d = P.ins[i];
     if (d.kind == kPointwise && (d.flags & kFlagBinary) && (d.opnd == kOpCol || d.opnd == kOpFull))
@@ -344,9 +249,8 @@ void launch_row_pass(const Plan& plan, const Step& step, const RunArgs& args, ch
     if (d.kind == kSave) reg = aligned16(d.save);
   }
   if (reg) {
-    const int nt = register_threads(P.win);
-    launch_programmatic(register_kernel(rc.reg_vpt, P.win / 4 == rc.reg_vpt * nt),
-                        dim3(static_cast<unsigned>(plan.M)), dim3(nt), 0, stream, P);
+    launch_programmatic(register_kernel(rc.reg_vpt, choice.register_full), dim3(static_cast<unsigned>(plan.M)),
+                        dim3(choice.register_threads), 0, stream, P);
     return;
   }
 

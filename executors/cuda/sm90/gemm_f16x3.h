@@ -33,6 +33,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "selection.h"
+
 namespace gemmfuse::cuda::sm90 {
 
 struct F16x3Problem {
@@ -44,7 +46,8 @@ struct F16x3Problem {
   const float* bias = nullptr;      // [N], or null
   float* y = nullptr;               // [M, N] row-major
   // 1: the wide kernel (2-CTA clusters, one CTA per output tile); more: the split-K kernel with
-  // each tile's K cut into that many ranges; 0: f16x3_splits's choice. Tests and probes set it.
+  // each tile's K cut into that many ranges (the executor: the Selection's); 0: f16x3_splits's
+  // choice for this device (tests and probes).
   int splits = 0;
   // Device memory, or null: with it, only Y's first *rows rows are computed (clamped to
   // [0, M]; the wide kernel, whatever `splits` says), the count read when the kernel starts,
@@ -55,62 +58,24 @@ struct F16x3Problem {
   bool w_mn_major = false;
 };
 
-// The kernel's output tiles are kF16x3TileMN x kF16x3TileMN.
-constexpr int kF16x3TileMN = 128;
+// Which shapes the kernel takes, how many ranges K is cut into and the cost model against
+// SGEMM are the kernel selection's (selection.h: f16x3_unfit, f16x3_splits, f16x3_cost).
+using cuda::f16x3_slower_than_sgemm;
+using cuda::f16x3_splits;
+using cuda::kF16x3MaxSplits;
+using cuda::kF16x3MinK;
+using cuda::kF16x3MinRows;
+using cuda::kF16x3TileMN;
 
 // Whether this build has the kernel (it needs CUTLASS's headers at build time).
 bool f16x3_built();
 
-// Rows from which the kernel may run; f16x3_slower_than_sgemm decides above it. With up to
-// 32 rows fp32 GEMMs run on gemm_small_m.h's kernel, which reads W once in fp32 (as many
-// bytes as W's two fp16 parts). At N = K = 8192 on an H100 the split-K kernel runs 1.61x SGEMM
-// at 64 rows, 2.69x at 128 (docs/measurements.md).
-constexpr int64_t kF16x3MinRows = 33;
-
-// The least K the kernel takes: below it the parts' fixed rounding error is not well under
-// a fp32 dot product's (0.84x SGEMM's at K = 64, 1.0x at 16-32, 1.6x at 8; 0.67x at 128).
-constexpr int64_t kF16x3MinK = 128;
-
-// The most ranges the split-K kernel cuts K into.
-constexpr int kF16x3MaxSplits = 8;
-
-// How many ranges each output tile's K is cut into on a GPU with `sms` SMs: 1 (the wide
-// kernel) when the 128x128 tiles fill at least half the SMs, else as many as keep every
-// CTA on an SM of its own (at most kF16x3MaxSplits); and at least 2 where all tiles are in
-// one row (M <= 128), whose 2-CTA clusters would leave half the wide kernel's CTAs empty.
-int f16x3_splits(int64_t M, int64_t N, int sms);
-
 // The workspace launch_f16x3_gemm needs for this shape on the current device (the split-K
-// kernel keeps its partial tiles there), W read K-major or (w_mn_major) MN-major.
-size_t f16x3_workspace_bytes(int64_t M, int64_t N, int64_t K, bool w_mn_major = false);
+// kernel keeps its partial tiles there), W read K-major or (w_mn_major) MN-major, K cut into
+// `splits` ranges (0: f16x3_splits's choice for this device).
+size_t f16x3_workspace_bytes(int64_t M, int64_t N, int64_t K, bool w_mn_major = false, int splits = 0);
 
-// nullptr when the kernel runs this shape on the current device, else why not (a string
-// that lives as long as the process; no allocation per call): an sm_90 GPU, the kernel
-// built, K a multiple of 8 and N of 4 (16-byte TMA rows), at least kF16x3MinRows rows and
-// kF16x3MinK of K, and GEMMFUSE_F16X3 not set to 0 in the environment (for A/B timing).
-const char* f16x3_unfit(int64_t M, int64_t N, int64_t K);
-
-// nullptr when the kernel is expected to beat SGEMM at this shape on an H100-class GPU with
-// `sms` SMs, else why not. A cost model fitted to H100 measurements (docs/measurements.md:
-// without it fp32 mode runs 0.36-0.97x eager at shapes whose tiles leave most SMs idle or
-// whose GEMM is too small for the split's fixed costs). The kernel's time: the x
-// split, 8 bytes per x value at ~1.8 TB/s; then the larger of one 128x128 tile's three
-// products, ~17 ns per unit of K divided by the splits, per wave of the CTAs over the SMs,
-// and one read of W's fp16 parts (4 bytes per W value) at ~2.2 TB/s; ~5 us of fix-up and
-// launch gaps. SGEMM's: 2MNK at ~45 TFLOP/s, M rounded up to its 64-row tiles.
-// GEMMs under kHostBoundGemmFlops (gemmfuse/plan.h) stay on SGEMM: their calls are bound by
-// host work.
-const char* f16x3_slower_than_sgemm(int64_t M, int64_t N, int64_t K, int sms);
-
-// nullptr when an fp32-mode GEMM of this shape runs on the kernel here: f16x3_unfit
-// accepts it and f16x3_slower_than_sgemm (for this device's SMs) does not rule it out;
-// else the reason, for explain.
-const char* f16x3_declines(int64_t M, int64_t N, int64_t K);
-
-// The same for the kernel reading W MN-major (F16x3Problem::w_mn_major): N a multiple of 8 too.
-const char* f16x3_declines_mn_major(int64_t M, int64_t N, int64_t K);
-
-// Enqueues the GEMM on `stream` for a shape f16x3_unfit accepted. False (nothing enqueued)
+// Enqueues the GEMM on `stream` for a shape the selection's f16x3_unfit accepted. False (nothing enqueued)
 // when a pointer is not 16-byte aligned or the kernel needs more workspace than given.
 bool launch_f16x3_gemm(const F16x3Problem& p, void* workspace, size_t workspace_bytes,
                         cudaStream_t stream);

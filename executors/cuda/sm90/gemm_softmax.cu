@@ -41,7 +41,6 @@
 #include <unordered_map>
 
 #include "cuda_check.h"
-#include "env_switch.h"
 #include "pointwise.h"
 #include "row_stats_buffers.h"
 
@@ -250,7 +249,6 @@ struct Fit {
   int max_clusters = 0;  // clusters of kClusterM CTAs the device holds at once (0: unusable)
   int sms = 0;
   bool mps = false;      // contexts on the device are shared through MPS
-  std::string why;       // why the kernel is unusable on this device
 };
 
 template <class K>
@@ -305,13 +303,9 @@ const Fit& device_fit(DType dtype) {
   int mps = 0;
   GF_CUDA_CHECK(cudaDeviceGetAttribute(&mps, cudaDevAttrMpsEnabled, dev));
   f.mps = mps != 0;
-  if (prop.major != 9 || prop.minor != 0) {
-    f.why = "needs an sm_90 GPU (this is sm_" + std::to_string(prop.major * 10 + prop.minor) + ")";
-  } else {
+  if (prop.major == 9 && prop.minor == 0)
     f.max_clusters = dtype == DType::F16 ? max_active_clusters<Kernel<cutlass::half_t>>()
                                          : max_active_clusters<Kernel<cutlass::bfloat16_t>>();
-    if (f.max_clusters == 0) f.why = "the kernel does not fit on this GPU's SMs";
-  }
   return fits.emplace(key, f).first->second;
 }
 
@@ -364,19 +358,6 @@ class LaunchOrder {
   bool any_ = false;
 };
 
-// Programmatic launches, unless GEMMFUSE_SM90_PDL=0 (cooperative ones, for A/B timing).
-bool programmatic_allowed() {
-  static const bool off = env_switched_off("GEMMFUSE_SM90_PDL");
-  return !off;
-}
-
-// The first tile's epilogue deferred under the second tile's mainloop, unless
-// GEMMFUSE_SM90_DEFER=0 (each epilogue whole after its mainloop, for A/B timing).
-bool defer_allowed() {
-  static const bool off = env_switched_off("GEMMFUSE_SM90_DEFER");
-  return !off;
-}
-
 template <class K>
 bool launch(const GemmSoftmaxProblem& pr, void* workspace, cudaStream_t stream, const Fit& fit) {
   using Mainloop = typename K::Mainloop;
@@ -421,7 +402,7 @@ bool launch(const GemmSoftmaxProblem& pr, void* workspace, cudaStream_t stream, 
   p.act = static_cast<int>(pr.act);
   p.scale = pr.scale;
   p.trace = pr.trace;
-  p.defer = pr.defer_epilogues && defer_allowed();
+  p.defer = pr.defer_epilogues;
   p.w_evict_first = pr.w_evict_first;
 
   // How every CTA is made resident at once (each waits for the statistics of the others
@@ -431,7 +412,7 @@ bool launch(const GemmSoftmaxProblem& pr, void* workspace, cudaStream_t stream, 
   // MPS, other processes' kernels may hold SMs for good, and a launch captured into a graph
   // replays at times this code does not see: there, cooperative (the driver refuses a grid
   // the GPU cannot hold, and serializes the launch; no programmatic overlap).
-  const bool programmatic = programmatic_allowed() && !captured && !fit.mps;
+  const bool programmatic = pr.programmatic && !captured && !fit.mps;
   cudaLaunchAttribute attrs[2];
   cudaLaunchConfig_t cfg = launch_config<K>(p.m_pairs, p.n_groups, stream, attrs);
   cfg.numAttrs = 2;
@@ -458,26 +439,13 @@ bool launch(const GemmSoftmaxProblem& pr, void* workspace, cudaStream_t stream, 
 
 bool gemm_softmax_built() { return true; }
 
-std::string gemm_softmax_unfit(int64_t M, int64_t N, int64_t K, DType dtype) {
-  if (dtype != DType::BF16 && dtype != DType::F16) return "fp32 models use the cuBLAS GEMM";
-  if (K % 8 != 0 || N % 8 != 0) return "K and N must be multiples of 8 (16-byte TMA rows)";
-  if (M <= 0 || K <= 0) return "empty problem";
-  const Fit& f = device_fit(dtype);
-  if (f.max_clusters == 0) return f.why;
-  const int64_t tiles = ceil_div(M, kTileM) * ceil_div(N, kTileN);
-  if (2 * tiles < f.sms)  // fewer tiles than half the SMs: cuBLAS does better
-    return "too few 128x256 tiles (" + std::to_string(tiles) + ") to fill the GPU";
-  if (tiles_per_cta(M, N, f.max_clusters) == 0)
-    return "too many 128x256 tiles (" + std::to_string(tiles) + ") to keep on chip at once (at most " +
-           std::to_string(kClusterM * kMaxTilesPerCta * f.max_clusters) + ")";
-  return "";
-}
+int gemm_softmax_max_clusters(DType dtype) { return device_fit(dtype).max_clusters; }
 
 bool launch_gemm_softmax(const GemmSoftmaxProblem& p, void* workspace, cudaStream_t stream) {
-  // The caller checked gemm_softmax_unfit; only what the launch itself relies on is re-checked.
+  // The selection checked the problem; only what the launch itself relies on is re-checked.
   const Fit& fit = device_fit(p.dtype);
   if (fit.max_clusters == 0 || tiles_per_cta(p.M, p.N, fit.max_clusters) == 0)
-    throw std::logic_error("gemm_softmax: launched for a problem that does not fit (gemm_softmax_unfit)");
+    throw std::logic_error("gemm_softmax: launched for a problem that does not fit (the selection's)");
   if (p.dtype == DType::F16) return launch<Kernel<cutlass::half_t>>(p, workspace, stream, fit);
   return launch<Kernel<cutlass::bfloat16_t>>(p, workspace, stream, fit);
 }
@@ -486,9 +454,7 @@ bool launch_gemm_softmax(const GemmSoftmaxProblem& p, void* workspace, cudaStrea
 
 bool gemm_softmax_built() { return false; }
 
-std::string gemm_softmax_unfit(int64_t, int64_t, int64_t, DType) {
-  return "built without the sm90 kernels (the nvidia-cutlass package was not found)";
-}
+int gemm_softmax_max_clusters(DType) { return 0; }
 bool launch_gemm_softmax(const GemmSoftmaxProblem&, void*, cudaStream_t) {
   throw std::logic_error("gemm_softmax: built without the sm90 kernels");
 }

@@ -45,6 +45,8 @@ struct GemmSoftmaxProblem {
   bool defer_epilogues = true;
   // W's loads marked evict-first in L2 (false: the default policy, for the A/B).
   bool w_evict_first = true;
+  // Direct launches programmatic (false: cooperative; FusedSoftmaxChoice::programmatic).
+  bool programmatic = true;
 };
 
 // GemmSoftmaxProblem::trace: %globaltimer (ns) at the end of each phase, and the SM's
@@ -76,21 +78,22 @@ constexpr int kGemmSoftmaxTraceSlots = 24;
 // Whether this build has the kernel (it needs CUTLASS's headers at build time).
 bool gemm_softmax_built();
 
-// "" when the kernel can run this problem on the current device, else why not (for
-// explain and the executor's fallback). Checks the device (sm_90, the kernel built), the
-// alignment TMA needs (K and N multiples of 8) and that all tiles fit on chip at once.
-std::string gemm_softmax_unfit(int64_t M, int64_t N, int64_t K, DType dtype);
+// Clusters of this kernel (for the 16-bit type `dtype`) the current device holds at once: 0
+// where it does not fit, on a GPU other than sm_90, or in a build without the kernel. Read
+// once per device; the kernel selection (selection.h) decides from it which problems the
+// kernel takes (every tile on chip at once).
+int gemm_softmax_max_clusters(DType dtype);
 
 // Workspace: where the CTAs exchange row statistics when the launch is captured into a CUDA
 // graph (16 bytes per row and 256 columns); direct launches use a buffer kept per stream.
 // Nothing to clear before a launch.
 size_t gemm_softmax_workspace_bytes(int64_t M, int64_t N);
 
-// Enqueues the kernel on `stream` for a problem gemm_softmax_unfit accepted (x, w, out and
+// Enqueues the kernel on `stream` for a problem the kernel selection gave it (x, w, out and
 // the workspace 16-byte aligned).
 // Every CTA must be resident at once. Direct launches are programmatic (they start while the
-// stream's previous kernel finishes; GEMMFUSE_SM90_PDL=0 makes them cooperative, for A/B
-// timing), rely on the grid fitting on the GPU (checked in gemm_softmax_unfit) and are
+// stream's previous kernel finishes; `programmatic` false makes them cooperative, for A/B
+// timing), rely on the grid fitting on the GPU (checked by the selection) and are
 // ordered after the last one on another stream;
 // under MPS or graph capture the launch is cooperative: false (nothing enqueued) when the
 // driver finds that the GPU cannot hold the whole grid now (e.g. an MPS limit on SMs); the

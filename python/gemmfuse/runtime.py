@@ -376,12 +376,12 @@ class ChainRuntime:
         what = "forward and backward" if train else "forward"
         return f"{what} timed once: PyTorch {eager_ms:.4g} ms, fused {fused_ms:.4g} ms"
 
-    def _route(self, key, inputs, flags, spec, x, w, b, ops, state, train) -> str:
+    def _route(self, key, inputs, flags, spec, x, w, b, ops, state, train, timed=True) -> str:
         """At a new signature, the planner's word and then the timer's: "" where the chain
         runs fused, else why PyTorch runs it (recorded, so the signature's later calls take
         the routed path)."""
         why = torch.ops.gemmfuse.route(spec, x, w, b, ops, state, self.precision, train)
-        if not why:
+        if not why and timed:
             why = self._timed_route(key, inputs, flags, spec, x, w, b, ops, state, train)
         if not why:
             return ""
@@ -407,15 +407,16 @@ class ChainRuntime:
         x = inputs[self.x_idx]
         if isinstance(x, torch.Tensor) and autocast_on(x.device.type):
             return self._pytorch(inputs, "autocast with DTensor parameters: the chain runs in PyTorch")
-        local, why = tensor_parallel.local_inputs(self, inputs)
+        local, why, finish = tensor_parallel.local_inputs(self, inputs)
         if why:
             return self._pytorch(inputs, why)
-        return self._checked_call(inputs, local)
+        return self._checked_call(inputs, local, finish)
 
-    def _checked_call(self, inputs, local=None):
+    def _checked_call(self, inputs, local=None, finish=None):
         """Checks, then the fused op. ``local``: the inputs the fused op reads instead of
         ``inputs`` (a tensor-parallel Linear's local shards); fallbacks run ``inputs``, through
-        the Linear's hooks."""
+        the Linear's hooks. ``finish``: what makes the output from the fused op's (a
+        row-parallel Linear's all-reduce and bias)."""
         src = inputs if local is None else local
         if local is None and any(tensor_parallel.is_dtensor(src[i]) for i in self._tensor_idx()):
             return self._distributed_call(inputs)
@@ -433,7 +434,7 @@ class ChainRuntime:
         ops, state, why = self._operands(src, x, b)
         if why:
             return self._pytorch(inputs, why)
-        return self._fused_call(inputs, local, flags, x, w, b, ops, state)
+        return self._fused_call(inputs, local, flags, x, w, b, ops, state, finish)
 
     def _input_reason(self, inputs, x, w, local) -> str:
         """Why the call's input, hooks or numbers send it to PyTorch ('' where none does);
@@ -461,10 +462,11 @@ class ChainRuntime:
                     f"resolved for it)")
         return ""
 
-    def _fused_call(self, inputs, local, flags, x, w, b, ops, state):
+    def _fused_call(self, inputs, local, flags, x, w, b, ops, state, finish=None):
         """The fused op for checked inputs, where the planner's and the timer's routes (once
         per signature) do not send the call to PyTorch; a call whose operands are the graph's
-        own sets the fast path for its signature."""
+        own sets the fast path for its signature. A call with ``finish`` is not timed: its
+        PyTorch side holds a collective, and the ranks' timing loops need not match."""
         # While autograd records and something requires grad, gemmfuse::run is the
         # differentiable op (its training plan, a C++ autograd node).
         grad_on = torch.is_grad_enabled()
@@ -480,7 +482,8 @@ class ChainRuntime:
             x = x.contiguous()
         try:
             if key + (train,) not in self.seen and not always_fuse():
-                reason = self._route(key, inputs, flags, spec, x, w, b, ops, state, train)
+                reason = self._route(key, inputs, flags, spec, x, w, b, ops, state, train,
+                                     timed=finish is None)
                 if reason:
                     return self._pytorch(inputs, reason)
             # `fast` may run fp32's kernel where it was timed faster (forward calls only)
@@ -488,6 +491,8 @@ class ChainRuntime:
             out = torch.ops.gemmfuse.run(spec, x, w, b, ops, state, precision)
         except (RuntimeError, ValueError) as e:
             return self._op_error(e, inputs, key, flags, train)
+        if finish is not None:
+            out = finish(out)
         self.fused_calls += 1
         self.train_calls += train
         self._saw(key + (train,))

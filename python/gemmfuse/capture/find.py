@@ -11,7 +11,7 @@ from .values import AttrRef, TInfo, node_info
 from .chain import CaptureReport, Chain, Unsupported
 from .classify import _Ctx, classify
 from .linear_forms import linear_parts
-from ..tensor_parallel import dynamo_reason, is_dtensor
+from ..tensor_parallel import dynamo_reason, is_dtensor, row_parallel_end
 
 # --------------------------------------------------------------------------------------------
 # Finding chains.
@@ -114,6 +114,10 @@ def _grow(chain: Chain, gm: fx.GraphModule, order: dict, numbers: Optional[dict]
     is used outside; chain.stop says why it ends."""
     lin = chain.linear
     chain.values = {lin: 0}
+    row_parallel = row_parallel_end(gm, chain)
+    if row_parallel:  # the product alone: the all-reduce, then the bias (tensor_parallel.py)
+        chain.stop, chain.bias = row_parallel, None
+        return
     chain_nodes = {lin}
     ctx = _Ctx(gm, chain, chain_nodes, {}, numbers)
     ctx.rank = node_info(lin).rank

@@ -4,6 +4,7 @@
 #
 # Here, first:  make wheel && mkdir -p .gpu && cp dist/gemmfuse-*.whl build/tests/cpp/gemmfuse_*tests .gpu/
 # There:        TESTS=1 SANITIZE=1 BENCH=1 [BENCH_ARGS="..."] [PYTEST_ARGS="..."] bash scripts/device-run.sh
+#               PYTEST_PATHS="python/test_a.py ..." runs those test files only (paths from tests/).
 #               SANITIZE_PY="-k ..." runs memcheck and racecheck over that pytest selection too.
 #               The backward's kernels run only from Python (SANITIZE's gtests do not reach them):
 #               GEMMFUSE_GPU_GRAD_FUZZ_N=8 SANITIZE_PY="-k 'fuzz_backward and cuda'" does.
@@ -39,7 +40,7 @@ if [ "${TESTS:-0}" = 1 ]; then
   note "cuda gtests rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/cuda_tests.log" | tr '\n' ' ')"
   tail -20 "$OUT/cuda_tests.log"
   # From tests/, so that the installed wheel is what the tests import.
-  (cd tests && python3 -m pytest python -q ${PYTEST_ARGS:-}) > "$OUT/pytest_gpu.log" 2>&1
+  (cd tests && timeout ${PYTEST_TIMEOUT:-3600} python3 -m pytest ${PYTEST_PATHS:-python} -q ${PYTEST_ARGS:-}) > "$OUT/pytest_gpu.log" 2>&1
   note "pytest gpu rc=$? $(tail -1 "$OUT/pytest_gpu.log")"
   tail -25 "$OUT/pytest_gpu.log"
 fi

@@ -786,7 +786,16 @@ TEST(CudaExecutor, FusedGemmSoftmaxSm90) {
     small(c);
     for (float& b : c.b) b = 3e38f;
   };
-  {  // bf16 only: fp16 cannot hold 3e38
+  // Row maxima past 2^22, where one FMA against the rounded shift would scale a row part's
+  // exps by far more than its rounding (out of fp16's range past ~2^27, to inf or 0 past
+  // ~2^30: NaN rows): 1e30 and 2^29, each far above the products' part of the two columns.
+  auto large_pair = [&small](float v) {
+    return [&small, v](Case& c) {
+      small(c);
+      c.b[7] = c.b[300] = v;
+    };
+  };
+  {  // bf16 only: fp16 cannot hold 3e38 or 1e30
     CudaOptions o;
     o.dtype = DType::BF16;
     Plan plan;
@@ -794,6 +803,10 @@ TEST(CudaExecutor, FusedGemmSoftmaxSm90) {
     expect_fused(plan);
     check_problem({linear(264, 4104) + "mul b=-1\nsoftmax", {1000}}, o, rng, huge_all, &plan);
     expect_fused(plan);
+    for (float v : {1e30f, 0x1p29f}) {
+      check_problem(gelu_softmax, o, rng, large_pair(v), &plan);
+      expect_fused(plan);
+    }
   }
   // Non-finite rows: a NaN in x makes its row NaN; +inf and -inf inputs give inf products.
   auto poison = [](Case& c) {

@@ -6,7 +6,7 @@ import torch
 import torch.nn as nn
 
 import gemmfuse
-from conftest import HAVE_CUDA, needs_lib
+from conftest import HAVE_CUDA, is_sm90, needs_lib
 
 pytestmark = needs_lib
 
@@ -46,16 +46,18 @@ def test_offset_views_and_odd_k(device, mode, k):
 
 
 @pytest.mark.skipif(not HAVE_CUDA, reason="no CUDA device")
-@pytest.mark.parametrize("scale", [1e4, 1e20, 1e30])
-def test_bf16_softmax_chain_is_finite_where_eager_is(scale):
+@pytest.mark.parametrize("scale", [1e4, 1e8, 1e20, 1e30])
+@pytest.mark.parametrize("m,n", [(512, 1024), (1024, 4096)], ids=["row-pass", "fused-kernel"])
+def test_bf16_softmax_chain_is_finite_where_eager_is(scale, m, n):
     """Linear -> gelu -> softmax in bf16 with pre-activations up to ~1e30: finite wherever eager
     is, and as close to the float64 result of the same bf16 model as eager (eager rounds the
     Linear's output to bf16, which turns near-ties of huge logits into exact ones; the fused
-    kernel keeps them apart, as float64 does)."""
+    kernel keeps them apart, as float64 does). 1024 x 4096 on an sm90 GPU runs the fused GEMM
+    + softmax kernel (enough tiles to fill it), 512 x 1024 the GEMM and a row pass."""
     import copy
     torch.manual_seed(3)
-    model = nn.Sequential(nn.Linear(512, 1024), nn.GELU(), nn.Softmax(dim=-1)).cuda().bfloat16()
-    x = (torch.rand(512, 512, device="cuda") * scale).bfloat16()
+    model = nn.Sequential(nn.Linear(512, n), nn.GELU(), nn.Softmax(dim=-1)).cuda().bfloat16()
+    x = (torch.rand(m, 512, device="cuda") * scale).bfloat16()
     opt = gemmfuse.optimize(model, (x,))
     with torch.no_grad():
         eager, got = model(x), opt(x)
@@ -65,3 +67,6 @@ def test_bf16_softmax_chain_is_finite_where_eager_is(scale):
     assert torch.isfinite(got[finite]).all(), "NaN or inf rows where eager is finite"
     err = lambda out: float((out[finite].double() - ref[finite]).norm() / ref[finite].norm())  # noqa: E731
     assert err(got) <= 1.25 * err(eager) + 1e-3, (err(got), err(eager))
+    if n == 4096 and is_sm90():
+        text = gemmfuse.explain(opt, print_it=False)
+        assert "run as one sm90 kernel" in text, text

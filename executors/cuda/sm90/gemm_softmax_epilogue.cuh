@@ -16,11 +16,16 @@ using namespace cute;
 // all -inf row part gets 0, so its values give e = 0 and its sum 0 instead of NaN.
 __device__ __forceinline__ float exp2_shift(float ref) { return ref == -HUGE_VALF ? 0.f : ref * kLog2e; }
 
-// Whether ref * log2 e overflows although ref is finite (|ref| > 2^126): exp(v - ref) then
-// needs v - ref first (tile_epilogue), not one FMA against the shift.
-__device__ __forceinline__ bool shift_overflows(float ref) {
+// Whether exp(v - ref) needs v - ref first (tile_epilogue), as PyTorch's softmax computes it,
+// rather than one FMA against the shift: for a finite |ref| past 2^22. The FMA form is
+// 2^(v log2 e - fl(ref log2 e)), and fl rounds by up to half an ulp of ref log2 e, d, which
+// scales every exp of the row part by 2^d; the parts are merged with exact differences of
+// their maxima (merge_stats), so d does not cancel. Up to 2^22, |d| <= 1/4 (an error the size
+// of the rounding of v itself); past it d grows with ref: the exps leave fp16's range (the
+// stash) from ~2^27 and overflow ex2 from ~2^30, and past 2^126 the shift itself overflows.
+__device__ __forceinline__ bool needs_exact_shift(float ref) {
   const float a = fabsf(ref);
-  return a > 0x1p126f && a <= FLT_MAX;
+  return a > 0x1p22f && a <= FLT_MAX;
 }
 
 // e = exp(c v - ref) of a value pair (a, b) of one row, mul = c log2 e (c: a scale the
@@ -90,13 +95,13 @@ __device__ __forceinline__ void tile_epilogue(const typename K::Params& p, Acc& 
     mx[h] = quad_reduce(mx[h], max_of);
     shift[h] = exp2_shift(mx[h]);
   }
-  // A finite row maximum past 2^126 (its shift would overflow): v - max first, as PyTorch's
-  // softmax computes it. Rare (the deferred path sends such warps here), so a branch.
-  if (__any_sync(0xffffffffu, shift_overflows(mx[0]) || shift_overflows(mx[1]))) {
+  // A finite row maximum past 2^22 (needs_exact_shift): v - max first, as PyTorch's softmax
+  // computes it. Rare (the deferred path sends such warps here), so a branch.
+  if (__any_sync(0xffffffffu, needs_exact_shift(mx[0]) || needs_exact_shift(mx[1]))) {
     float off[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      off[h] = shift_overflows(mx[h]) ? mx[h] : 0.f;
+      off[h] = needs_exact_shift(mx[h]) ? mx[h] : 0.f;
       shift[h] = exp2_shift(mx[h] - off[h]);
     }
 #pragma unroll
@@ -141,7 +146,7 @@ __device__ __forceinline__ void tile_epilogue(const typename K::Params& p, Acc& 
 // The gelu form is chosen per warp, the cheapest whose range holds all of its values (Gelu: 7,
 // 12 or 15 operations per value); with the full-range form any finite data stays on this path
 // (it runs 10-20 us slower per call on tile_epilogue's erff form, docs/measurements.md). A warp
-// with an infinity or a row reference past 2^126 (see shift_overflows), and a tile with columns
+// with an infinity or a row reference past 2^22 (see needs_exact_shift), and a tile with columns
 // past N, run tile_epilogue at once (pending false): the erff form, the subtraction and the
 // masking stay out of the loop.
 // The last tile, with no next mainloop, takes the same prepare and then run_alone: every
@@ -237,7 +242,7 @@ struct DeferredTile {
               (!gelu || form != Gelu::Wide || __all_sync(0xffffffffu, amax <= FLT_MAX));
     if (!pending) return;
     mul = p.scale * kLog2e;
-    bool overflows = false;
+    bool exact = false;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       // An all-NaN row part has hi = -inf (fmaxf drops NaN): its sum is NaN whatever the
@@ -246,12 +251,12 @@ struct DeferredTile {
       act_scaled(p, ends);
       const float ref = fmaxf(ends[0], ends[1]);
       shift[h] = exp2_shift(ref);
-      overflows |= shift_overflows(ref);
+      exact |= needs_exact_shift(ref);
       sum[h] = 0.f;
       if ((threadIdx.x & 3) == 0) tile_max[get<0>(coord(2 * h))] = ref;
     }
-    // A reference past 2^126: tile_epilogue, which subtracts it first (it rewrites tile_max).
-    pending = !__any_sync(0xffffffffu, overflows);
+    // A reference past 2^22: tile_epilogue, which subtracts it first (it rewrites tile_max).
+    pending = !__any_sync(0xffffffffu, exact);
     if (!pending) return;
 #pragma unroll
     for (int q = 0; q < kPairs; ++q) {

@@ -72,7 +72,8 @@ WorkspaceLayout workspace_layout(const Plan& plan, const Selection& sel) {
     L.x_split = c.take(sizeof(uint16_t) * plan.M * kFastSplitSegments * Kh);
   }
   if (f16x3) {
-    L.x_parts = c.take(std::max(sizeof(uint16_t) * 2 * plan.M * plan.K, sizeof(float) * plan.M * plan.N));
+    const int64_t ldy = sel.gemm.ldy > 0 ? sel.gemm.ldy : plan.N;
+    L.x_parts = c.take(std::max(sizeof(uint16_t) * 2 * plan.M * plan.K, sizeof(float) * plan.M * ldy));
     L.x_exps = c.take(sizeof(float) * plan.M);
     L.x_tiny = c.take(sizeof(int32_t) * plan.M);
     L.second_rows = c.take(sizeof(int32_t));
@@ -82,6 +83,7 @@ WorkspaceLayout workspace_layout(const Plan& plan, const Selection& sel) {
     L.second_parts = c.take(sizeof(uint16_t) * 2 * plan.M * plan.K);
   }
   if (split || f16x3) L.x_flags = c.take(sizeof(int32_t) * plan.M);
+  if (sel.gemm.ldy > 0) L.y_padded = c.take(sizeof(float) * plan.M * sel.gemm.ldy);
   if (find_step(plan, Step::Kind::Gemm)) {
     L.lt_bytes = kLtWorkspaceBytes;  // the split-K f16x3 kernel may need more for its partial tiles
     if (f16x3)

@@ -58,13 +58,15 @@ PreparedLayout prepared_layout(const Plan& plan, const Selection& sel);
 //   [0, plan.buffers_bytes())   the plan's fp32 buffers (Plan::buffer_offset)
 //   x_split     bf16 [M, 3*Kh]  [xlo | xhi | xhi]                         (split_parts)
 //   x_parts     fp16 [2, M, K]  x as two scaled fp16 parts                 (f16x3_parts)
-//               or fp32 [M, N]  once the GEMM has read them, the second level's products
-//                               (SecondLevel::y): the larger of the two sizes
+//               or fp32 [M, ldy] once the GEMM has read them, the second level's products
+//                               (SecondLevel::y; ldy: GemmChoice::ldy, or N): the larger size
 //   x_exps      fp32 [M]        their rows' scale exponents                (f16x3_parts)
 //   x_flags     int32 [M]       x rows' RowMark (split.h)                  (split_parts, f16x3_parts)
 //   x_tiny      int32 [M]       x rows' counts of tiny values               (f16x3_parts)
 //   second_*    the second level's slots (split.h SecondLevel): rows int32 [1], slot_row,
 //               slot_tiny int32 [M], exps fp32 [M], parts fp16 [2, M, K]   (f16x3_parts)
+//   y_padded    fp32 [M, ldy]   the f16x3 GEMM's Y with padded rows, copied into Y after
+//                               (GemmChoice::ldy > 0)
 //   lt          kLtWorkspaceBytes, or the f16x3 kernel's need at the selected
 //               splits if more                                              (Gemm step)
 //   colstats    fp64 [R, 2, W]  per-chunk shifted sums (max over ColumnStats steps)
@@ -74,7 +76,7 @@ PreparedLayout prepared_layout(const Plan& plan, const Selection& sel);
 struct WorkspaceLayout {
   size_t x_split = kAbsent, x_parts = kAbsent, x_exps = kAbsent, x_flags = kAbsent, lt = kAbsent, colstats = kAbsent, row_scratch = kAbsent;
   size_t x_tiny = kAbsent, second_rows = kAbsent, second_slot_row = kAbsent, second_slot_tiny = kAbsent,
-         second_exps = kAbsent, second_parts = kAbsent;
+         second_exps = kAbsent, second_parts = kAbsent, y_padded = kAbsent;
   size_t lt_bytes = 0, colstats_bytes = 0, row_scratch_bytes = 0;
   size_t total = 0;
 };

@@ -55,10 +55,11 @@ std::string f16x3_reason(const F16x3Cost& c) {
 // fp32 mode: the f16x3 kernel where it takes the shape; else `why` says why not.
 bool choose_f16x3(const Plan& plan, const DeviceFacts& d, const Overrides& o, GemmChoice& g,
                   std::string& why) {
-  const char* no = f16x3_unfit(plan.M, plan.N, plan.K, d, o);
+  const int64_t ldy = f16x3_padded_ldy(plan.N, o);
+  const char* no = f16x3_unfit(plan.M, plan.N, plan.K, d, o, ldy > 0);
   if (no == nullptr) {
-    g.cost = f16x3_cost(plan.M, plan.N, plan.K, d.sms);
-    no = f16x3_slower_than_sgemm(plan.M, plan.N, plan.K, d.sms);
+    g.cost = f16x3_cost(plan.M, plan.N, plan.K, d.sms, ldy);
+    no = f16x3_slower_than_sgemm(plan.M, plan.N, plan.K, d.sms, ldy);
   }
   if (no != nullptr) {
     why = std::string("the fp32 Gemm does not use the f16x3 kernel: ") + no;
@@ -70,7 +71,12 @@ bool choose_f16x3(const Plan& plan, const DeviceFacts& d, const Overrides& o, Ge
   g.fallback = GemmKind::Sgemm;  // M >= 33: beyond the small-M kernel
   g.splits = g.cost.splits;
   g.f16x3_parts = true;
+  g.ldy = ldy;
   g.reason = f16x3_reason(g.cost);
+  if (ldy > 0)
+    g.reason += "; N = " + std::to_string(plan.N) + " is not a multiple of 4 (the output's 16-byte "
+                "TMA rows): it writes rows of " + std::to_string(ldy) +
+                " in the workspace, then copies them into place (counted in the cost model)";
   return true;
 }
 

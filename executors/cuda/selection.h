@@ -42,6 +42,11 @@ struct Overrides {
   bool register_one_value = true;   // set_register_one_value(false)
   int fused_colstats = 1;         // set_fused_colstats: 0 off, 1 auto, 4 or 8 forced
   bool vector_colstats = true;    // set_vector_colstats(false)
+  // GEMMFUSE_F16X3_PADDED_N=1 or set_f16x3_padded_n(true): an fp32 forward GEMM whose N is not
+  // a multiple of 4 (an LM head's 50257) may run on the f16x3 kernel, into a Y with padded
+  // rows in the workspace, then copied into place (GemmChoice::ldy). Off by default until
+  // the GPU tests have covered it (tests/cpp/cuda_executor_test.cpp, F16x3PaddedRows).
+  bool f16x3_padded_n = false;
 
   // The environment's switches (a path is on unless its variable is "0"), the setters at
   // their defaults.
@@ -60,6 +65,7 @@ void set_register_wide_threads(int threads);  // 256 or 512
 void set_register_one_value(bool on);
 void set_fused_colstats(int mode);
 void set_vector_colstats(bool on);
+void set_f16x3_padded_n(bool on);
 
 // ---- the f16x3 kernel's rules (sm90/gemm_f16x3.h) and their constants -------------------
 
@@ -76,11 +82,18 @@ struct F16x3Cost {
   double f16x3_s = 0, sgemm_s = 0, flops = 0;
 };
 int f16x3_splits(int64_t M, int64_t N, int sms);
-F16x3Cost f16x3_cost(int64_t M, int64_t N, int64_t K, int sms);
+// ldy > 0: Y written with padded rows, then copied into place (GemmChoice::ldy), that copy
+// counted too.
+F16x3Cost f16x3_cost(int64_t M, int64_t N, int64_t K, int sms, int64_t ldy = 0);
 // nullptr where the kernel is expected to beat SGEMM at this shape, else why not.
-const char* f16x3_slower_than_sgemm(int64_t M, int64_t N, int64_t K, int sms);
-// nullptr where the kernel can run this shape here, else why not.
-const char* f16x3_unfit(int64_t M, int64_t N, int64_t K, const DeviceFacts& d, const Overrides& o);
+const char* f16x3_slower_than_sgemm(int64_t M, int64_t N, int64_t K, int sms, int64_t ldy = 0);
+// nullptr where the kernel can run this shape here, else why not. padded_n: N need not be a
+// multiple of 4 (the caller gives the kernel a Y with padded rows).
+const char* f16x3_unfit(int64_t M, int64_t N, int64_t K, const DeviceFacts& d, const Overrides& o,
+                        bool padded_n = false);
+// The padded row stride a forward GEMM of N columns writes on the kernel: N rounded up to 4
+// where N is not a multiple of 4 and the override allows it, else 0 (Y itself).
+int64_t f16x3_padded_ldy(int64_t N, const Overrides& o);
 // nullptr where an fp32-mode GEMM of this shape runs on the kernel (fit and faster).
 const char* f16x3_declines(int64_t M, int64_t N, int64_t K, const DeviceFacts& d, const Overrides& o);
 // The same with W read MN-major (dx = dV W): N a multiple of 8 too.
@@ -112,6 +125,10 @@ struct GemmChoice {
   // alignment; small-M: 4-byte alignment and room for x's shifted copies); None: no such check.
   GemmKind fallback = GemmKind::None;
   int splits = 1;             // F16x3: ranges each output tile's K is cut into (1: the wide kernel)
+  // F16x3 with N not a multiple of 4: the row stride of the padded Y it writes in the
+  // workspace (N rounded up to 4; its TMA store needs 16-byte rows), then copied into Y
+  // (WorkspaceLayout::y_padded); 0: it writes Y itself.
+  int64_t ldy = 0;
   bool split_parts = false;   // `fast`'s bf16 parts are prepared and in the workspace
   bool f16x3_parts = false;   // the f16x3 kernel's fp16 parts are
   // cuBLASLt: the workspace its heuristic is told of (0: the whole workspace). The limit

@@ -19,6 +19,7 @@ constexpr double kTileProductSecondsPerK = 17e-9;  // one 128x128 tile's three p
 constexpr double kPartsBytesPerSecond = 2.2e12;  // reading W's fp16 parts: 4 bytes per W value
 constexpr double kFixedSeconds = 5e-6;           // the fix-up and launch gaps
 constexpr double kSgemmFlopsPerSecond = 45e12;   // SGEMM, M rounded up to its 64-row tiles
+constexpr double kCopyBytesPerSecond = 2.6e12;   // the padded Y's copy into place (read + write)
 constexpr int64_t kSgemmTileRows = 64;
 
 }  // namespace
@@ -30,7 +31,7 @@ int f16x3_splits(int64_t M, int64_t N, int sms) {
   return static_cast<int>(std::clamp<int64_t>(sms / tiles, 2, kF16x3MaxSplits));
 }
 
-F16x3Cost f16x3_cost(int64_t M, int64_t N, int64_t K, int sms) {
+F16x3Cost f16x3_cost(int64_t M, int64_t N, int64_t K, int sms, int64_t ldy) {
   F16x3Cost c;
   const double m = double(M), n = double(N), k = double(K);
   const double m_tiles = std::ceil(m / kF16x3TileMN), n_tiles = std::ceil(n / kF16x3TileMN);
@@ -41,14 +42,15 @@ F16x3Cost f16x3_cost(int64_t M, int64_t N, int64_t K, int sms) {
   const double products_s = waves * k * kTileProductSecondsPerK / c.splits;
   const double w_reads_s = 4 * n * k / kPartsBytesPerSecond;
   c.f16x3_s = 8 * m * k / kSplitBytesPerSecond + std::max(products_s, w_reads_s) + kFixedSeconds;
+  if (ldy > 0) c.f16x3_s += 8 * m * n / kCopyBytesPerSecond;
   c.flops = 2 * m * n * k;
   const double sgemm_rows = std::ceil(m / kSgemmTileRows) * kSgemmTileRows;
   c.sgemm_s = 2 * sgemm_rows * n * k / kSgemmFlopsPerSecond;
   return c;
 }
 
-const char* f16x3_slower_than_sgemm(int64_t M, int64_t N, int64_t K, int sms) {
-  const F16x3Cost c = f16x3_cost(M, N, K, sms);
+const char* f16x3_slower_than_sgemm(int64_t M, int64_t N, int64_t K, int sms, int64_t ldy) {
+  const F16x3Cost c = f16x3_cost(M, N, K, sms, ldy);
   // Smaller GEMMs are bound by host work, and the kernel's (three launches, CUTLASS's TMA
   // descriptors) is the larger (kHostBoundGemmFlops, gemmfuse/plan.h).
   if (c.f16x3_s < c.sgemm_s && c.flops > kHostBoundGemmFlops) return nullptr;
@@ -57,7 +59,8 @@ const char* f16x3_slower_than_sgemm(int64_t M, int64_t N, int64_t K, int sms) {
          "outweigh the GEMM)";
 }
 
-const char* f16x3_unfit(int64_t M, int64_t N, int64_t K, const DeviceFacts& d, const Overrides& o) {
+const char* f16x3_unfit(int64_t M, int64_t N, int64_t K, const DeviceFacts& d, const Overrides& o,
+                        bool padded_n) {
   static_assert(kF16x3MinRows == 33 && kF16x3MinK == 128, "update the messages below");
   if (!d.sm90_kernels) return "built without the sm90 kernels (the nvidia-cutlass package was not found)";
   if (!o.f16x3) return "switched off (GEMMFUSE_F16X3=0)";
@@ -65,11 +68,19 @@ const char* f16x3_unfit(int64_t M, int64_t N, int64_t K, const DeviceFacts& d, c
     return "at most 32 rows (bound by reading W: the small-M GEMM reads it once in fp32)";
   if (K < kF16x3MinK)
     return "K below 128 (the fp16 parts' rounding would not stay well under SGEMM's own error)";
-  if (K % 8 != 0 || N % 4 != 0) return "K must be a multiple of 8 and N of 4 (16-byte TMA rows)";
+  if (K % 8 != 0) return "K must be a multiple of 8 (16-byte TMA rows of x's and W's parts)";
+  if (N % 4 != 0 && !padded_n)
+    return o.f16x3_padded_n ? "N must be a multiple of 4 (16-byte TMA rows of the output)"
+                            : "N must be a multiple of 4 (16-byte TMA rows of the output; "
+                              "GEMMFUSE_F16X3_PADDED_N=1 writes padded rows and copies them)";
   if (M > INT32_MAX || N > INT32_MAX || K > INT32_MAX / 8)  // CUTLASS's int problem shape
     return "a dimension past the kernel's 32-bit problem shape";
   if (d.compute_capability != 90) return "needs an sm_90 GPU (an H100 or H200)";
   return nullptr;
+}
+
+int64_t f16x3_padded_ldy(int64_t N, const Overrides& o) {
+  return N % 4 != 0 && o.f16x3_padded_n ? (N + 3) / 4 * 4 : 0;
 }
 
 const char* f16x3_declines(int64_t M, int64_t N, int64_t K, const DeviceFacts& d, const Overrides& o) {

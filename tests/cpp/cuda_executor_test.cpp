@@ -704,6 +704,49 @@ TEST(CudaExecutor, NaNAndInfPropagate) {
   }
 }
 
+// fp32 GEMMs whose N is not a multiple of 4 on the f16x3 kernel (set_f16x3_padded_n): Y written
+// with padded rows in the workspace, then copied into place, the fix-up's writes at the padded
+// stride. Into the output and into a buffer a row pass reads; with an infinity, a NaN row, a
+// few tiny values (corrected) and many (the second level) in x. Each plan must take the kernel.
+TEST(CudaExecutor, F16x3PaddedRows) {
+  SKIP_WITHOUT_GPU();
+  if (!gftest::is_sm90()) GTEST_SKIP() << "the f16x3 kernel needs an sm_90 GPU";
+  std::mt19937_64 rng(gftest::test_seed());
+  cuda::set_f16x3_padded_n(true);
+  auto expect_padded = [](const Plan& plan) {
+    const cuda::Selection s = cuda::select(plan, nullptr, cuda::device_facts(&plan), cuda::current_overrides());
+    EXPECT_EQ(s.gemm.kind, cuda::GemmKind::F16x3) << s.gemm.reason;
+    EXPECT_EQ(s.gemm.ldy, (plan.N + 3) / 4 * 4) << s.gemm.reason;
+  };
+  // Tiny values (~2^-40 of their rows' largest: left out of the parts): 16 in one row (the
+  // fix-up corrects them), or 48 in each of 64 rows (the second level takes them).
+  auto exceptional = [](int tiny_rows, int per_row) {
+    return [tiny_rows, per_row](Case& c) {
+      const int64_t K = c.chain.in_features;
+      c.x[3 * K + 5] = std::numeric_limits<float>::infinity();
+      c.x[7 * K + 1] = std::numeric_limits<float>::quiet_NaN();
+      for (int r = 0; r < tiny_rows; ++r)
+        for (int k = 0; k < per_row; ++k) c.x[(20 + r) * K + 3 * k] = 1e-12f;
+    };
+  };
+  CudaOptions o;
+  struct Shape {
+    int64_t M, N;
+  };
+  for (const Shape& sh : {Shape{256, 4099} /* split-K */, Shape{1024, 4097} /* wide */}) {
+    for (const char* body : {"", "relu\n"}) {
+      const Problem p{linear(1024, sh.N) + body, {sh.M}};
+      Plan plan;
+      check_problem(p, o, rng, nullptr, &plan);
+      expect_padded(plan);
+      check_problem(p, o, rng, exceptional(1, 16), &plan);
+      check_problem(p, o, rng, exceptional(64, 48), &plan);
+      expect_padded(plan);
+    }
+  }
+  cuda::set_f16x3_padded_n(false);
+}
+
 // The fused sm90 GEMM + softmax kernel (the selection's FusedSoftmaxChoice) on problems it takes: ragged M, N
 // and K tails, one and two tiles per CTA, with and without gelu and a scalar, NaN and inf rows, a
 // CUDA graph and a side stream. Each plan must actually take the kernel.

@@ -125,6 +125,30 @@ TEST(CudaSelection, F16x3OverrideShowsInExplain) {
   EXPECT_FALSE(has(sel(plan_of(linear(8192, 8192), 1024)).describe(), "overrides set"));
 }
 
+TEST(CudaSelection, F16x3PaddedRowsWhereNIsNotAMultipleOf4) {
+  // An LM head (768 -> 50257): SGEMM unless the override lets the kernel write padded rows.
+  const Plan lm_head = plan_of(linear(768, 50257), 4096);
+  Selection s = sel(lm_head);
+  EXPECT_EQ(s.gemm.kind, GemmKind::Sgemm);
+  EXPECT_EQ(s.gemm.ldy, 0);
+  EXPECT_TRUE(has(s.gemm.reason, "N must be a multiple of 4")) << s.gemm.reason;
+  EXPECT_TRUE(has(s.gemm.reason, "GEMMFUSE_F16X3_PADDED_N=1")) << s.gemm.reason;
+  Overrides o;
+  o.f16x3_padded_n = true;
+  s = sel(lm_head, hopper(), o);
+  EXPECT_EQ(s.gemm.kind, GemmKind::F16x3);
+  EXPECT_EQ(s.gemm.ldy, 50260);
+  EXPECT_TRUE(has(s.gemm.reason, "writes rows of 50260 in the workspace")) << s.gemm.reason;
+  EXPECT_TRUE(has(s.describe(), "GEMMFUSE_F16X3_PADDED_N=1")) << s.describe();
+  // The copy is in the cost model; N a multiple of 4 keeps Y itself.
+  EXPECT_GT(f16x3_cost(4096, 50257, 768, 132, 50260).f16x3_s, f16x3_cost(4096, 50257, 768, 132).f16x3_s);
+  EXPECT_EQ(sel(plan_of(linear(8192, 8192), 1024), hopper(), o).gemm.ldy, 0);
+  // K must still be a multiple of 8 (x's and W's parts).
+  s = sel(plan_of(linear(770, 50257), 4096), hopper(), o);
+  EXPECT_EQ(s.gemm.kind, GemmKind::Sgemm);
+  EXPECT_TRUE(has(s.gemm.reason, "K must be a multiple of 8")) << s.gemm.reason;
+}
+
 TEST(CudaSelection, SmallMFastTf32And16Bit) {
   Selection s = sel(plan_of(linear(8192, 8192), 32));
   EXPECT_EQ(s.gemm.kind, GemmKind::SmallM);
@@ -312,6 +336,9 @@ TEST(CudaSelection, OverridesFromEnvironment) {
   EXPECT_TRUE(o.fused_softmax);
   ::unsetenv("GEMMFUSE_F16X3");
   ::unsetenv("GEMMFUSE_SM90_DEFER");
+  ::setenv("GEMMFUSE_F16X3_PADDED_N", "1", 1);  // a path off by default: on with "1"
+  EXPECT_TRUE(Overrides::from_environment().f16x3_padded_n);
+  ::unsetenv("GEMMFUSE_F16X3_PADDED_N");
   EXPECT_EQ(Overrides::from_environment(), Overrides{});
   EXPECT_TRUE(Overrides{}.set().empty());
 }
@@ -320,11 +347,14 @@ TEST(CudaSelection, SettersAreOverrides) {
   const Overrides before = current_overrides();
   set_register_rows(false);
   set_fused_colstats(0);
+  set_f16x3_padded_n(true);
   const Overrides o = current_overrides();
   EXPECT_FALSE(o.register_rows);
   EXPECT_EQ(o.fused_colstats, 0);
+  EXPECT_TRUE(o.f16x3_padded_n);
   EXPECT_NE(o, before);
   set_register_rows(true);
   set_fused_colstats(1);
+  set_f16x3_padded_n(false);
   EXPECT_EQ(current_overrides(), before);
 }

@@ -3,6 +3,7 @@
 
 #include <stdexcept>
 
+#include "cuda_check.h"
 #include "gemm_f16x3.h"
 
 namespace gemmfuse::cuda {
@@ -24,7 +25,8 @@ void launch_fp32_gemm_f16x3(const Fp32GemmF16x3& g, cudaStream_t stream) {
   p.x_exps = s.x_exps;
   p.w_exps = g.w_exps;
   p.bias = g.bias;
-  p.y = g.y;
+  p.y = g.y_padded ? g.y_padded : g.y;
+  p.ldy = g.y_padded ? g.ldy : 0;
   p.splits = g.splits;
   p.w_mn_major = g.w_transposed;
   if (!sm90::launch_f16x3_gemm(p, g.gemm_workspace, g.gemm_workspace_bytes, stream))
@@ -39,8 +41,15 @@ void launch_fp32_gemm_f16x3(const Fp32GemmF16x3& g, cudaStream_t stream) {
     if (!sm90::launch_f16x3_gemm(q, g.gemm_workspace, g.gemm_workspace_bytes, stream))
       throw std::logic_error("CUDA gemm: the f16x3 GEMM declined the second level");
   }
+  SecondLevel second = second_level ? s.second : SecondLevel{};
+  if (g.y_padded) {  // the padded rows into place; the fix-up then works on y
+    const size_t row = sizeof(float) * g.N;
+    GF_CUDA_CHECK(cudaMemcpy2DAsync(g.y, row, g.y_padded, sizeof(float) * g.ldy, row, g.M,
+                                    cudaMemcpyDeviceToDevice, stream));
+    second.ldy = g.ldy;
+  }
   launch_fixup_exceptional(g.x, g.w, nullptr, g.bias, g.y, g.M, g.N, g.K, s.x_exps, s.x_flags, g.w_list,
-                           g.w_flags, second_level ? s.second : SecondLevel{}, stream, g.w_transposed);
+                           g.w_flags, second, stream, g.w_transposed);
 }
 
 }  // namespace gemmfuse::cuda

@@ -37,6 +37,11 @@ struct Fp32GemmF16x3 {
   const int* w_flags = nullptr;
   const float* bias = nullptr;     // [N], or null
   float* y = nullptr;              // [M, N]
+  // N not a multiple of 4 (the kernel's TMA store needs 16-byte rows): the GEMMs write
+  // y_padded [M, ldy] (ldy = N rounded up to 4; the second level's products too), which is
+  // copied into y before the fix-up. Null: they write y.
+  float* y_padded = nullptr;
+  int64_t ldy = 0;
   F16x3Scratch scratch;
   void* gemm_workspace = nullptr;  // the kernel's (sm90::f16x3_workspace_bytes)
   size_t gemm_workspace_bytes = 0;

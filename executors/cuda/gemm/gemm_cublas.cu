@@ -321,6 +321,11 @@ void gemm_f16x3(const Plan& plan, const GemmChoice& choice, const RunArgs& args,
   f.w_flags = reinterpret_cast<const int*>(c.prepared + P.w_flags);
   f.bias = static_cast<const float*>(c.bias);
   f.y = static_cast<float*>(c.y);
+  if (choice.ldy > 0) {  // N not a multiple of 4: padded rows in the workspace, copied into Y
+    if (W.y_padded == kAbsent) throw std::logic_error("CUDA gemm: f16x3 with padded rows but no room for them");
+    f.y_padded = reinterpret_cast<float*>(c.workspace + W.y_padded);
+    f.ldy = choice.ldy;
+  }
   f.scratch = f16x3_scratch(W, c.workspace);
   f.gemm_workspace = c.workspace + W.lt;
   f.gemm_workspace_bytes = W.lt_bytes;
@@ -351,10 +356,11 @@ void gemm_lt(const Plan& plan, GemmKind kind, const GemmChoice& choice, const Ru
 
 // Whether the call's pointers let `kind` run (the checks left to the call: alignment, and
 // the small-M kernel's room for x's shifted copies); else GemmChoice::fallback runs.
-bool call_takes(GemmKind kind, const Plan& plan, const RunArgs& args, const GemmCall& c) {
-  switch (kind) {
-    case GemmKind::F16x3:
-      return aligned16(args.x) && aligned16(c.w) && aligned16(c.y) && (c.bias == nullptr || aligned16(c.bias));
+bool call_takes(const GemmChoice& choice, const Plan& plan, const RunArgs& args, const GemmCall& c) {
+  switch (choice.kind) {
+    case GemmKind::F16x3:  // a padded Y lies in the workspace, aligned
+      return aligned16(args.x) && aligned16(c.w) && (choice.ldy > 0 || aligned16(c.y)) &&
+             (c.bias == nullptr || aligned16(c.bias));
     case GemmKind::SmallM:
       return small_m_gemm_fits(plan.M, plan.N, plan.K, args.x, c.w, c.W.lt_bytes);
     default: return true;
@@ -370,7 +376,7 @@ void run_gemm(const Plan& plan, const PlanState& st, const Step& step, const Run
     throw std::logic_error("CUDA gemm: the plan needs prepared weights but none were given");
   const GemmChoice& choice = st.sel.gemm;
   const GemmCall c = gemm_call(plan, st, step, args, prepared, workspace);
-  const GemmKind kind = call_takes(choice.kind, plan, args, c) ? choice.kind : choice.fallback;
+  const GemmKind kind = call_takes(choice, plan, args, c) ? choice.kind : choice.fallback;
   switch (kind) {
     case GemmKind::BiasOnly:  // x W^T is zero: Y = bias (cuBLASLt rejects k = 0)
       GF_CUDA_CHECK(cudaMemsetAsync(c.y, 0, static_cast<size_t>(plan.M * plan.N) * (c.d_type == CUDA_R_32F ? 4 : 2),

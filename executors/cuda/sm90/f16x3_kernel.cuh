@@ -155,7 +155,7 @@ typename Variant::Gemm::Arguments arguments(const F16x3Problem& p, int splits) {
   args.epilogue.ptr_C = nullptr;
   args.epilogue.dC = packed<SC>(M, N);
   args.epilogue.ptr_D = p.y;
-  args.epilogue.dD = packed<SD>(M, N);
+  args.epilogue.dD = packed<SD>(M, p.ldy > 0 ? p.ldy : N);  // (ldy, 1, M ldy): rows ldy apart
   args.epilogue.thread = {
       {},                                                    // acc
       {p.x_exps, 0.f, {_1{}, _0{}, int64_t(M)}},             // x's row exponents, per m
@@ -167,6 +167,15 @@ typename Variant::Gemm::Arguments arguments(const F16x3Problem& p, int splits) {
     args.scheduler.decomposition_mode = decltype(args.scheduler.decomposition_mode)::SplitK;
   }
   if constexpr (Variant::kCounted) args.scheduler.rows = p.rows;
+  return args;
+}
+
+// The arguments CUTLASS's can_implement is asked about: with a padded Y (ldy > N), N rounded
+// up to ldy. Its check of D's alignment reads N as the extent of D's rows in memory, which is
+// ldy there; the kernel runs with the true N, its TMA store clipping the padding.
+template <class Args>
+Args implementable_shape(Args args, const F16x3Problem& p) {
+  if (p.ldy > p.N) get<1>(args.problem_shape) = static_cast<int>(p.ldy);
   return args;
 }
 
@@ -201,7 +210,7 @@ bool launch(const F16x3Problem& p, int splits, void* workspace, size_t workspace
   using Kernel = typename Gemm::GemmKernel;
   const auto args = arguments<Variant>(p, splits);
   if (Gemm::get_workspace_size(args) > workspace_bytes) return false;
-  if (Gemm::can_implement(args) != cutlass::Status::kSuccess)
+  if (Gemm::can_implement(implementable_shape(args, p)) != cutlass::Status::kSuccess)
     throw std::logic_error("f16x3 GEMM: CUTLASS cannot implement an accepted shape");
   // What Gemm::initialize does, but the kernel's shared-memory opt-in (a driver call, ~4 us of
   // host time) once per device instead of on every launch. The split-K kernel's workspace

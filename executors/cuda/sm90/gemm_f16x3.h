@@ -44,7 +44,10 @@ struct F16x3Problem {
   const float* x_exps = nullptr;    // [M]: x's row exponents
   const float* w_exps = nullptr;    // [N]: W's row exponents
   const float* bias = nullptr;      // [N], or null
-  float* y = nullptr;               // [M, N] row-major
+  float* y = nullptr;               // [M, N] row-major, rows ldy apart
+  // Y's row stride (0: N), a multiple of 4 (the TMA store's 16-byte rows): an N that is not
+  // one writes into rows padded to the next multiple of 4.
+  int64_t ldy = 0;
   // 1: the wide kernel (2-CTA clusters, one CTA per output tile); more: the split-K kernel with
   // each tile's K cut into that many ranges (the executor: the Selection's); 0: f16x3_splits's
   // choice for this device (tests and probes).

@@ -457,7 +457,8 @@ __global__ void __launch_bounds__(kFixupThreads, 2)  // the grid: two CTAs an SM
   for (int64_t item = blockIdx.x; item < slots * items_per_row; item += gridDim.x) {  // row-fastest too
     const int64_t s = item % slots, n0 = (item / slots) * kCorrectCols;
     if (second.slot_tiny[s] > correctable_tiny_values(K)) continue;  // recomputed above
-    correct_item<Scan>(x, second.exps[s], wp, w_flags, second.y + s * N, y, second.slot_row[s], n0, N, K,
+    const float* add = second.y + s * (second.ldy > 0 ? second.ldy : N);
+    correct_item<Scan>(x, second.exps[s], wp, w_flags, add, y, second.slot_row[s], n0, N, K,
                        work.list, scan);
   }
   for (int64_t i = warp; i < n_cols * M; i += warps) {

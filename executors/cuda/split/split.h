@@ -92,6 +92,8 @@ struct SecondLevel {
   float* exps = nullptr;     // [M]: each slot's exponent
   __half* parts = nullptr;   // [2, M, K]: each slot's parts, as launch_split_f16x2's
   float* y = nullptr;        // [M, N]: each slot's products with W', the row scales undone
+  int64_t ldy = 0;           // y's row stride (0: N; rows padded to a multiple of 4 where the
+                             // GEMM's N is not one: GemmChoice::ldy)
 };
 
 #if defined(__CUDACC__)  // the per-value splits (the launchers below are host-callable)

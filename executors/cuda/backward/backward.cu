@@ -13,10 +13,10 @@
 
 #include <algorithm>
 #include <map>
-#include <mutex>
 #include <stdexcept>
 #include <vector>
 
+#include "blas_handles.h"
 #include "cuda_check.h"
 #include "cuda_executor.h"
 #include "fp32_gemm_f16x3.h"
@@ -27,19 +27,6 @@
 namespace gemmfuse {
 namespace cuda {
 namespace {
-
-std::mutex g_mutex;
-std::vector<cublasHandle_t> g_handles;  // per device, kept for the process
-
-cublasHandle_t blas_handle(cudaStream_t stream) {
-  int dev = 0;
-  GF_CUDA_CHECK(cudaGetDevice(&dev));
-  std::lock_guard<std::mutex> lock(g_mutex);
-  if (g_handles.size() <= static_cast<size_t>(dev)) g_handles.resize(dev + 1, nullptr);
-  if (!g_handles[dev]) GF_CUBLAS_CHECK(cublasCreate(&g_handles[dev]));
-  GF_CUBLAS_CHECK(cublasSetStream(g_handles[dev], stream));
-  return g_handles[dev];
-}
 
 // The scratch of one backward, laid out once per call in the order below (256-byte aligned).
 struct BackwardLayout {
@@ -503,7 +490,7 @@ void CudaExecutor::backward(const Plan& plan, const BackwardPlan& bp, const Back
   // Row-major dx[M,K] = dV[M,N] W[N,K] is column-major dxᵀ = Wᵀ dVᵀ: A = W (col-major [K,N],
   // ld K), B = dV (col-major [N,M], ld N). dW[N,K] = dVᵀ x is column-major dWᵀ = xᵀ dV:
   // A = x (col-major [K,M], ld K), B = dV transposed (stored col-major [N,M], ld N).
-  cublasHandle_t h = blas_handle(stream);
+  cublasHandle_t h = cublas_handle(stream);
   const void* dvp = dv;
   cudaDataType_t ab = CUDA_R_32F;
   const GemmKind blas = choice.dx != GemmKind::F16x3 ? choice.dx : choice.dw;  // what cuBLAS runs

@@ -7,7 +7,7 @@
 // by columns and read MN-major where it lies, its parts in the weight scratch), else cuBLAS
 // (fp32: SGEMM, no TF32; `tf32`: TF32; 16-bit models: their own type with fp32
 // accumulation). The GEMV's backward is a rank-one update instead. Stream-ordered, no host
-// sync; the scratch's layout is the plan's (plan_state.h).
+// sync. The scratch's layout is made once with the plan's Selection (plan_state.h).
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -234,7 +234,7 @@ std::string CudaExecutor::describe_backward(const Plan& plan, const BackwardPlan
 }
 
 size_t CudaExecutor::backward_workspace_bytes(const Plan& plan, const BackwardPlan& bp) const {
-  return cuda::backward_layout(plan, bp, cuda::plan_state(plan, &bp)->sel.backward).total;
+  return cuda::plan_state(plan, &bp)->backward_workspace.total;
 }
 
 size_t CudaExecutor::backward_weight_bytes(const Plan& plan, const BackwardPlan& bp) const {
@@ -246,12 +246,11 @@ size_t CudaExecutor::backward_weight_bytes(const Plan& plan, const BackwardPlan&
 void CudaExecutor::backward(const Plan& plan, const BackwardPlan& bp, const BackwardArgs& a) {
   using namespace cuda;
   const auto st = plan_state(plan, &bp);
-  const BackwardChoice& choice = st->sel.backward;
-  const BackwardLayout L = backward_layout(plan, bp, choice);
-  const BackwardCall c{plan, bp, choice, L, a, static_cast<char*>(a.workspace), static_cast<cudaStream_t>(a.stream)};
-  if (L.total > 0 && c.ws == nullptr) throw std::invalid_argument("gemmfuse: no backward workspace");
+  const BackwardCall c{plan, bp, st->sel.backward, st->backward_workspace, a, static_cast<char*>(a.workspace),
+                       static_cast<cudaStream_t>(a.stream)};
+  if (c.L.total > 0 && c.ws == nullptr) throw std::invalid_argument("gemmfuse: no backward workspace");
   backward_rows(c);
-  if (choice.dw == GemmKind::Gemv)
+  if (c.choice.dw == GemmKind::Gemv)
     gemv_backward(c);
   else
     linear_backward(c);

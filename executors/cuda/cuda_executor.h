@@ -24,8 +24,9 @@
 // workspace in stream order (cudaMallocAsync/cudaFreeAsync); errors throw
 // std::runtime_error (CUDA/cuBLAS failures), Unsupported (a plan this executor does not
 // take: check() says so up front) or std::invalid_argument (missing tensors).
-// Thread-safe: one instance may serve several threads and devices (cuBLASLt handles and
-// algorithm choices are cached per device behind a mutex).
+// Thread-safe: one instance may serve several threads and devices (the cuBLAS and cuBLASLt
+// handles, gemm/blas_handles.h, and cuBLASLt's algorithm choices are cached per device
+// behind mutexes).
 #pragma once
 
 #include <string>
@@ -56,7 +57,8 @@ class CudaExecutor : public Executor {
   // What backward() runs for dx, dW and the row backward on the current device, and why
   // (the Selection's), for explain.
   static std::string describe_backward(const Plan& plan, const BackwardPlan& bp);
-  // backward.cu: the row backward by segments, then db, dW and dx on cuBLAS or f16x3.
+  // backward.cu: the row backward by segments (backward_rows.cu), then db, dW and dx on
+  // cuBLAS or f16x3.
   void backward(const Plan& plan, const BackwardPlan& bp, const BackwardArgs& args) override;
   size_t backward_workspace_bytes(const Plan& plan, const BackwardPlan& bp) const override;
   size_t backward_weight_bytes(const Plan& plan, const BackwardPlan& bp) const override;

@@ -17,6 +17,7 @@ PlanState make_state(const Plan& plan, const BackwardPlan* bp, const Overrides& 
   s.workspace = workspace_layout(plan, s.sel);
   // Y and cuBLASLt's workspace are not allocated for a call the fused kernel computes.
   if (s.sel.fused.used) s.fused_workspace = sm90::gemm_softmax_workspace_bytes(plan.M, plan.N);
+  if (bp != nullptr) s.backward_workspace = backward_layout(plan, *bp, s.sel.backward);
   s.M = plan.M;
   s.N = plan.N;
   s.K = plan.K;

@@ -79,7 +79,7 @@ struct BwSegment {
   int8_t run_first[kMaxBackwardInstrs] = {};
 };
 
-// Fills seg.run_first from its instructions, lo, bn_below and acc (backward.cu, once per
+// Fills seg.run_first from its instructions, lo, bn_below and acc (backward_rows.cu, once per
 // segment).
 void plan_pointwise_runs(BwSegment& seg);
 

@@ -6,8 +6,7 @@
 // B = x stored [K,M] (ld K, transb = N), D ld N. The bias is the BIAS epilogue (one value per
 // row of D = per column of Y), on the last GEMM of a step.
 //
-// Handles: one cuBLASLt handle per device, created on first use and kept for the process
-// (never destroyed: destroying at static-destruction time races the driver's teardown).
+// Handles: the device's cuBLASLt handle (blas_handles.h).
 // Algorithms: the heuristic's first choice, cached per (device, shape, types, epilogue,
 // pointer alignments). Workspace: ours (WorkspaceLayout::lt), never cuBLAS's own allocation,
 // so every call is stream-ordered and graph-capturable.
@@ -23,8 +22,8 @@
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
-#include <vector>
 
+#include "blas_handles.h"
 #include "cuda_check.h"
 #include "fp32_gemm_f16x3.h"
 #include "gemm_f16x3.h"
@@ -35,20 +34,12 @@
 namespace gemmfuse::cuda {
 namespace {
 
-std::mutex g_mutex;
-std::vector<cublasLtHandle_t> g_handles;  // per device
+std::mutex g_mutex;  // guards g_algos
 struct CachedAlgo {
   bool found = false;
   cublasLtMatmulAlgo_t algo{};
 };
 std::unordered_map<std::string, CachedAlgo> g_algos;
-
-cublasLtHandle_t lt_handle(int dev) {
-  std::lock_guard<std::mutex> lock(g_mutex);
-  if (g_handles.size() <= static_cast<size_t>(dev)) g_handles.resize(dev + 1, nullptr);
-  if (!g_handles[dev]) GF_CUBLAS_CHECK(cublasLtCreate(&g_handles[dev]));
-  return g_handles[dev];
-}
 
 struct MatmulDesc {
   cublasLtMatmulDesc_t d = nullptr;
@@ -90,7 +81,7 @@ struct LtGemm {
 bool lt_matmul(const LtGemm& g, void* ws, size_t ws_bytes, cudaStream_t stream) {
   int dev = 0;
   GF_CUDA_CHECK(cudaGetDevice(&dev));
-  cublasLtHandle_t h = lt_handle(dev);
+  cublasLtHandle_t h = cublaslt_handle();
 
   MatmulDesc op;
   GF_CUBLAS_CHECK(cublasLtMatmulDescCreate(&op.d, g.compute, CUDA_R_32F));

@@ -52,6 +52,26 @@ struct DeviceLimits {
 std::mutex g_limits_mutex;
 std::vector<DeviceLimits> g_limits;
 
+// The attributes an instruction's kind needs, at row width w.
+void check_instr_attributes(const Instr& in, int64_t w) {
+  switch (in.kind) {
+    case Instr::Kind::GroupNorm:
+      if (in.node.groups <= 0 || w % in.node.groups != 0)
+        unsupported("group_norm groups do not divide the width");
+      break;
+    case Instr::Kind::Pool:
+      if (in.node.kernel <= 0 || in.node.stride <= 0 || in.node.padding < 0)
+        unsupported("bad pool window");
+      break;
+    case Instr::Kind::Pointwise:
+    case Instr::Kind::Reduce:
+    case Instr::Kind::Softmax:
+    case Instr::Kind::BatchNormApply:
+    case Instr::Kind::Save:
+      break;  // any row width
+  }
+}
+
 }  // namespace
 
 void check_row_step(const Step& step) {
@@ -65,17 +85,7 @@ void check_row_step(const Step& step) {
       throw std::logic_error("CUDA row program: instruction width " +
                              std::to_string(in.width_in) + " does not follow the row width " +
                              std::to_string(w));
-    switch (in.kind) {
-      case Instr::Kind::GroupNorm:
-        if (in.node.groups <= 0 || w % in.node.groups != 0)
-          unsupported("group_norm groups do not divide the width");
-        break;
-      case Instr::Kind::Pool:
-        if (in.node.kernel <= 0 || in.node.stride <= 0 || in.node.padding < 0)
-          unsupported("bad pool window");
-        break;
-      default: break;
-    }
+    check_instr_attributes(in, w);
     w = row_width_after(in, w);
     if (w > INT_MAX / 2) unsupported("row width too large");
   }

@@ -121,7 +121,7 @@ __device__ __forceinline__ void load_operand4(const DevInstr& in, int64_t r, int
       for (int j = 0; j < 4; ++j) b[j] = j < cnt ? p[j] : 0.f;
       return;
     }
-    case kOpNone: break;  // a binary instruction has an operand (launch_row_pass)
+    case kOpNone: break;  // a binary instruction has an operand (lower_binary_operand)
   }
 #pragma unroll
   for (int j = 0; j < 4; ++j) b[j] = s;

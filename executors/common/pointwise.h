@@ -396,7 +396,8 @@ GF_HD float apply_binary(OpCode op, float x, float b, bool reversed) {
   }
 }
 
-// The gradients of x <op> b (or b <op> x when reversed) with respect to x (.l) and b (.r).
+// The gradients of x <op> b (or b <op> x when reversed) with respect to x (.l) and b (.r);
+// NaN for an op of another family.
 GF_HD Grad2 binary_grad(OpCode op, float x, float b, bool reversed, float g) {
   const float l = reversed ? b : x, r = reversed ? x : b;
   Grad2 d{NAN, NAN};
@@ -405,7 +406,13 @@ GF_HD Grad2 binary_grad(OpCode op, float x, float b, bool reversed, float g) {
   case OpCode::code: d = Pointwise<OpCode::code>::bwd(l, r, g); break;
     GEMMFUSE_BINARY_OPS(GF_CASE)
 #undef GF_CASE
-    default: break;
+#define GF_OTHER_FAMILY(code, name, fam, scalar) case OpCode::code:
+    GEMMFUSE_UNARY_OPS(GF_OTHER_FAMILY)
+    GEMMFUSE_REDUCE_OPS(GF_OTHER_FAMILY)
+    GEMMFUSE_ROW_NORM_OPS(GF_OTHER_FAMILY)
+    GEMMFUSE_OTHER_OPS(GF_OTHER_FAMILY)
+#undef GF_OTHER_FAMILY
+      break;
   }
   return reversed ? Grad2{d.r, d.l} : d;
 }

@@ -305,7 +305,10 @@ struct Backward {
       case OperandRef::Kind::Col: part.sums[o.index][c] += d; break;
       case OperandRef::Kind::Row: out[r] += d; break;  // rows belong to one thread each
       case OperandRef::Kind::Full: out[r * in.width_in + c] += d; break;
-      default: break;
+      case OperandRef::Kind::None:
+      case OperandRef::Kind::Imm:
+      case OperandRef::Kind::Buffer:  // a saved value: nd.b is a Value, handled above
+        throw std::logic_error("cpu backward: a binary stage's operand without a gradient");
     }
   }
 

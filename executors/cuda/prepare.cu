@@ -119,79 +119,134 @@ __global__ void __launch_bounds__(256) bsum_kernel(const float* __restrict__ bia
   if (threadIdx.x == 0) *bsum = static_cast<float>(part[0]);
 }
 
+// Region `offset` of the prepared memory as an array of U.
+template <class U>
+U* region(char* prepared, size_t offset) {
+  return reinterpret_cast<U*>(prepared + offset);
+}
+// The same, or nullptr where the layout has no such region.
+template <class U>
+U* optional_region(char* prepared, size_t offset) {
+  return offset != kAbsent ? region<U>(prepared, offset) : nullptr;
+}
+
+// One preparation of a plan's weights: what each stage reads (W, the bias in the model dtype)
+// and the folded parameters' regions (nullptr where the layout has none).
+template <class T>
+struct WeightPrep {
+  const Plan& plan;
+  const RunArgs& args;
+  const PreparedLayout& L;
+  char* prepared;
+  cudaStream_t stream;
+  const T* w;
+  const T* bias;
+  float* scale;
+  float* bias_f32;
+  T* bias_dt;
+};
+
+// fold_params: the folded BatchNorm's scale and the bias (folded, fp32, model dtype).
+template <class T>
+void fold_params(const WeightPrep<T>& p) {
+  const int64_t N = p.plan.N;
+  if (N <= 0 || !(p.scale || p.bias_f32 || p.bias_dt)) return;
+  const bool fold = p.plan.prep.fold_batchnorm;
+  const Node& bn = p.plan.prep.batchnorm;
+  const float* gamma = nullptr;
+  const float* beta = nullptr;
+  RunningStat rm, rv;
+  if (fold) {
+    gamma = operand_ptr(bn.weight, p.args);
+    beta = operand_ptr(bn.bias, p.args);
+    rm = running_stat(p.args, bn.running_mean);
+    rv = running_stat(p.args, bn.running_var);
+    if (!rm || !rv)
+      throw std::logic_error("CUDA prepare: folded batch_norm without running statistics");
+  }
+  fold_params_kernel<T><<<grid_for(N, 256), 256, 0, p.stream>>>(N, fold, gamma, beta, rm, rv,
+                                                                bn.eps, p.bias, p.scale, p.bias_f32,
+                                                                p.bias_dt);
+  GF_LAUNCH_CHECK();
+}
+
+// fold_w: W' = W scaled per row.
+template <class T>
+void fold_weight(const WeightPrep<T>& p) {
+  const int64_t N = p.plan.N, K = p.plan.K;
+  if (p.L.w_folded == kAbsent || N * K <= 0) return;
+  fold_w_kernel<T><<<grid_for(N * K, 256), 256, 0, p.stream>>>(
+      p.w, p.scale, N, K, region<T>(p.prepared, p.L.w_folded));
+  GF_LAUNCH_CHECK();
+}
+
+// w_split: W' as bf16 [hi | lo | hi] and its exceptional rows.
+template <class T>
+void split_weight_hilo(const WeightPrep<T>& p) {
+  const PreparedLayout& L = p.L;
+  if (L.w_split == kAbsent || p.plan.N <= 0) return;
+  if (p.plan.dtype != DType::F32) throw std::logic_error("CUDA prepare: split of a 16-bit W");
+  int* list = region<int>(p.prepared, L.w_list);
+  GF_CUDA_CHECK(cudaMemsetAsync(list, 0, sizeof(int), p.stream));
+  launch_split_hilo(reinterpret_cast<const float*>(p.w), p.scale, p.plan.N, p.plan.K, L.Kh,
+                    HiLoOrder::HiLoHi, region<__nv_bfloat16>(p.prepared, L.w_split),
+                    RowMarks{region<int>(p.prepared, L.w_flags), list}, p.stream);
+}
+
+// w_parts: W' as two scaled fp16 parts, their row exponents and exceptional rows. A W off a
+// 16-byte boundary (a view with a storage offset) is not split: the GEMM then runs on SGEMM
+// (gemm_cublas.cu checks the same pointer).
+template <class T>
+void split_weight_f16x2(const WeightPrep<T>& p) {
+  const PreparedLayout& L = p.L;
+  const T* wp = L.w_folded != kAbsent ? region<const T>(p.prepared, L.w_folded) : p.w;
+  if (L.w_parts == kAbsent || !aligned16(wp)) return;
+  if (p.plan.dtype != DType::F32) throw std::logic_error("CUDA prepare: fp16 split of a 16-bit W");
+  int* list = region<int>(p.prepared, L.w_list);
+  GF_CUDA_CHECK(cudaMemsetAsync(list, 0, sizeof(int), p.stream));
+  launch_split_f16x2(reinterpret_cast<const float*>(wp), p.plan.N, p.plan.K,
+                     region<__half>(p.prepared, L.w_parts), region<float>(p.prepared, L.w_exps),
+                     RowMarks{region<int>(p.prepared, L.w_flags), list}, p.stream);
+}
+
+// colsum and bsum: W's column sums and signs, and the bias's sum (the Gemv's).
+template <class T>
+void sum_weight_columns(const WeightPrep<T>& p) {
+  const PreparedLayout& L = p.L;
+  if (L.wsum == kAbsent) return;
+  const int64_t N = p.plan.N, K = p.plan.K;
+  if (K > 0) {
+    colsum_kernel<T><<<static_cast<unsigned>((K + 31) / 32), 256, 0, p.stream>>>(
+        p.w, p.scale, N, K, region<float>(p.prepared, L.wsum), region<float>(p.prepared, L.colsign));
+    GF_LAUNCH_CHECK();
+  }
+  const float* bias_as_float = reinterpret_cast<const float*>(p.bias);
+  const float* bsrc = p.bias_f32 ? p.bias_f32 : (p.bias ? bias_as_float : nullptr);
+  if (bsrc == bias_as_float && p.bias && p.plan.dtype != DType::F32)
+    throw std::logic_error("CUDA prepare: 16-bit bias without its fp32 copy");
+  bsum_kernel<<<1, 256, 0, p.stream>>>(bsrc, N, region<float>(p.prepared, L.bsum));
+  GF_LAUNCH_CHECK();
+}
+
+// The stages in this order, on one stream: the later ones read what fold_params writes.
 template <class T>
 void prepare_typed(const Plan& plan, const RunArgs& args, char* prepared, cudaStream_t stream) {
   const PreparedLayout L = plan_state(plan)->prepared;
-  const int64_t N = plan.N, K = plan.K;
-  const bool fold = plan.prep.fold_batchnorm;
-  const Node& bn = plan.prep.batchnorm;
   const T* w = static_cast<const T*>(args.weight);
   const T* bias = plan.chain.has_bias ? static_cast<const T*>(args.bias) : nullptr;
   if (plan.chain.has_bias && !bias)
     throw std::invalid_argument("gemmfuse: the chain's Linear has a bias but none was passed");
-  if (!w && N * K > 0) throw std::invalid_argument("gemmfuse: no weight passed");
+  if (!w && plan.N * plan.K > 0) throw std::invalid_argument("gemmfuse: no weight passed");
 
-  float* scale = L.scale != kAbsent ? reinterpret_cast<float*>(prepared + L.scale) : nullptr;
-  float* bias_f32 = L.bias_f32 != kAbsent ? reinterpret_cast<float*>(prepared + L.bias_f32) : nullptr;
-  T* bias_dt = L.bias_dt != kAbsent ? reinterpret_cast<T*>(prepared + L.bias_dt) : nullptr;
-
-  if (N > 0 && (scale || bias_f32 || bias_dt)) {
-    const float* gamma = nullptr;
-    const float* beta = nullptr;
-    RunningStat rm, rv;
-    if (fold) {
-      gamma = operand_ptr(bn.weight, args);
-      beta = operand_ptr(bn.bias, args);
-      rm = running_stat(args, bn.running_mean);
-      rv = running_stat(args, bn.running_var);
-      if (!rm || !rv)
-        throw std::logic_error("CUDA prepare: folded batch_norm without running statistics");
-    }
-    fold_params_kernel<T><<<grid_for(N, 256), 256, 0, stream>>>(N, fold, gamma, beta, rm, rv,
-                                                                bn.eps, bias, scale, bias_f32,
-                                                                bias_dt);
-    GF_LAUNCH_CHECK();
-  }
-  if (L.w_folded != kAbsent && N * K > 0) {
-    fold_w_kernel<T><<<grid_for(N * K, 256), 256, 0, stream>>>(
-        w, scale, N, K, reinterpret_cast<T*>(prepared + L.w_folded));
-    GF_LAUNCH_CHECK();
-  }
-  if (L.w_split != kAbsent && N > 0) {
-    if (plan.dtype != DType::F32) throw std::logic_error("CUDA prepare: split of a 16-bit W");
-    int* list = reinterpret_cast<int*>(prepared + L.w_list);
-    GF_CUDA_CHECK(cudaMemsetAsync(list, 0, sizeof(int), stream));
-    launch_split_hilo(reinterpret_cast<const float*>(w), scale, N, K, L.Kh, HiLoOrder::HiLoHi,
-                      reinterpret_cast<__nv_bfloat16*>(prepared + L.w_split),
-                      RowMarks{reinterpret_cast<int*>(prepared + L.w_flags), list},
-                      stream);
-  }
-  const T* wp = L.w_folded != kAbsent ? reinterpret_cast<const T*>(prepared + L.w_folded) : w;
-  // A W off a 16-byte boundary (a view with a storage offset) is not split: the GEMM then runs
-  // on SGEMM (gemm_cublas.cu checks the same pointer).
-  if (L.w_parts != kAbsent && aligned16(wp)) {
-    if (plan.dtype != DType::F32) throw std::logic_error("CUDA prepare: fp16 split of a 16-bit W");
-    int* list = reinterpret_cast<int*>(prepared + L.w_list);
-    GF_CUDA_CHECK(cudaMemsetAsync(list, 0, sizeof(int), stream));
-    launch_split_f16x2(reinterpret_cast<const float*>(wp), N, K,
-                       reinterpret_cast<__half*>(prepared + L.w_parts),
-                       reinterpret_cast<float*>(prepared + L.w_exps),
-                       RowMarks{reinterpret_cast<int*>(prepared + L.w_flags), list}, stream);
-  }
-  if (L.wsum != kAbsent) {
-    if (K > 0) {
-      colsum_kernel<T><<<static_cast<unsigned>((K + 31) / 32), 256, 0, stream>>>(
-          w, scale, N, K, reinterpret_cast<float*>(prepared + L.wsum),
-          reinterpret_cast<float*>(prepared + L.colsign));
-      GF_LAUNCH_CHECK();
-    }
-    const float* bsrc = bias_f32 ? bias_f32
-                                 : (bias ? reinterpret_cast<const float*>(bias) : nullptr);
-    if (bsrc == reinterpret_cast<const float*>(bias) && bias && plan.dtype != DType::F32)
-      throw std::logic_error("CUDA prepare: 16-bit bias without its fp32 copy");
-    bsum_kernel<<<1, 256, 0, stream>>>(bsrc, N, reinterpret_cast<float*>(prepared + L.bsum));
-    GF_LAUNCH_CHECK();
-  }
+  const WeightPrep<T> p{plan, args, L, prepared, stream, w, bias,
+                        optional_region<float>(prepared, L.scale),
+                        optional_region<float>(prepared, L.bias_f32),
+                        optional_region<T>(prepared, L.bias_dt)};
+  fold_params(p);
+  fold_weight(p);
+  split_weight_hilo(p);
+  split_weight_f16x2(p);
+  sum_weight_columns(p);
 }
 
 }  // namespace

@@ -273,21 +273,83 @@ size_t colstats_workspace_bytes(int64_t M, int64_t W) {
   return sizeof(double) * 2 * static_cast<size_t>(W) * static_cast<size_t>(colstats_chunks(M));
 }
 
+namespace {
+
+// What one ColumnStats step's kernels read and write.
+struct ColumnStatsRun {
+  const Node& bn;
+  int64_t M, W;
+  float* stats;                // [3, W]: mean, invstd, var rows
+  RunningStat rm, rv;          // the running statistics passed (either may be absent)
+  const float* y = nullptr;    // batch statistics: the [M, W] rows
+  bool update = false;         // batch statistics: the running statistics are updated
+  int64_t* nb = nullptr;       // num_batches_tracked where they are, else nullptr
+};
+
+// A thread per column, 256 per CTA (colstats_running_kernel, colstats_finalize_kernel).
+unsigned column_grid(int64_t W) { return static_cast<unsigned>((W + 255) / 256); }
+
+// Eval: mean = running_mean, invstd = 1/sqrt(running_var + eps).
+void launch_running_stats(const ColumnStatsRun& c, cudaStream_t stream) {
+  if (!c.rm || !c.rv)
+    throw std::invalid_argument("gemmfuse: eval batch_norm without running statistics");
+  colstats_running_kernel<<<column_grid(c.W), 256, 0, stream>>>(c.rm, c.rv, c.W, c.bn.eps, c.stats);
+  GF_LAUNCH_CHECK();
+}
+
+// One kernel, tc threads per row segment; for momentum=None the count is incremented after it
+// (the kernel reads the old count).
+void launch_fused_stats(const ColumnStatsRun& c, int tc, cudaStream_t stream) {
+  const bool none = c.update && c.bn.momentum < 0;
+  const double mom = c.bn.momentum < 0 ? -1.0 : c.bn.momentum;
+  const unsigned g = static_cast<unsigned>((c.W + 4 * tc - 1) / (4 * tc));
+  const RunningStat urm = c.update ? c.rm : RunningStat{};
+  const RunningStat urv = c.update ? c.rv : RunningStat{};
+  const bool inc = c.nb != nullptr && !none;
+  launch_programmatic(tc == 8 ? colstats_fused_kernel<8> : colstats_fused_kernel<4>, dim3(g),
+                      dim3(kFusedThreads), 0, stream, c.y, c.M, c.W, c.bn.eps, mom, c.stats, urm, urv,
+                      c.nb, inc);
+  if (c.nb != nullptr && none) {
+    colstats_count_kernel<<<1, 1, 0, stream>>>(c.nb);
+    GF_LAUNCH_CHECK();
+  }
+}
+
+// Level 1 (the float4 kernel where `vector`, else the scalar one) into `partials`, then level 2.
+void launch_two_level_stats(const ColumnStatsRun& c, bool vector, double* partials,
+                            cudaStream_t stream) {
+  const int64_t M = c.M, W = c.W;
+  const int64_t R = colstats_chunks(M);
+  const int64_t rows_per_chunk = (M + R - 1) / R;
+  if ((W + kCols - 1) / kCols > 0x7fffffffLL)
+    throw Unsupported("CUDA column stats: width out of range");
+  if (vector) {
+    const dim3 grid1(static_cast<unsigned>((W / 4 + kCols - 1) / kCols), static_cast<unsigned>(R));
+    colstats_partial4_kernel<<<grid1, kCols * kWarps, 0, stream>>>(c.y, M, W, rows_per_chunk,
+                                                                  partials, c.nb);
+  } else {
+    const dim3 grid1(static_cast<unsigned>((W + kCols - 1) / kCols), static_cast<unsigned>(R));
+    colstats_partial_kernel<<<grid1, kCols * kWarps, 0, stream>>>(c.y, M, W, rows_per_chunk,
+                                                                 partials, c.nb);
+  }
+  GF_LAUNCH_CHECK();
+  colstats_finalize_kernel<<<column_grid(W), 256, 0, stream>>>(
+      c.y, partials, R, M, W, c.bn.eps, c.bn.momentum < 0 ? -1.0 : c.bn.momentum, c.stats,
+      c.update ? c.rm : RunningStat{}, c.update ? c.rv : RunningStat{}, c.nb);
+  GF_LAUNCH_CHECK();
+}
+
+}  // namespace
+
 void launch_column_stats(const Plan& plan, const Step& step, const ColStatsChoice& choice,
                          const RunArgs& args, char* workspace, double* partials, cudaStream_t stream) {
   const int64_t M = plan.M, W = std::max<int64_t>(step.width_in, 1);
   const Node& bn = step.node;
   if (step.output < 0) throw std::logic_error("CUDA column stats: output must be a buffer");
-  float* stats = reinterpret_cast<float*>(workspace + plan.buffer_offset(step.output));
-  const RunningStat rm = running_stat(args, bn.running_mean);
-  const RunningStat rv = running_stat(args, bn.running_var);
-  const unsigned grid2 = static_cast<unsigned>((W + 255) / 256);
-
-  if (choice.kind == ColStatsKind::Running) {  // eval: mean = running_mean, invstd = 1/sqrt(running_var + eps)
-    if (!rm || !rv)
-      throw std::invalid_argument("gemmfuse: eval batch_norm without running statistics");
-    colstats_running_kernel<<<grid2, 256, 0, stream>>>(rm, rv, W, bn.eps, stats);
-    GF_LAUNCH_CHECK();
+  ColumnStatsRun c{bn, M, W, reinterpret_cast<float*>(workspace + plan.buffer_offset(step.output)),
+                   running_stat(args, bn.running_mean), running_stat(args, bn.running_var)};
+  if (choice.kind == ColStatsKind::Running) {
+    launch_running_stats(c, stream);
     return;
   }
 
@@ -295,54 +357,23 @@ void launch_column_stats(const Plan& plan, const Step& step, const ColStatsChoic
     throw std::invalid_argument("Expected more than 1 value per channel when training, got input size [" +
                                 std::to_string(M) + ", " + std::to_string(W) + "]");
   if (partials == nullptr) throw std::logic_error("CUDA column stats: no workspace for partials");
-  const float* y = reinterpret_cast<const float*>(workspace + plan.buffer_offset(step.input));
+  c.y = reinterpret_cast<const float*>(workspace + plan.buffer_offset(step.input));
 
   // Running statistics are updated when training with both present (as PyTorch with
   // track_running_stats); num_batches_tracked then counts the batch. A differentiable forward
   // (train_forward) leaves them to gemmfuse::update_running_stats.
-  const bool update = bn.training && rm && rv && args.update_state;
-  int64_t* nb = update ? static_cast<int64_t*>(state_ptr(args, bn.num_batches)) : nullptr;
-  if (update && bn.momentum < 0 && !nb)
+  c.update = bn.training && c.rm && c.rv && args.update_state;
+  c.nb = c.update ? static_cast<int64_t*>(state_ptr(args, bn.num_batches)) : nullptr;
+  if (c.update && bn.momentum < 0 && !c.nb)
     throw Unsupported("batch_norm momentum=None needs num_batches_tracked");
 
   // The Selection's kernel; y's alignment is the call's (the plan's buffers are 256-byte
   // aligned in a 16-byte aligned workspace): where it fails, the scalar two-level kernels.
-  const bool y16 = reinterpret_cast<uintptr_t>(y) % 16 == 0;
-  if (choice.kind == ColStatsKind::Fused && y16) {
-    const int tc = choice.threads_per_segment;
-    const bool none = update && bn.momentum < 0;
-    const double mom = bn.momentum < 0 ? -1.0 : bn.momentum;
-    const unsigned g = static_cast<unsigned>((W + 4 * tc - 1) / (4 * tc));
-    const RunningStat urm = update ? rm : RunningStat{};
-    const RunningStat urv = update ? rv : RunningStat{};
-    const bool inc = nb != nullptr && !none;
-    launch_programmatic(tc == 8 ? colstats_fused_kernel<8> : colstats_fused_kernel<4>, dim3(g),
-                        dim3(kFusedThreads), 0, stream, y, M, W, bn.eps, mom, stats, urm, urv, nb, inc);
-    if (nb != nullptr && none) {
-      colstats_count_kernel<<<1, 1, 0, stream>>>(nb);
-      GF_LAUNCH_CHECK();
-    }
-    return;
-  }
-
-  const int64_t R = colstats_chunks(M);
-  const int64_t rows_per_chunk = (M + R - 1) / R;
-  if ((W + kCols - 1) / kCols > 0x7fffffffLL)
-    throw Unsupported("CUDA column stats: width out of range");
-  if (choice.vector && y16) {
-    const dim3 grid1(static_cast<unsigned>((W / 4 + kCols - 1) / kCols), static_cast<unsigned>(R));
-    colstats_partial4_kernel<<<grid1, kCols * kWarps, 0, stream>>>(y, M, W, rows_per_chunk,
-                                                                  partials, nb);
-  } else {
-    const dim3 grid1(static_cast<unsigned>((W + kCols - 1) / kCols), static_cast<unsigned>(R));
-    colstats_partial_kernel<<<grid1, kCols * kWarps, 0, stream>>>(y, M, W, rows_per_chunk,
-                                                                 partials, nb);
-  }
-  GF_LAUNCH_CHECK();
-  colstats_finalize_kernel<<<grid2, 256, 0, stream>>>(
-      y, partials, R, M, W, bn.eps, bn.momentum < 0 ? -1.0 : bn.momentum, stats,
-      update ? rm : RunningStat{}, update ? rv : RunningStat{}, nb);
-  GF_LAUNCH_CHECK();
+  const bool y16 = reinterpret_cast<uintptr_t>(c.y) % 16 == 0;
+  if (choice.kind == ColStatsKind::Fused && y16)
+    launch_fused_stats(c, choice.threads_per_segment, stream);
+  else
+    launch_two_level_stats(c, choice.vector && y16, partials, stream);
 }
 
 }  // namespace gemmfuse::cuda

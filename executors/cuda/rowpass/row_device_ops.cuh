@@ -121,7 +121,7 @@ __device__ __forceinline__ void load_operand4(const DevInstr& in, int64_t r, int
       for (int j = 0; j < 4; ++j) b[j] = j < cnt ? p[j] : 0.f;
       return;
     }
-    default: break;
+    case kOpNone: break;  // a binary instruction has an operand (lower_binary_operand)
   }
 #pragma unroll
   for (int j = 0; j < 4; ++j) b[j] = s;
@@ -167,7 +167,11 @@ __device__ __forceinline__ void apply_elementwise(const DevInstr& in, float (&v)
       }
       break;
     }
-    default: break;
+    case kReduce:
+    case kSoftmax:
+    case kGroupNorm:
+    case kPool:
+      break;  // row instructions: the kernels pass elementwise ones only
   }
 }
 

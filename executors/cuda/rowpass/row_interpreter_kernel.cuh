@@ -215,7 +215,10 @@ __device__ __forceinline__ void barrier_instr(const DevInstr& in, int& w, float*
       w = wo;
       break;
     }
-    default: break;
+    case kPointwise:
+    case kBnApply:
+    case kSave:
+      break;  // elementwise: run_row runs them in elementwise_pass
   }
   team_sync<kWarp>();
 }

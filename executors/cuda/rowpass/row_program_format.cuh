@@ -1,6 +1,7 @@
 // The row program as the kernels read it: each Instr of a RowPass step resolved against one
 // run's pointers (DevInstr), the whole program passed by value as a kernel parameter
-// (DevProgram). Built on the host by launch_row_pass (row_program.cu).
+// (DevProgram). Built on the host by launch_row_pass: program_header, then lower_instr per
+// instruction (row_program.cu).
 // Part of row_program.cu, included there once (internal linkage: anonymous namespace).
 #pragma once
 

@@ -304,7 +304,7 @@ __global__ void __launch_bounds__(VPT >= 8 ? 256 : 512, VPT == 4 ? 3 : 1)
         }
         break;
       }
-      default: break;
+      case kPool: break;  // never selected for this kernel (register_stage_refusal)
     }
   }
 

@@ -3,9 +3,10 @@
 // consumer rewritten.
 //
 // 1. Promotion. The tensor core's fp32 accumulator loses low bits on every k-step (cuBLAS
-//    TF32 on inputs exact in TF32: 1.9e-5 relative error against SGEMM's 1.6e-6,
-//    docs/measurements.md). As CUTLASS's FP8 mainloop does, the large product's tensor-core
-//    sum is added into a second, fp32 register accumulator ("promotion") after every 64 of K.
+//    TF32 on inputs exact in TF32, whose error is the accumulator's alone, is well short of
+//    SGEMM's accuracy: docs/measurements.md, "The GEMM variants at the reference shape").
+//    As CUTLASS's FP8 mainloop does, the large product's tensor-core sum is added into a
+//    second, fp32 register accumulator ("promotion") after every 64 of K.
 // 2. Several products per stage. With x and W split into parts (split.h), Y is the sum of
 //    kProducts part products x_i.w_j. Each pipeline stage holds one k-tile of every part of
 //    x and of W (kParts shared-memory slots each), and the consumer runs all products on it,

@@ -633,8 +633,9 @@ Plan make_plan(const PlanRequest& req) {
   // With little work in all (req.fast_min_flops) the split path is bound by its launches.
   // Training with `fast`: the derivatives of clamps, max, ReLU-like and other piecewise ops
   // switch on the forward's values, so a value within fast's GEMM error of a kink takes the
-  // other branch's derivative (m94 at the seed shape: gradient error 1.1e-3 against 5.7e-7 with
-  // fp32's GEMM). fp32's GEMM holds them; on sm90 it runs at about fast's speed.
+  // other branch's derivative, and the gradient's error grows far past fp32's
+  // (docs/measurements.md, "Planner rules and the measurements they rest on"). fp32's GEMM
+  // holds them; on sm90 it runs at about fast's speed.
   if (plan.precision == Precision::Fast && plan.dtype == DType::F32 && req.for_training) {
     plan.precision = Precision::FP32;
     plan.rewrites.push_back("fast while training: the GEMMs run in fp32, since derivatives of "

@@ -12,9 +12,10 @@ namespace gemmfuse::bindings {
 namespace {
 
 // The BLAS that PyTorch links (MKL on x86 builds) exports the Fortran sgemm_; calling it
-// directly skips three tensor wrappers and a dispatch (~1.4 us a call), and a GEMM this small
-// runs on one thread (MKL would start its thread team for a 8 x 64 x 64 product: ~2 us more
-// on two cores). Where the symbols are missing (another BLAS), at::mm_out runs.
+// directly skips three tensor wrappers and a dispatch, and a GEMM this small runs on one
+// thread (MKL would start its thread team for a 8 x 64 x 64 product, a cost larger than the
+// product's; docs/measurements.md, "Host cost per fused chain call"). Where the symbols are
+// missing (another BLAS), at::mm_out runs.
 using Sgemm = void (*)(const char*, const char*, const int*, const int*, const int*, const float*,
                        const float*, const int*, const float*, const int*, const float*, float*,
                        const int*);

@@ -584,9 +584,9 @@ class Builder {
 // Why PyTorch runs the plan's chain faster than the plan on the CPU, or "" where it does not.
 // The CPU GEMM is PyTorch's own BLAS call, so fusing saves only passes over a result that
 // stays in cache, unless a rewrite removes the GEMM (the GEMV); and ops the row loops compute
-// by scalar library calls (op_table.h's cpu_scalar) take 3-16x PyTorch's vectorized kernels'
-// time per element (at 64x1024: softmax 308 against 21 us, gelu 146 against 23, mish 142
-// against 127; docs/measurements.md).
+// by scalar library calls (op_table.h's cpu_scalar) take several times PyTorch's vectorized
+// kernels' time per element
+// (docs/measurements.md, "Planner rules and the measurements they rest on").
 std::string cpu_pytorch_faster(const Plan& plan) {
   if (plan.prep.column_sums) return "";
   if (plan.dtype != DType::F32)
@@ -629,13 +629,15 @@ Plan make_plan(const PlanRequest& req) {
   plan.rewrites = req.simplify ? simplify(plan.chain, plan.prep, req.for_training)
                                : drop_identity_dropout(plan.chain);
   // `fast` splits x and W into bf16 parts to run the GEMM on tensor cores. With few rows the
-  // GEMM is bound by reading W once (H100, K=N=8192: fp32 SGEMM 0.128 ms at M=1 against
-  // 0.167 ms split; even at M=16), and fp32 is then as fast and more accurate.
+  // GEMM is bound by reading W once, which the split makes larger, and fp32 is then as fast
+  // or faster and more accurate
+  // (docs/measurements.md, "Planner rules and the measurements they rest on").
   // With little work in all (req.fast_min_flops) the split path is bound by its launches.
   // Training with `fast`: the derivatives of clamps, max, ReLU-like and other piecewise ops
   // switch on the forward's values, so a value within fast's GEMM error of a kink takes the
-  // other branch's derivative (m94 at the seed shape: gradient error 1.1e-3 against 5.7e-7 with
-  // fp32's GEMM). fp32's GEMM holds them; on sm90 it runs at about fast's speed.
+  // other branch's derivative, and the gradient's error grows far past fp32's
+  // (docs/measurements.md, "Planner rules and the measurements they rest on"). fp32's GEMM
+  // holds them; on sm90 it runs at about fast's speed.
   if (plan.precision == Precision::Fast && plan.dtype == DType::F32 && req.for_training) {
     plan.precision = Precision::FP32;
     plan.rewrites.push_back("fast while training: the GEMMs run in fp32, since derivatives of "
@@ -668,7 +670,8 @@ Plan make_plan(const PlanRequest& req) {
   if (plan.device == Device::CPU) plan.pytorch_faster = cpu_pytorch_faster(plan);
   // 16-bit training on CUDA: the fused backward (its row pass in fp32, dV converted for
   // cuBLAS's 16-bit GEMMs, the scratch it reads and writes) costs more than the GEMMs' time it
-  // shares with eager: 0.53-0.84x eager bf16 at the seed shapes on an H100 (docs/measurements.md).
+  // shares with eager (docs/measurements.md,
+  // "Planner rules and the measurements they rest on").
   else if (plan.for_training && plan.dtype != DType::F32)
     plan.pytorch_faster = std::string("while autograd records, a ") + dtype_name(plan.dtype) +
                           " model's fused forward and backward run slower than eager " +

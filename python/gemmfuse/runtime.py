@@ -155,7 +155,8 @@ class ChainRuntime:
         #                                   the planner routed to PyTorch
         self._routed_train = None         # the same for calls autograd records
         # The C++ binding behind the OpOverload (its __call__ only forwards to it): one Python
-        # frame less per call, which matters for calls as short as m18's (~10 us).
+        # frame less per call, which matters for calls as short as m18's, bound by host work
+        # (docs/measurements.md, "Floors").
         self._op = torch.ops.gemmfuse.run.default._op
 
     # -- pickling: the C++ binding and the per-process caches are rebuilt, not saved ----------
@@ -175,7 +176,8 @@ class ChainRuntime:
     # -- helpers ---------------------------------------------------------------------------
     # Parameters and buffers of a module that is itself an input (the Linear a chain came
     # from) are not passed by the graph: fx's generated code would read each through
-    # nn.Module.__getattr__ along its whole path (~1 us a level). The runtime reads them from
+    # nn.Module.__getattr__ along its whole path, a cost per level of the path
+    # (docs/measurements.md, "Host cost per fused chain call"). The runtime reads them from
     # that module's dictionaries instead, as nn.Module.__getattr__ would, where the module is
     # still of the class seen at optimize time (whose class attributes did not shadow them);
     # else through getattr.
@@ -525,7 +527,9 @@ class ChainRuntime:
                     and x.device == device and grad_enabled() == grad_on and not _any_autocast()
                     and not global_hooks()):
                 return _MISS
-            for check in extra:  # (a loop: a generator would cost ~0.3 us a call)
+            # (a loop: a generator costs more per call; docs/measurements.md,
+            # "Host cost per fused chain call")
+            for check in extra:
                 if not check(inputs):
                     return _MISS
             b = None if b_idx is None else inputs[b_idx]

@@ -183,9 +183,10 @@ struct Plan {
   std::string describe() const;
 };
 
-// GEMMs of fewer flops (2MNK) take under ~30 us on SGEMM (H100, ~45 TFLOP/s): their calls are
-// bound by launches and host work, where the tensor-core split paths (`fast`'s split, `fp32`'s
-// split-product kernel) do not pay (docs/measurements.md).
+// GEMMs of fewer flops (2MNK) take about as long on SGEMM as a call's launches and host work:
+// their calls are bound by those, where the tensor-core split paths (`fast`'s split, `fp32`'s
+// split-product kernel) do not pay
+// (docs/measurements.md, "Planner rules and the measurements they rest on").
 constexpr double kHostBoundGemmFlops = 1.35e9;
 
 // What the planner needs to know beyond the chain.
@@ -206,8 +207,8 @@ struct PlanRequest {
   // reading W, and fp32 is as fast and more accurate. Tests of the split path set 0.
   int64_t fast_min_rows = 16;
   // `fast` with a GEMM of fewer flops (2MNK) runs it in fp32 too: the split, its products and
-  // the fix-up are host-bound there (0.71-0.89x eager), and fp32 is faster and more accurate.
-  // Tests of the split path set 0.
+  // the fix-up are host-bound there (slower than eager), and fp32 is faster and more
+  // accurate. Tests of the split path set 0.
   double fast_min_flops = kHostBoundGemmFlops;
 };
 

@@ -1,26 +1,26 @@
 // The fp32 Gemm step for M <= 32 rows of x: Y[M,N] = x[M,K] W[N,K]^T (+ bias).
 //
 // Why a kernel of our own: with so few rows the GEMM is bound by reading W once (N·K·4 bytes;
-// 268 MB, 90 µs at the seed's K = N = 8192), and cuBLASLt's choice there (a split-K SGEMM,
-// 0.166 ms at M = 16) sums each output in a longer fp32 chain than eager's cuBLAS kernel:
-// 1.5x eager's error against float64, and 1.7-2.6x with K % 4 != 0 or x off a 16-byte
-// boundary (docs/measurements.md): outside the fp32 promise.
+// 268 MB at the seed's K = N = 8192), and cuBLASLt's choice there (a split-K SGEMM) sums each
+// output in a longer fp32 chain than eager's cuBLAS kernel: its error against float64 is
+// above eager's, more so with K % 4 != 0 or x off a 16-byte boundary, outside the fp32
+// promise (docs/measurements.md, "The small-M GEMM").
 //
 // How: each warp owns 4 rows of W (4 columns of Y) and all M rows of x, and walks K in
 // chunks of 4 elements per lane: one 16-byte vector per row (512 contiguous bytes per row per
 // warp load). W is read from the 16-byte boundary at or before each row's start, whatever K
 // and W's alignment, and x from a copy shifted to match (at most 4 copies, M·K each, in the
 // scratch; a copy with x's own rows where only x is off a 16-byte boundary). Reading such rows
-// with 4-byte loads instead gives 0.82-0.99x eager at M = 17-32, where cuBLASLt, faster, has
-// 2.5x eager's error. Two chunks of each W row are in flight, not kept in L1; x hits L1 (the
+// with 4-byte loads instead runs slower than eager at M = 17-32, where cuBLASLt, faster, is
+// less accurate. Two chunks of each W row are in flight, not kept in L1; x hits L1 (the
 // CTA's 16 warps read the same x). A CTA takes 64 rows of W and holds a whole SM, so x crosses
-// from L2 half as often as with 8-warp CTAs (3 µs less at M = 16).
+// from L2 half as often as with 8-warp CTAs (docs/measurements.md, "The small-M GEMM").
 // Summation: each output's sum in a lane is a chain of 4-product sums, one per chunk
 // (K/128 adds at M <= 8; K/64 at M <= 16 and K/32 at M <= 32, where 2 or 4 groups of lanes
 // take 8 rows of x each; at M = 9-16 the main loop sums two chunks at a time, 8 products):
-// 64-256 at K = 8192, against 512 when each product is added to the sum (that error is
-// 1.4x eager's at M = 16, against 0.64x). The warp then adds its lanes' sums in a tree
-// (reduce-scatter by shuffles: no shared memory). When N / 64 CTAs leave half the SMs idle,
+// 64-256 at K = 8192, against 512 when each product is added to the sum (whose error is
+// above eager's; with the chunks' sums it is below). The warp then adds its lanes' sums in a
+// tree (reduce-scatter by shuffles: no shared memory). When N / 64 CTAs leave half the SMs idle,
 // K is split across CTAs too; their partial sums are added in split order by a second kernel.
 // Every order is fixed: results are reproducible.
 #include "gemm_small_m.h"
@@ -139,9 +139,9 @@ __device__ __forceinline__ void accumulate(float (&acc)[MTL][kRowsPerWarp],
 
 // acc[i][r] += (lane's 8 elements of chunks c and c + 1 of x row m0 + i) . (wa[r], wb[r]):
 // two chunks in one sum of 8 products (9 instructions for 8 products, against 10 for two
-// sums of 4: the loop is bound by instruction issue at M > 8, docs/measurements.md).
-// Taken with 2 lane groups (M = 9-16: 112 against 121 µs); with 4 the loop is 3-5% slower,
-// with 1 its general form 5-8% slower, so those keep sums of 4.
+// sums of 4: the loop is bound by instruction issue at M > 8). Taken with 2 lane groups
+// (M = 9-16), where it is faster; with 4 groups the loop is slower, and with 1 its general
+// form, so those keep sums of 4 (docs/measurements.md, "The small-M GEMM").
 template <int MTL, int L>
 __device__ __forceinline__ void accumulate_pair(float (&acc)[MTL][kRowsPerWarp],
                                                 const float* __restrict__ x, int pitch, int m0,
@@ -190,7 +190,8 @@ constexpr int log2_int(int v) { return v <= 1 ? 0 : 1 + log2_int(v / 2); }
 // [s·chunks_per_split, (s+1)·chunks_per_split) into out + s·M·N (bias only when unsplit).
 // Its W rows all start at one shift from a 16-byte boundary, so the CTA reads x (in place or
 // one copy) at one shift, a value uniform over the CTA (chosen per warp instead, it takes
-// registers that cost the main loop 4-10% at M = 16-32). Shifted = false: every shift is 0.
+// registers that slow the main loop at M = 16-32; docs/measurements.md, "The small-M GEMM").
+// Shifted = false: every shift is 0.
 //   row_step 1 (K % 4 == 0: every row at W's own shift): rows 64 bx .. 64 bx + 63;
 //   row_step 4 (rows 4 apart share a shift): rows 256 (bx / 4) + bx % 4 + 4j, j < 64.
 // Warp w takes rows j = 4w .. 4w + 3 of its CTA. A warp's lanes form G groups along M, each
@@ -302,7 +303,8 @@ void launch_rows(dim3 grid, bool shifted, const SmallMOperands& ops, const float
                  float* out, int M, int64_t N, int K, int chunks, int chunks_per_split,
                  cudaStream_t stream) {
   // Rows at no shift (the common case) compile to a kernel without the shift's code and
-  // registers: 11-14% faster at M = 17-32 than the general form (docs/measurements.md).
+  // registers, faster at M = 17-32 than the general form (docs/measurements.md,
+  // "The small-M GEMM").
   if (shifted)
     small_m_gemm_kernel<MTL, G, true>
         <<<grid, kThreads, 0, stream>>>(ops, w, bias, out, M, N, K, chunks, chunks_per_split);
@@ -405,8 +407,8 @@ void launch_small_m_gemm(const float* x, const float* w, const float* bias, floa
                                            : 4 * ((N + 4 * kRowsPerCta - 1) / (4 * kRowsPerCta));
   if (ctas_n > 0x7fffffffLL) throw std::logic_error("CUDA small-M gemm: N too large");
   // Split K while the CTAs still fit one wave (one per SM: a second, partial wave costs more
-  // than a few idle SMs, 3 µs at N = 8192), each lane keeping enough loads in flight, and as
-  // far as the scratch holds the partial sums.
+  // than a few idle SMs; docs/measurements.md, "The small-M GEMM"), each lane keeping enough
+  // loads in flight, and as far as the scratch holds the partial sums.
   int64_t splits = 1;
   if (const int sms = sm_count(); ctas_n < sms) {
     splits = std::min<int64_t>(sms / ctas_n,

@@ -44,8 +44,8 @@ __device__ __forceinline__ void ld4(const float* p, float (&v)[4]) {
 }
 
 // Row data is read once: streaming loads (evict-first). Per-column vectors use plain loads.
-// (No L1 residency hints for those vectors: m84's row pass takes 41.5 us with them, 40.5
-// without, on H100; the pass is bound by bytes in flight per SM, not by L2 traffic.)
+// (No L1 residency hints for those vectors: the pass is bound by bytes in flight per SM, not
+// by L2 traffic, and runs no faster with them; docs/measurements.md, "The row pass".)
 __device__ __forceinline__ void ldrow4(const float* p, float (&v)[4]) {
   const float4 q = __ldcs(reinterpret_cast<const float4*>(p));
   v[0] = q.x; v[1] = q.y; v[2] = q.z; v[3] = q.w;
@@ -124,15 +124,13 @@ __device__ __forceinline__ double exp_and_sum(const float (&v)[VPT][4], float m,
 }
 
 // One row per CTA (grid = M). A persistent variant that prefetches the next row with cp.async
-// into shared memory while computing the current one is slower on H100 (m94 row pass +13%),
-// as is one fed by bulk copies, 3 rows in flight per CTA (+2..6 us on every seed pass), so
-// the row is loaded straight into registers (streaming hint, all loads in flight). The
-// pass is bound by instruction issue (ncu: IPC 1.7-2.1, 16 warp-cycles per issued instruction,
-// ~60-80 instructions per element), so what helps is more warps: VPT = 4 (512 threads) is
-// capped at 40 registers for 3 CTAs (48 warps) per SM instead of 2 at 59 (24 bytes of
-// loop-invariant values spill to L1; m22 27.5 against 30.7 us, m99 30.8 against 33.4 us as
-// bf16 models), and fewer instructions: kFull (no per-chunk bounds) and the exponent shift's
-// fmaxf (m99 `fast`'s pass: 17.7M warp instructions against 19.8M).
+// into shared memory while computing the current one is slower on H100, as is one fed by
+// bulk copies, 3 rows in flight per CTA, so the row is loaded straight into registers
+// (streaming hint, all loads in flight). The pass is bound by instruction issue (Nsight
+// Compute), so what helps is more warps: VPT = 4 (512 threads) is capped at 40 registers for
+// 3 CTAs (48 warps) per SM instead of 2 at 59 (24 bytes of loop-invariant values spill to
+// L1, and the pass is still faster), and fewer instructions: kFull (no per-chunk bounds) and
+// the exponent shift's fmaxf (docs/measurements.md, "The row pass").
 // Launched programmatically (programmatic_launch.h): it waits before its first load.
 template <int VPT, bool kFull>
 __global__ void __launch_bounds__(VPT >= 8 ? 256 : 512, VPT == 4 ? 3 : 1)

@@ -212,9 +212,10 @@ bool launch(const F16x3Problem& p, int splits, void* workspace, size_t workspace
   if (Gemm::get_workspace_size(args) > workspace_bytes) return false;
   if (Gemm::can_implement(implementable_shape(args, p)) != cutlass::Status::kSuccess)
     throw std::logic_error("f16x3 GEMM: CUTLASS cannot implement an accepted shape");
-  // What Gemm::initialize does, but the kernel's shared-memory opt-in (a driver call, ~4 us of
-  // host time) once per device instead of on every launch. The split-K kernel's workspace
-  // initialization clears its reduction flags (a memset on `stream`).
+  // What Gemm::initialize does, but the kernel's shared-memory opt-in (a driver call, several
+  // µs of host time: docs/measurements.md, "Host cost per fused chain call") once per device
+  // instead of on every launch. The split-K kernel's workspace initialization clears its
+  // reduction flags (a memset on `stream`).
   allow_shared_storage<Kernel>();
   if (Kernel::initialize_workspace(args, workspace, stream) != cutlass::Status::kSuccess)
     throw std::runtime_error("f16x3 GEMM: initialize failed");

@@ -9,11 +9,12 @@
 // Three fp16 products are the tensor-core time of three bf16 ones (`fast`) or of 1.5 TF32
 // GEMMs. The fp16 rounding of the parts costs ~2^-24 of each value, a fixed error where a
 // plain fp32 dot product's grows with K: from K = 128 on (kF16x3MinK) the kernel's error
-// is 0.67x SGEMM's or less (0.15x at K = 8192), at K = 8 1.6x (docs/measurements.md).
+// is below SGEMM's, and at K = 8 above it (docs/measurements.md, "The GEMM variants at the
+// reference shape").
 //
-// Why: cuBLAS's SGEMM takes 2.7 ms of the seed models' ~2.75 ms in fp32 on an H100, bound
-// by the FP32 cores; six bf16 products take 1.06 ms at the seed shape, these three 0.58
-// (docs/measurements.md).
+// Why: cuBLAS's SGEMM takes almost all of the seed models' time in fp32, bound by the FP32
+// cores; three fp16 products on the tensor cores take a fraction of it, and half the time of
+// six bf16 ones (docs/measurements.md, "The f16x3 kernel's mainloop").
 //
 // Values the split cannot carry: NaN and infinities (a part product would make 0 * inf = NaN
 // where fp32 gives inf), and nonzero values more than ~2^28 below their row's largest ("tiny":

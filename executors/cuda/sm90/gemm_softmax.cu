@@ -407,7 +407,7 @@ bool launch(const GemmSoftmaxProblem& pr, void* workspace, cudaStream_t stream, 
 
   // How every CTA is made resident at once (each waits for the statistics of the others
   // of its rows). A direct launch: programmatic (PDL), so that it starts as the stream's
-  // previous kernel ends (~1-1.5 us per call on an H100, docs/measurements.md); the grid
+  // previous kernel ends (docs/measurements.md, "The fused softmax kernel"); the grid
   // fits on the idle GPU (tiles_per_cta), and other kernels on the GPU finish in time. Under
   // MPS, other processes' kernels may hold SMs for good, and a launch captured into a graph
   // replays at times this code does not see: there, cooperative (the driver refuses a grid

@@ -2,8 +2,9 @@
 // for bf16/fp16 models: out = softmax(alpha * act(x W^T + b)), fp32 accumulation and an fp32
 // epilogue, the output written once in the model's dtype.
 //
-// Why one kernel: a separate pass over Y costs >= 11 us at the seed shape (docs/measurements.md),
-// so the softmax must finish on chip. The kernel is persistent and holds every output tile
+// Why one kernel: a separate pass over Y reads and writes it once more, a large share of the
+// GEMM's own time at the seed shape (docs/measurements.md, "The fused softmax kernel"), so
+// the softmax must finish on chip. The kernel is persistent and holds every output tile
 // on chip until its rows are complete: each CTA computes at most two 128x256 tiles (CUTLASS's
 // TMA + wgmma cooperative mainloop; the first tile's epilogue runs between the second's
 // k-steps), keeps exp(v - tile row max) of each in shared memory as

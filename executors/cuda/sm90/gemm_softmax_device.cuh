@@ -155,8 +155,8 @@ __device__ __forceinline__ float min_of(float a, float b) { return fminf(a, b); 
 // exp(mj - m): the factor of a part's sum of exp(v - mj) in a sum of exp(v - m), 0 for an
 // all -inf part (mj = -inf; m = -inf too stands for 0).
 // Branch-free (ex2 flushes results below 2^-126 to 0): the tail's code runs once per launch
-// and its warps wait on instruction fetch for half of their time there
-// (docs/measurements.md), so every instruction and branch of it counts.
+// and its warps wait on instruction fetch for much of their time there (docs/measurements.md,
+// "The fused softmax kernel"), so every instruction and branch of it counts.
 __device__ __forceinline__ float exp_from(float mj, float m) {
   const float e = ex2((mj - (m == -HUGE_VALF ? 0.f : m)) * kLog2e);
   return mj == -HUGE_VALF ? 0.f : e;

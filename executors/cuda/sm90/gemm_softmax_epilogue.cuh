@@ -136,8 +136,9 @@ __device__ __forceinline__ void tile_epilogue(const typename K::Params& p, Acc& 
 //   the fp16 pair written over the parked value. Each thread touches only its own words.
 //   The steps run in kRounds rounds of kStepsPerRound, a loop, not unrolled: code run once
 //   per tile is fetched while the mainloop loads L2 heavily, and 32 unrolled steps (~60 KB of
-//   instructions) would slow the mainloop by 13 us on an H100. A register array can only be
-//   indexed statically, so each round takes keep[0 .. kPairsPerRound) and shifts the rest down.
+//   instructions) would slow the mainloop (docs/measurements.md, "The fused softmax
+//   kernel"). A register array can only be indexed statically, so each round takes
+//   keep[0 .. kPairsPerRound) and shifts the rest down.
 // The reference must be the row part's max of v = act(u) * scale, scale >= 0. It comes from
 // the extremes: the identity's is at the largest u; gelu falls on (-inf, -0.75] and rises
 // after, so over any set of u its largest value is at the smallest or the largest u (at the
@@ -145,14 +146,14 @@ __device__ __forceinline__ void tile_epilogue(const typename K::Params& p, Acc& 
 // every tile.
 // The gelu form is chosen per warp, the cheapest whose range holds all of its values (Gelu: 7,
 // 12 or 15 operations per value); with the full-range form any finite data stays on this path
-// (it runs 10-20 us slower per call on tile_epilogue's erff form, docs/measurements.md). A warp
-// with an infinity or a row reference past 2^22 (see needs_exact_shift), and a tile with columns
-// past N, run tile_epilogue at once (pending false): the erff form, the subtraction and the
-// masking stay out of the loop.
+// (it runs slower on tile_epilogue's erff form; docs/measurements.md, "The fused softmax
+// kernel"). A warp with an infinity or a row reference past 2^22 (see needs_exact_shift), and
+// a tile with columns past N, run tile_epilogue at once (pending false): the erff form, the
+// subtraction and the masking stay out of the loop.
 // The last tile, with no next mainloop, takes the same prepare and then run_alone: every
 // round at once. Not tile_epilogue: its ~40 KB of unrolled code, run once per launch, is
-// fetched from memory then and takes 6.5-11 us on an H100 against 4.1 us when run a second
-// time; the rounds' loop stays in the instruction cache.
+// fetched from memory then and takes longer than when run a second time; the rounds' loop
+// stays in the instruction cache (docs/measurements.md, "The fused softmax kernel").
 template <class K>
 struct DeferredTile {
   static constexpr int kPairs = 64;          // value pairs per thread (128 values)
@@ -334,8 +335,8 @@ struct DeferredTile {
   }
 
   // For the last tile, which has no next mainloop: every round at once, two rounds' pairs
-  // per pass (16 chains to interleave, half the shifts of keep; 0.4 us less per call on an
-  // H100 than one round per pass, docs/measurements.md), software-pipelined: a pass
+  // per pass (16 chains to interleave, half the shifts of keep; faster than one round per
+  // pass: docs/measurements.md, "The fused softmax kernel"), software-pipelined: a pass
   // evaluates its pairs' polynomials with the previous pass's exps placed between the
   // steps, so that the MUFU works while the FMA pipe does (one pass alone issues its 32
   // ex2 after all of its polynomials, with little else to issue beside them).

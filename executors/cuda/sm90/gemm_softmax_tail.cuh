@@ -16,8 +16,9 @@ using namespace cute;
 // Each thread keeps one 8-column chunk and walks down the tile's rows, 8 apart (a warp
 // writes 512 contiguous bytes of a row per store). Address arithmetic stays out of the loop
 // (pointer steps, no per-element bounds checks for whole tiles): ~28 instructions per chunk.
-// The phase is exposed after the row merge and bound by memory (16 MB in ~3.7 us on an
-// H100 at the seed shape, with ~48 instructions per chunk as with 28).
+// The phase is exposed after the row merge and bound by memory: it takes as long with ~48
+// instructions per chunk as with 28 (16 MB at the seed shape; docs/measurements.md, "The
+// fused softmax kernel").
 template <class K>
 __device__ __forceinline__ void store_tile(const typename K::Params& p, const __half* stash,
                                            const float* row_scale, TileCoord t, int ctid) {

@@ -4,7 +4,8 @@
 // - produce_tile: an L2 eviction hint per operand. The fused softmax kernel streams W
 //   (128 MB at the seed shape) through a 50 MB L2 once: marked evict-first, it does not
 //   push out x (and, likely, the kernel's code, whose once-per-launch parts run
-//   fetch-bound); ~2 us per call on an H100 (docs/measurements.md).
+//   fetch-bound), which shortens every call (docs/measurements.md, "The fused softmax
+//   kernel").
 // - consume_tile: one k-step's wgmma batch in flight, each stage released to the producer
 //   once the batch after it is issued. After each of the first kRounds * kStepsPerRound
 //   steady k-steps, while that step's batch runs on the tensor cores, `between(u)` runs

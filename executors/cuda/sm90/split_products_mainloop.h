@@ -3,15 +3,16 @@
 // consumer rewritten.
 //
 // 1. Promotion. The tensor core's fp32 accumulator loses low bits on every k-step (cuBLAS
-//    TF32 on inputs exact in TF32: 1.9e-5 relative error against SGEMM's 1.6e-6,
-//    docs/measurements.md). As CUTLASS's FP8 mainloop does, the large product's tensor-core
-//    sum is added into a second, fp32 register accumulator ("promotion") after every 64 of K.
+//    TF32 on inputs exact in TF32, whose error is the accumulator's alone, is well short of
+//    SGEMM's accuracy: docs/measurements.md, "The GEMM variants at the reference shape").
+//    As CUTLASS's FP8 mainloop does, the large product's tensor-core sum is added into a
+//    second, fp32 register accumulator ("promotion") after every 64 of K.
 // 2. Several products per stage. With x and W split into parts (split.h), Y is the sum of
 //    kProducts part products x_i.w_j. Each pipeline stage holds one k-tile of every part of
 //    x and of W (kParts shared-memory slots each), and the consumer runs all products on it,
 //    so each W part is read once per call (against once per product when the products run
-//    one after another: 10-25% faster on the seed GEMM's shapes, 1.5x at 128 rows;
-//    docs/measurements.md). The kernel's K' is k_tiles(K) * BLK_K.
+//    one after another, which is slower, most at few rows; docs/measurements.md, "The f16x3
+//    kernel's mainloop"). The kernel's K' is k_tiles(K) * BLK_K.
 // 3. The small products (all but the last) carry a factor (the split's 2^11) that
 //    `small_scale` undoes when their sum joins the fp32 accumulator at the end (mma()).
 // The large product must come last (f16x3_kernel.cuh). `Built` must be the builder's
@@ -186,8 +187,8 @@ struct SplitProductsMainloop : PromotingMainloop<Built, KernelSchedule> {
   // every BLK_K of K (bf16 parts in one chain shared by all products per stage miss the
   // test's norm bound at K = 8). The small products' sum is ~2^-11 of the large one's, so its
   // truncation over all of K stays far below 2^-24 of Y; keeping it out of the per-stage wait
-  // lets each promotion overlap tensor-core work (the seed GEMM 0.581 ms against 0.602 with
-  // both chains promoted and waited on per stage; docs/measurements.md).
+  // lets each promotion overlap tensor-core work (faster than both chains promoted and waited
+  // on per stage; docs/measurements.md, "The f16x3 kernel's mainloop").
   template <class FrgTensorC>
   CUTLASS_DEVICE void mma(MainloopPipeline pipeline, PipelineState smem_pipe_read, FrgTensorC& accum,
                           int k_tile_count, int thread_idx, TensorStorage& shared_tensors,

@@ -220,8 +220,8 @@ __device__ void recompute_rows_by_tiles(const float* __restrict__ x, const WP& w
 }
 
 // The large tile when its items fill at least half the grid: with fewer, the small tile's 4x as
-// many items keep more SMs busy (at the seed shape, 64 rows: 1.27 ms by small tiles, 2.60 by
-// large; 1024 rows: 5.69 against 4.54; docs/measurements.md).
+// many items keep more SMs busy, which outweighs the large tile's higher rate per SM
+// (docs/measurements.md, "Fix-up limits").
 __device__ __forceinline__ bool choose_large_tile(int rows, int64_t N) {
   constexpr int kTile = LargeTile::kTile;
   const int64_t items = static_cast<int64_t>((rows + kTile - 1) / kTile) * ((N + kTile - 1) / kTile);
@@ -302,9 +302,9 @@ __device__ __forceinline__ void correct(const LeftOutList& list, int count, cons
 
 // The same for lists of kWarpListFrom values or more: a warp takes kWarpCols columns at once,
 // lanes over the list, then a warp tree per column, so a warp's loads fall in kWarpCols rows
-// of W'. At the seed shape, every row of x corrected: 11.4 ms with 36 values a row, 14.0 with
-// 256, against 13.1 and 47.8 a thread per column; with 1 value in 2 rows, 0.699 ms against
-// 0.574 (docs/measurements.md).
+// of W'. Long lists gain from it (a thread per column walks its whole list alone); short
+// ones lose to the warp tree's fixed cost, hence kWarpListFrom (docs/measurements.md,
+// "Fix-up limits").
 constexpr int kWarpCols = 4;
 constexpr int kWarpListFrom = 8;
 template <class WP>
@@ -365,9 +365,9 @@ __device__ void correct_item(const float* __restrict__ x, float e, const WP& wp,
 // others are taken by slot, in items too. W's listed rows are recomputed as columns (written
 // NaN where they hold one), and the row paths leave those columns alone.
 // Two CTAs an SM cap it at 128 registers: ptxas then keeps ~200 bytes of the kernel's own state
-// in local memory (none in the tiles' k loops); with one CTA an SM the corrections run 19-38%
-// slower. With nothing marked the whole path costs ~1.5 us a call more than with the small
-// tile alone (docs/measurements.md).
+// in local memory (none in the tiles' k loops), and the corrections (gathers from all over W')
+// run faster than with one CTA an SM. With nothing marked the large tile's code adds a little
+// to every call (docs/measurements.md, "Fix-up limits").
 template <class WP>
 __global__ void __launch_bounds__(kFixupThreads, 2)  // the grid: two CTAs an SM
     fixup_kernel(const float* __restrict__ x, const WP wp, const float* __restrict__ bias,

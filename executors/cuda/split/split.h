@@ -52,19 +52,20 @@ __host__ __device__ constexpr int64_t at_most_1024(int64_t n) { return n < 1024 
 
 // The most values still tiny at the second level (with the row's infinities) that a slot's row
 // may hold for the fix-up to correct them (a list of them) rather than recompute the row:
-// K/256, at most 1024. A correction gathers a 32-byte sector of W' per value and output column, from all over W'
-// when the values' k are spread (~70 us a row for ~500 values at the seed shape); the tiled
-// recompute costs ~5 us a row when many rows are recomputed (N K FMAs a row at ~25 TFLOP/s):
-// they cost the same at about K/200 values (docs/measurements.md). Below the second
-// level, second_level_pays bounds every row's list.
+// K/256, at most 1024. A correction gathers a 32-byte sector of W' per value and output
+// column, from all over W' when the values' k are spread; the tiled recompute costs N K FMAs a
+// row, shared by many rows: past about K/200 values recomputing the row by tiles is cheaper
+// (docs/measurements.md, "Fix-up limits"). Below the second level, second_level_pays bounds
+// every row's list.
 __host__ __device__ constexpr int64_t correctable_tiny_values(int64_t K) {
   return at_most_1024(K / 256);
 }
 
 // The most infinities a row of x may hold for the fix-up to correct them rather than recompute
-// the row: K/512, at most 1024. Every row of the seed shape with 1 infinity costs 0.44 ms of
-// corrections, with 8 of them 2.2 ms (~0.25 ms a value more), against 5.1 ms to recompute them
-// all by tiles: they cost the same at ~19 (docs/measurements.md).
+// the row: K/512, at most 1024. Each infinity of a row adds a pass of gathers over W' for
+// every output column, so the corrections' cost grows with the count while recomputing the
+// rows by tiles does not: past about K/430 the tiles are cheaper (docs/measurements.md,
+// "Fix-up limits").
 __host__ __device__ constexpr int64_t correctable_infinities(int64_t K) {
   return at_most_1024(K / 512);
 }
@@ -72,8 +73,9 @@ __host__ __device__ constexpr int64_t correctable_infinities(int64_t K) {
 // Whether x's tiny values, `values` in all, go through the second level rather than the fix-up's
 // corrections. A correction gathers a 32-byte sector of W' per value and output column; the
 // second level costs a pass of the GEMM's mainloop over the rows holding them (one wave of
-// tiles per 256 rows at the seed shape, ~140 us) and its split. At most K/32 values in all
-// (256 at the seed shape) stay with the fix-up (docs/measurements.md).
+// tiles per 256 rows at the seed shape) and its split, whatever the count. At most K/32
+// values in all (256 at the seed shape) stay with the fix-up (docs/measurements.md,
+// "Fix-up limits").
 __host__ __device__ constexpr bool second_level_pays(int64_t values, int64_t K) {
   return values > at_most_1024(K / 32);
 }

@@ -170,8 +170,8 @@ BoundRef bind(const Memory& mem, const OperandRef& r, int64_t width) {
 // ---- row-program stages ----------------------------------------------------------------
 
 // Pointwise ops over a row with the op a compile-time constant, so that each loop is the op's
-// own (vectorized where its formula allows: 8-21x faster than a switch per element for the
-// arithmetic ops on a 1024-wide row).
+// own (vectorized where its formula allows; docs/measurements.md, "The CPU executor's row
+// loops").
 template <OpCode Op>
 void unary_row(float* x, int64_t w, const PointwiseParams& p) {
   for (int64_t c = 0; c < w; ++c) x[c] = Pointwise<Op>::fwd(x[c], p);

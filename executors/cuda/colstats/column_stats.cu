@@ -1,8 +1,8 @@
 // Training BatchNorm statistics over the M rows of an fp32 [M, W] buffer.
 //
 // Default (W % 4 == 0, aligned, W/32 column slices >= 1.5x the SMs, else W/16 >= the SMs):
-// colstats_fused_kernel, one kernel, described where it is defined (H100, M=1024, N=8192:
-// 19.0 us against 25.4 for the two levels below; 16.7 against 24.4 in the bf16 model's run).
+// colstats_fused_kernel, one kernel, described where it is defined; faster than the two
+// levels below at the reference shape (docs/measurements.md, "Column statistics").
 // Otherwise, or with set_fused_colstats(0), two levels:
 //
 // Level 1 (colstats_partial4_kernel when W % 4 == 0, else colstats_partial_kernel): grid

@@ -3,6 +3,9 @@
 # tests, the sanitizers and the benchmark, and leave logs and records in $OUT.
 #
 # Here, first:  make wheel && mkdir -p .gpu && cp dist/gemmfuse-*.whl build/tests/cpp/gemmfuse_*tests .gpu/
+#               pip download --no-deps -d .gpu/wheels pytest-xdist==3.8.0 execnet==2.1.2
+#               (wheels there are installed too: the machine has no network; with xdist,
+#               PYTEST_ARGS="-n 4 --dist loadfile" runs the GPU tests in 4 processes)
 # There:        TESTS=1 SANITIZE=1 BENCH=1 [BENCH_ARGS="..."] [PYTEST_ARGS="..."] bash scripts/device-run.sh
 #               PYTEST_PATHS="python/test_a.py ..." runs those test files only (paths from tests/).
 #               SANITIZE_PY="-k ..." runs memcheck and racecheck over that pytest selection too.
@@ -32,6 +35,10 @@ WHEEL_DIR=${WHEEL_DIR:-.gpu}
 if [ "${SKIP_INSTALL:-0}" != 1 ]; then  # SKIP_INSTALL=1: a run beside another that installed it
   python3 -m pip install -q --no-deps --no-index --force-reinstall "$WHEEL_DIR"/gemmfuse-*.whl > "$OUT/install.log" 2>&1
   note "wheel install rc=$? $(ls "$WHEEL_DIR"/gemmfuse-*.whl)"
+  if compgen -G "$WHEEL_DIR/wheels/*.whl" > /dev/null; then
+    python3 -m pip install -q --no-deps --no-index "$WHEEL_DIR"/wheels/*.whl >> "$OUT/install.log" 2>&1
+    note "test wheels install rc=$? $(cd "$WHEEL_DIR/wheels" && ls *.whl | tr '\n' ' ')"
+  fi
 fi
 (cd /tmp && python3 -c 'import torch, gemmfuse; print("torch", torch.__version__, torch.cuda.get_device_name(), "gemmfuse", gemmfuse.load_library())') 2>&1 | tee -a "$OUT/install.log"
 

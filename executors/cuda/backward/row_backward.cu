@@ -117,35 +117,52 @@ struct Row {
         }
         const Grad2 d = binary_grad(op, v[k], operand(in, c), in.flags & kBwReversed, gc);
         gc = d.l;
-        switch (in.opnd) {
-          case kBwCol:
-            if (in.b_grad) in.b_grad[slot * w + c] += d.r;
-            break;
-          case kBwFull:
-            if (in.b_grad) in.b_grad[r * w + c] += d.r;
-            break;
-          case kBwValue:
-            if (width(in.value) != 1) s.acc[in.value][r * w + c] += d.r;
-            else part[k] += d.r;
-            break;
-          default: part[k] += d.r;
-        }
+        sink_operand_grad(in, c, w, d.r, part[k]);
       }
       gi[c] = gc;
     }
 #pragma unroll
     for (int k = 0; k < kMaxPointwiseRun; ++k) {
       if (a + k >= b) break;
-      const BwInstr& in = s.ins[a + k];
-      const bool one_wide = in.opnd == kBwValue && width(in.value) == 1;
-      if (!(in.flags & kBwBinary) || !(in.opnd == kBwScalar || in.opnd == kBwRow || one_wide)) continue;
-      const float t = block_reduce<Red::Sum>(part[k], red);
-      if (threadIdx.x == 0) {
-        if (one_wide) s.acc[in.value][r] += t;
-        else if (in.b_grad) in.b_grad[in.opnd == kBwRow ? r : slot] += t;
-      }
+      if (s.ins[a + k].flags & kBwBinary) sink_row_sum(s.ins[a + k], part[k]);
     }
     __syncthreads();
+  }
+
+  // A binary stage's gradient d at column c for its operand: into the operand's sink (a Col or
+  // Full operand's, a wider value's accumulator), or into part where the operand takes the
+  // row's sum (a Scalar or Row operand, a one-wide value; an immediate takes none).
+  __device__ __forceinline__ void sink_operand_grad(const BwInstr& in, int c, int w, float d, float& part) {
+    switch (in.opnd) {
+      case kBwCol:
+        if (in.b_grad) in.b_grad[slot * w + c] += d;
+        break;
+      case kBwFull:
+        if (in.b_grad) in.b_grad[r * w + c] += d;
+        break;
+      case kBwValue:
+        if (width(in.value) != 1) s.acc[in.value][r * w + c] += d;
+        else part += d;
+        break;
+      case kBwNone:
+      case kBwImm:
+      case kBwScalar:
+      case kBwRow:
+        part += d;
+        break;
+    }
+  }
+
+  // The row's sum of a binary stage's parts (sink_operand_grad's) into the operand's sink,
+  // where the operand takes one. Every thread of the CTA calls it (a block reduction).
+  __device__ void sink_row_sum(const BwInstr& in, float part) {
+    const bool one_wide = in.opnd == kBwValue && width(in.value) == 1;
+    if (!(in.opnd == kBwScalar || in.opnd == kBwRow || one_wide)) return;
+    const float t = block_reduce<Red::Sum>(part, red);
+    if (threadIdx.x == 0) {
+      if (one_wide) s.acc[in.value][r] += t;
+      else if (in.b_grad) in.b_grad[in.opnd == kBwRow ? r : slot] += t;
+    }
   }
 
   // ---- forward: value i+1 from value i ------------------------------------------------------
@@ -301,31 +318,12 @@ struct Row {
           break;
         }
         float part = 0.f;  // Scalar / Row operands and one-wide values: the row's sum
-        const bool one_wide = in.opnd == kBwValue && width(in.value) == 1;
         for (int c = threadIdx.x; c < w; c += kThreads) {
           const Grad2 d = binary_grad(op, x[c], operand(in, c), in.flags & kBwReversed, g[c]);
           gi[c] = d.l;
-          switch (in.opnd) {
-            case kBwCol:
-              if (in.b_grad) in.b_grad[slot * w + c] += d.r;
-              break;
-            case kBwFull:
-              if (in.b_grad) in.b_grad[r * w + c] += d.r;
-              break;
-            case kBwValue:
-              if (!one_wide) s.acc[in.value][r * w + c] += d.r;
-              else part += d.r;
-              break;
-            default: part += d.r;
-          }
+          sink_operand_grad(in, c, w, d.r, part);
         }
-        if (in.opnd == kBwScalar || in.opnd == kBwRow || one_wide) {
-          const float t = block_reduce<Red::Sum>(part, red);
-          if (threadIdx.x == 0) {
-            if (one_wide) s.acc[in.value][r] += t;
-            else if (in.b_grad) in.b_grad[in.opnd == kBwRow ? r : slot] += t;
-          }
-        }
+        sink_row_sum(in, part);
         break;
       }
       case kBwReduce: {

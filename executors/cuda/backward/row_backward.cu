@@ -309,88 +309,109 @@ struct Row {
     const BwInstr& in = s.ins[i];
     const float* x = value(i);
     const float* y = value(i + 1);
-    const int w = in.win;
-    const OpCode op = static_cast<OpCode>(in.op);
     switch (in.kind) {
-      case kBwPointwise: {
-        if (!(in.flags & kBwBinary)) {
-          for (int c = threadIdx.x; c < w; c += kThreads) gi[c] = unary_grad(op, x[c], y[c], g[c], in.pp);
-          break;
-        }
-        float part = 0.f;  // Scalar / Row operands and one-wide values: the row's sum
-        for (int c = threadIdx.x; c < w; c += kThreads) {
-          const Grad2 d = binary_grad(op, x[c], operand(in, c), in.flags & kBwReversed, g[c]);
-          gi[c] = d.l;
-          sink_operand_grad(in, c, w, d.r, part);
-        }
-        sink_row_sum(in, part);
-        break;
-      }
-      case kBwReduce: {
-        const float g0 = g[0], res = y[0];
-        if (op == OpCode::Sum || op == OpCode::Mean) {
-          const float v = op == OpCode::Mean ? g0 / static_cast<float>(w) : g0;
-          for (int c = threadIdx.x; c < w; c += kThreads) gi[c] = v;
-        } else if (op == OpCode::LogSumExp) {
-          for (int c = threadIdx.x; c < w; c += kThreads) gi[c] = g0 * expf(x[c] - res);
-        } else if (in.flags & kBwFirstIndex) {  // the first extreme (the first NaN)
-          float first = INFINITY;
-          for (int c = threadIdx.x; c < w; c += kThreads)
-            if ((gf_isnan(res) && gf_isnan(x[c])) || x[c] == res) first = fminf(first, static_cast<float>(c));
-          first = block_reduce<Red::Min>(first, red);
-          for (int c = threadIdx.x; c < w; c += kThreads) gi[c] = static_cast<float>(c) == first ? g0 : 0.f;
-        } else {  // amax/amin: split among ties
-          float n = 0.f;
-          for (int c = threadIdx.x; c < w; c += kThreads) n += x[c] == res;
-          n = block_reduce<Red::Sum>(n, red);
-          for (int c = threadIdx.x; c < w; c += kThreads) gi[c] = (x[c] == res ? g0 : 0.f) / n;
-        }
-        break;
-      }
-      case kBwSoftmax: {
-        const bool log = op == OpCode::LogSoftmax;
-        float t = 0.f;
-        for (int c = threadIdx.x; c < w; c += kThreads) t += log ? g[c] : g[c] * y[c];
-        t = block_reduce<Red::Sum>(t, red);
-        for (int c = threadIdx.x; c < w; c += kThreads)
-          gi[c] = log ? g[c] - expf(y[c]) * t : y[c] * (g[c] - t);
-        break;
-      }
+      case kBwPointwise: pointwise_backward(in, x, y, g, gi); break;
+      case kBwReduce: reduce_backward(in, x, y, g, gi); break;
+      case kBwSoftmax: softmax_backward(in, y, g, gi); break;
       case kBwGroupNorm: group_norm(in, x, nullptr, g, gi); break;
-      case kBwPool:
-        for (int c = threadIdx.x; c < w; c += kThreads) {
-          // The windows o whose span [o s - p, o s - p + k) holds c.
-          const int lo_o = max(0, (c + in.padding - in.kernel) / in.stride);
-          const int hi_o = min(in.wout - 1, (c + in.padding) / in.stride);
-          float acc = 0.f;
-          for (int o = lo_o; o <= hi_o; ++o) {
-            const int st = o * in.stride - in.padding;
-            if (c < st || c >= st + in.kernel) continue;
-            if (op == OpCode::AvgPool) {
-              int s0 = st, e0 = min(st + in.kernel, w + in.padding);
-              const int pool_size = e0 - s0;
-              s0 = max(s0, 0);
-              e0 = min(e0, w);
-              acc += g[o] / static_cast<float>((in.flags & kBwIncludePad) ? pool_size : e0 - s0);
-            } else {
-              int at = -1;
-              pool_window(in, x, o, &at);
-              if (at == c) acc += g[o];
-            }
-          }
-          gi[c] = acc;
-        }
-        break;
-      case kBwBatchNorm:  // running statistics (batch ones cut the segments)
-        for (int c = threadIdx.x; c < w; c += kThreads) {
-          const float xh = (x[c] - in.stats[c]) * in.stats[w + c];
-          gi[c] = g[c] * (in.weight ? in.weight[c] : 1.f) * in.stats[w + c];
-          if (in.weight_grad) in.weight_grad[slot * w + c] += g[c] * xh;
-          if (in.bias_grad) in.bias_grad[slot * w + c] += g[c];
-        }
-        break;
+      case kBwPool: pool_backward(in, x, g, gi); break;
+      case kBwBatchNorm: batch_norm_backward(in, x, g, gi); break;
     }
     __syncthreads();
+  }
+
+  __device__ void pointwise_backward(const BwInstr& in, const float* x, const float* y, const float* g,
+                                     float* gi) {
+    const int w = in.win;
+    const OpCode op = static_cast<OpCode>(in.op);
+    if (!(in.flags & kBwBinary)) {
+      for (int c = threadIdx.x; c < w; c += kThreads) gi[c] = unary_grad(op, x[c], y[c], g[c], in.pp);
+      return;
+    }
+    float part = 0.f;  // Scalar / Row operands and one-wide values: the row's sum
+    for (int c = threadIdx.x; c < w; c += kThreads) {
+      const Grad2 d = binary_grad(op, x[c], operand(in, c), in.flags & kBwReversed, g[c]);
+      gi[c] = d.l;
+      sink_operand_grad(in, c, w, d.r, part);
+    }
+    sink_row_sum(in, part);
+  }
+
+  // sum and mean spread g; logsumexp weighs it by exp(x - result); max and min give it to the
+  // first extreme (torch.max(dim)'s values) or split it among ties (amax, amin).
+  __device__ void reduce_backward(const BwInstr& in, const float* x, const float* y, const float* g,
+                                  float* gi) {
+    const int w = in.win;
+    const OpCode op = static_cast<OpCode>(in.op);
+    const float g0 = g[0], res = y[0];
+    if (op == OpCode::Sum || op == OpCode::Mean) {
+      const float v = op == OpCode::Mean ? g0 / static_cast<float>(w) : g0;
+      for (int c = threadIdx.x; c < w; c += kThreads) gi[c] = v;
+    } else if (op == OpCode::LogSumExp) {
+      for (int c = threadIdx.x; c < w; c += kThreads) gi[c] = g0 * expf(x[c] - res);
+    } else if (in.flags & kBwFirstIndex) {  // the first extreme (the first NaN)
+      float first = INFINITY;
+      for (int c = threadIdx.x; c < w; c += kThreads)
+        if ((gf_isnan(res) && gf_isnan(x[c])) || x[c] == res) first = fminf(first, static_cast<float>(c));
+      first = block_reduce<Red::Min>(first, red);
+      for (int c = threadIdx.x; c < w; c += kThreads) gi[c] = static_cast<float>(c) == first ? g0 : 0.f;
+    } else {  // amax/amin: split among ties
+      float n = 0.f;
+      for (int c = threadIdx.x; c < w; c += kThreads) n += x[c] == res;
+      n = block_reduce<Red::Sum>(n, red);
+      for (int c = threadIdx.x; c < w; c += kThreads) gi[c] = (x[c] == res ? g0 : 0.f) / n;
+    }
+  }
+
+  // From the output y: softmax's y (g - sum(g y)), log_softmax's g - exp(y) sum(g).
+  __device__ void softmax_backward(const BwInstr& in, const float* y, const float* g, float* gi) {
+    const int w = in.win;
+    const bool log = static_cast<OpCode>(in.op) == OpCode::LogSoftmax;
+    float t = 0.f;
+    for (int c = threadIdx.x; c < w; c += kThreads) t += log ? g[c] : g[c] * y[c];
+    t = block_reduce<Red::Sum>(t, red);
+    for (int c = threadIdx.x; c < w; c += kThreads)
+      gi[c] = log ? g[c] - expf(y[c]) * t : y[c] * (g[c] - t);
+  }
+
+  // Each column c gathers g from the windows o whose span [o s - p, o s - p + k) holds it: an
+  // average's share, or all of it where c is the window's maximum.
+  __device__ void pool_backward(const BwInstr& in, const float* x, const float* g, float* gi) {
+    const int w = in.win;
+    const bool avg = static_cast<OpCode>(in.op) == OpCode::AvgPool;
+    for (int c = threadIdx.x; c < w; c += kThreads) {
+      const int lo_o = max(0, (c + in.padding - in.kernel) / in.stride);
+      const int hi_o = min(in.wout - 1, (c + in.padding) / in.stride);
+      float acc = 0.f;
+      for (int o = lo_o; o <= hi_o; ++o) {
+        const int st = o * in.stride - in.padding;
+        if (c < st || c >= st + in.kernel) continue;
+        if (avg) {
+          int s0 = st, e0 = min(st + in.kernel, w + in.padding);
+          const int pool_size = e0 - s0;
+          s0 = max(s0, 0);
+          e0 = min(e0, w);
+          acc += g[o] / static_cast<float>((in.flags & kBwIncludePad) ? pool_size : e0 - s0);
+        } else {
+          int at = -1;
+          pool_window(in, x, o, &at);
+          if (at == c) acc += g[o];
+        }
+      }
+      gi[c] = acc;
+    }
+  }
+
+  // An eval BatchNorm (running statistics; batch ones cut the segments): g times weight and
+  // invstd, and the affine parameters' gradients into the row's sinks.
+  __device__ void batch_norm_backward(const BwInstr& in, const float* x, const float* g, float* gi) {
+    const int w = in.win;
+    for (int c = threadIdx.x; c < w; c += kThreads) {
+      const float xh = (x[c] - in.stats[c]) * in.stats[w + c];
+      gi[c] = g[c] * (in.weight ? in.weight[c] : 1.f) * in.stats[w + c];
+      if (in.weight_grad) in.weight_grad[slot * w + c] += g[c] * xh;
+      if (in.bias_grad) in.bias_grad[slot * w + c] += g[c];
+    }
   }
 };
 

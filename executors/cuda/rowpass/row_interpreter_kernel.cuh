@@ -108,6 +108,110 @@ __device__ __forceinline__ void group_norm_group(float* x, int n, float inv_n, c
   }
 }
 
+// sum, mean (fp64 sums), max, min (NaN wins) or logsumexp of the row, left in cur[0].
+template <bool kWarp>
+__device__ __forceinline__ float reduce_row(OpCode op, const float* cur, int w, int t, int nt,
+                                            double* red_d, float* red_f) {
+  if (op == OpCode::Sum || op == OpCode::Mean) {
+    double s = 0.0;
+    for (int i = t; i < w; i += nt) s += cur[i];
+    s = team_allreduce<kWarp>(s, SumD(), red_d);
+    return op == OpCode::Sum ? static_cast<float>(s) : static_cast<float>(s / w);
+  }
+  if (op == OpCode::Max || op == OpCode::Min) {
+    const bool mx = op == OpCode::Max;
+    float m = mx ? -HUGE_VALF : HUGE_VALF;
+    for (int i = t; i < w; i += nt) m = mx ? nan_max(m, cur[i]) : nan_min(m, cur[i]);
+    return mx ? team_allreduce<kWarp>(m, MaxF(), red_f) : team_allreduce<kWarp>(m, MinF(), red_f);
+  }
+  // LogSumExp
+  float m = -HUGE_VALF;
+  for (int i = t; i < w; i += nt) m = fmaxf(m, cur[i]);
+  m = team_allreduce<kWarp>(m, ShiftMaxF(), red_f);
+  const float sh = lse_shift(m);
+  double s = 0.0;
+  for (int i = t; i < w; i += nt) s += expf(cur[i] - sh);
+  s = team_allreduce<kWarp>(s, SumD(), red_d);
+  return logf(static_cast<float>(s)) + sh;
+}
+
+// softmax = exp(x - max) / sum, log_softmax = x - max - log(sum), in place.
+template <bool kWarp>
+__device__ __forceinline__ void softmax_row(OpCode op, float* cur, int w, int t, int nt,
+                                            double* red_d, float* red_f) {
+  float m = -HUGE_VALF;
+  for (int i = t; i < w; i += nt) m = fmaxf(m, cur[i]);
+  m = team_allreduce<kWarp>(m, ShiftMaxF(), red_f);
+  double s = 0.0;
+  if (op == OpCode::Softmax) {
+    for (int i = t; i < w; i += nt) {
+      const float ex = expf(cur[i] - m);
+      cur[i] = ex;
+      s += ex;
+    }
+    s = team_allreduce<kWarp>(s, SumD(), red_d);
+    const float inv = softmax_scale(s);
+    for (int i = t; i < w; i += nt) cur[i] *= inv;
+  } else {  // LogSoftmax
+    for (int i = t; i < w; i += nt) s += expf(cur[i] - m);
+    s = team_allreduce<kWarp>(s, SumD(), red_d);
+    const float ls = logf(static_cast<float>(s));
+    for (int i = t; i < w; i += nt) cur[i] = (cur[i] - m) - ls;
+  }
+}
+
+// GroupNorm over the row's in.i0 groups: one warp a group, or the CTA a group where the
+// groups are fewer than the warps.
+template <bool kWarp>
+__device__ __forceinline__ void group_norm_row(const DevInstr& in, float* cur, int w, int t, int nt,
+                                               double* red_d) {
+  const int G = in.i0, gs = w / G;
+  const float inv_n = 1.0f / static_cast<float>(gs);
+  if (kWarp) {
+    for (int g = 0; g < G; ++g)
+      group_norm_group<false>(cur + g * gs, gs, inv_n, in.p1, in.p2, g * gs, in.imm, t, 32, red_d);
+    return;
+  }
+  const int nw = nt >> 5;
+  if (G >= nw) {  // a warp per group
+    const int warp = t >> 5, lane = t & 31;
+    for (int g = warp; g < G; g += nw)
+      group_norm_group<false>(cur + g * gs, gs, inv_n, in.p1, in.p2, g * gs, in.imm, lane, 32, red_d);
+  } else {  // the CTA per group
+    for (int g = 0; g < G; ++g)
+      group_norm_group<true>(cur + g * gs, gs, inv_n, in.p1, in.p2, g * gs, in.imm, t, nt, red_d);
+  }
+}
+
+// avg_pool / max_pool (PyTorch's windows; NaN wins the max) of cur's w values into oth's
+// in.wout.
+__device__ __forceinline__ void pool_row(const DevInstr& in, const float* cur, float* oth, int w,
+                                         int t, int nt) {
+  const int K = in.i0, S = in.i1, Pd = in.i2, wo = in.wout;
+  const bool avg = static_cast<OpCode>(in.op) == OpCode::AvgPool;
+#pragma unroll 1
+  for (int o = t; o < wo; o += nt) {
+    const int start = o * S - Pd;
+    const int end = min(start + K, w + Pd);
+    const int s0 = max(start, 0), e0 = min(end, w);
+    if (avg) {
+      double acc = 0.0;
+#pragma unroll 1
+      for (int i = s0; i < e0; ++i) acc += cur[i];
+      const int div = (in.flags & kFlagIncludePad) ? (end - start) : (e0 - s0);
+      oth[o] = static_cast<float>(acc / div);
+    } else {
+      float m = -HUGE_VALF;
+#pragma unroll 1
+      for (int i = s0; i < e0; ++i) {
+        const float x = cur[i];
+        if (x > m || gf_isnan(x)) m = x;
+      }
+      oth[o] = m;
+    }
+  }
+}
+
 template <bool kWarp>
 __device__ __forceinline__ void barrier_instr(const DevInstr& in, int& w, float*& cur,
                                               float*& oth, int t, int nt, double* red_d,
@@ -115,104 +219,20 @@ __device__ __forceinline__ void barrier_instr(const DevInstr& in, int& w, float*
   const OpCode op = static_cast<OpCode>(in.op);
   switch (in.kind) {
     case kReduce: {
-      float res;
-      if (op == OpCode::Sum || op == OpCode::Mean) {
-        double s = 0.0;
-        for (int i = t; i < w; i += nt) s += cur[i];
-        s = team_allreduce<kWarp>(s, SumD(), red_d);
-        res = op == OpCode::Sum ? static_cast<float>(s) : static_cast<float>(s / w);
-      } else if (op == OpCode::Max || op == OpCode::Min) {
-        const bool mx = op == OpCode::Max;
-        float m = mx ? -HUGE_VALF : HUGE_VALF;
-        for (int i = t; i < w; i += nt) m = mx ? nan_max(m, cur[i]) : nan_min(m, cur[i]);
-        res = mx ? team_allreduce<kWarp>(m, MaxF(), red_f) : team_allreduce<kWarp>(m, MinF(), red_f);
-      } else {  // LogSumExp
-        float m = -HUGE_VALF;
-        for (int i = t; i < w; i += nt) m = fmaxf(m, cur[i]);
-        m = team_allreduce<kWarp>(m, ShiftMaxF(), red_f);
-        const float sh = lse_shift(m);
-        double s = 0.0;
-        for (int i = t; i < w; i += nt) s += expf(cur[i] - sh);
-        s = team_allreduce<kWarp>(s, SumD(), red_d);
-        res = logf(static_cast<float>(s)) + sh;
-      }
+      const float res = reduce_row<kWarp>(op, cur, w, t, nt, red_d, red_f);
       team_sync<kWarp>();
       if (t == 0) cur[0] = res;
       w = 1;
       break;
     }
-    case kSoftmax: {
-      float m = -HUGE_VALF;
-      for (int i = t; i < w; i += nt) m = fmaxf(m, cur[i]);
-      m = team_allreduce<kWarp>(m, ShiftMaxF(), red_f);
-      double s = 0.0;
-      if (op == OpCode::Softmax) {
-        for (int i = t; i < w; i += nt) {
-          const float ex = expf(cur[i] - m);
-          cur[i] = ex;
-          s += ex;
-        }
-        s = team_allreduce<kWarp>(s, SumD(), red_d);
-        const float inv = softmax_scale(s);
-        for (int i = t; i < w; i += nt) cur[i] *= inv;
-      } else {  // LogSoftmax
-        for (int i = t; i < w; i += nt) s += expf(cur[i] - m);
-        s = team_allreduce<kWarp>(s, SumD(), red_d);
-        const float ls = logf(static_cast<float>(s));
-        for (int i = t; i < w; i += nt) cur[i] = (cur[i] - m) - ls;
-      }
-      break;
-    }
-    case kGroupNorm: {
-      const int G = in.i0, gs = w / G;
-      const float inv_n = 1.0f / static_cast<float>(gs);
-      if (kWarp) {
-        for (int g = 0; g < G; ++g)
-          group_norm_group<false>(cur + g * gs, gs, inv_n, in.p1, in.p2, g * gs, in.imm, t, 32,
-                                  red_d);
-      } else {
-        const int nw = nt >> 5;
-        if (G >= nw) {  // a warp per group
-          const int warp = t >> 5, lane = t & 31;
-          for (int g = warp; g < G; g += nw)
-            group_norm_group<false>(cur + g * gs, gs, inv_n, in.p1, in.p2, g * gs, in.imm, lane,
-                                    32, red_d);
-        } else {  // the CTA per group
-          for (int g = 0; g < G; ++g)
-            group_norm_group<true>(cur + g * gs, gs, inv_n, in.p1, in.p2, g * gs, in.imm, t, nt,
-                                   red_d);
-        }
-      }
-      break;
-    }
+    case kSoftmax: softmax_row<kWarp>(op, cur, w, t, nt, red_d, red_f); break;
+    case kGroupNorm: group_norm_row<kWarp>(in, cur, w, t, nt, red_d); break;
     case kPool: {
-      const int K = in.i0, S = in.i1, Pd = in.i2, wo = in.wout;
-      const bool avg = op == OpCode::AvgPool;
-#pragma unroll 1
-      for (int o = t; o < wo; o += nt) {
-        const int start = o * S - Pd;
-        const int end = min(start + K, w + Pd);
-        const int s0 = max(start, 0), e0 = min(end, w);
-        if (avg) {
-          double acc = 0.0;
-#pragma unroll 1
-          for (int i = s0; i < e0; ++i) acc += cur[i];
-          const int div = (in.flags & kFlagIncludePad) ? (end - start) : (e0 - s0);
-          oth[o] = static_cast<float>(acc / div);
-        } else {
-          float m = -HUGE_VALF;
-#pragma unroll 1
-          for (int i = s0; i < e0; ++i) {
-            const float x = cur[i];
-            if (x > m || gf_isnan(x)) m = x;
-          }
-          oth[o] = m;
-        }
-      }
+      pool_row(in, cur, oth, w, t, nt);
       float* tmp = cur;
       cur = oth;
       oth = tmp;
-      w = wo;
+      w = in.wout;
       break;
     }
     case kPointwise:

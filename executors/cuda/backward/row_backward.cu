@@ -179,44 +179,11 @@ struct Row {
                      : apply_unary(static_cast<OpCode>(in.op), x[c], in.pp);
         break;
       case kBwReduce: {
-        const OpCode op = static_cast<OpCode>(in.op);
-        float res;
-        if (op == OpCode::Sum || op == OpCode::Mean) {
-          float t = 0.f;
-          for (int c = threadIdx.x; c < w; c += kThreads) t += x[c];
-          res = block_reduce<Red::Sum>(t, red);
-          if (op == OpCode::Mean) res /= static_cast<float>(w);
-        } else if (op == OpCode::Max || op == OpCode::LogSumExp) {
-          float m = -INFINITY;
-          for (int c = threadIdx.x; c < w; c += kThreads) m = nan_max(m, x[c]);
-          res = block_reduce<Red::Max>(m, red);
-          if (op == OpCode::LogSumExp) {
-            const float shift = lse_shift(res);
-            float t = 0.f;
-            for (int c = threadIdx.x; c < w; c += kThreads) t += expf(x[c] - shift);
-            res = logf(block_reduce<Red::Sum>(t, red)) + shift;
-          }
-        } else {
-          float m = INFINITY;
-          for (int c = threadIdx.x; c < w; c += kThreads) m = nan_min(m, x[c]);
-          res = block_reduce<Red::Min>(m, red);
-        }
+        const float res = reduce_forward(in, x);
         if (threadIdx.x == 0) y[0] = res;
         break;
       }
-      case kBwSoftmax: {
-        float m = -INFINITY;
-        for (int c = threadIdx.x; c < w; c += kThreads) m = nan_max(m, x[c]);
-        m = block_reduce<Red::Max>(m, red);
-        float t = 0.f;
-        for (int c = threadIdx.x; c < w; c += kThreads) t += expf(x[c] - m);
-        t = block_reduce<Red::Sum>(t, red);
-        const bool log = static_cast<OpCode>(in.op) == OpCode::LogSoftmax;
-        const float lt = logf(t), inv = 1.f / t;
-        for (int c = threadIdx.x; c < w; c += kThreads)
-          y[c] = log ? (x[c] - m) - lt : expf(x[c] - m) * inv;
-        break;
-      }
+      case kBwSoftmax: softmax_forward(in, x, y); break;
       case kBwGroupNorm: group_norm(in, x, y, nullptr, nullptr); break;
       case kBwPool:
         for (int o = threadIdx.x; o < in.wout; o += kThreads) y[o] = pool_window(in, x, o, nullptr);
@@ -231,6 +198,46 @@ struct Row {
         break;
     }
     __syncthreads();
+  }
+
+  // sum, mean, max, logsumexp or min of the row (every thread gets it).
+  __device__ float reduce_forward(const BwInstr& in, const float* x) {
+    const int w = in.win;
+    const OpCode op = static_cast<OpCode>(in.op);
+    if (op == OpCode::Sum || op == OpCode::Mean) {
+      float t = 0.f;
+      for (int c = threadIdx.x; c < w; c += kThreads) t += x[c];
+      const float res = block_reduce<Red::Sum>(t, red);
+      return op == OpCode::Mean ? res / static_cast<float>(w) : res;
+    }
+    if (op == OpCode::Max || op == OpCode::LogSumExp) {
+      float m = -INFINITY;
+      for (int c = threadIdx.x; c < w; c += kThreads) m = nan_max(m, x[c]);
+      const float res = block_reduce<Red::Max>(m, red);
+      if (op == OpCode::Max) return res;
+      const float shift = lse_shift(res);
+      float t = 0.f;
+      for (int c = threadIdx.x; c < w; c += kThreads) t += expf(x[c] - shift);
+      return logf(block_reduce<Red::Sum>(t, red)) + shift;
+    }
+    float m = INFINITY;  // Min
+    for (int c = threadIdx.x; c < w; c += kThreads) m = nan_min(m, x[c]);
+    return block_reduce<Red::Min>(m, red);
+  }
+
+  // softmax or log_softmax of the row x into y.
+  __device__ void softmax_forward(const BwInstr& in, const float* x, float* y) {
+    const int w = in.win;
+    float m = -INFINITY;
+    for (int c = threadIdx.x; c < w; c += kThreads) m = nan_max(m, x[c]);
+    m = block_reduce<Red::Max>(m, red);
+    float t = 0.f;
+    for (int c = threadIdx.x; c < w; c += kThreads) t += expf(x[c] - m);
+    t = block_reduce<Red::Sum>(t, red);
+    const bool log = static_cast<OpCode>(in.op) == OpCode::LogSoftmax;
+    const float lt = logf(t), inv = 1.f / t;
+    for (int c = threadIdx.x; c < w; c += kThreads)
+      y[c] = log ? (x[c] - m) - lt : expf(x[c] - m) * inv;
   }
 
   // Pool window o's value (and, for max pooling, the column it takes: the first largest, NaN

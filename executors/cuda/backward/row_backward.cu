@@ -272,42 +272,61 @@ struct Row {
     const bool per_warp = in.groups >= kWarps && gs <= 1024;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int first = per_warp ? warp : 0, step = per_warp ? kWarps : 1;
-    const int t0 = per_warp ? lane : threadIdx.x, tn = per_warp ? 32 : kThreads;
+    const GroupTeam team{per_warp, per_warp ? lane : static_cast<int>(threadIdx.x), per_warp ? 32 : kThreads, gs};
     for (int grp = first; grp < in.groups; grp += step) {
       const float* xg = x + grp * gs;
       float a = 0.f;
-      for (int c = t0; c < gs; c += tn) a += xg[c];
-      const float mean = (per_warp ? warp_sum(a) : block_reduce<Red::Sum>(a, red)) / gs;
+      for (int c = team.t0; c < gs; c += team.tn) a += xg[c];
+      const float mean = group_sum(team, a) / gs;
       float v = 0.f;
-      for (int c = t0; c < gs; c += tn) v += (xg[c] - mean) * (xg[c] - mean);
-      const float var = (per_warp ? warp_sum(v) : block_reduce<Red::Sum>(v, red)) / gs;
-      const float rstd = rsqrtf(var + in.eps);
-      if (g == nullptr) {
-        for (int c = t0; c < gs; c += tn) {
-          const int col = grp * gs + c;
-          float o = (xg[c] - mean) * rstd;
-          if (in.weight) o *= in.weight[col];
-          if (in.bias) o += in.bias[col];
-          y[col] = o;
-        }
-        continue;
-      }
-      float m1 = 0.f, m2 = 0.f;
-      for (int c = t0; c < gs; c += tn) {
-        const int col = grp * gs + c;
-        const float xh = (xg[c] - mean) * rstd, gw = g[col] * (in.weight ? in.weight[col] : 1.f);
-        m1 += gw;
-        m2 += gw * xh;
-        if (in.weight_grad) in.weight_grad[slot * w + col] += g[col] * xh;
-        if (in.bias_grad) in.bias_grad[slot * w + col] += g[col];
-      }
-      m1 = (per_warp ? warp_sum(m1) : block_reduce<Red::Sum>(m1, red)) / gs;
-      m2 = (per_warp ? warp_sum(m2) : block_reduce<Red::Sum>(m2, red)) / gs;
-      for (int c = t0; c < gs; c += tn) {
-        const int col = grp * gs + c;
-        const float xh = (xg[c] - mean) * rstd, gw = g[col] * (in.weight ? in.weight[col] : 1.f);
-        gi[col] = rstd * (gw - m1 - xh * m2);
-      }
+      for (int c = team.t0; c < gs; c += team.tn) v += (xg[c] - mean) * (xg[c] - mean);
+      const float rstd = rsqrtf(group_sum(team, v) / gs + in.eps);
+      if (g == nullptr) group_norm_apply(in, team, grp, xg, mean, rstd, y);
+      else group_norm_grad(in, team, grp, xg, mean, rstd, g, gi);
+    }
+  }
+
+  // The threads that take one group (a warp's lanes, or the CTA's threads) and its width.
+  struct GroupTeam {
+    bool per_warp;
+    int t0, tn, gs;
+  };
+  __device__ float group_sum(const GroupTeam& team, float v) {
+    return team.per_warp ? warp_sum(v) : block_reduce<Red::Sum>(v, red);
+  }
+
+  // y = (x - mean) rstd, times the weight, plus the bias, over group grp.
+  __device__ void group_norm_apply(const BwInstr& in, const GroupTeam& team, int grp, const float* xg,
+                                   float mean, float rstd, float* y) {
+    for (int c = team.t0; c < team.gs; c += team.tn) {
+      const int col = grp * team.gs + c;
+      float o = (xg[c] - mean) * rstd;
+      if (in.weight) o *= in.weight[col];
+      if (in.bias) o += in.bias[col];
+      y[col] = o;
+    }
+  }
+
+  // gi = rstd (g w - mean(g w) - x^ mean(g w x^)) over group grp, and the affine parameters'
+  // gradients into the row's sinks.
+  __device__ void group_norm_grad(const BwInstr& in, const GroupTeam& team, int grp, const float* xg,
+                                  float mean, float rstd, const float* g, float* gi) {
+    const int w = in.win, gs = team.gs;
+    float m1 = 0.f, m2 = 0.f;
+    for (int c = team.t0; c < gs; c += team.tn) {
+      const int col = grp * gs + c;
+      const float xh = (xg[c] - mean) * rstd, gw = g[col] * (in.weight ? in.weight[col] : 1.f);
+      m1 += gw;
+      m2 += gw * xh;
+      if (in.weight_grad) in.weight_grad[slot * w + col] += g[col] * xh;
+      if (in.bias_grad) in.bias_grad[slot * w + col] += g[col];
+    }
+    m1 = group_sum(team, m1) / gs;
+    m2 = group_sum(team, m2) / gs;
+    for (int c = team.t0; c < gs; c += team.tn) {
+      const int col = grp * gs + c;
+      const float xh = (xg[c] - mean) * rstd, gw = g[col] * (in.weight ? in.weight[col] : 1.f);
+      gi[col] = rstd * (gw - m1 - xh * m2);
     }
   }
 

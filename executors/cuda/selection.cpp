@@ -59,7 +59,7 @@ bool choose_f16x3(const Plan& plan, const DeviceFacts& d, const Overrides& o, Ge
   const char* no = f16x3_unfit(plan.M, plan.N, plan.K, d, o, ldy > 0);
   if (no == nullptr) {
     g.cost = f16x3_cost(plan.M, plan.N, plan.K, d.sms, ldy);
-    no = f16x3_slower_than_sgemm(plan.M, plan.N, plan.K, d.sms, ldy);
+    no = f16x3_slower_than_sgemm(g.cost);
   }
   if (no != nullptr) {
     why = std::string("the fp32 Gemm does not use the f16x3 kernel: ") + no;

@@ -87,6 +87,8 @@ int f16x3_splits(int64_t M, int64_t N, int sms);
 F16x3Cost f16x3_cost(int64_t M, int64_t N, int64_t K, int sms, int64_t ldy = 0);
 // nullptr where the kernel is expected to beat SGEMM at this shape, else why not.
 const char* f16x3_slower_than_sgemm(int64_t M, int64_t N, int64_t K, int sms, int64_t ldy = 0);
+// The same for a cost the caller has (f16x3_cost's).
+const char* f16x3_slower_than_sgemm(const F16x3Cost& c);
 // nullptr where the kernel can run this shape here, else why not. padded_n: N need not be a
 // multiple of 4 (the caller gives the kernel a Y with padded rows).
 const char* f16x3_unfit(int64_t M, int64_t N, int64_t K, const DeviceFacts& d, const Overrides& o,

@@ -50,7 +50,10 @@ F16x3Cost f16x3_cost(int64_t M, int64_t N, int64_t K, int sms, int64_t ldy) {
 }
 
 const char* f16x3_slower_than_sgemm(int64_t M, int64_t N, int64_t K, int sms, int64_t ldy) {
-  const F16x3Cost c = f16x3_cost(M, N, K, sms, ldy);
+  return f16x3_slower_than_sgemm(f16x3_cost(M, N, K, sms, ldy));
+}
+
+const char* f16x3_slower_than_sgemm(const F16x3Cost& c) {
   // Smaller GEMMs are bound by host work, and the kernel's (three launches, CUTLASS's TMA
   // descriptors) is the larger (kHostBoundGemmFlops, gemmfuse/plan.h).
   if (c.f16x3_s < c.sgemm_s && c.flops > kHostBoundGemmFlops) return nullptr;

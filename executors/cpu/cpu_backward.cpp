@@ -15,6 +15,7 @@
 
 #include "cpu_executor.h"
 #include "pointwise.h"
+#include "cpu_rows.h"
 #include "row_ops.h"
 
 #if defined(_OPENMP)
@@ -125,7 +126,7 @@ struct Backward {
         break;
       case Instr::Kind::Softmax:
         y = x;
-        softmax_row(nd.op == OpCode::LogSoftmax, y.data(), w);
+        softmax_row(nd.op, y.data(), w);
         break;
       case Instr::Kind::GroupNorm:
         y = x;
@@ -156,8 +157,16 @@ struct Backward {
     std::vector<float> gi(x.size(), 0.f);
     switch (in.kind) {
       case Instr::Kind::Pointwise: pointwise_backward(in, vals, i, g, gi, r, lo, local, part); break;
-      case Instr::Kind::Reduce: reduce_backward(nd, x, y, g, gi); break;
-      case Instr::Kind::Softmax: softmax_backward(nd, y, g, gi); break;
+      case Instr::Kind::Reduce: {
+        StridedRow<Alone> row{x.data(), nullptr, static_cast<int>(x.size()), 0, 1, {}};
+        gemmfuse::reduce_backward(nd.op, row, {x.data(), y.data(), g.data(), gi.data()}, nd.first_index);
+        break;
+      }
+      case Instr::Kind::Softmax: {
+        StridedRow<Alone> row{y.data(), nullptr, static_cast<int>(y.size()), 0, 1, {}};
+        gemmfuse::softmax_backward(nd.op, row, {x.data(), y.data(), g.data(), gi.data()});
+        break;
+      }
       case Instr::Kind::GroupNorm: group_norm_backward(in, x, g, gi, part); break;
       case Instr::Kind::Pool: pool_backward(nd, in.width_out, x, g, gi); break;
       case Instr::Kind::BatchNormApply: batch_norm_backward(i, in, x, g, gi, part); break;
@@ -182,46 +191,6 @@ struct Backward {
       const Grad2 d = binary_grad(nd.op, x[c], operand(in, vals, r, c), nd.reversed, g[c]);
       gi[c] = d.l;
       operand_grad(in, r, c, d.r, lo, local, part);
-    }
-  }
-
-  static void reduce_backward(const Node& nd, const std::vector<float>& x,
-                              const std::vector<float>& y, const std::vector<float>& g,
-                              std::vector<float>& gi) {
-    const int64_t w = static_cast<int64_t>(x.size());
-    const float g0 = g[0], res = y[0];
-    switch (nd.op) {
-      case OpCode::Sum: std::fill(gi.begin(), gi.end(), g0); return;
-      case OpCode::Mean: std::fill(gi.begin(), gi.end(), g0 / static_cast<float>(w)); return;
-      case OpCode::LogSumExp:
-        for (int64_t c = 0; c < w; ++c) gi[c] = g0 * std::exp(x[c] - res);
-        return;
-      case OpCode::Max: case OpCode::Min:
-        if (nd.first_index) {  // torch.max(x, dim): the first extreme (the first NaN)
-          int64_t at = 0;
-          for (int64_t c = 0; c < w; ++c)
-            if ((gf_isnan(res) && gf_isnan(x[c])) || x[c] == res) { at = c; break; }
-          gi[at] = g0;
-        } else {  // amax/amin: split among ties
-          int64_t count = 0;
-          for (int64_t c = 0; c < w; ++c) count += x[c] == res;
-          for (int64_t c = 0; c < w; ++c) gi[c] = (x[c] == res ? g0 : 0.f) / static_cast<float>(count);
-        }
-        return;
-      default: throw std::logic_error("cpu backward: reduction");
-    }
-  }
-
-  static void softmax_backward(const Node& nd, const std::vector<float>& y,
-                               const std::vector<float>& g, std::vector<float>& gi) {
-    const int64_t w = static_cast<int64_t>(y.size());
-    double s = 0;
-    if (nd.op == OpCode::Softmax) {
-      for (int64_t c = 0; c < w; ++c) s += double(g[c]) * y[c];
-      for (int64_t c = 0; c < w; ++c) gi[c] = static_cast<float>(y[c] * (g[c] - s));
-    } else {
-      for (int64_t c = 0; c < w; ++c) s += g[c];
-      for (int64_t c = 0; c < w; ++c) gi[c] = static_cast<float>(g[c] - std::exp(double(y[c])) * s);
     }
   }
 

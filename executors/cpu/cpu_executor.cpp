@@ -12,7 +12,7 @@
 
 #include "gemv_nonfinite.h"
 #include "pointwise.h"
-#include "row_ops.h"
+#include "cpu_rows.h"
 
 namespace gemmfuse {
 
@@ -251,7 +251,7 @@ void run_row_pass(const Step& st, const Memory& mem) {
             w = 1;
             break;
           case Instr::Kind::Softmax:
-            softmax_row(n.op == OpCode::LogSoftmax, x, w);
+            softmax_row(n.op, x, w);
             break;
           case Instr::Kind::GroupNorm:
             group_norm_row(n, x, w, b.wt, b.bs);

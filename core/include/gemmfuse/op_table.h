@@ -45,7 +45,8 @@
   X(Minimum, "minimum", Binary, false)         \
   X(Maximum, "maximum", Binary, false)
 
-// Row reductions over the last dim (to width 1, or dropping the dim when !keepdim).
+// Row reductions over the last dim (to width 1, or dropping the dim when !keepdim); their
+// forward and backward are RowOp<Code> in executors/common/row_ops.h.
 #define GEMMFUSE_REDUCE_OPS(X)                 \
   X(Sum, "sum", Reduce, false)                 \
   X(Mean, "mean", Reduce, false)               \
@@ -53,10 +54,15 @@
   X(Min, "min", Reduce, false)                 \
   X(LogSumExp, "logsumexp", Reduce, true)
 
-// Row-broadcast normalisations over the last dim (LayerNorm is GroupNorm with groups=1).
-#define GEMMFUSE_ROW_NORM_OPS(X)               \
+// Row-broadcast normalisations over the last dim: the softmax-like ones (one value per
+// column from the row's statistics; their forward and backward are RowOp<Code> in
+// executors/common/row_ops.h), and GroupNorm (LayerNorm is GroupNorm with groups=1).
+#define GEMMFUSE_SOFTMAX_OPS(X)                \
   X(Softmax, "softmax", RowNorm, true)         \
-  X(LogSoftmax, "log_softmax", RowNorm, true)  \
+  X(LogSoftmax, "log_softmax", RowNorm, true)
+
+#define GEMMFUSE_ROW_NORM_OPS(X)               \
+  GEMMFUSE_SOFTMAX_OPS(X)                      \
   X(GroupNorm, "group_norm", RowNorm, false)
 
 // 1-d windows over the last dim; column statistics over the rows; dropout (the identity in

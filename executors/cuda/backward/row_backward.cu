@@ -1,13 +1,15 @@
 // The CUDA row backward (row_backward.h). A CTA per row at a time, 256 threads over the
 // columns; the row's values live in the CTA's slot of global scratch (one row of each value,
-// reused by its next row: L2-resident), reductions go through warp shuffles and shared memory. The formulas are the
-// CPU reference's (cpu_backward.cpp), in fp32.
+// reused by its next row: L2-resident), reductions go through the CTA's row team
+// (executors/common/row_team.h). Reduce and Softmax stages run their RowOp (row_ops.h), as
+// every executor does; the other stages' formulas are the CPU reference's (cpu_backward.cpp).
 #include "row_backward.h"
 
 #include <algorithm>
 #include <stdexcept>
 
 #include "cuda_check.h"
+#include "row_ops.h"
 
 namespace gemmfuse::cuda {
 namespace {
@@ -15,43 +17,11 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = nan_max(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-__device__ __forceinline__ float warp_min(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = nan_min(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-
-enum class Red { Sum, Max, Min };
-
-// The block's reduction of v (every thread gets it). `red` holds kWarps floats.
-template <Red kRed>
-__device__ float block_reduce(float v, float* red) {
-  v = kRed == Red::Sum ? warp_sum(v) : kRed == Red::Max ? warp_max(v) : warp_min(v);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  __syncthreads();  // red[] may still be read by the previous reduction
-  if (lane == 0) red[warp] = v;
-  __syncthreads();
-  float r = red[0];
-  for (int i = 1; i < kWarps; ++i)
-    r = kRed == Red::Sum ? r + red[i] : kRed == Red::Max ? nan_max(r, red[i]) : nan_min(r, red[i]);
-  return r;
-}
-
 struct Row {
   const BwSegment& s;
   int64_t r;     // the row
   int64_t slot;  // the CTA's scratch and sink rows
-  float* red;
+  BlockCombine comb;  // the CTA's reductions (row_team.h)
   __device__ const float* value(int j) const {
     return j == 0 ? s.v0 + r * s.w0 : s.vals + s.val_off[j] + slot * width(j);
   }
@@ -158,7 +128,7 @@ struct Row {
   __device__ void sink_row_sum(const BwInstr& in, float part) {
     const bool one_wide = in.opnd == kBwValue && width(in.value) == 1;
     if (!(in.opnd == kBwScalar || in.opnd == kBwRow || one_wide)) return;
-    const float t = block_reduce<Red::Sum>(part, red);
+    const float t = comb.all(part, SumF());
     if (threadIdx.x == 0) {
       if (one_wide) s.acc[in.value][r] += t;
       else if (in.b_grad) in.b_grad[in.opnd == kBwRow ? r : slot] += t;
@@ -179,11 +149,16 @@ struct Row {
                      : apply_unary(static_cast<OpCode>(in.op), x[c], in.pp);
         break;
       case kBwReduce: {
-        const float res = reduce_forward(in, x);
+        StridedRow<BlockCombine> row{x, y, w, static_cast<int>(threadIdx.x), kThreads, comb};
+        const float res = reduce_forward(static_cast<OpCode>(in.op), row);
         if (threadIdx.x == 0) y[0] = res;
         break;
       }
-      case kBwSoftmax: softmax_forward(in, x, y); break;
+      case kBwSoftmax: {  // x into y
+        StridedRow<BlockCombine> row{x, y, w, static_cast<int>(threadIdx.x), kThreads, comb};
+        softmax_forward(static_cast<OpCode>(in.op), row);
+        break;
+      }
       case kBwGroupNorm: group_norm(in, x, y, nullptr, nullptr); break;
       case kBwPool:
         for (int o = threadIdx.x; o < in.wout; o += kThreads) y[o] = pool_window(in, x, o, nullptr);
@@ -198,46 +173,6 @@ struct Row {
         break;
     }
     __syncthreads();
-  }
-
-  // sum, mean, max, logsumexp or min of the row (every thread gets it).
-  __device__ float reduce_forward(const BwInstr& in, const float* x) {
-    const int w = in.win;
-    const OpCode op = static_cast<OpCode>(in.op);
-    if (op == OpCode::Sum || op == OpCode::Mean) {
-      float t = 0.f;
-      for (int c = threadIdx.x; c < w; c += kThreads) t += x[c];
-      const float res = block_reduce<Red::Sum>(t, red);
-      return op == OpCode::Mean ? res / static_cast<float>(w) : res;
-    }
-    if (op == OpCode::Max || op == OpCode::LogSumExp) {
-      float m = -INFINITY;
-      for (int c = threadIdx.x; c < w; c += kThreads) m = nan_max(m, x[c]);
-      const float res = block_reduce<Red::Max>(m, red);
-      if (op == OpCode::Max) return res;
-      const float shift = lse_shift(res);
-      float t = 0.f;
-      for (int c = threadIdx.x; c < w; c += kThreads) t += expf(x[c] - shift);
-      return logf(block_reduce<Red::Sum>(t, red)) + shift;
-    }
-    float m = INFINITY;  // Min
-    for (int c = threadIdx.x; c < w; c += kThreads) m = nan_min(m, x[c]);
-    return block_reduce<Red::Min>(m, red);
-  }
-
-  // softmax or log_softmax of the row x into y.
-  __device__ void softmax_forward(const BwInstr& in, const float* x, float* y) {
-    const int w = in.win;
-    float m = -INFINITY;
-    for (int c = threadIdx.x; c < w; c += kThreads) m = nan_max(m, x[c]);
-    m = block_reduce<Red::Max>(m, red);
-    float t = 0.f;
-    for (int c = threadIdx.x; c < w; c += kThreads) t += expf(x[c] - m);
-    t = block_reduce<Red::Sum>(t, red);
-    const bool log = static_cast<OpCode>(in.op) == OpCode::LogSoftmax;
-    const float lt = logf(t), inv = 1.f / t;
-    for (int c = threadIdx.x; c < w; c += kThreads)
-      y[c] = log ? (x[c] - m) - lt : expf(x[c] - m) * inv;
   }
 
   // Pool window o's value (and, for max pooling, the column it takes: the first largest, NaN
@@ -292,7 +227,7 @@ struct Row {
     int t0, tn, gs;
   };
   __device__ float group_sum(const GroupTeam& team, float v) {
-    return team.per_warp ? warp_sum(v) : block_reduce<Red::Sum>(v, red);
+    return team.per_warp ? warp_allreduce(v, SumF()) : comb.all(v, SumF());
   }
 
   // y = (x - mean) rstd, times the weight, plus the bias, over group grp.
@@ -337,8 +272,16 @@ struct Row {
     const float* y = value(i + 1);
     switch (in.kind) {
       case kBwPointwise: pointwise_backward(in, x, y, g, gi); break;
-      case kBwReduce: reduce_backward(in, x, y, g, gi); break;
-      case kBwSoftmax: softmax_backward(in, y, g, gi); break;
+      case kBwReduce: {
+        StridedRow<BlockCombine> row{x, nullptr, in.win, static_cast<int>(threadIdx.x), kThreads, comb};
+        reduce_backward(static_cast<OpCode>(in.op), row, {x, y, g, gi}, (in.flags & kBwFirstIndex) != 0);
+        break;
+      }
+      case kBwSoftmax: {
+        StridedRow<BlockCombine> row{y, nullptr, in.win, static_cast<int>(threadIdx.x), kThreads, comb};
+        softmax_backward(static_cast<OpCode>(in.op), row, {x, y, g, gi});
+        break;
+      }
       case kBwGroupNorm: group_norm(in, x, nullptr, g, gi); break;
       case kBwPool: pool_backward(in, x, g, gi); break;
       case kBwBatchNorm: batch_norm_backward(in, x, g, gi); break;
@@ -361,43 +304,6 @@ struct Row {
       sink_operand_grad(in, c, w, d.r, part);
     }
     sink_row_sum(in, part);
-  }
-
-  // sum and mean spread g; logsumexp weighs it by exp(x - result); max and min give it to the
-  // first extreme (torch.max(dim)'s values) or split it among ties (amax, amin).
-  __device__ void reduce_backward(const BwInstr& in, const float* x, const float* y, const float* g,
-                                  float* gi) {
-    const int w = in.win;
-    const OpCode op = static_cast<OpCode>(in.op);
-    const float g0 = g[0], res = y[0];
-    if (op == OpCode::Sum || op == OpCode::Mean) {
-      const float v = op == OpCode::Mean ? g0 / static_cast<float>(w) : g0;
-      for (int c = threadIdx.x; c < w; c += kThreads) gi[c] = v;
-    } else if (op == OpCode::LogSumExp) {
-      for (int c = threadIdx.x; c < w; c += kThreads) gi[c] = g0 * expf(x[c] - res);
-    } else if (in.flags & kBwFirstIndex) {  // the first extreme (the first NaN)
-      float first = INFINITY;
-      for (int c = threadIdx.x; c < w; c += kThreads)
-        if ((gf_isnan(res) && gf_isnan(x[c])) || x[c] == res) first = fminf(first, static_cast<float>(c));
-      first = block_reduce<Red::Min>(first, red);
-      for (int c = threadIdx.x; c < w; c += kThreads) gi[c] = static_cast<float>(c) == first ? g0 : 0.f;
-    } else {  // amax/amin: split among ties
-      float n = 0.f;
-      for (int c = threadIdx.x; c < w; c += kThreads) n += x[c] == res;
-      n = block_reduce<Red::Sum>(n, red);
-      for (int c = threadIdx.x; c < w; c += kThreads) gi[c] = (x[c] == res ? g0 : 0.f) / n;
-    }
-  }
-
-  // From the output y: softmax's y (g - sum(g y)), log_softmax's g - exp(y) sum(g).
-  __device__ void softmax_backward(const BwInstr& in, const float* y, const float* g, float* gi) {
-    const int w = in.win;
-    const bool log = static_cast<OpCode>(in.op) == OpCode::LogSoftmax;
-    float t = 0.f;
-    for (int c = threadIdx.x; c < w; c += kThreads) t += log ? g[c] : g[c] * y[c];
-    t = block_reduce<Red::Sum>(t, red);
-    for (int c = threadIdx.x; c < w; c += kThreads)
-      gi[c] = log ? g[c] - expf(y[c]) * t : y[c] * (g[c] - t);
   }
 
   // Each column c gathers g from the windows o whose span [o s - p, o s - p + k) holds it: an
@@ -442,10 +348,11 @@ struct Row {
 };
 
 __global__ void __launch_bounds__(kThreads) row_backward_kernel(const BwSegment s) {
-  __shared__ float red[kWarps];
+  __shared__ double red_d[kWarps];
+  __shared__ float red_f[kWarps];
   const int64_t slot = blockIdx.x;  // gridDim.x == s.slots
   for (int64_t r = slot; r < s.M; r += gridDim.x) {
-    Row row{s, r, slot, red};
+    Row row{s, r, slot, BlockCombine{red_d, red_f}};
     for (int i = 0; i < s.n;) {
       int b = i + 1;
       while (b < s.n && s.run_first[b] == i) ++b;

@@ -1,4 +1,4 @@
-// Device pieces both row kernels use: reduction operators and team reductions, pointwise
+// Device pieces both row kernels use: the row team of a row in shared memory, pointwise
 // math on 4 values with the op dispatched once per 4, operand loads, and the output store in
 // the output's dtype.
 // Part of row_program.cu, included there once (internal linkage: anonymous namespace).
@@ -8,6 +8,7 @@
 #include <cuda_fp16.h>
 
 #include "pointwise.h"
+#include "row_ops.h"
 #include "row_program_format.cuh"
 
 namespace gemmfuse::cuda {
@@ -15,58 +16,19 @@ namespace {
 
 // ---- device helpers ---------------------------------------------------------------------
 
-struct SumD {
-  __device__ __forceinline__ double operator()(double a, double b) const { return a + b; }
-};
-struct SumF {
-  __device__ __forceinline__ float operator()(float a, float b) const { return a + b; }
-};
-struct MaxF {
-  __device__ __forceinline__ float operator()(float a, float b) const { return nan_max(a, b); }
-};
-struct MinF {
-  __device__ __forceinline__ float operator()(float a, float b) const { return nan_min(a, b); }
-};
-// The max that shifts softmax's, log_softmax's and logsumexp's exponents: fmaxf (one
-// instruction, NaN dropped) where a Max reduce needs nan_max (four). Dropping NaN here is
-// exact: a NaN in the row is also in the sum of exponents, so every output is NaN, as in
-// PyTorch; without NaN, fmaxf and nan_max agree (+-inf included).
-struct ShiftMaxF {
-  __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
-};
-
-// Softmax's 1 / sum, applied as a product: an IEEE division per element costs ~8
-// instructions (reciprocal, Newton steps, range check) on a pass bound by instruction issue;
-// the product is within 1.5 ulp of the quotient.
-__device__ __forceinline__ float softmax_scale(double sum) {
-  return __frcp_rn(static_cast<float>(sum));
-}
-
 template <bool kWarp>
 __device__ __forceinline__ void team_sync() {
   if (kWarp) __syncwarp(); else __syncthreads();
 }
 
-template <class T, class Op>
-__device__ __forceinline__ T warp_allreduce(T v, Op op) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
+// The team of a row in shared memory: a warp (warp mode) or the CTA (block mode).
+template <bool kWarp>
+__device__ __forceinline__ auto team_combine(double* red_d, float* red_f) {
+  if constexpr (kWarp) return WarpCombine{};
+  else return BlockCombine{red_d, red_f};
 }
-
-// Every thread of the team gets the result; fixed combination order (deterministic).
-template <bool kWarp, class T, class Op>
-__device__ __forceinline__ T team_allreduce(T v, Op op, T* red) {
-  v = warp_allreduce(v, op);
-  if (kWarp) return v;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  if (lane == 0) red[warp] = v;
-  __syncthreads();
-  T r = red[0];
-  for (int i = 1; i < nw; ++i) r = op(r, red[i]);
-  __syncthreads();  // red[] may be reused right away
-  return r;
-}
+template <bool kWarp>
+using TeamRow = StridedRow<decltype(team_combine<kWarp>(nullptr, nullptr))>;
 
 // Pointwise math on 4 values with the op a compile-time constant: apply_unary/apply_binary
 // (executors/common/pointwise.h, the CPU executor's math) fold to straight-line code, and the

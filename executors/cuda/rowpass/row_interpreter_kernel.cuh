@@ -78,14 +78,14 @@ __device__ __forceinline__ void group_norm_group(float* x, int n, float inv_n, c
   if (kBlock) {
     double s = 0.0;
     for (int i = t; i < n; i += nt) s += x[i];
-    s = team_allreduce<false>(s, SumD(), red);
+    s = BlockCombine{red, nullptr}.all(s, SumD());
     const double mean = s / n;
     double q = 0.0;
     for (int i = t; i < n; i += nt) {
       const double d = static_cast<double>(x[i]) - mean;
       q += d * d;
     }
-    q = team_allreduce<false>(q, SumD(), red);
+    q = BlockCombine{red, nullptr}.all(q, SumD());
     meanf = static_cast<float>(mean);
     rstd = static_cast<float>(1.0 / sqrt(q / n + static_cast<double>(eps)));
   } else {
@@ -105,58 +105,6 @@ __device__ __forceinline__ void group_norm_group(float* x, int n, float inv_n, c
     if (wt) y *= wt[cbase + i];
     if (bs) y += bs[cbase + i];
     x[i] = y;
-  }
-}
-
-// sum, mean (fp64 sums), max, min (NaN wins) or logsumexp of the row, left in cur[0].
-template <bool kWarp>
-__device__ __forceinline__ float reduce_row(OpCode op, const float* cur, int w, int t, int nt,
-                                            double* red_d, float* red_f) {
-  if (op == OpCode::Sum || op == OpCode::Mean) {
-    double s = 0.0;
-    for (int i = t; i < w; i += nt) s += cur[i];
-    s = team_allreduce<kWarp>(s, SumD(), red_d);
-    return op == OpCode::Sum ? static_cast<float>(s) : static_cast<float>(s / w);
-  }
-  if (op == OpCode::Max || op == OpCode::Min) {
-    const bool mx = op == OpCode::Max;
-    float m = mx ? -HUGE_VALF : HUGE_VALF;
-    for (int i = t; i < w; i += nt) m = mx ? nan_max(m, cur[i]) : nan_min(m, cur[i]);
-    return mx ? team_allreduce<kWarp>(m, MaxF(), red_f) : team_allreduce<kWarp>(m, MinF(), red_f);
-  }
-  // LogSumExp
-  float m = -HUGE_VALF;
-  for (int i = t; i < w; i += nt) m = fmaxf(m, cur[i]);
-  m = team_allreduce<kWarp>(m, ShiftMaxF(), red_f);
-  const float sh = lse_shift(m);
-  double s = 0.0;
-  for (int i = t; i < w; i += nt) s += expf(cur[i] - sh);
-  s = team_allreduce<kWarp>(s, SumD(), red_d);
-  return logf(static_cast<float>(s)) + sh;
-}
-
-// softmax = exp(x - max) / sum, log_softmax = x - max - log(sum), in place.
-template <bool kWarp>
-__device__ __forceinline__ void softmax_row(OpCode op, float* cur, int w, int t, int nt,
-                                            double* red_d, float* red_f) {
-  float m = -HUGE_VALF;
-  for (int i = t; i < w; i += nt) m = fmaxf(m, cur[i]);
-  m = team_allreduce<kWarp>(m, ShiftMaxF(), red_f);
-  double s = 0.0;
-  if (op == OpCode::Softmax) {
-    for (int i = t; i < w; i += nt) {
-      const float ex = expf(cur[i] - m);
-      cur[i] = ex;
-      s += ex;
-    }
-    s = team_allreduce<kWarp>(s, SumD(), red_d);
-    const float inv = softmax_scale(s);
-    for (int i = t; i < w; i += nt) cur[i] *= inv;
-  } else {  // LogSoftmax
-    for (int i = t; i < w; i += nt) s += expf(cur[i] - m);
-    s = team_allreduce<kWarp>(s, SumD(), red_d);
-    const float ls = logf(static_cast<float>(s));
-    for (int i = t; i < w; i += nt) cur[i] = (cur[i] - m) - ls;
   }
 }
 
@@ -218,14 +166,19 @@ __device__ __forceinline__ void barrier_instr(const DevInstr& in, int& w, float*
                                               float* red_f) {
   const OpCode op = static_cast<OpCode>(in.op);
   switch (in.kind) {
-    case kReduce: {
-      const float res = reduce_row<kWarp>(op, cur, w, t, nt, red_d, red_f);
+    case kReduce: {  // the row's value, left in cur[0]
+      TeamRow<kWarp> row{cur, cur, w, t, nt, team_combine<kWarp>(red_d, red_f)};
+      const float res = reduce_forward(op, row);
       team_sync<kWarp>();
       if (t == 0) cur[0] = res;
       w = 1;
       break;
     }
-    case kSoftmax: softmax_row<kWarp>(op, cur, w, t, nt, red_d, red_f); break;
+    case kSoftmax: {  // in place
+      TeamRow<kWarp> row{cur, cur, w, t, nt, team_combine<kWarp>(red_d, red_f)};
+      softmax_forward(op, row);
+      break;
+    }
     case kGroupNorm: group_norm_row<kWarp>(in, cur, w, t, nt, red_d); break;
     case kPool: {
       pool_row(in, cur, oth, w, t, nt);

@@ -94,15 +94,18 @@ __device__ __forceinline__ float thread_extremum(const float (&v)[VPT][4], int t
   return m;
 }
 
-// Sum of the thread's values of valid chunks in fp32, pairwise (chunk (a+b)+(c+d), then a tree
-// over the chunks): the terms of softmax and logsumexp sums are positive, so this costs at most
-// a few ulps on the thread's share; the team-wide sum is then in fp64.
-template <int VPT, bool kFull>
-__device__ __forceinline__ float thread_tree_sum(const float (&e)[VPT][4], int t, int nt, int nch) {
+// Sum of f(value) over the thread's valid chunks in fp32, pairwise (chunk (a+b)+(c+d), then a
+// tree over the chunks): the terms of softmax and logsumexp sums are positive, so this costs at
+// most a few ulps on the thread's share; the team-wide sum is then in fp64.
+template <int VPT, bool kFull, class F>
+__device__ __forceinline__ float thread_tree_sum(const float (&v)[VPT][4], F f, int t, int nt,
+                                                 int nch) {
   float acc[VPT];
 #pragma unroll
   for (int k = 0; k < VPT; ++k)
-    acc[k] = chunk_valid<kFull>(k, t, nt, nch) ? (e[k][0] + e[k][1]) + (e[k][2] + e[k][3]) : 0.f;
+    acc[k] = chunk_valid<kFull>(k, t, nt, nch)
+                 ? (f(v[k][0]) + f(v[k][1])) + (f(v[k][2]) + f(v[k][3]))
+                 : 0.f;
 #pragma unroll
   for (int s = 1; s < VPT; s <<= 1)
 #pragma unroll
@@ -110,18 +113,53 @@ __device__ __forceinline__ float thread_tree_sum(const float (&e)[VPT][4], int t
   return acc[0];
 }
 
-// e = exp(v - m) for every value (e may be v itself) and the CTA's sum of e: the first half
-// of softmax and log_softmax.
+// The row team of this kernel (row_team.h): the CTA over a row in registers, thread t holding
+// chunks k * nt + t; one per kernel (its reduction slots alternate across the program). Folds skip the chunks past the row; maps run on every chunk (those past
+// the row are never stored). Sums of positive terms add the thread's share in fp32, pairwise
+// (thread_tree_sum); other sums add every term in fp64.
 template <int VPT, bool kFull>
-__device__ __forceinline__ double exp_and_sum(const float (&v)[VPT][4], float m, float (&e)[VPT][4],
-                                              int t, int nt, int nch, double* red_d, int& par_d) {
+struct RegisterRow {
+  float (&v)[VPT][4];
+  int w, t, nt, nch;
+  double* red_d;
+  float* red_f;
+  int par_d = 0, par_f = 0;  // cta_allreduce2's slots
+
+  __device__ __forceinline__ int width() const { return w; }
+  __device__ __forceinline__ bool valid(int k) const { return chunk_valid<kFull>(k, t, nt, nch); }
+
+  template <class Op>
+  __device__ __forceinline__ float extremum(float init, Op op) {
+    return cta_allreduce2(thread_extremum<VPT, kFull>(v, t, nt, nch, init, op), op, red_f, par_f);
+  }
+  template <class F>
+  __device__ __forceinline__ double sum(F f) {
+    double s = 0.0;
 #pragma unroll
-  for (int k = 0; k < VPT; ++k)
+    for (int k = 0; k < VPT; ++k)
+      if (valid(k))
 #pragma unroll
-    for (int j = 0; j < 4; ++j) e[k][j] = expf(v[k][j] - m);
-  return cta_allreduce2(static_cast<double>(thread_tree_sum<VPT, kFull>(e, t, nt, nch)), SumD(),
-                        red_d, par_d);
-}
+        for (int j = 0; j < 4; ++j) s += f(v[k][j]);
+    return cta_allreduce2(s, SumD(), red_d, par_d);
+  }
+  template <class F>
+  __device__ __forceinline__ double sum_positive(F f) {
+    return cta_allreduce2(static_cast<double>(thread_tree_sum<VPT, kFull>(v, f, t, nt, nch)),
+                          SumD(), red_d, par_d);
+  }
+  template <class F>
+  __device__ __forceinline__ double map_sum_positive(F f) {
+    map(f);
+    return sum_positive([](float e) { return e; });
+  }
+  template <class F>
+  __device__ __forceinline__ void map(F f) {
+#pragma unroll
+    for (int k = 0; k < VPT; ++k)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) v[k][j] = f(v[k][j]);
+  }
+};
 
 // One row per CTA (grid = M). A persistent variant that prefetches the next row with cp.async
 // into shared memory while computing the current one is slower on H100, as is one fed by
@@ -137,7 +175,6 @@ __global__ void __launch_bounds__(VPT >= 8 ? 256 : 512, VPT == 4 ? 3 : 1)
     row_register_kernel(const __grid_constant__ DevProgram P) {
   __shared__ double red_d[64];
   __shared__ float red_f[64];
-  int par_d = 0, par_f = 0;
   const int t = threadIdx.x, nt = blockDim.x;
   const int64_t r = blockIdx.x;
   int w = P.win;
@@ -157,6 +194,7 @@ __global__ void __launch_bounds__(VPT >= 8 ? 256 : 512, VPT == 4 ? 3 : 1)
     }
   }
   auto valid = [&](int k) { return chunk_valid<kFull>(k, t, nt, nch); };
+  RegisterRow<VPT, kFull> row{v, w, t, nt, nch, red_d, red_f};
 
 #pragma unroll 1
   for (int pc = 0; pc < P.n; ++pc) {
@@ -213,64 +251,11 @@ __global__ void __launch_bounds__(VPT >= 8 ? 256 : 512, VPT == 4 ? 3 : 1)
             *reinterpret_cast<float4*>(in.save + r * static_cast<int64_t>(w) + 4 * (k * nt + t)) =
                 make_float4(v[k][0], v[k][1], v[k][2], v[k][3]);
         break;
-      case kReduce: {
-        float res;
-        if (op == OpCode::Sum || op == OpCode::Mean) {
-          double s = 0.0;
-#pragma unroll
-          for (int k = 0; k < VPT; ++k)
-            if (valid(k))
-#pragma unroll
-              for (int j = 0; j < 4; ++j) s += v[k][j];
-          s = cta_allreduce2(s, SumD(), red_d, par_d);
-          res = op == OpCode::Sum ? static_cast<float>(s) : static_cast<float>(s / w);
-        } else if (op == OpCode::Max || op == OpCode::Min) {
-          res = op == OpCode::Max
-                    ? cta_allreduce2(thread_extremum<VPT, kFull>(v, t, nt, nch, -HUGE_VALF, MaxF()),
-                                     MaxF(), red_f, par_f)
-                    : cta_allreduce2(thread_extremum<VPT, kFull>(v, t, nt, nch, HUGE_VALF, MinF()),
-                                     MinF(), red_f, par_f);
-        } else {  // LogSumExp
-          const float m = cta_allreduce2(
-              thread_extremum<VPT, kFull>(v, t, nt, nch, -HUGE_VALF, ShiftMaxF()), ShiftMaxF(),
-              red_f, par_f);
-          const float sh = lse_shift(m);
-          // Every exp added in fp64, as the interpreter does (the row's one output value).
-          double s = 0.0;
-#pragma unroll
-          for (int k = 0; k < VPT; ++k)
-            if (valid(k))
-#pragma unroll
-              for (int j = 0; j < 4; ++j) s += static_cast<double>(expf(v[k][j] - sh));
-          s = cta_allreduce2(s, SumD(), red_d, par_d);
-          res = logf(static_cast<float>(s)) + sh;
-        }
-        v[0][0] = res;
+      case kReduce:
+        v[0][0] = reduce_forward(op, row);
         w = 1;
         break;
-      }
-      case kSoftmax: {
-        const float m = cta_allreduce2(
-            thread_extremum<VPT, kFull>(v, t, nt, nch, -HUGE_VALF, ShiftMaxF()), ShiftMaxF(), red_f,
-            par_f);
-        if (op == OpCode::Softmax) {
-          const double s = exp_and_sum<VPT, kFull>(v, m, v, t, nt, nch, red_d, par_d);
-          const float inv = softmax_scale(s);
-#pragma unroll
-          for (int k = 0; k < VPT; ++k)
-#pragma unroll
-            for (int j = 0; j < 4; ++j) v[k][j] *= inv;
-        } else {  // LogSoftmax
-          float e[VPT][4];
-          const double s = exp_and_sum<VPT, kFull>(v, m, e, t, nt, nch, red_d, par_d);
-          const float ls = logf(static_cast<float>(s));
-#pragma unroll
-          for (int k = 0; k < VPT; ++k)
-#pragma unroll
-            for (int j = 0; j < 4; ++j) v[k][j] = (v[k][j] - m) - ls;
-        }
-        break;
-      }
+      case kSoftmax: softmax_forward(op, row); break;
       case kGroupNorm: {  // groups of 4q columns: q lanes of one warp
         const int q = (w / in.i0) >> 2;
         const float inv_n = 1.0f / static_cast<float>(4 * q);

@@ -8,11 +8,11 @@
 
 namespace gemmfuse {
 
-// sum, mean, max, min (NaN propagates) or logsumexp (shifted by the row max, 0 when it is +-inf).
+// A Reduce op's value over one row (RowOp<op>::forward, executors/common/row_ops.h).
 float reduce_row(OpCode op, const float* x, int64_t w);
 
-// In place: softmax = exp(x - max) / sum; log_softmax = x - max - log(sum), as PyTorch.
-void softmax_row(bool log, float* x, int64_t w);
+// In place: a Softmax-kind op over one row (RowOp<op>::forward).
+void softmax_row(OpCode op, float* x, int64_t w);
 
 // In place: two-pass mean and biased variance per group of w/groups contiguous columns, then
 // the affine weight and bias (either may be nullptr).

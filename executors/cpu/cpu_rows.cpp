@@ -1,5 +1,5 @@
-// The CPU executor's row functions (row_ops.h).
-#include "row_ops.h"
+// The CPU executor's row functions (cpu_rows.h).
+#include "cpu_rows.h"
 
 #include <algorithm>
 #include <cmath>
@@ -7,45 +7,18 @@
 #include <stdexcept>
 
 #include "pointwise.h"
+#include "row_ops.h"
 
 namespace gemmfuse {
 
 float reduce_row(OpCode op, const float* x, int64_t w) {
-  switch (op) {
-    case OpCode::Sum: case OpCode::Mean: {
-      double s = 0;
-      for (int64_t c = 0; c < w; ++c) s += x[c];
-      return static_cast<float>(op == OpCode::Mean ? s / static_cast<double>(w) : s);
-    }
-    case OpCode::Max: case OpCode::Min: {
-      float m = x[0];
-      for (int64_t c = 1; c < w; ++c) m = op == OpCode::Max ? nan_max(m, x[c]) : nan_min(m, x[c]);
-      return m;
-    }
-    case OpCode::LogSumExp: {
-      float m = x[0];
-      for (int64_t c = 1; c < w; ++c) m = nan_max(m, x[c]);
-      const float shift = lse_shift(m);
-      double s = 0;
-      for (int64_t c = 0; c < w; ++c) s += std::exp(static_cast<double>(x[c] - shift));
-      return static_cast<float>(std::log(s) + static_cast<double>(shift));
-    }
-    default: throw std::logic_error("reduce_row: not a reduction");
-  }
+  StridedRow<Alone> row{x, nullptr, static_cast<int>(w), 0, 1, {}};
+  return reduce_forward(op, row);
 }
 
-void softmax_row(bool log, float* x, int64_t w) {
-  float m = x[0];
-  for (int64_t c = 1; c < w; ++c) m = nan_max(m, x[c]);
-  double s = 0;
-  for (int64_t c = 0; c < w; ++c) s += std::exp(static_cast<double>(x[c] - m));
-  if (log) {
-    const double ls = std::log(s);
-    for (int64_t c = 0; c < w; ++c) x[c] = static_cast<float>(static_cast<double>(x[c] - m) - ls);
-  } else {
-    for (int64_t c = 0; c < w; ++c)
-      x[c] = static_cast<float>(std::exp(static_cast<double>(x[c] - m)) / s);
-  }
+void softmax_row(OpCode op, float* x, int64_t w) {
+  StridedRow<Alone> row{x, x, static_cast<int>(w), 0, 1, {}};
+  softmax_forward(op, row);
 }
 
 GroupStats group_stats(const float* v, int64_t gs, double eps) {

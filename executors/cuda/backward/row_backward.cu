@@ -347,7 +347,10 @@ struct Row {
   }
 };
 
-__global__ void __launch_bounds__(kThreads) row_backward_kernel(const BwSegment s) {
+// Four CTAs per SM (at most 64 registers): without the bound the row team's fp64 sums take the
+// kernel to 80 registers and 3 CTAs, and fp32 training of GroupNorm chains runs slower
+// (docs/measurements.md, "Row ops declared once").
+__global__ void __launch_bounds__(kThreads, 4) row_backward_kernel(const BwSegment s) {
   __shared__ double red_d[kWarps];
   __shared__ float red_f[kWarps];
   const int64_t slot = blockIdx.x;  // gridDim.x == s.slots

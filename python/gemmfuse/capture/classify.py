@@ -56,6 +56,7 @@ _REDUCE_METHODS = {"sum": "sum", "mean": "mean", "amax": "max", "amin": "min",
 
 _SOFTMAX_FUNCS = {torch.softmax: "softmax", F.softmax: "softmax",
                   torch.log_softmax: "log_softmax", F.log_softmax: "log_softmax"}
+_SOFTMAX_MODULES = {nn.Softmax: "softmax", nn.LogSoftmax: "log_softmax"}
 _SOFTMAX_METHODS = {"softmax": "softmax", "log_softmax": "log_softmax"}
 
 _CLAMP_FUNCS = {torch.clamp: "clamp", torch.clip: "clamp", torch.clamp_min: "clamp_min",
@@ -203,7 +204,7 @@ def _reduce_stage(node, ctx):
 
 
 def _softmax_stage(node, ctx):
-    if node.target in (F.softmax, F.log_softmax):
+    if node.target in (F.softmax, F.log_softmax):  # (input, dim, _stacklevel, dtype)
         a = bind(node, ["input", "dim", "_stacklevel", "dtype"],
                  {"dim": None, "dtype": None, "_stacklevel": 3})
     else:
@@ -407,8 +408,7 @@ def _hardtanh_module(node, ctx, mod):  # nn.ReLU6 too
 
 
 def _softmax_module(node, ctx, mod):
-    return _softmax(node, ctx, "softmax" if type(mod) is nn.Softmax else "log_softmax",
-                    {"dim": mod.dim, "dtype": None})
+    return _softmax(node, ctx, _SOFTMAX_MODULES[type(mod)], {"dim": mod.dim, "dtype": None})
 
 
 def _affine(q: str, mod, name: str):
@@ -459,7 +459,7 @@ _STAGE_OF_MODULE = {
     nn.GELU: lambda node, ctx, mod: _gelu(mod.approximate, node),
     nn.Softplus: _softplus_module, nn.ELU: _elu_module, nn.LeakyReLU: _leaky_relu_module,
     nn.Hardtanh: _hardtanh_module, nn.ReLU6: _hardtanh_module,
-    nn.Softmax: _softmax_module, nn.LogSoftmax: _softmax_module,
+    **{m: _softmax_module for m in _SOFTMAX_MODULES},
     nn.GroupNorm: _group_norm_module, nn.LayerNorm: _layer_norm_module,
     nn.BatchNorm1d: lambda node, ctx, mod: _batch_norm_module(node, ctx, mod),
     nn.Dropout: _dropout_module, nn.AvgPool1d: _avg_pool_module, nn.MaxPool1d: _max_pool_module,

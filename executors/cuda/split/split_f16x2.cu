@@ -56,6 +56,87 @@ __device__ __forceinline__ int split8(const float (&v)[8], int e, const bool (&t
   return split8(v, es, take, dst, plane);
 }
 
+// What a row's first pass notes over a thread's values: the largest finite magnitude, whether
+// a NaN was seen, how many infinities.
+struct RowScan {
+  float top = 0.f;
+  bool nan = false;
+  int infs = 0;
+  __device__ __forceinline__ void see(const float (&v)[8]) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const float m = fabsf(v[j]);
+      nan |= v[j] != v[j];
+      infs += isinf(v[j]);
+      if (m <= FLT_MAX) top = fmaxf(top, m);  // finite values only
+    }
+  }
+};
+
+constexpr int64_t kSplitStride = 8 * kSplitThreads;  // columns a CTA takes per step
+
+// The first pass over row `row` (K values), this thread's columns first, first + kSplitStride,
+// ...: with kSteps > 0 they stay in `held` (every load in flight before the first use).
+template <int kSteps>
+__device__ __forceinline__ RowScan scan_row(const float* __restrict__ row, int64_t K, int64_t first,
+                                            float (&held)[kSteps > 0 ? kSteps : 1][8]) {
+  RowScan scan;
+  if constexpr (kSteps > 0) {
+#pragma unroll
+    for (int i = 0; i < kSteps; ++i)
+      if (first + i * kSplitStride < K) load8(row, first + i * kSplitStride, held[i]);
+#pragma unroll
+    for (int i = 0; i < kSteps; ++i)
+      if (first + i * kSplitStride < K) scan.see(held[i]);
+  } else {
+    for (int64_t c = first; c < K; c += kSplitStride) {
+      load8(row, c, held[0]);
+      scan.see(held[0]);
+    }
+  }
+  return scan;
+}
+
+// The second pass: this thread's values scaled by 2^e into the part planes (from `held`, or
+// read again from L2 when kSteps == 0); returns how many were left out (split8).
+template <int kSteps>
+__device__ __forceinline__ int split_row(const float* __restrict__ row, int64_t K, int64_t first,
+                                         const float (&held)[kSteps > 0 ? kSteps : 1][8], int e,
+                                         bool nan, __half* dst, int64_t plane) {
+  int left = 0;
+  bool take[8];  // a NaN row's parts are all zero
+#pragma unroll
+  for (int j = 0; j < 8; ++j) take[j] = !nan;
+  if constexpr (kSteps > 0) {
+#pragma unroll
+    for (int i = 0; i < kSteps; ++i)
+      if (first + i * kSplitStride < K)
+        left += split8(held[i], e, take, dst + first + i * kSplitStride, plane);
+  } else {
+    float v[8];
+    for (int64_t c = first; c < K; c += kSplitStride) {
+      load8(row, c, v);
+      left += split8(v, e, take, dst + c, plane);
+    }
+  }
+  return left;
+}
+
+// Row r's exponent, tiny-value count and mark, from the CTA's totals (thread 0): counts.x the
+// values left out that are tiny, counts.y the infinities (not read for a NaN row).
+__device__ __forceinline__ void record_row(int64_t r, int e, bool nan, int2 counts,
+                                           int64_t most_infinities, float* exps,
+                                           const RowMarks& marks) {
+  const int tiny = nan ? 0 : counts.x;
+  exps[r] = static_cast<float>(e);
+  if (marks.tiny) marks.tiny[r] = tiny;
+  record_mark(nan                          ? kRowNaN
+              : counts.y > most_infinities ? kRowRecompute
+              : tiny + counts.y > 0        ? kRowTiny
+                                           : kRowKept,
+              r, marks);
+}
+
 // A CTA per row (grid-stride over rows), 8 values a thread per step: the row's largest finite
 // magnitude (and whether it holds a NaN, how many infinities) first, then one 16-byte store
 // per part plane. With kSteps > 0 the row stays in registers between the two (K <= kSteps * 8
@@ -70,73 +151,26 @@ __global__ void __launch_bounds__(kSplitThreads)
   __shared__ typename Reduce::TempStorage reduce;
   __shared__ typename ReduceInt2::TempStorage reduce_int2;
   __shared__ float row_max;
-  constexpr int64_t kStride = 8 * kSplitThreads;
   const int64_t most_infinities = correctable_infinities(K);  // more: the row is recomputed
   float held[kSteps > 0 ? kSteps : 1][8];
   wait_for_previous_grid();  // launched programmatically
   const int64_t plane = rows * K, first = 8 * static_cast<int64_t>(threadIdx.x);
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const float* row = src + r * K;
-    float top = 0.f;
-    bool nan = false;
-    int infs = 0;
-    auto see = [&](const float (&v)[8]) {
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const float m = fabsf(v[j]);
-        nan |= v[j] != v[j];
-        infs += isinf(v[j]);
-        if (m <= FLT_MAX) top = fmaxf(top, m);  // finite values only
-      }
-    };
-    if constexpr (kSteps > 0) {
-#pragma unroll
-      for (int i = 0; i < kSteps; ++i)  // every load in flight before the first use
-        if (first + i * kStride < K) load8(row, first + i * kStride, held[i]);
-#pragma unroll
-      for (int i = 0; i < kSteps; ++i)
-        if (first + i * kStride < K) see(held[i]);
-    } else {
-      for (int64_t c = first; c < K; c += kStride) {
-        load8(row, c, held[0]);
-        see(held[0]);
-      }
-    }
-    const float block_top = Reduce(reduce).Reduce(top, [](float a, float b) { return fmaxf(a, b); });
-    nan = __syncthreads_or(nan);  // also orders reduce's storage for reuse
+    const RowScan scan = scan_row<kSteps>(row, K, first, held);
+    const float block_top = Reduce(reduce).Reduce(scan.top, [](float a, float b) { return fmaxf(a, b); });
+    const bool nan = __syncthreads_or(scan.nan);  // also orders reduce's storage for reuse
     if (threadIdx.x == 0) row_max = block_top;
     __syncthreads();
     const float m = row_max;
     const int e = nan || m == 0.f ? 0 : 14 - ilogbf(m);
-    int left = 0;  // values left out of the parts (left_out_at e): this thread's infinities too
-    bool take[8];  // a NaN row's parts are all zero
-#pragma unroll
-    for (int j = 0; j < 8; ++j) take[j] = !nan;
-    auto split = [&](const float (&v)[8], int64_t c) { left += split8(v, e, take, parts + r * K + c, plane); };
-    if constexpr (kSteps > 0) {
-#pragma unroll
-      for (int i = 0; i < kSteps; ++i)
-        if (first + i * kStride < K) split(held[i], first + i * kStride);
-    } else {
-      for (int64_t c = first; c < K; c += kStride) {
-        load8(row, c, held[0]);
-        split(held[0], c);
-      }
-    }
-    // the row's tiny values and infinities (valid in thread 0; not read for a NaN row)
-    const int2 counts = ReduceInt2(reduce_int2).Reduce(make_int2(left - infs, infs), [](int2 a, int2 b) {
+    // values left out of the parts (left_out_at e): this thread's infinities too
+    const int left = split_row<kSteps>(row, K, first, held, e, nan, parts + r * K, plane);
+    // the row's tiny values and infinities (valid in thread 0)
+    const int2 counts = ReduceInt2(reduce_int2).Reduce(make_int2(left - scan.infs, scan.infs), [](int2 a, int2 b) {
       return make_int2(a.x + b.x, a.y + b.y);
     });
-    if (threadIdx.x == 0) {
-      const int tiny = nan ? 0 : counts.x;
-      exps[r] = static_cast<float>(e);
-      if (marks.tiny) marks.tiny[r] = tiny;
-      record_mark(nan                          ? kRowNaN
-                  : counts.y > most_infinities ? kRowRecompute
-                  : tiny + counts.y > 0        ? kRowTiny
-                                               : kRowKept,
-                  r, marks);
-    }
+    if (threadIdx.x == 0) record_row(r, e, nan, counts, most_infinities, exps, marks);
     __syncthreads();  // row_max and the reductions' storage are reused by the next row
   }
 }

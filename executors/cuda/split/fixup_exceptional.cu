@@ -357,6 +357,71 @@ __device__ void correct_item(const float* __restrict__ x, float e, const WP& wp,
   __syncthreads();  // the list is rebuilt by the next item
 }
 
+// This thread's kFlagsPerThread flags of x's rows from `first` (rows past M kept); whether
+// any is marked.
+__device__ __forceinline__ bool read_flags(const int* __restrict__ x_flags, int64_t first, int64_t M,
+                                           int (&f)[kFlagsPerThread]) {
+  bool marked = false;
+#pragma unroll
+  for (int j = 0; j < kFlagsPerThread; ++j) {
+    f[j] = first + j < M ? x_flags[first + j] : kRowKept;
+    marked |= f[j] != kRowKept;
+  }
+  return marked;
+}
+
+// The chunk's kRowTiny rows are second-level slots slot_base, slot_base + 1, ...: those whose
+// slot left out more than correctable_tiny_values are added to the recomputed rows (any order).
+__device__ __forceinline__ void list_crowded_slots(const SecondLevel& second, int64_t slot_base,
+                                                   const int* tiny_rows, int64_t count, int64_t K,
+                                                   int* recomputed_rows, int* recomputed_count) {
+  for (int i = threadIdx.x; i < count; i += kFixupThreads)
+    if (second.slot_tiny[slot_base + i] > correctable_tiny_values(K))
+      recomputed_rows[atomicAdd(recomputed_count, 1)] = tiny_rows[i];
+}
+
+// NaN into the `rows` listed rows of y (a NaN row of x), at the columns the row paths write,
+// spread over the grid's threads.
+__device__ __forceinline__ void write_nan_rows(const int* rows, int count, const int* __restrict__ w_flags,
+                                               float* __restrict__ y, int64_t N) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kFixupThreads + threadIdx.x; i < count * N;
+       i += static_cast<int64_t>(gridDim.x) * kFixupThreads) {
+    const int64_t n = i % N;
+    if (row_paths_write(w_flags, n)) y[rows[i / N] * N + n] = nan_output();
+  }
+}
+
+// A few listed rows recomputed by warps, one output each, spread over the grid's warps.
+template <class WP>
+__device__ __forceinline__ void recompute_rows_by_warps(const float* __restrict__ x, const WP& wp,
+                                                        const int* __restrict__ w_flags,
+                                                        const float* __restrict__ bias, float* __restrict__ y,
+                                                        const int* rows, int count, int64_t N, int64_t K,
+                                                        int64_t warp, int64_t warps, int lane) {
+  for (int64_t i = warp; i < count * N; i += warps) {
+    const int64_t n = i % N;
+    if (row_paths_write(w_flags, n)) recompute(x, wp, bias, y, rows[i / N], n, N, K, lane);
+  }
+}
+
+// W's listed rows (w_list[1 ..]) recomputed as columns of y for every row of x, or written NaN
+// where W's row holds one.
+template <class WP>
+__device__ __forceinline__ void recompute_listed_columns(const float* __restrict__ x, const WP& wp,
+                                                         const int* __restrict__ w_list,
+                                                         const int* __restrict__ w_flags,
+                                                         const float* __restrict__ bias, float* __restrict__ y,
+                                                         int64_t M, int64_t N, int64_t K, int64_t n_cols,
+                                                         int64_t warp, int64_t warps, int lane) {
+  for (int64_t i = warp; i < n_cols * M; i += warps) {
+    const int64_t m = i % M, n = w_list[1 + i / M];
+    if (w_flags[n] != kRowNaN)
+      recompute(x, wp, bias, y, m, n, N, K, lane);
+    else if (lane == 0)
+      y[m * N + n] = nan_output();
+  }
+}
+
 // x's marked rows are listed a chunk of kFlagChunk rows at a time, by every CTA in the same
 // (ascending) order: NaN rows written, spread over the grid's threads; recomputed rows by
 // tiles (or, a few, by warps), spread over the grid; corrected rows in items of kCorrectCols
@@ -400,22 +465,12 @@ __global__ void __launch_bounds__(kFixupThreads, 2)  // the grid: two CTAs an SM
   for (int64_t base = 0; base < M; base += kFlagChunk) {
     const int64_t first = base + kFlagsPerThread * threadIdx.x;
     int f[kFlagsPerThread];
-    bool marked = false;
-#pragma unroll
-    for (int j = 0; j < kFlagsPerThread; ++j) {
-      f[j] = first + j < M ? x_flags[first + j] : kRowKept;
-      marked |= f[j] != kRowKept;
-    }
-    if (__syncthreads_or(marked) == 0) continue;  // the common case: nothing marked
+    if (__syncthreads_or(read_flags(x_flags, first, M, f)) == 0) continue;  // the common case: nothing marked
     bool pick[kFlagsPerThread];
 #pragma unroll
     for (int j = 0; j < kFlagsPerThread; ++j) pick[j] = f[j] == kRowNaN;
     const int nan_rows = list_picked_rows<Scan>(pick, first, recomputed_rows, scan);
-    for (int64_t i = static_cast<int64_t>(blockIdx.x) * kFixupThreads + threadIdx.x; i < nan_rows * N;
-         i += static_cast<int64_t>(gridDim.x) * kFixupThreads) {
-      const int64_t n = i % N;
-      if (row_paths_write(w_flags, n)) y[recomputed_rows[i / N] * N + n] = nan_output();
-    }
+    write_nan_rows(recomputed_rows, nan_rows, w_flags, y, N);
     __syncthreads();  // recomputed_rows is rewritten below
 #pragma unroll
     for (int j = 0; j < kFlagsPerThread; ++j) pick[j] = f[j] == kRowRecompute;
@@ -425,20 +480,14 @@ __global__ void __launch_bounds__(kFixupThreads, 2)  // the grid: two CTAs an SM
     for (int j = 0; j < kFlagsPerThread; ++j) pick[j] = f[j] == kRowTiny;
     int64_t corrected = list_picked_rows<Scan>(pick, first, tiny_rows, scan);
     if (slots > 0) {  // block-uniform; the slot loop below takes these rows
-      for (int i = threadIdx.x; i < corrected; i += kFixupThreads)
-        if (second.slot_tiny[slot_base + i] > correctable_tiny_values(K))
-          recomputed_rows[atomicAdd(&recomputed_count, 1)] = tiny_rows[i];  // any order
+      list_crowded_slots(second, slot_base, tiny_rows, corrected, K, recomputed_rows, &recomputed_count);
       slot_base += corrected;
       corrected = 0;
     }
     __syncthreads();
     const int recomputed = recomputed_count;
     if (recomputed <= kWarpRowsMax) {
-      for (int64_t i = warp; i < recomputed * N; i += warps) {
-        const int64_t n = i % N;
-        if (row_paths_write(w_flags, n))
-          recompute(x, wp, bias, y, recomputed_rows[i / N], n, N, K, lane);
-      }
+      recompute_rows_by_warps(x, wp, w_flags, bias, y, recomputed_rows, recomputed, N, K, warp, warps, lane);
     } else if (choose_large_tile(recomputed, N)) {
       recompute_rows_by_tiles<LargeTile>(x, wp, w_flags, bias, y, recomputed_rows, recomputed, N, K, vec,
                                          work.large);
@@ -461,13 +510,7 @@ __global__ void __launch_bounds__(kFixupThreads, 2)  // the grid: two CTAs an SM
     correct_item<Scan>(x, second.exps[s], wp, w_flags, add, y, second.slot_row[s], n0, N, K,
                        work.list, scan);
   }
-  for (int64_t i = warp; i < n_cols * M; i += warps) {
-    const int64_t m = i % M, n = w_list[1 + i / M];
-    if (w_flags[n] != kRowNaN)
-      recompute(x, wp, bias, y, m, n, N, K, lane);
-    else if (lane == 0)
-      y[m * N + n] = nan_output();
-  }
+  recompute_listed_columns(x, wp, w_list, w_flags, bias, y, M, N, K, n_cols, warp, warps, lane);
 }
 }  // namespace
 

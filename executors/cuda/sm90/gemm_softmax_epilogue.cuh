@@ -38,21 +38,14 @@ __device__ __forceinline__ void stash_exp_pair(float a, float b, float mul, floa
   *reinterpret_cast<__half2*>(dst) = __floats2half2_rn(e0, e1);
 }
 
-// Epilogue of one tile, by the 256 consumer threads: v = act(acc + bias) * scale (columns
-// past N are -inf), the row max and sum of exp(v - max) over the tile's columns to
-// S.tile_max/tile_sum[j], and e = exp(v - max) as fp16 into `stash` [128][kStashStride].
+// v = act(acc + bias) * scale over one tile's accumulator, in place; columns past N are -inf.
+// The epilogue is bound by instruction issue (8 warps, 128 values each, while the tensor
+// cores wait), so every operation per value counts.
 template <class K, class Acc, class Coord>
-__device__ __forceinline__ void tile_epilogue(const typename K::Params& p, Acc& acc,
-                                              const Coord& coord, TileCoord t, int j,
-                                              typename K::SharedStorage& S, __half* stash,
-                                              bool bias_added = false) {
-  const int col0 = t.n_blk * kTileN;
+__device__ __forceinline__ void tile_values(const typename K::Params& p, Acc& acc, const Coord& coord,
+                                            int col0, int j, typename K::SharedStorage& S,
+                                            bool bias_added) {
   constexpr int kVals = decltype(size(acc))::value;
-  static_assert(kVals == 128, "64 rows x 256 columns per warpgroup");
-  // Value i of the wgmma accumulator sits in row r0 + 8 * ((i >> 1) & 1) and its pairs
-  // (i, i + 1) are adjacent columns (CuTe's SM90 64xN accumulator layout).
-  // The epilogue is bound by instruction issue (8 warps, 128 values each, while the tensor
-  // cores wait), so every operation per value counts.
   float amax = 0.f;
 #pragma unroll
   for (int i = 0; i < kVals; i += 2) {
@@ -84,6 +77,14 @@ __device__ __forceinline__ void tile_epilogue(const typename K::Params& p, Acc& 
     for (int i = 0; i < kVals; ++i)
       if (col0 + get<1>(coord(i)) >= p.N) acc(i) = -HUGE_VALF;
   }
+}
+
+// The row max and sum of exp(v - max) over the tile's columns to S.tile_max/tile_sum[j], and
+// e = exp(v - max) as fp16 into `stash` [128][kStashStride].
+template <class K, class Acc, class Coord>
+__device__ __forceinline__ void tile_exp_stats(Acc& acc, const Coord& coord, int j,
+                                               typename K::SharedStorage& S, __half* stash) {
+  constexpr int kVals = decltype(size(acc))::value;
   // Plain max: a NaN is dropped here but makes the tile's sum NaN, which the row merge
   // propagates to the whole row (as softmax does).
   float mx[2] = {-HUGE_VALF, -HUGE_VALF};
@@ -123,6 +124,21 @@ __device__ __forceinline__ void tile_epilogue(const typename K::Params& p, Acc& 
       S.tile_sum[j][r] = sum[h];
     }
   }
+}
+
+// Epilogue of one tile, by the 256 consumer threads: v = act(acc + bias) * scale (columns
+// past N are -inf), the row max and sum of exp(v - max) over the tile's columns to
+// S.tile_max/tile_sum[j], and e = exp(v - max) as fp16 into `stash` [128][kStashStride].
+template <class K, class Acc, class Coord>
+__device__ __forceinline__ void tile_epilogue(const typename K::Params& p, Acc& acc,
+                                              const Coord& coord, TileCoord t, int j,
+                                              typename K::SharedStorage& S, __half* stash,
+                                              bool bias_added = false) {
+  static_assert(decltype(size(acc))::value == 128, "64 rows x 256 columns per warpgroup");
+  // Value i of the wgmma accumulator sits in row r0 + 8 * ((i >> 1) & 1) and its pairs
+  // (i, i + 1) are adjacent columns (CuTe's SM90 64xN accumulator layout).
+  tile_values<K>(p, acc, coord, t.n_blk * kTileN, j, S, bias_added);
+  tile_exp_stats<K>(acc, coord, j, S, stash);
 }
 
 // The epilogue of a CTA's first tile when it has a second, finished under the second tile's

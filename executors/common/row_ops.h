@@ -69,39 +69,30 @@ struct RowOp<OpCode::Mean> {
   }
 };
 
-// max and min (NaN wins): g goes to the first extreme (torch.max(x, dim)'s values: the first
-// NaN where there is one) or is split among ties (amax, amin).
-template <class Team>
-GF_HD void extreme_backward(Team& row, const RowGrad& d, bool first_index) {
-  const float g0 = d.g[0], res = d.y[0];
-  const float* x = d.x;
-  auto hit = [&](int c) { return (gf_isnan(res) && gf_isnan(x[c])) || x[c] == res; };
-  if (first_index) {
-    const int at = row.first_col(hit);
-    row.each_col([&](int c) { d.gi[c] = c == at ? g0 : 0.f; });
-    return;
-  }
-  const float n = static_cast<float>(row.sum_cols([&](int c) { return x[c] == res ? 1.0 : 0.0; }));
-  row.each_col([&](int c) { d.gi[c] = (x[c] == res ? g0 : 0.f) / n; });
-}
-template <>
-struct RowOp<OpCode::Max> {
+// max and min (NaN wins), over Op (MaxF, MinF): g goes to the first extreme (torch.max(x,
+// dim)'s values: the first NaN where there is one) or is split among ties (amax, amin).
+template <class Op>
+struct ExtremeRowOp {
   template <class Team>
-  GF_HD static float forward(Team& row) { return row.extremum(-HUGE_VALF, MaxF()); }
+  GF_HD static float forward(Team& row) { return row.extremum(Op::identity(), Op()); }
   template <class Team>
   GF_HD static void backward(Team& row, const RowGrad& d, bool first_index) {
-    extreme_backward(row, d, first_index);
+    const float g0 = d.g[0], res = d.y[0];
+    const float* x = d.x;
+    auto hit = [&](int c) { return (gf_isnan(res) && gf_isnan(x[c])) || x[c] == res; };
+    if (first_index) {
+      const int at = row.first_col(hit);
+      row.each_col([&](int c) { d.gi[c] = c == at ? g0 : 0.f; });
+      return;
+    }
+    const float n = static_cast<float>(row.sum_cols([&](int c) { return x[c] == res ? 1.0 : 0.0; }));
+    row.each_col([&](int c) { d.gi[c] = (x[c] == res ? g0 : 0.f) / n; });
   }
 };
 template <>
-struct RowOp<OpCode::Min> {
-  template <class Team>
-  GF_HD static float forward(Team& row) { return row.extremum(HUGE_VALF, MinF()); }
-  template <class Team>
-  GF_HD static void backward(Team& row, const RowGrad& d, bool first_index) {
-    extreme_backward(row, d, first_index);
-  }
-};
+struct RowOp<OpCode::Max> : ExtremeRowOp<MaxF> {};
+template <>
+struct RowOp<OpCode::Min> : ExtremeRowOp<MinF> {};
 
 // logsumexp, shifted by the row max (0 where it is +-inf); every exponent added in fp64 (the
 // row's one output value). The gradient is g exp(x - result).

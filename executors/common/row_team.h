@@ -36,9 +36,11 @@ struct SumF {
 };
 struct MaxF {
   GF_HD float operator()(float a, float b) const { return nan_max(a, b); }
+  GF_HD static float identity() { return -HUGE_VALF; }
 };
 struct MinF {
   GF_HD float operator()(float a, float b) const { return nan_min(a, b); }
+  GF_HD static float identity() { return HUGE_VALF; }
 };
 // The max that shifts softmax's, log_softmax's and logsumexp's exponents: fmaxf (one
 // instruction, NaN dropped) where a Max reduce needs nan_max (four). Dropping NaN here is

@@ -1,39 +1,37 @@
-"""The table of an A/B run (scripts/device-ab.sh): for each gemmfuse row of each bench, the
-median ms of wheel a and of wheel b over the repeats, and b / a.
-`python tools/ab_table.py DIR` (DIR: where ab.tgz was unpacked, holding <bench>-<a|b>-<i>.console)."""
+"""The table of an A/B of two wheels (scripts/device-ab.sh): for each gemmfuse row of each
+bench, the median ms of wheel a and of wheel b over the repeats, and b / a, from the bench's
+own JSON records. `python tools/ab_table.py DIR` (DIR: the unpacked ab.tgz, holding
+<bench>-<a|b>-<i>/results.tgz as scripts/device-run.sh leaves them)."""
 from __future__ import annotations
 
+import json
 import statistics
 import sys
+import tarfile
 from pathlib import Path
 
 
-def rows(console: Path) -> dict:
-    """(model, variant, measure) -> ms, from the rich table a bench prints."""
-    out = {}
-    for line in console.read_text(errors="replace").splitlines():
-        if not line.startswith("│"):
-            continue
-        cells = [c.strip() for c in line.split("│")[1:-1]]
-        train = len(cells) > 3 and not cells[2].replace(".", "").isdigit()
-        key = (cells[0], cells[1], cells[2] if train else "forward")
-        try:
-            out[key] = float(cells[3] if train else cells[2])
-        except (ValueError, IndexError):  # "—": the variant did not run
-            continue
-    return out
+def records(run: Path) -> list:
+    """The bench records of one run folder (its bench-*.json, inside results.tgz)."""
+    with tarfile.open(run / "results.tgz") as tar:
+        for member in tar.getmembers():
+            if member.name.endswith(".json") and Path(member.name).name.startswith("bench-"):
+                return json.load(tar.extractfile(member))["records"]
+    return []
 
 
 def table(root: Path) -> list:
     runs = {}
-    for console in sorted(root.glob("*-[ab]-*.console")):
-        bench, wheel, _ = console.stem.rsplit("-", 2)
-        for key, ms in rows(console).items():
-            runs.setdefault((bench,) + key, {}).setdefault(wheel, []).append(ms)
+    for run in sorted(p for p in root.glob("*-[ab]-*") if p.is_dir()):
+        bench, wheel, _ = run.name.rsplit("-", 2)
+        for r in records(run):
+            if r.get("ms") is None or not r["mode"].startswith("gemmfuse"):
+                continue
+            key = (bench, r["model"], r["mode"], r.get("scenario", "forward"))
+            runs.setdefault(key, {}).setdefault(wheel, []).append(r["ms"])
     lines = []
-    for key in sorted(runs):
-        got = runs[key]
-        if "eager" in key[2] or set(got) != {"a", "b"}:
+    for key, got in sorted(runs.items()):
+        if set(got) != {"a", "b"}:
             continue
         a, b = statistics.median(got["a"]), statistics.median(got["b"])
         lines.append(f"{key[0]:6s} {key[1]:5s} {key[2]:16s} {key[3]:12s} a {a:8.3f}  b {b:8.3f}  b/a {b / a:.3f}")

@@ -157,4 +157,9 @@ struct StridedRow {
   }
 };
 
+// One thread as the team of the whole row (the CPU executor's): src read, dst written by maps.
+inline StridedRow<Alone> alone_row(const float* src, float* dst, int64_t w) {
+  return {src, dst, static_cast<int>(w), 0, 1, {}};
+}
+
 }  // namespace gemmfuse

@@ -158,12 +158,12 @@ struct Backward {
     switch (in.kind) {
       case Instr::Kind::Pointwise: pointwise_backward(in, vals, i, g, gi, r, lo, local, part); break;
       case Instr::Kind::Reduce: {
-        StridedRow<Alone> row{x.data(), nullptr, static_cast<int>(x.size()), 0, 1, {}};
+        auto row = alone_row(x.data(), nullptr, static_cast<int64_t>(x.size()));
         gemmfuse::reduce_backward(nd.op, row, {x.data(), y.data(), g.data(), gi.data()}, nd.first_index);
         break;
       }
       case Instr::Kind::Softmax: {
-        StridedRow<Alone> row{y.data(), nullptr, static_cast<int>(y.size()), 0, 1, {}};
+        auto row = alone_row(y.data(), nullptr, static_cast<int64_t>(y.size()));
         gemmfuse::softmax_backward(nd.op, row, {x.data(), y.data(), g.data(), gi.data()});
         break;
       }

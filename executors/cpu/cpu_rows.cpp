@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <stdexcept>
 
 #include "pointwise.h"
 #include "row_ops.h"
@@ -12,12 +11,12 @@
 namespace gemmfuse {
 
 float reduce_row(OpCode op, const float* x, int64_t w) {
-  StridedRow<Alone> row{x, nullptr, static_cast<int>(w), 0, 1, {}};
+  auto row = alone_row(x, nullptr, w);
   return reduce_forward(op, row);
 }
 
 void softmax_row(OpCode op, float* x, int64_t w) {
-  StridedRow<Alone> row{x, x, static_cast<int>(w), 0, 1, {}};
+  auto row = alone_row(x, x, w);
   softmax_forward(op, row);
 }
 

@@ -14,9 +14,7 @@ namespace {
 
 const std::vector<float> kRow = {0.5f, -1.25f, 3.0f, 2.0f, -0.75f};
 
-StridedRow<Alone> team(const float* src, float* dst) {
-  return StridedRow<Alone>{src, dst, static_cast<int>(kRow.size()), 0, 1, {}};
-}
+StridedRow<Alone> team(const float* src, float* dst) { return alone_row(src, dst, kRow.size()); }
 
 double ref_reduce(OpCode op) {
   double s = 0, mx = -INFINITY, mn = INFINITY;

@@ -22,6 +22,10 @@ struct Row {
   int64_t r;     // the row
   int64_t slot;  // the CTA's scratch and sink rows
   BlockCombine comb;  // the CTA's reductions (row_team.h)
+  // The CTA as the row team over w columns of src (maps write dst).
+  __device__ StridedRow<BlockCombine> team(const float* src, float* dst, int w) const {
+    return {src, dst, w, static_cast<int>(threadIdx.x), kThreads, comb};
+  }
   __device__ const float* value(int j) const {
     return j == 0 ? s.v0 + r * s.w0 : s.vals + s.val_off[j] + slot * width(j);
   }
@@ -149,13 +153,13 @@ struct Row {
                      : apply_unary(static_cast<OpCode>(in.op), x[c], in.pp);
         break;
       case kBwReduce: {
-        StridedRow<BlockCombine> row{x, y, w, static_cast<int>(threadIdx.x), kThreads, comb};
+        auto row = team(x, y, w);
         const float res = reduce_forward(static_cast<OpCode>(in.op), row);
         if (threadIdx.x == 0) y[0] = res;
         break;
       }
       case kBwSoftmax: {  // x into y
-        StridedRow<BlockCombine> row{x, y, w, static_cast<int>(threadIdx.x), kThreads, comb};
+        auto row = team(x, y, w);
         softmax_forward(static_cast<OpCode>(in.op), row);
         break;
       }
@@ -273,12 +277,12 @@ struct Row {
     switch (in.kind) {
       case kBwPointwise: pointwise_backward(in, x, y, g, gi); break;
       case kBwReduce: {
-        StridedRow<BlockCombine> row{x, nullptr, in.win, static_cast<int>(threadIdx.x), kThreads, comb};
+        auto row = team(x, nullptr, in.win);
         reduce_backward(static_cast<OpCode>(in.op), row, {x, y, g, gi}, (in.flags & kBwFirstIndex) != 0);
         break;
       }
       case kBwSoftmax: {
-        StridedRow<BlockCombine> row{y, nullptr, in.win, static_cast<int>(threadIdx.x), kThreads, comb};
+        auto row = team(y, nullptr, in.win);
         softmax_backward(static_cast<OpCode>(in.op), row, {x, y, g, gi});
         break;
       }

@@ -142,6 +142,23 @@ struct RowOp<OpCode::LogSoftmax> {
   }
 };
 
+// softmin = softmax(-x) = exp(min - x) / sum, shifted by the row's min (its own extremum: the
+// family's max is not the shift); the gradient y (sum(g y) - g).
+template <>
+struct RowOp<OpCode::Softmin> {
+  template <class Team>
+  GF_HD static void forward(Team& row, float) {
+    const float mn = row.extremum(MinF::identity(), MinF());
+    const float inv = softmax_scale(row.map_sum_positive([&](float v) { return expf(mn - v); }));
+    row.map([&](float v) { return v * inv; });
+  }
+  template <class Team>
+  GF_HD static void backward(Team& row, const RowGrad& d) {
+    const float s = static_cast<float>(row.sum_cols([&](int c) { return double(d.g[c]) * d.y[c]; }));
+    row.each_col([&](int c) { d.gi[c] = d.y[c] * (s - d.g[c]); });
+  }
+};
+
 // ---- dispatch (from the table) -------------------------------------------------------------
 // The planner lowers only the family's ops to its instructions (Planner::instr); any other op
 // here is a bug, and stops the kernel or throws.

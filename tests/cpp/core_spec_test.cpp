@@ -78,7 +78,7 @@ TEST(Spec, EveryOpRoundTrips) {
       "leaky_relu alpha=0.20000000000000001", "clamp lo=-10 hi=10", "clamp lo=0", "clamp hi=6",
       "pow alpha=3", "reciprocal", "add b=2.5", "sub b=t0 rev=1", "mul b=v1", "div b=-inf",
       "minimum b=nan", "maximum b=t1", "sum", "mean keepdim=0", "max", "min", "logsumexp",
-      "softmax", "log_softmax", "group_norm groups=4 eps=0.001 weight=t0 bias=t1",
+      "softmax", "log_softmax", "softmin", "group_norm groups=4 eps=0.001 weight=t0 bias=t1",
       "avg_pool kernel=3 stride=2 padding=1 ceil=1 include_pad=0", "max_pool kernel=2",
       "batch_norm training=1 momentum=none weight=t0 bias=t1 running_mean=s0 running_var=s1 "
       "num_batches=s2",

@@ -130,7 +130,7 @@ TEST(CpuExecutor, Reductions) {
 
 TEST(CpuExecutor, SoftmaxAndLogSoftmax) {
   std::mt19937_64 rng(test_seed());
-  for (const char* op : {"softmax", "log_softmax"})
+  for (const char* op : {"softmax", "log_softmax", "softmin"})
     for (int64_t N : {1, 3, 37, 200}) {
       const int64_t M = pick<int64_t>(rng, {1, 4, 11});
       check(make_case(linear(17, N) + "mul b=4\n" + op + "\n", {M}, {}, "", rng));

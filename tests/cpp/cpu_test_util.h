@@ -298,13 +298,15 @@ inline RefResult reference(const Case& c) {
                 if (n.bias.present()) v += c.operands[n.bias.index][col];
                 x[i] = v;
               }
-            } else {
-              double mx = x[0];
-              for (int64_t i = 0; i < gs; ++i) mx = nanmax(mx, x[i]);
+            } else {  // softmin(x) is softmax(-x)
+              const double sign = n.op == OpCode::Softmin ? -1.0 : 1.0;
+              double mx = sign * x[0];
+              for (int64_t i = 0; i < gs; ++i) mx = nanmax(mx, sign * x[i]);
               double s = 0;
-              for (int64_t i = 0; i < gs; ++i) s += std::exp(x[i] - mx);
+              for (int64_t i = 0; i < gs; ++i) s += std::exp(sign * x[i] - mx);
               for (int64_t i = 0; i < gs; ++i)
-                x[i] = n.op == OpCode::Softmax ? std::exp(x[i] - mx) / s : x[i] - mx - std::log(s);
+                x[i] = n.op == OpCode::LogSoftmax ? x[i] - mx - std::log(s)
+                                                  : std::exp(sign * x[i] - mx) / s;
             }
           }
         break;

@@ -471,7 +471,7 @@ TEST(CudaExecutor, SoftmaxAndLogSoftmax) {
   SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(gftest::test_seed());
   for (int64_t N : {1, 3, 72, 300, 5000})
-    for (const char* op : {"softmax", "log_softmax"})
+    for (const char* op : {"softmax", "log_softmax", "softmin"})
       check_problem({linear(20, N) + "mul b=4\n" + op, {7}, {}, "", 0}, {}, rng);
 }
 
@@ -583,7 +583,7 @@ TEST(CudaExecutor, RegisterRowsNonFinite) {
       t[4 * N + N - 2] = -inf;
       for (int64_t j = 0; j < N; ++j) t[5 * N + j] = -inf;
     };
-    for (const char* body : {"softmax", "log_softmax", "logsumexp keepdim=1", "max keepdim=1",
+    for (const char* body : {"softmax", "log_softmax", "softmin", "logsumexp keepdim=1", "max keepdim=1",
                              "min keepdim=1", "gelu\nsoftmax"})
       check_both_row_kernels({linear(30, N) + "add b=t0\n" + body, {M}, {{M, N}}, "", 0}, rng, {},
                              poison);

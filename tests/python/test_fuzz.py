@@ -136,8 +136,10 @@ def gen_program(rng):
             else:
                 feat, width = False, 0
         elif kind == "softmax":
-            steps.append(("softmax", rng.choice(["softmax", "log_softmax"]), form,
-                          {"dim": rng.choice([-1, len(lead) + 1])}))
+            op = rng.choice(["softmax", "log_softmax", "softmin"])
+            if op == "softmin" and form == "method":  # a function and a module, no method
+                form = "function"
+            steps.append(("softmax", op, form, {"dim": rng.choice([-1, len(lead) + 1])}))
         elif kind == "pool":
             op = rng.choice(["avg_pool", "max_pool"])
             k = rng.randint(1, min(4, max(1, width)))
@@ -243,7 +245,8 @@ class FuzzModel(nn.Module):
                 kw = {"count_include_pad": prm["incl"]} if op == "avg_pool" else {}
                 self.extra[name] = cls(prm["k"], prm["s"], prm["p"], ceil_mode=prm["ceil"], **kw)
             elif kind == "softmax" and form == "module":
-                self.extra[name] = (nn.Softmax if op == "softmax" else nn.LogSoftmax)(dim=prm["dim"])
+                cls = {"softmax": nn.Softmax, "log_softmax": nn.LogSoftmax, "softmin": nn.Softmin}[op]
+                self.extra[name] = cls(dim=prm["dim"])
             elif kind == "unary" and form == "module":
                 mod = _unary_module(op, prm)
                 if mod is not None:

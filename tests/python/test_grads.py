@@ -112,6 +112,7 @@ def _op_programs():
         "logsumexp": [("reduce", "logsumexp", "function", {"keepdim": True, "dim": -1})],
         "softmax": [("softmax", "softmax", "function", {"dim": -1})],
         "log_softmax": [("softmax", "log_softmax", "method", {"dim": -1})],
+        "softmin": [("softmax", "softmin", "module", {"dim": -1})],
         "group_norm": [("group_norm", "group_norm", "module", {"groups": 4, "affine": True, "eps": 1e-5})],
         "layer_norm": [("layer_norm", "layer_norm", "function", {"affine": True, "eps": 1e-5, "width": 24})],
         "avg_pool": [("pool", "avg_pool", "function", {"k": 3, "s": 2, "p": 1, "ceil": True, "incl": False})],

@@ -59,7 +59,8 @@
 // executors/common/row_ops.h), and GroupNorm (LayerNorm is GroupNorm with groups=1).
 #define GEMMFUSE_SOFTMAX_OPS(X)                \
   X(Softmax, "softmax", RowNorm, true)         \
-  X(LogSoftmax, "log_softmax", RowNorm, true)
+  X(LogSoftmax, "log_softmax", RowNorm, true)  \
+  X(Softmin, "softmin", RowNorm, true)
 
 #define GEMMFUSE_ROW_NORM_OPS(X)               \
   GEMMFUSE_SOFTMAX_OPS(X)                      \

@@ -55,8 +55,9 @@ _REDUCE_METHODS = {"sum": "sum", "mean": "mean", "amax": "max", "amin": "min",
                    "logsumexp": "logsumexp"}
 
 _SOFTMAX_FUNCS = {torch.softmax: "softmax", F.softmax: "softmax",
-                  torch.log_softmax: "log_softmax", F.log_softmax: "log_softmax"}
-_SOFTMAX_MODULES = {nn.Softmax: "softmax", nn.LogSoftmax: "log_softmax"}
+                  torch.log_softmax: "log_softmax", F.log_softmax: "log_softmax",
+                  F.softmin: "softmin"}
+_SOFTMAX_MODULES = {nn.Softmax: "softmax", nn.LogSoftmax: "log_softmax", nn.Softmin: "softmin"}
 _SOFTMAX_METHODS = {"softmax": "softmax", "log_softmax": "log_softmax"}
 
 _CLAMP_FUNCS = {torch.clamp: "clamp", torch.clip: "clamp", torch.clamp_min: "clamp_min",
@@ -204,11 +205,11 @@ def _reduce_stage(node, ctx):
 
 
 def _softmax_stage(node, ctx):
-    if node.target in (F.softmax, F.log_softmax):  # (input, dim, _stacklevel, dtype)
+    if node.target in (torch.softmax, torch.log_softmax):  # (input, dim, dtype)
+        a = bind(node, ["input", "dim", "dtype"], {"dtype": None})
+    else:  # torch.nn.functional's: (input, dim, _stacklevel, dtype)
         a = bind(node, ["input", "dim", "_stacklevel", "dtype"],
                  {"dim": None, "dtype": None, "_stacklevel": 3})
-    else:
-        a = bind(node, ["input", "dim", "dtype"], {"dtype": None})
     return _softmax(node, ctx, _SOFTMAX_FUNCS[node.target], a)
 
 

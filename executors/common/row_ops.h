@@ -1,6 +1,6 @@
-// The row ops of op_table.h's Reduce and Softmax rows: each declared once, its forward and its
-// backward, written over a row team (row_team.h). The CPU executor, the CUDA row interpreter,
-// the register kernel and the row backward all run these same functions.
+// The row ops of op_table.h: each declared once, its forward and its backward, written over
+// a row team (row_team.h). The CPU executor, the CUDA row interpreter, the register kernel and
+// the row backward all run these same functions.
 //
 // A Reduce op:   static float forward(Team&)                         the row's one value
 //                static void backward(Team&, const RowGrad&, bool first_index)
@@ -8,9 +8,11 @@
 //                                                                    its max m (the family's
 //                                                                    common first step)
 //                static void backward(Team&, const RowGrad&)
+// GroupNormOp:   forward and backward over one group's team (its sums in the team's Acc)
+// PoolOp:        a window's value and an input column's gradient, per index
 // RowGrad holds the stage's input x, output y, the output's gradient g and the input's
 // gradient gi (written, one entry per column). The op's derivative follows PyTorch's
-// (torch/csrc/autograd/FunctionsManual.cpp).
+// (torch/csrc/autograd/FunctionsManual.cpp). BatchNorm's formulas are batch_norm_op.h's.
 //
 // The dispatch below is generated from the table: a row without its RowOp fails to build.
 #pragma once
@@ -156,6 +158,122 @@ struct RowOp<OpCode::Softmin> {
   GF_HD static void backward(Team& row, const RowGrad& d) {
     const float s = static_cast<float>(row.sum_cols([&](int c) { return double(d.g[c]) * d.y[c]; }));
     row.each_col([&](int c) { d.gi[c] = d.y[c] * (s - d.g[c]); });
+  }
+};
+
+// ---- GroupNorm (LayerNorm: one group) -------------------------------------------------------
+// A group is a team of its own (row_team.h): the columns [0, gs) of the group, with the
+// affine vectors, x, g and gi pointing at its first column. Its sums come in the team's Acc.
+struct GroupStats {
+  float mean, rstd;
+};
+struct GroupGrad {
+  const float* x;       // the group's input
+  const float* g;       // its output's gradient
+  const float* weight;  // the affine weight, or nullptr
+  float* gi;            // the input's gradient (written)
+};
+
+GF_HD float inv_sqrt(float q) { return 1.0f / sqrtf(q); }
+GF_HD double inv_sqrt(double q) { return 1.0 / sqrt(q); }
+
+struct GroupNormOp {
+  // The mean and the biased variance, from the centred values (two passes).
+  template <class Group>
+  GF_HD static GroupStats stats(Group& grp, double eps) {
+    using Acc = typename Group::Acc;
+    const Acc inv_n = static_cast<Acc>(1) / static_cast<Acc>(grp.width());
+    const Acc mean = grp.sum([](float v) { return static_cast<Acc>(v); }) * inv_n;
+    const Acc var = grp.sum([&](float v) {
+      const Acc d = static_cast<Acc>(v) - mean;
+      return d * d;
+    }) * inv_n;
+    return {static_cast<float>(mean), static_cast<float>(inv_sqrt(var + static_cast<Acc>(eps)))};
+  }
+  // y = (x - mean) rstd, times the weight, plus the bias.
+  template <class Group>
+  GF_HD static void forward(Group& grp, const float* weight, const float* bias, double eps) {
+    const GroupStats s = stats(grp, eps);
+    grp.map_affine(weight, bias, [=](float v) { return (v - s.mean) * s.rstd; });
+  }
+  // gi = rstd (g w - mean(g w) - x^ mean(g w x^)), x^ = (x - mean) rstd; sink(c, g x^, g) takes
+  // column c's shares of the weight's and the bias's gradients. The team's source is x.
+  template <class Group, class Sink>
+  GF_HD static void backward(Group& grp, const GroupGrad& d, double eps, Sink sink) {
+    using Acc = typename Group::Acc;
+    const GroupStats s = stats(grp, eps);
+    const Acc n = static_cast<Acc>(grp.width());
+    auto xh = [&](int c) { return (d.x[c] - s.mean) * s.rstd; };
+    auto gw = [&](int c) { return d.weight ? d.g[c] * d.weight[c] : d.g[c]; };
+    const float m1 = static_cast<float>(grp.sum_cols([&](int c) { return static_cast<Acc>(gw(c)); }) / n);
+    const float m2 = static_cast<float>(
+        grp.sum_cols([&](int c) { return static_cast<Acc>(gw(c)) * static_cast<Acc>(xh(c)); }) / n);
+    grp.each_col([&](int c) {
+      const float x_hat = xh(c);
+      d.gi[c] = s.rstd * (gw(c) - m1 - x_hat * m2);
+      sink(c, d.g[c] * x_hat, d.g[c]);
+    });
+  }
+};
+
+// ---- Pool windows (avg_pool1d, max_pool1d: PyTorch's windows, dilation 1) --------------------
+// Window o of a row of w values spans [o stride - padding, + kernel), clipped to the row; its
+// output width (ceil_mode's among it) is the planner's. Every executor computes the windows
+// and their gradients by these functions, a member of the team per output (or input) column.
+struct PoolWindows {
+  int kernel, stride, padding;
+  bool avg;          // avg_pool (else max_pool)
+  bool include_pad;  // the average's divisor counts the padding (count_include_pad)
+};
+
+struct PoolOp {
+  struct Span {
+    int st, en;     // the window's columns in the row
+    float divisor;  // the average's
+  };
+  GF_HD static Span span(const PoolWindows& p, int o, int w) {
+    const int st = o * p.stride - p.padding;
+    const int en = st + p.kernel < w + p.padding ? st + p.kernel : w + p.padding;
+    const int s0 = st > 0 ? st : 0, e0 = en < w ? en : w;
+    return {s0, e0, static_cast<float>(p.include_pad ? en - st : e0 - s0)};
+  }
+  // The column max pooling takes in [st, en): the first largest, or the first NaN (NaN wins,
+  // as in PyTorch); -1 where no value exceeds -inf (a window of padding).
+  GF_HD static int max_at(const float* x, int st, int en) {
+    int at = -1;
+    float m = -HUGE_VALF;
+    for (int c = st; c < en; ++c)
+      if (x[c] > m || gf_isnan(x[c])) {
+        m = x[c];
+        at = c;
+        if (gf_isnan(m)) break;
+      }
+    return at;
+  }
+  // Window o's value: the average (its sum in fp64) or the maximum (-inf for padding only).
+  GF_HD static float forward(const PoolWindows& p, const float* x, int w, int o) {
+    const Span sp = span(p, o, w);
+    if (p.avg) {
+      double acc = 0.0;
+      for (int c = sp.st; c < sp.en; ++c) acc += x[c];
+      return static_cast<float>(acc / sp.divisor);
+    }
+    const int at = max_at(x, sp.st, sp.en);
+    return at >= 0 ? x[at] : -HUGE_VALF;
+  }
+  // Input column c's gradient: over the windows o that hold c, g[o] / divisor (average) or
+  // g[o] where c is o's maximum.
+  GF_HD static float backward(const PoolWindows& p, const float* x, const float* g, int w,
+                              int wout, int c) {
+    const int lo = (c + p.padding - p.kernel) / p.stride, hi = (c + p.padding) / p.stride;
+    float acc = 0.f;
+    for (int o = lo > 0 ? lo : 0; o <= hi && o < wout; ++o) {
+      const Span sp = span(p, o, w);
+      if (c < sp.st || c >= sp.en) continue;
+      if (p.avg) acc += g[o] / sp.divisor;
+      else if (max_at(x, sp.st, sp.en) == c) acc += g[o];
+    }
+    return acc;
   }
 };
 

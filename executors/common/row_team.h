@@ -11,12 +11,14 @@
 // The interface (every member of the team calls each function; results reach every member):
 //   int width()                    the row's width
 //   float extremum(init, op)       op (MaxF, MinF, ShiftMaxF) folded over the row
-//   double sum(f)                  the row's sum of f(v), each term added in fp64
-//   double sum_positive(f)         the same for f >= 0: a member may add its share in fp32
-//   double map_sum_positive(f)     v = f(v) in place, then sum_positive of the new values
+//   Acc sum(f)                     the row's sum of f(v), each term added in Acc (fp64, or
+//                                  fp32 for a warp's GroupNorm group)
+//   Acc sum_positive(f)            the same for f >= 0: a member may add its share in fp32
+//   Acc map_sum_positive(f)        v = f(v) in place, then sum_positive of the new values
 //   void map(f)                    v = f(v) in place
+//   void map_affine(wt, bs, f)     v = f(v) wt[c] + bs[c] in place (either vector nullptr: none)
 // and, for rows in memory (the backward's formulas read several rows by column):
-//   double sum_cols(f)             the row's sum of f(c) over its columns c, in fp64
+//   Acc sum_cols(f)                the row's sum of f(c) over its columns c, in Acc
 //   void each_col(f)               f(c) for each of the member's columns
 //   int first_col(pred)            the smallest column c with pred(c), or width() if none
 // A map reads the team's source row and writes its destination (the same row, in place, or
@@ -28,12 +30,12 @@
 namespace gemmfuse {
 
 // ---- reduction operators (functors: both a fold's step and the team's combine) ---------
-struct SumD {
-  GF_HD double operator()(double a, double b) const { return a + b; }
+template <class T>
+struct SumOf {
+  GF_HD T operator()(T a, T b) const { return a + b; }
 };
-struct SumF {
-  GF_HD float operator()(float a, float b) const { return a + b; }
-};
+using SumD = SumOf<double>;
+using SumF = SumOf<float>;
 struct MaxF {
   GF_HD float operator()(float a, float b) const { return nan_max(a, b); }
   GF_HD static float identity() { return -HUGE_VALF; }
@@ -94,8 +96,10 @@ struct BlockCombine {
 #endif
 
 // ---- a row in memory, member t of nt taking columns t, t + nt, ... ------------------------
-template <class Combine>
+// Sums add their terms in AccT (fp64; fp32 for a warp's GroupNorm group, warp_group).
+template <class Combine, class AccT = double>
 struct StridedRow {
+  using Acc = AccT;
   const float* src;  // the row the next fold or map reads
   float* dst;        // where a map writes (src == dst: in place)
   int w, t, nt;
@@ -110,35 +114,46 @@ struct StridedRow {
     return comb.all(m, op);
   }
   template <class F>
-  GF_HD double sum(F f) const {
-    double s = 0.0;
+  GF_HD Acc sum(F f) const {
+    Acc s = 0;
     for (int c = t; c < w; c += nt) s += f(src[c]);
-    return comb.all(s, SumD());
+    return comb.all(s, SumOf<Acc>());
   }
   template <class F>
-  GF_HD double sum_positive(F f) const { return sum(f); }
+  GF_HD Acc sum_positive(F f) const { return sum(f); }
   template <class F>
-  GF_HD double map_sum_positive(F f) {
-    double s = 0.0;
+  GF_HD Acc map_sum_positive(F f) {
+    Acc s = 0;
     for (int c = t; c < w; c += nt) {
       const float y = f(src[c]);
       dst[c] = y;
       s += y;
     }
     src = dst;
-    return comb.all(s, SumD());
+    return comb.all(s, SumOf<Acc>());
   }
   template <class F>
   GF_HD void map(F f) {
     for (int c = t; c < w; c += nt) dst[c] = f(src[c]);
     src = dst;
   }
+  // v = f(v), times weight[c], plus bias[c] (either absent: nullptr).
+  template <class F>
+  GF_HD void map_affine(const float* weight, const float* bias, F f) {
+    for (int c = t; c < w; c += nt) {
+      float y = f(src[c]);
+      if (weight) y *= weight[c];
+      if (bias) y += bias[c];
+      dst[c] = y;
+    }
+    src = dst;
+  }
 
   template <class F>
-  GF_HD double sum_cols(F f) const {
-    double s = 0.0;
+  GF_HD Acc sum_cols(F f) const {
+    Acc s = 0;
     for (int c = t; c < w; c += nt) s += f(c);
-    return comb.all(s, SumD());
+    return comb.all(s, SumOf<Acc>());
   }
   template <class F>
   GF_HD void each_col(F f) const {
@@ -161,5 +176,20 @@ struct StridedRow {
 inline StridedRow<Alone> alone_row(const float* src, float* dst, int64_t w) {
   return {src, dst, static_cast<int>(w), 0, 1, {}};
 }
+
+#if defined(__CUDACC__)
+// The teams of one GroupNorm group of gs columns in memory: a warp's lanes with fp32 sums (the
+// many-small-groups case, where fp64 sums would take most of the pass), or the CTA's nt
+// threads with fp64 sums (large groups).
+__device__ __forceinline__ StridedRow<WarpCombine, float> warp_group(const float* src, float* dst,
+                                                                     int gs, int lane) {
+  return {src, dst, gs, lane, 32, {}};
+}
+__device__ __forceinline__ StridedRow<BlockCombine, double> cta_group(const float* src, float* dst,
+                                                                      int gs, int t, int nt,
+                                                                      double* red_d) {
+  return {src, dst, gs, t, nt, {red_d, nullptr}};
+}
+#endif
 
 }  // namespace gemmfuse

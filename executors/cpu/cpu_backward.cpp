@@ -199,39 +199,21 @@ struct Backward {
     const Node& nd = in.node;
     const float* wt = col_param(in.weight);
     const int64_t gs = static_cast<int64_t>(x.size()) / nd.groups;
-    for (int64_t grp = 0; grp < nd.groups; ++grp) {
-      const int64_t c0 = grp * gs;
-      const auto [mean, rstd] = group_stats(x.data() + c0, gs, nd.eps);
-      double m1 = 0, m2 = 0;
-      for (int64_t c = 0; c < gs; ++c) {
-        const double xh = (x[c0 + c] - mean) * rstd, gw = double(g[c0 + c]) * (wt ? wt[c0 + c] : 1.f);
-        m1 += gw;
-        m2 += gw * xh;
-        add_col(part, in.weight, c0 + c, double(g[c0 + c]) * xh);
-        add_col(part, in.bias, c0 + c, g[c0 + c]);
-      }
-      m1 /= double(gs);
-      m2 /= double(gs);
-      for (int64_t c = 0; c < gs; ++c) {
-        const double xh = (x[c0 + c] - mean) * rstd, gw = double(g[c0 + c]) * (wt ? wt[c0 + c] : 1.f);
-        gi[c0 + c] = static_cast<float>(rstd * (gw - m1 - xh * m2));
-      }
+    for (int64_t c0 = 0; c0 < static_cast<int64_t>(x.size()); c0 += gs) {
+      StridedRow<Alone> grp = alone_row(x.data() + c0, nullptr, gs);
+      const GroupGrad d{x.data() + c0, g.data() + c0, wt ? wt + c0 : nullptr, gi.data() + c0};
+      GroupNormOp::backward(grp, d, nd.eps, [&](int c, float dw, float db) {
+        add_col(part, in.weight, c0 + c, dw);
+        add_col(part, in.bias, c0 + c, db);
+      });
     }
   }
 
   static void pool_backward(const Node& nd, int64_t width_out, const std::vector<float>& x,
                             const std::vector<float>& g, std::vector<float>& gi) {
-    const int64_t w = static_cast<int64_t>(x.size());
-    for (int64_t o = 0; o < width_out; ++o) {
-      const auto [st, en, divisor] = pool_window(nd, o, w);
-      if (nd.op == OpCode::AvgPool) {
-        const float share = g[o] / divisor;
-        for (int64_t c = st; c < en; ++c) gi[c] += share;
-      } else {
-        const int64_t at = max_pool_at(x.data(), st, en);
-        if (at >= 0) gi[at] += g[o];
-      }
-    }
+    const PoolWindows p = pool_windows(nd);
+    const int w = static_cast<int>(x.size()), wout = static_cast<int>(width_out);
+    for (int c = 0; c < w; ++c) gi[c] = PoolOp::backward(p, x.data(), g.data(), w, wout, c);
   }
 
   // Running statistics (batch ones cut the rows into segments).

@@ -20,28 +20,11 @@ void softmax_row(OpCode op, float* x, int64_t w) {
   softmax_forward(op, row);
 }
 
-GroupStats group_stats(const float* v, int64_t gs, double eps) {
-  double mean = 0;
-  for (int64_t c = 0; c < gs; ++c) mean += v[c];
-  mean /= static_cast<double>(gs);
-  double var = 0;
-  for (int64_t c = 0; c < gs; ++c) var += (v[c] - mean) * (v[c] - mean);
-  var /= static_cast<double>(gs);
-  return {mean, 1.0 / std::sqrt(var + eps)};
-}
-
 void group_norm_row(const Node& n, float* x, int64_t w, const float* wt, const float* bs) {
   const int64_t gs = w / n.groups;
   for (int64_t g = 0; g < n.groups; ++g) {
-    float* v = x + g * gs;
-    const auto [mean, rstd] = group_stats(v, gs, n.eps);
-    for (int64_t c = 0; c < gs; ++c) {
-      const int64_t col = g * gs + c;
-      double y = (v[c] - mean) * rstd;
-      if (wt) y *= wt[col];
-      if (bs) y += bs[col];
-      v[c] = static_cast<float>(y);
-    }
+    StridedRow<Alone> grp = alone_row(x + g * gs, x + g * gs, gs);
+    GroupNormOp::forward(grp, wt ? wt + g * gs : nullptr, bs ? bs + g * gs : nullptr, n.eps);
   }
 }
 
@@ -61,38 +44,15 @@ void running_stats_row(const float* rm, const float* rv, double eps, int64_t w, 
   }
 }
 
-PoolWindow pool_window(const Node& n, int64_t o, int64_t w) {
-  int64_t st = o * n.stride - n.padding, en = std::min(st + n.kernel, w + n.padding);
-  const int64_t pool_size = en - st;  // includes padding (count_include_pad)
-  st = std::max<int64_t>(st, 0);
-  en = std::min(en, w);
-  return {st, en, static_cast<float>(n.count_include_pad ? pool_size : en - st)};
-}
-
-int64_t max_pool_at(const float* x, int64_t st, int64_t en) {
-  int64_t at = -1;
-  float m = -std::numeric_limits<float>::infinity();
-  for (int64_t c = st; c < en; ++c)
-    if (x[c] > m || gf_isnan(x[c])) {
-      m = x[c];
-      at = c;
-      if (gf_isnan(m)) break;
-    }
-  return at;
+PoolWindows pool_windows(const Node& n) {
+  return {static_cast<int>(n.kernel), static_cast<int>(n.stride), static_cast<int>(n.padding),
+          n.op == OpCode::AvgPool, n.count_include_pad};
 }
 
 void pool_row(const Node& n, const float* x, int64_t w, float* out, int64_t w_out) {
-  for (int64_t o = 0; o < w_out; ++o) {
-    const auto [st, en, divisor] = pool_window(n, o, w);
-    if (n.op == OpCode::AvgPool) {
-      double s = 0;
-      for (int64_t c = st; c < en; ++c) s += x[c];
-      out[o] = static_cast<float>(s / static_cast<double>(divisor));
-    } else {
-      const int64_t at = max_pool_at(x, st, en);
-      out[o] = at >= 0 ? x[at] : -std::numeric_limits<float>::infinity();  // padding is -inf
-    }
-  }
+  const PoolWindows p = pool_windows(n);
+  for (int64_t o = 0; o < w_out; ++o)
+    out[o] = PoolOp::forward(p, x, static_cast<int>(w), static_cast<int>(o));
 }
 
 }  // namespace gemmfuse

@@ -14,15 +14,9 @@ float reduce_row(OpCode op, const float* x, int64_t w);
 // In place: a Softmax-kind op over one row (RowOp<op>::forward).
 void softmax_row(OpCode op, float* x, int64_t w);
 
-// In place: two-pass mean and biased variance per group of w/groups contiguous columns, then
-// the affine weight and bias (either may be nullptr).
+// In place: GroupNorm over groups of w/groups contiguous columns (GroupNormOp::forward, sums in
+// fp64), with the affine weight and bias (either may be nullptr).
 void group_norm_row(const Node& n, float* x, int64_t w, const float* wt, const float* bs);
-
-// One group's mean and 1 / sqrt(biased variance + eps), two passes in double (group_norm_row's).
-struct GroupStats {
-  double mean, rstd;
-};
-GroupStats group_stats(const float* v, int64_t gs, double eps);
 
 // In place: BatchNorm with stats [2, w] (mean, invstd): (x - mean) invstd, times the weight,
 // plus the bias (either may be nullptr), in fp32.
@@ -31,17 +25,9 @@ void batch_norm_row(float* x, int64_t w, const float* stats, const float* wt, co
 // stats [2, w] (mean, invstd) of an eval BatchNorm from its running mean and variance.
 void running_stats_row(const float* rm, const float* rv, double eps, int64_t w, float* stats);
 
-// Pool window o over a row of w values: its columns [st, en) and the average's divisor
-// (count_include_pad counts the padding).
-struct PoolWindow {
-  int64_t st, en;
-  float divisor;
-};
-PoolWindow pool_window(const Node& n, int64_t o, int64_t w);
-
-// The column of x[st, en) that max pooling takes: the first largest, or the first NaN (NaN
-// wins, as PyTorch); -1 where no value exceeds -inf (the padding's).
-int64_t max_pool_at(const float* x, int64_t st, int64_t en);
+// A Pool node's windows (PoolOp, executors/common/row_ops.h).
+struct PoolWindows;
+PoolWindows pool_windows(const Node& n);
 
 // PyTorch's avg_pool1d / max_pool1d (dilation 1) over one row; `out` has w_out entries.
 void pool_row(const Node& n, const float* x, int64_t w, float* out, int64_t w_out);

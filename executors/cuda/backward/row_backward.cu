@@ -1,8 +1,8 @@
 // The CUDA row backward (row_backward.h). A CTA per row at a time, 256 threads over the
 // columns; the row's values live in the CTA's slot of global scratch (one row of each value,
 // reused by its next row: L2-resident), reductions go through the CTA's row team
-// (executors/common/row_team.h). Reduce and Softmax stages run their RowOp (row_ops.h), as
-// every executor does; the other stages' formulas are the CPU reference's (cpu_backward.cpp).
+// (executors/common/row_team.h). Reduce, Softmax, GroupNorm and Pool stages run their ops of
+// row_ops.h, as every executor does; the pointwise ones run pointwise.h's.
 #include "row_backward.h"
 
 #include <algorithm>
@@ -165,7 +165,8 @@ struct Row {
       }
       case kBwGroupNorm: group_norm(in, x, y, nullptr, nullptr); break;
       case kBwPool:
-        for (int o = threadIdx.x; o < in.wout; o += kThreads) y[o] = pool_window(in, x, o, nullptr);
+        for (int o = threadIdx.x; o < in.wout; o += kThreads)
+          y[o] = PoolOp::forward(pool_windows(in), x, in.win, o);
         break;
       case kBwBatchNorm:
         for (int c = threadIdx.x; c < w; c += kThreads) {
@@ -179,93 +180,37 @@ struct Row {
     __syncthreads();
   }
 
-  // Pool window o's value (and, for max pooling, the column it takes: the first largest, NaN
-  // first).
-  __device__ float pool_window(const BwInstr& in, const float* x, int o, int* at) const {
-    int st = o * in.stride - in.padding, en = min(st + in.kernel, in.win + in.padding);
-    const int pool_size = en - st;
-    st = max(st, 0);
-    en = min(en, in.win);
-    if (static_cast<OpCode>(in.op) == OpCode::AvgPool) {
-      float t = 0.f;
-      for (int c = st; c < en; ++c) t += x[c];
-      return t / static_cast<float>((in.flags & kBwIncludePad) ? pool_size : en - st);
-    }
-    float m = -INFINITY;
-    int a = -1;
-    for (int c = st; c < en; ++c)
-      if (x[c] > m || gf_isnan(x[c])) {
-        m = x[c];
-        a = c;
-        if (gf_isnan(m)) break;
-      }
-    if (at) *at = a;
-    return m;
+  // The Pool instruction's windows (PoolOp).
+  __device__ static PoolWindows pool_windows(const BwInstr& in) {
+    return {in.kernel, in.stride, in.padding, static_cast<OpCode>(in.op) == OpCode::AvgPool,
+            (in.flags & kBwIncludePad) != 0};
   }
 
-  // GroupNorm forward (g == nullptr) or backward (g: the output's gradient in, gi: the
-  // input's out; affine sinks filled). A warp per group when groups are small, the block
-  // per group otherwise.
+  // GroupNorm forward (g == nullptr: y from x) or backward (gi from g; the affine parameters'
+  // gradients into the row's sinks), by GroupNormOp over group teams: a warp a group where
+  // the groups are many and small, else the CTA a group.
   __device__ void group_norm(const BwInstr& in, const float* x, float* y, const float* g, float* gi) {
     const int w = in.win, gs = w / in.groups;
-    const bool per_warp = in.groups >= kWarps && gs <= 1024;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int first = per_warp ? warp : 0, step = per_warp ? kWarps : 1;
-    const GroupTeam team{per_warp, per_warp ? lane : static_cast<int>(threadIdx.x), per_warp ? 32 : kThreads, gs};
-    for (int grp = first; grp < in.groups; grp += step) {
-      const float* xg = x + grp * gs;
-      float a = 0.f;
-      for (int c = team.t0; c < gs; c += team.tn) a += xg[c];
-      const float mean = group_sum(team, a) / gs;
-      float v = 0.f;
-      for (int c = team.t0; c < gs; c += team.tn) v += (xg[c] - mean) * (xg[c] - mean);
-      const float rstd = rsqrtf(group_sum(team, v) / gs + in.eps);
-      if (g == nullptr) group_norm_apply(in, team, grp, xg, mean, rstd, y);
-      else group_norm_grad(in, team, grp, xg, mean, rstd, g, gi);
-    }
-  }
-
-  // The threads that take one group (a warp's lanes, or the CTA's threads) and its width.
-  struct GroupTeam {
-    bool per_warp;
-    int t0, tn, gs;
-  };
-  __device__ float group_sum(const GroupTeam& team, float v) {
-    return team.per_warp ? warp_allreduce(v, SumF()) : comb.all(v, SumF());
-  }
-
-  // y = (x - mean) rstd, times the weight, plus the bias, over group grp.
-  __device__ void group_norm_apply(const BwInstr& in, const GroupTeam& team, int grp, const float* xg,
-                                   float mean, float rstd, float* y) {
-    for (int c = team.t0; c < team.gs; c += team.tn) {
-      const int col = grp * team.gs + c;
-      float o = (xg[c] - mean) * rstd;
-      if (in.weight) o *= in.weight[col];
-      if (in.bias) o += in.bias[col];
-      y[col] = o;
-    }
-  }
-
-  // gi = rstd (g w - mean(g w) - x^ mean(g w x^)) over group grp, and the affine parameters'
-  // gradients into the row's sinks.
-  __device__ void group_norm_grad(const BwInstr& in, const GroupTeam& team, int grp, const float* xg,
-                                  float mean, float rstd, const float* g, float* gi) {
-    const int w = in.win, gs = team.gs;
-    float m1 = 0.f, m2 = 0.f;
-    for (int c = team.t0; c < gs; c += team.tn) {
-      const int col = grp * gs + c;
-      const float xh = (xg[c] - mean) * rstd, gw = g[col] * (in.weight ? in.weight[col] : 1.f);
-      m1 += gw;
-      m2 += gw * xh;
-      if (in.weight_grad) in.weight_grad[slot * w + col] += g[col] * xh;
-      if (in.bias_grad) in.bias_grad[slot * w + col] += g[col];
-    }
-    m1 = group_sum(team, m1) / gs;
-    m2 = group_sum(team, m2) / gs;
-    for (int c = team.t0; c < gs; c += team.tn) {
-      const int col = grp * gs + c;
-      const float xh = (xg[c] - mean) * rstd, gw = g[col] * (in.weight ? in.weight[col] : 1.f);
-      gi[col] = rstd * (gw - m1 - xh * m2);
+    auto run = [&](auto&& team, int grp) {
+      const int c0 = grp * gs;
+      if (g == nullptr) {
+        GroupNormOp::forward(team, in.weight ? in.weight + c0 : nullptr, in.bias ? in.bias + c0 : nullptr,
+                             in.eps);
+        return;
+      }
+      const GroupGrad d{x + c0, g + c0, in.weight ? in.weight + c0 : nullptr, gi + c0};
+      GroupNormOp::backward(team, d, in.eps, [&](int c, float dw, float db) {
+        if (in.weight_grad) in.weight_grad[slot * w + c0 + c] += dw;
+        if (in.bias_grad) in.bias_grad[slot * w + c0 + c] += db;
+      });
+    };
+    const int t = threadIdx.x;
+    if (in.groups >= kWarps && gs <= 1024) {
+      for (int grp = t >> 5; grp < in.groups; grp += kWarps)
+        run(warp_group(x + grp * gs, y ? y + grp * gs : nullptr, gs, t & 31), grp);
+    } else {
+      for (int grp = 0; grp < in.groups; ++grp)
+        run(cta_group(x + grp * gs, y ? y + grp * gs : nullptr, gs, t, kThreads, comb.red_d), grp);
     }
   }
 
@@ -310,32 +255,10 @@ struct Row {
     sink_row_sum(in, part);
   }
 
-  // Each column c gathers g from the windows o whose span [o s - p, o s - p + k) holds it: an
-  // average's share, or all of it where c is the window's maximum.
+  // Each column c gathers g from the windows that hold it (PoolOp::backward).
   __device__ void pool_backward(const BwInstr& in, const float* x, const float* g, float* gi) {
-    const int w = in.win;
-    const bool avg = static_cast<OpCode>(in.op) == OpCode::AvgPool;
-    for (int c = threadIdx.x; c < w; c += kThreads) {
-      const int lo_o = max(0, (c + in.padding - in.kernel) / in.stride);
-      const int hi_o = min(in.wout - 1, (c + in.padding) / in.stride);
-      float acc = 0.f;
-      for (int o = lo_o; o <= hi_o; ++o) {
-        const int st = o * in.stride - in.padding;
-        if (c < st || c >= st + in.kernel) continue;
-        if (avg) {
-          int s0 = st, e0 = min(st + in.kernel, w + in.padding);
-          const int pool_size = e0 - s0;
-          s0 = max(s0, 0);
-          e0 = min(e0, w);
-          acc += g[o] / static_cast<float>((in.flags & kBwIncludePad) ? pool_size : e0 - s0);
-        } else {
-          int at = -1;
-          pool_window(in, x, o, &at);
-          if (at == c) acc += g[o];
-        }
-      }
-      gi[c] = acc;
-    }
+    const PoolWindows p = pool_windows(in);
+    for (int c = threadIdx.x; c < in.win; c += kThreads) gi[c] = PoolOp::backward(p, x, g, in.win, in.wout, c);
   }
 
   // An eval BatchNorm (running statistics; batch ones cut the segments): g times weight and

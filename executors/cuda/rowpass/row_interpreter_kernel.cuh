@@ -66,98 +66,33 @@ __device__ __forceinline__ void elementwise_pass(const DevProgram& P, int pc, in
   }
 }
 
-// Mean and biased variance of the group x[0, n) (two passes), normalise, apply the affine.
-// kBlock: the whole CTA is the team, sums in fp64 (large groups). Otherwise one warp (lane t
-// of 32) takes the group with fp32 sums and shuffles: a group per warp is the many-small-groups
-// case (m94: 256 groups of 32), where fp64 sums take most of the row pass's time.
-template <bool kBlock>
-__device__ __forceinline__ void group_norm_group(float* x, int n, float inv_n, const float* wt,
-                                                 const float* bs, int cbase, float eps, int t,
-                                                 int nt, double* red) {
-  float meanf, rstd;
-  if (kBlock) {
-    double s = 0.0;
-    for (int i = t; i < n; i += nt) s += x[i];
-    s = BlockCombine{red, nullptr}.all(s, SumD());
-    const double mean = s / n;
-    double q = 0.0;
-    for (int i = t; i < n; i += nt) {
-      const double d = static_cast<double>(x[i]) - mean;
-      q += d * d;
-    }
-    q = BlockCombine{red, nullptr}.all(q, SumD());
-    meanf = static_cast<float>(mean);
-    rstd = static_cast<float>(1.0 / sqrt(q / n + static_cast<double>(eps)));
-  } else {
-    float s = 0.f;
-    for (int i = t; i < n; i += nt) s += x[i];
-    meanf = warp_allreduce(s, SumF()) * inv_n;
-    float q = 0.f;
-    for (int i = t; i < n; i += nt) {
-      const float d = x[i] - meanf;
-      q = fmaf(d, d, q);
-    }
-    q = warp_allreduce(q, SumF()) * inv_n;
-    rstd = 1.0f / sqrtf(q + eps);
-  }
-  for (int i = t; i < n; i += nt) {
-    float y = (x[i] - meanf) * rstd;
-    if (wt) y *= wt[cbase + i];
-    if (bs) y += bs[cbase + i];
-    x[i] = y;
-  }
-}
-
-// GroupNorm over the row's in.i0 groups: one warp a group, or the CTA a group where the
-// groups are fewer than the warps.
+// GroupNorm over the row's in.i0 groups (GroupNormOp::forward): one warp a group (warp mode,
+// or where the groups are at least the warps), else the CTA a group. (The three loops, rather
+// than one over a team chosen per group, keep the kernel at its registers without spills.)
 template <bool kWarp>
 __device__ __forceinline__ void group_norm_row(const DevInstr& in, float* cur, int w, int t, int nt,
                                                double* red_d) {
   const int G = in.i0, gs = w / G;
-  const float inv_n = 1.0f / static_cast<float>(gs);
-  if (kWarp) {
-    for (int g = 0; g < G; ++g)
-      group_norm_group<false>(cur + g * gs, gs, inv_n, in.p1, in.p2, g * gs, in.imm, t, 32, red_d);
-    return;
-  }
-  const int nw = nt >> 5;
-  if (G >= nw) {  // a warp per group
-    const int warp = t >> 5, lane = t & 31;
-    for (int g = warp; g < G; g += nw)
-      group_norm_group<false>(cur + g * gs, gs, inv_n, in.p1, in.p2, g * gs, in.imm, lane, 32, red_d);
-  } else {  // the CTA per group
-    for (int g = 0; g < G; ++g)
-      group_norm_group<true>(cur + g * gs, gs, inv_n, in.p1, in.p2, g * gs, in.imm, t, nt, red_d);
+  auto run = [&](auto&& grp, int g) {
+    const int c0 = g * gs;
+    GroupNormOp::forward(grp, in.p1 ? in.p1 + c0 : nullptr, in.p2 ? in.p2 + c0 : nullptr, in.imm);
+  };
+  const int nw = nt >> 5, lane = t & 31;
+  if (kWarp || G >= nw) {
+    for (int g = kWarp ? 0 : t >> 5; g < G; g += kWarp ? 1 : nw)
+      run(warp_group(cur + g * gs, cur + g * gs, gs, lane), g);
+  } else {
+    for (int g = 0; g < G; ++g) run(cta_group(cur + g * gs, cur + g * gs, gs, t, nt, red_d), g);
   }
 }
 
-// avg_pool / max_pool (PyTorch's windows; NaN wins the max) of cur's w values into oth's
-// in.wout.
+// avg_pool / max_pool (PoolOp's windows) of cur's w values into oth's in.wout.
 __device__ __forceinline__ void pool_row(const DevInstr& in, const float* cur, float* oth, int w,
                                          int t, int nt) {
-  const int K = in.i0, S = in.i1, Pd = in.i2, wo = in.wout;
-  const bool avg = static_cast<OpCode>(in.op) == OpCode::AvgPool;
+  const PoolWindows p{in.i0, in.i1, in.i2, static_cast<OpCode>(in.op) == OpCode::AvgPool,
+                      (in.flags & kFlagIncludePad) != 0};
 #pragma unroll 1
-  for (int o = t; o < wo; o += nt) {
-    const int start = o * S - Pd;
-    const int end = min(start + K, w + Pd);
-    const int s0 = max(start, 0), e0 = min(end, w);
-    if (avg) {
-      double acc = 0.0;
-#pragma unroll 1
-      for (int i = s0; i < e0; ++i) acc += cur[i];
-      const int div = (in.flags & kFlagIncludePad) ? (end - start) : (e0 - s0);
-      oth[o] = static_cast<float>(acc / div);
-    } else {
-      float m = -HUGE_VALF;
-#pragma unroll 1
-      for (int i = s0; i < e0; ++i) {
-        const float x = cur[i];
-        if (x > m || gf_isnan(x)) m = x;
-      }
-      oth[o] = m;
-    }
-  }
+  for (int o = t; o < in.wout; o += nt) oth[o] = PoolOp::forward(p, cur, w, o);
 }
 
 template <bool kWarp>

@@ -113,6 +113,31 @@ __device__ __forceinline__ float thread_tree_sum(const float (&v)[VPT][4], F f, 
   return acc[0];
 }
 
+// A GroupNorm group of this kernel's row (GroupNormOp's team): the chunks k of q consecutive
+// lanes (4q columns), the lane's one chunk v; sums by segmented butterfly shuffles in fp32
+// (bitwise equal in every lane of the group). Every lane folds (the shuffles need the whole
+// warp); a map skips the chunks past the row. map_affine takes the row's vectors, indexed by
+// `col`, the chunk's first column in the row.
+struct RegisterGroup {
+  using Acc = float;
+  float (&v)[4];
+  int q, col;
+  bool valid;
+
+  __device__ __forceinline__ int width() const { return 4 * q; }
+  template <class F>
+  __device__ __forceinline__ float sum(F f) const {
+    return seg_sum((f(v[0]) + f(v[1])) + (f(v[2]) + f(v[3])), q);
+  }
+  template <class F>
+  __device__ __forceinline__ void map_affine(const float* weight, const float* bias, F f) {
+    if (!valid) return;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) v[j] = f(v[j]);
+    affine4(v, weight, bias, col);
+  }
+};
+
 // The row team of this kernel (row_team.h): the CTA over a row in registers, thread t holding
 // chunks k * nt + t; one per kernel (its reduction slots alternate across the program). Folds skip the chunks past the row; maps run on every chunk (those past
 // the row are never stored). Sums of positive terms add the thread's share in fp32, pairwise
@@ -159,6 +184,93 @@ struct RegisterRow {
 #pragma unroll
       for (int j = 0; j < 4; ++j) v[k][j] = f(v[k][j]);
   }
+
+  // ---- the program's steps on row r (the kernel's loop dispatches to them) ----------------
+  __device__ __forceinline__ int col(int k) const { return 4 * (k * nt + t); }
+
+  __device__ __forceinline__ void load(const DevProgram& P, int64_t r) {
+    const float* src = P.in + r * static_cast<int64_t>(P.win);
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+      if (k * nt + t < nch) {
+        ldrow4(src + col(k), v[k]);
+      } else {
+        v[k][0] = v[k][1] = v[k][2] = v[k][3] = 0.f;
+      }
+    }
+  }
+
+  __device__ __forceinline__ void pointwise(const DevInstr& in, int64_t r) {
+    const OpCode op = static_cast<OpCode>(in.op);
+    if (!(in.flags & kFlagBinary)) {
+#pragma unroll
+      for (int k = 0; k < VPT; ++k) apply_unary4(op, v[k], in.pp);
+      return;
+    }
+    const bool rev = (in.flags & kFlagReversed) != 0;
+    if (in.opnd == kOpCol || in.opnd == kOpFull) {
+      const float* base = in.b + (in.opnd == kOpFull ? r * static_cast<int64_t>(w) : 0);
+#pragma unroll
+      for (int k = 0; k < VPT; ++k) {
+        if (valid(k)) {
+          float b[4];
+          if (in.opnd == kOpFull) ldrow4(base + col(k), b);
+          else ld4(base + col(k), b);
+          apply_binary4(op, v[k], b, rev);
+        }
+      }
+      return;
+    }
+    float b[4];
+    load_operand4(in, r, 0, 4, b);  // one value for the row
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) apply_binary4(op, v[k], b, rev);
+  }
+
+  __device__ __forceinline__ void bn_apply(const DevInstr& in) {
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+      if (valid(k)) {
+        float mu[4], is[4];
+        ld4(in.p0 + col(k), mu);
+        ld4(in.p0 + in.win + col(k), is);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) v[k][j] = (v[k][j] - mu[j]) * is[j];
+        affine4(v[k], in.p1, in.p2, col(k));
+      }
+    }
+  }
+
+  __device__ __forceinline__ void save(const DevInstr& in, int64_t r) {
+#pragma unroll
+    for (int k = 0; k < VPT; ++k)
+      if (valid(k))
+        *reinterpret_cast<float4*>(in.save + r * static_cast<int64_t>(w) + col(k)) =
+            make_float4(v[k][0], v[k][1], v[k][2], v[k][3]);
+  }
+
+  // Groups of 4q columns: chunk k of q consecutive lanes is a group (RegisterGroup).
+  __device__ __forceinline__ void group_norm(const DevInstr& in) {
+    const int q = (w / in.i0) >> 2;
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+      RegisterGroup grp{v[k], q, col(k), valid(k)};
+      GroupNormOp::forward(grp, in.p1, in.p2, in.imm);
+    }
+  }
+
+  __device__ __forceinline__ void store(const DevProgram& P, int64_t r) {
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+      if (!valid(k)) continue;
+      if (P.out_type == kOutF32) {
+        __stcs(reinterpret_cast<float4*>(static_cast<float*>(P.out) + r * static_cast<int64_t>(P.wout) + col(k)),
+               make_float4(v[k][0], v[k][1], v[k][2], v[k][3]));
+      } else {
+        store_out(P, r, col(k), 4, v[k]);
+      }
+    }
+  }
 };
 
 // One row per CTA (grid = M). A persistent variant that prefetches the next row with cp.async
@@ -177,136 +289,38 @@ __global__ void __launch_bounds__(VPT >= 8 ? 256 : 512, VPT == 4 ? 3 : 1)
   __shared__ float red_f[64];
   const int t = threadIdx.x, nt = blockDim.x;
   const int64_t r = blockIdx.x;
-  int w = P.win;
-  const int nch = w >> 2;
   float v[VPT][4];
+  RegisterRow<VPT, kFull> row{v, P.win, t, nt, P.win >> 2, red_d, red_f};
   wait_for_previous_grid();  // launched programmatically: the row is the previous kernel's
-  {
-    const float* src = P.in + r * static_cast<int64_t>(P.win);
-#pragma unroll
-    for (int k = 0; k < VPT; ++k) {
-      const int ci = k * nt + t;
-      if (ci < nch) {
-        ldrow4(src + 4 * ci, v[k]);
-      } else {
-        v[k][0] = v[k][1] = v[k][2] = v[k][3] = 0.f;
-      }
-    }
-  }
-  auto valid = [&](int k) { return chunk_valid<kFull>(k, t, nt, nch); };
-  RegisterRow<VPT, kFull> row{v, w, t, nt, nch, red_d, red_f};
+  row.load(P, r);
 
 #pragma unroll 1
   for (int pc = 0; pc < P.n; ++pc) {
     const DevInstr& in = P.ins[pc];
-    if (w == 1) {  // after a Reduce (only elementwise instructions follow)
+    if (row.w == 1) {  // after a Reduce (only elementwise instructions follow)
       if (t == 0) apply_elementwise(in, v[0], 1, r, 0);
       continue;
     }
     const OpCode op = static_cast<OpCode>(in.op);
     switch (in.kind) {
-      case kPointwise:
-        if (in.flags & kFlagBinary) {
-          const bool rev = (in.flags & kFlagReversed) != 0;
-          if (in.opnd == kOpCol || in.opnd == kOpFull) {
-            const float* base = in.b + (in.opnd == kOpFull ? r * static_cast<int64_t>(w) : 0);
-#pragma unroll
-            for (int k = 0; k < VPT; ++k) {
-              if (valid(k)) {
-                float b[4];
-                if (in.opnd == kOpFull) ldrow4(base + 4 * (k * nt + t), b);
-                else ld4(base + 4 * (k * nt + t), b);
-                apply_binary4(op, v[k], b, rev);
-              }
-            }
-          } else {
-            float b[4];
-            load_operand4(in, r, 0, 4, b);  // one value for the row
-#pragma unroll
-            for (int k = 0; k < VPT; ++k) apply_binary4(op, v[k], b, rev);
-          }
-        } else {
-#pragma unroll
-          for (int k = 0; k < VPT; ++k) apply_unary4(op, v[k], in.pp);
-        }
-        break;
-      case kBnApply:
-#pragma unroll
-        for (int k = 0; k < VPT; ++k) {
-          if (valid(k)) {
-            const int c = 4 * (k * nt + t);
-            float mu[4], is[4];
-            ld4(in.p0 + c, mu);
-            ld4(in.p0 + in.win + c, is);
-#pragma unroll
-            for (int j = 0; j < 4; ++j) v[k][j] = (v[k][j] - mu[j]) * is[j];
-            affine4(v[k], in.p1, in.p2, c);
-          }
-        }
-        break;
-      case kSave:
-#pragma unroll
-        for (int k = 0; k < VPT; ++k)
-          if (valid(k))
-            *reinterpret_cast<float4*>(in.save + r * static_cast<int64_t>(w) + 4 * (k * nt + t)) =
-                make_float4(v[k][0], v[k][1], v[k][2], v[k][3]);
-        break;
+      case kPointwise: row.pointwise(in, r); break;
+      case kBnApply: row.bn_apply(in); break;
+      case kSave: row.save(in, r); break;
       case kReduce:
         v[0][0] = reduce_forward(op, row);
-        w = 1;
+        row.w = 1;
         break;
       case kSoftmax: softmax_forward(op, row); break;
-      case kGroupNorm: {  // groups of 4q columns: q lanes of one warp
-        const int q = (w / in.i0) >> 2;
-        const float inv_n = 1.0f / static_cast<float>(4 * q);
-        float mean[VPT], rstd[VPT];
-#pragma unroll
-        for (int k = 0; k < VPT; ++k)
-          mean[k] = seg_sum((v[k][0] + v[k][1]) + (v[k][2] + v[k][3]), q) * inv_n;
-#pragma unroll
-        for (int k = 0; k < VPT; ++k) {
-          float s = 0.f;
-#pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            const float d = v[k][j] - mean[k];
-            s = fmaf(d, d, s);
-          }
-          rstd[k] = s;
-        }
-#pragma unroll
-        for (int k = 0; k < VPT; ++k)
-          rstd[k] = 1.0f / sqrtf(seg_sum(rstd[k], q) * inv_n + in.imm);
-#pragma unroll
-        for (int k = 0; k < VPT; ++k) {
-          if (valid(k)) {
-            const int c = 4 * (k * nt + t);
-#pragma unroll
-            for (int j = 0; j < 4; ++j) v[k][j] = (v[k][j] - mean[k]) * rstd[k];
-            affine4(v[k], in.p1, in.p2, c);
-          }
-        }
-        break;
-      }
+      case kGroupNorm: row.group_norm(in); break;
       case kPool: break;  // never selected for this kernel (register_stage_refusal)
     }
   }
 
-  if (w == 1) {
+  if (row.w == 1) {
     if (t == 0) store_out(P, r, 0, 1, v[0]);
     return;
   }
-#pragma unroll
-  for (int k = 0; k < VPT; ++k) {
-    if (valid(k)) {
-      const int c = 4 * (k * nt + t);
-      if (P.out_type == kOutF32) {
-        __stcs(reinterpret_cast<float4*>(static_cast<float*>(P.out) + r * static_cast<int64_t>(P.wout) + c),
-               make_float4(v[k][0], v[k][1], v[k][2], v[k][3]));
-      } else {
-        store_out(P, r, c, 4, v[k]);
-      }
-    }
-  }
+  row.store(P, r);
 }
 
 }  // namespace

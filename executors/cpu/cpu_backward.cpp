@@ -13,6 +13,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "batch_norm_op.h"
 #include "cpu_executor.h"
 #include "pointwise.h"
 #include "cpu_rows.h"
@@ -223,9 +224,8 @@ struct Backward {
     const float* wt = col_param(in.weight);
     const float* st = bn_stats(i);
     for (int64_t c = 0; c < w; ++c) {
-      const double mean = st[c], invstd = st[w + c];
-      const double xh = (x[c] - mean) * invstd;
-      gi[c] = static_cast<float>(double(g[c]) * (wt ? wt[c] : 1.f) * invstd);
+      const double xh = BatchNormOp::normalize<double>(x[c], st[c], st[w + c]);
+      gi[c] = static_cast<float>(BatchNormOp::eval_grad<double>(g[c], wt ? wt[c] : 1.f, st[w + c]));
       add_col(part, in.weight, c, double(g[c]) * xh);
       add_col(part, in.bias, c, g[c]);
     }
@@ -348,12 +348,10 @@ struct Backward {
     const std::vector<float>& gb = bn_grad.at(hi);
     std::vector<float> g(w_hi);
     for (int64_t c = 0; c < w_hi; ++c) {
-      const double xh = (x[c] - double(s[c])) * s[w_hi + c];
-      const double wc = wt ? wt[c] : 1.0;
-      // dx = invstd / M (M dxh - sum(dxh) - xh sum(dxh xh)), dxh = g w
-      g[c] = static_cast<float>(wc * s[w_hi + c] / double(M) *
-                                (double(M) * gb[r * w_hi + c] - bn_sum_g.at(hi)[c] -
-                                 xh * bn_sum_gx.at(hi)[c]));
+      const double xh = BatchNormOp::normalize<double>(x[c], s[c], s[w_hi + c]);
+      g[c] = static_cast<float>(BatchNormOp::batch_grad<double>(
+          gb[r * w_hi + c], xh, wt ? wt[c] : 1.0, s[w_hi + c], double(M), bn_sum_g.at(hi)[c],
+          bn_sum_gx.at(hi)[c]));
     }
     return g;
   }

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "batch_norm_op.h"
 #include "gemv_nonfinite.h"
 #include "pointwise.h"
 #include "cpu_rows.h"
@@ -290,25 +291,26 @@ void run_column_stats(const Step& st, const Memory& mem) {
   }
 
   const float* x = mem.buffer(st.input);
-  std::vector<double> mean(static_cast<size_t>(w)), var(static_cast<size_t>(w));
-  // Columns in chunks per thread; each chunk walks the rows (row-major, so stays in cache).
+  // Sums of (x - x0) and (x - x0)^2 per column (x0: the first row's, BatchNormOp's shift),
+  // in column chunks per thread; each chunk walks the rows (row-major, so stays in cache).
+  std::vector<double> s1(static_cast<size_t>(w)), s2(static_cast<size_t>(w));
   const int64_t chunk = 256;
   parallel_for(chunks(w, chunk), M * w, Schedule::Static, [&](int64_t ci) {
     const int64_t c0 = ci * chunk, c1 = std::min(w, c0 + chunk);
     for (int64_t r = 0; r < M; ++r)
-      for (int64_t c = c0; c < c1; ++c) mean[c] += x[r * w + c];
-    for (int64_t c = c0; c < c1; ++c) mean[c] /= static_cast<double>(M);
-    for (int64_t r = 0; r < M; ++r)
       for (int64_t c = c0; c < c1; ++c) {
-        const double d = x[r * w + c] - mean[c];
-        var[c] += d * d;
+        const double d = static_cast<double>(x[r * w + c]) - x[c];
+        s1[c] += d;
+        s2[c] += d * d;
       }
-    for (int64_t c = c0; c < c1; ++c) var[c] /= static_cast<double>(M);
   });
+  std::vector<BatchNormOp::Stats> col(static_cast<size_t>(w));
   for (int64_t c = 0; c < w; ++c) {
-    stats[c] = static_cast<float>(mean[c]);
-    stats[w + c] = static_cast<float>(1.0 / std::sqrt(var[c] + n.eps));
-    stats[2 * w + c] = static_cast<float>(var[c]);
+    const double x0 = M > 0 ? x[c] : 0.0;  // an empty batch: NaN statistics, as PyTorch's
+    col[c] = BatchNormOp::from_shifted_sums(x0, s1[c], s2[c], static_cast<double>(M));
+    stats[c] = static_cast<float>(col[c].mean);
+    stats[w + c] = BatchNormOp::invstd(col[c].var, n.eps);
+    stats[2 * w + c] = static_cast<float>(col[c].var);
   }
 
   if (!n.training || !rm || !rv) return;  // eval without running stats: nothing to update
@@ -320,11 +322,9 @@ void run_column_stats(const Step& st, const Memory& mem) {
     if (!nb) throw std::invalid_argument("cpu executor: momentum=none needs num_batches");
     m = 1.0 / static_cast<double>(*nb);
   }
-  const double unbias = M > 1 ? static_cast<double>(M) / static_cast<double>(M - 1)
-                              : std::numeric_limits<double>::quiet_NaN();
   for (int64_t c = 0; c < w; ++c) {
-    rm[c] = static_cast<float>((1 - m) * rm[c] + m * mean[c]);
-    rv[c] = static_cast<float>((1 - m) * rv[c] + m * var[c] * unbias);
+    rm[c] = static_cast<float>(BatchNormOp::running_mean(rm[c], col[c].mean, m));
+    rv[c] = static_cast<float>(BatchNormOp::running_var(rv[c], col[c].var, static_cast<double>(M), m));
   }
 }
 

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 
+#include "batch_norm_op.h"
 #include "pointwise.h"
 #include "row_ops.h"
 
@@ -30,7 +31,7 @@ void group_norm_row(const Node& n, float* x, int64_t w, const float* wt, const f
 
 void batch_norm_row(float* x, int64_t w, const float* stats, const float* wt, const float* bs) {
   for (int64_t c = 0; c < w; ++c) {
-    float y = (x[c] - stats[c]) * stats[w + c];
+    float y = BatchNormOp::normalize(x[c], stats[c], stats[w + c]);
     if (wt) y *= wt[c];
     if (bs) y += bs[c];
     x[c] = y;
@@ -40,7 +41,7 @@ void batch_norm_row(float* x, int64_t w, const float* stats, const float* wt, co
 void running_stats_row(const float* rm, const float* rv, double eps, int64_t w, float* stats) {
   for (int64_t c = 0; c < w; ++c) {
     stats[c] = rm[c];
-    stats[w + c] = static_cast<float>(1.0 / std::sqrt(static_cast<double>(rv[c]) + eps));
+    stats[w + c] = BatchNormOp::invstd(rv[c], eps);
   }
 }
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "backward_stages.h"
+#include "batch_norm_op.h"
 #include "cuda_check.h"
 #include "row_backward.h"
 
@@ -20,7 +21,7 @@ __global__ void running_to_stats_kernel(const float* rm, const float* rv, int64_
   const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= w) return;
   stats[c] = rm[c];
-  stats[w + c] = static_cast<float>(1.0 / sqrt(static_cast<double>(rv[c]) + eps));
+  stats[w + c] = BatchNormOp::invstd(rv[c], eps);
   stats[2 * w + c] = rv[c];
 }
 

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "batch_norm_op.h"
 #include "cuda_check.h"
 #include "row_ops.h"
 
@@ -170,7 +171,7 @@ struct Row {
         break;
       case kBwBatchNorm:
         for (int c = threadIdx.x; c < w; c += kThreads) {
-          float v = (x[c] - in.stats[c]) * in.stats[w + c];
+          float v = BatchNormOp::normalize(x[c], in.stats[c], in.stats[w + c]);
           if (in.weight) v *= in.weight[c];
           if (in.bias) v += in.bias[c];
           y[c] = v;
@@ -266,8 +267,8 @@ struct Row {
   __device__ void batch_norm_backward(const BwInstr& in, const float* x, const float* g, float* gi) {
     const int w = in.win;
     for (int c = threadIdx.x; c < w; c += kThreads) {
-      const float xh = (x[c] - in.stats[c]) * in.stats[w + c];
-      gi[c] = g[c] * (in.weight ? in.weight[c] : 1.f) * in.stats[w + c];
+      const float xh = BatchNormOp::normalize(x[c], in.stats[c], in.stats[w + c]);
+      gi[c] = BatchNormOp::eval_grad(g[c], in.weight ? in.weight[c] : 1.f, in.stats[w + c]);
       if (in.weight_grad) in.weight_grad[slot * w + c] += g[c] * xh;
       if (in.bias_grad) in.bias_grad[slot * w + c] += g[c];
     }
@@ -301,9 +302,9 @@ __global__ void __launch_bounds__(kThreads, 4) row_backward_kernel(const BwSegme
       const float* x = row.value(top);
       const float n = static_cast<float>(s.M);
       for (int c = threadIdx.x; c < wt; c += kThreads) {
-        const float xh = (x[c] - in.stats[c]) * in.stats[wt + c];
-        const float wc = in.weight ? in.weight[c] : 1.f;
-        g[c] = wc * in.stats[wt + c] / n * (n * s.g_top[r * wt + c] - s.bn_sum_g[c] - xh * s.bn_sum_gx[c]);
+        const float xh = BatchNormOp::normalize(x[c], in.stats[c], in.stats[wt + c]);
+        g[c] = BatchNormOp::batch_grad(s.g_top[r * wt + c], xh, in.weight ? in.weight[c] : 1.f,
+                                       in.stats[wt + c], n, s.bn_sum_g[c], s.bn_sum_gx[c]);
       }
     } else {
       for (int c = threadIdx.x; c < wt; c += kThreads) g[c] = s.g_top[r * wt + c];

@@ -25,6 +25,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "batch_norm_op.h"
 #include "cuda_check.h"
 #include "layout.h"
 #include "prepare.h"
@@ -143,6 +144,20 @@ __global__ void __launch_bounds__(kCols * kWarps)
   }
 }
 
+// Column c's statistics into stats [3, W] (mean, invstd, var rows), and, where the running
+// statistics are given, their update with factor m.
+__device__ __forceinline__ void finish_column(int64_t c, int64_t W, BatchNormOp::Stats st, double n,
+                                              double eps, double m, float* __restrict__ stats,
+                                              RunningStat running_mean, RunningStat running_var) {
+  stats[c] = static_cast<float>(st.mean);
+  stats[W + c] = BatchNormOp::invstd(st.var, eps);
+  stats[2 * W + c] = static_cast<float>(st.var);
+  if (running_mean && running_var) {
+    store_stat(running_mean, c, BatchNormOp::running_mean(load_stat(running_mean, c), st.mean, m));
+    store_stat(running_var, c, BatchNormOp::running_var(load_stat(running_var, c), st.var, n, m));
+  }
+}
+
 __global__ void colstats_finalize_kernel(const float* __restrict__ y,
                                          const double* __restrict__ partials, int64_t R,
                                          int64_t M, int64_t W, double eps, double momentum,
@@ -169,21 +184,12 @@ __global__ void colstats_finalize_kernel(const float* __restrict__ y,
     s1 += partials[i * 2 * W + c];
     s2 += partials[i * 2 * W + W + c];
   }
-  const double n = static_cast<double>(M);
-  const double x0 = y[c];
-  const double mean = x0 + s1 / n;
-  const double var = fmax((s2 - s1 * s1 / n) / n, 0.0);
-  const float meanf = static_cast<float>(mean);
-  stats[c] = meanf;
-  stats[W + c] = static_cast<float>(1.0 / sqrt(var + eps));
-  stats[2 * W + c] = static_cast<float>(var);
-  if (running_mean && running_var) {
-    // momentum < 0: None, the cumulative average with factor 1/num_batches_tracked (which
-    // level 1 already incremented for this batch).
-    const double m = momentum >= 0.0 ? momentum : 1.0 / static_cast<double>(*num_batches);
-    store_stat(running_mean, c, (1.0 - m) * load_stat(running_mean, c) + m * mean);
-    store_stat(running_var, c, (1.0 - m) * load_stat(running_var, c) + m * (var * n / (n - 1.0)));
-  }
+  // momentum < 0: None, the cumulative average with factor 1/num_batches_tracked (which level 1
+  // already incremented for this batch).
+  const double m = momentum >= 0.0 || !(running_mean && running_var)
+                       ? momentum : 1.0 / static_cast<double>(*num_batches);
+  finish_column(c, W, BatchNormOp::from_shifted_sums(y[c], s1, s2, static_cast<double>(M)),
+                static_cast<double>(M), eps, m, stats, running_mean, running_var);
 }
 
 // One kernel (fused): a CTA per slice of 4*TC columns streams all M rows: TC threads per row
@@ -235,19 +241,10 @@ __global__ void __launch_bounds__(kFusedThreads)
       a += s1s[k][i];
       b += s2s[k][i];
     }
-    const double n = static_cast<double>(M);
-    const double mean = static_cast<double>(y[col]) + a / n;
-    const double var = fmax((b - a * a / n) / n, 0.0);
-    stats[col] = static_cast<float>(mean);
-    stats[W + col] = static_cast<float>(1.0 / sqrt(var + eps));
-    stats[2 * W + col] = static_cast<float>(var);
-    if (running_mean && running_var) {
-      const double m =
-          momentum >= 0.0 ? momentum : 1.0 / (static_cast<double>(*num_batches) + 1.0);
-      store_stat(running_mean, col, (1.0 - m) * load_stat(running_mean, col) + m * mean);
-      store_stat(running_var, col,
-                 (1.0 - m) * load_stat(running_var, col) + m * (var * n / (n - 1.0)));
-    }
+    const double m = momentum >= 0.0 || !(running_mean && running_var)
+                         ? momentum : 1.0 / (static_cast<double>(*num_batches) + 1.0);
+    finish_column(col, W, BatchNormOp::from_shifted_sums(y[col], a, b, static_cast<double>(M)),
+                  static_cast<double>(M), eps, m, stats, running_mean, running_var);
   }
 }
 
@@ -259,7 +256,7 @@ __global__ void colstats_running_kernel(RunningStat running_mean, RunningStat ru
   const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= W) return;
   stats[c] = static_cast<float>(load_stat(running_mean, c));
-  stats[W + c] = static_cast<float>(1.0 / sqrt(load_stat(running_var, c) + eps));
+  stats[W + c] = BatchNormOp::invstd(load_stat(running_var, c), eps);
   stats[2 * W + c] = static_cast<float>(load_stat(running_var, c));
 }
 

@@ -7,6 +7,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "batch_norm_op.h"
 #include "pointwise.h"
 #include "row_ops.h"
 #include "row_program_format.cuh"
@@ -110,7 +111,7 @@ __device__ __forceinline__ void apply_elementwise(const DevInstr& in, float (&v)
       for (int j = 0; j < 4; ++j) {
         if (j < cnt) {
           const int c = c0 + j;
-          float y = (v[j] - in.p0[c]) * in.p0[in.win + c];
+          float y = BatchNormOp::normalize(v[j], in.p0[c], in.p0[in.win + c]);
           if (in.p1) y *= in.p1[c];
           if (in.p2) y += in.p2[c];
           v[j] = y;

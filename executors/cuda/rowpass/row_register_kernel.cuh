@@ -235,7 +235,7 @@ struct RegisterRow {
         ld4(in.p0 + col(k), mu);
         ld4(in.p0 + in.win + col(k), is);
 #pragma unroll
-        for (int j = 0; j < 4; ++j) v[k][j] = (v[k][j] - mu[j]) * is[j];
+        for (int j = 0; j < 4; ++j) v[k][j] = BatchNormOp::normalize(v[k][j], mu[j], is[j]);
         affine4(v[k], in.p1, in.p2, col(k));
       }
     }

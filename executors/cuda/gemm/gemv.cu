@@ -61,68 +61,85 @@ __device__ __forceinline__ float dot_vec(const uint4& q, const float* __restrict
   return acc;
 }
 
+// This thread's share (columns t, t + kTpr, ...) of row xr's dot with wsum, in fp64 over fp32
+// vector dots; `bad` notes a non-finite x.
+template <class T, int kTpr>
+__device__ __forceinline__ double partial_dot(const T* __restrict__ xr, const float* __restrict__ wsum,
+                                              int64_t K, int t, bool vec, bool& bad) {
+  constexpr int kVec = 16 / sizeof(T);
+  double acc = 0.0;
+  if (!vec) {
+    for (int64_t k = t; k < K; k += kTpr) {
+      const float xk = to_f(xr[k]);
+      bad |= !gf_isfinite(xk);
+      acc = fma(static_cast<double>(xk), static_cast<double>(wsum[k]), acc);
+    }
+    return acc;
+  }
+  const uint4* xv = reinterpret_cast<const uint4*>(xr);
+  const int64_t nv = K / kVec;
+  int64_t i = t;
+  constexpr int kInFlight = 8;  // independent 16-byte loads issued before any is used
+  for (; i + (kInFlight - 1) * kTpr < nv; i += kInFlight * kTpr) {
+    uint4 q[kInFlight];
+#pragma unroll
+    for (int u = 0; u < kInFlight; ++u) q[u] = __ldg(xv + i + u * kTpr);
+#pragma unroll
+    for (int u = 0; u < kInFlight; ++u)
+      acc += static_cast<double>(dot_vec<T>(q[u], wsum + (i + u * kTpr) * kVec, bad));
+  }
+  for (; i < nv; i += kTpr) acc += static_cast<double>(dot_vec<T>(__ldg(xv + i), wsum + i * kVec, bad));
+  return acc;
+}
+
+// The row's sum of its threads' partials (a warp's shuffles, then the CTA's warps in order).
+template <int kTpr>
+__device__ __forceinline__ double row_total(double acc, double* red) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+  if (kTpr > 32) {
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = acc;
+    __syncthreads();
+    double s = 0.0;
+    for (int i = 0; i < kTpr / 32; ++i) s += red[i];
+    acc = s;
+  }
+  return acc;
+}
+
+// A row with an inf/NaN input: what the unrewritten Linear + sum gives (gemv_nonfinite.h),
+// summed through shared memory (no shuffles in this branch); thread t == 0 holds it.
+template <class T, int kTpr>
+__device__ __forceinline__ float row_nonfinite(const T* __restrict__ xr, const float* __restrict__ colsign,
+                                               int64_t K, int t, bool in_range, float* nf) {
+  float nonfinite = 0.f;  // sums of infinities and NaNs: the outcome does not depend on the order
+  if (in_range)
+    for (int64_t k = t; k < K; k += kTpr) nonfinite += gemv_nonfinite_term(to_f(xr[k]), colsign[k]);
+  nf[threadIdx.x] = nonfinite;
+  if (kTpr > 32) __syncthreads(); else __syncwarp();
+  if (t == 0)
+    for (int i = 1; i < kTpr; ++i) nonfinite += nf[threadIdx.x + i];
+  return nonfinite;
+}
+
 // kTpr threads per row (32: a warp; kGemvThreads: the CTA). out_f32: Y buffer, else the
-// model's dtype T. A row with an inf/NaN input gets what the unrewritten Linear + sum gives
-// (gemv_nonfinite.h): a second, rare pass over that row with the column signs.
+// model's dtype T. A row with an inf/NaN input takes a second, rare pass (row_nonfinite).
 template <class T, int kTpr>
 __global__ void __launch_bounds__(kGemvThreads)
     gemv_kernel(const T* __restrict__ x, const float* __restrict__ wsum,
                 const float* __restrict__ bsum, const float* __restrict__ colsign, int64_t M,
                 int64_t K, double scale, void* __restrict__ out, bool out_f32, bool vec) {
   constexpr int kRows = kGemvThreads / kTpr;
-  constexpr int kVec = 16 / sizeof(T);
   __shared__ double red[kGemvThreads / 32];
   __shared__ float nf[kGemvThreads];
   const int sub = threadIdx.x / kTpr, t = threadIdx.x % kTpr;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kRows + sub;
   const T* xr = x + row * K;
-  double acc = 0.0;
   bool bad = false;
-  if (row < M) {
-    if (vec) {
-      const uint4* xv = reinterpret_cast<const uint4*>(xr);
-      const int64_t nv = K / kVec;
-      int64_t i = t;
-      constexpr int kInFlight = 8;  // independent 16-byte loads issued before any is used
-      for (; i + (kInFlight - 1) * kTpr < nv; i += kInFlight * kTpr) {
-        uint4 q[kInFlight];
-#pragma unroll
-        for (int u = 0; u < kInFlight; ++u) q[u] = __ldg(xv + i + u * kTpr);
-#pragma unroll
-        for (int u = 0; u < kInFlight; ++u)
-          acc += static_cast<double>(dot_vec<T>(q[u], wsum + (i + u * kTpr) * kVec, bad));
-      }
-      for (; i < nv; i += kTpr)
-        acc += static_cast<double>(dot_vec<T>(__ldg(xv + i), wsum + i * kVec, bad));
-    } else {
-      for (int64_t k = t; k < K; k += kTpr) {
-        const float xk = to_f(xr[k]);
-        bad |= !gf_isfinite(xk);
-        acc = fma(static_cast<double>(xk), static_cast<double>(wsum[k]), acc);
-      }
-    }
-  }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-  if (kTpr > 32) {
-    if (lane == 0) red[warp] = acc;
-    __syncthreads();
-    double s = 0.0;
-    for (int i = 0; i < kTpr / 32; ++i) s += red[i];
-    acc = s;
-  }
+  const double acc = row_total<kTpr>(row < M ? partial_dot<T, kTpr>(xr, wsum, K, t, vec, bad) : 0.0, red);
   // Uniform over the row's threads (the CTA, or the warp).
   const bool row_bad = kTpr > 32 ? __syncthreads_or(bad) != 0 : __any_sync(0xffffffffu, bad);
-  float nonfinite = 0.f;
-  if (row_bad) {  // sums of infinities and NaNs: the outcome does not depend on the order
-    if (row < M)
-      for (int64_t k = t; k < K; k += kTpr) nonfinite += gemv_nonfinite_term(to_f(xr[k]), colsign[k]);
-    nf[threadIdx.x] = nonfinite;  // reduced through shared memory (no shuffles in this branch)
-    if (kTpr > 32) __syncthreads(); else __syncwarp();
-    if (t == 0)
-      for (int i = 1; i < kTpr; ++i) nonfinite += nf[threadIdx.x + i];
-  }
+  const float nonfinite = row_bad ? row_nonfinite<T, kTpr>(xr, colsign, K, t, row < M, nf) : 0.f;
   if (t == 0 && row < M) {
     const float y = row_bad ? static_cast<float>(nonfinite * scale)
                             : static_cast<float>((acc + static_cast<double>(*bsum)) * scale);

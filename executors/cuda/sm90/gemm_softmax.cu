@@ -92,6 +92,66 @@ using namespace cute;
 namespace gemmfuse::cuda::sm90 {
 namespace {
 
+// The producer warp: TMA loads of each of this CTA's n_work tiles, then the pipeline's tail.
+template <class K, class Pipeline, class Tiles, class Problem>
+__device__ __forceinline__ void produce_tiles(const typename K::Params& p, Pipeline& pipeline,
+                                              Tiles& tiles, int n_work, const Problem& problem) {
+  using Mainloop = typename K::Mainloop;
+  Mainloop mainloop;
+  auto inputs = mainloop.load_init(problem, p.mainloop);
+  auto state = cutlass::make_producer_start_state<Pipeline>();
+  // W is read once per column group (its CTAs run together) and streams through L2:
+  // evict-first, so that x and this kernel's code stay there (see mainloop.h).
+  const auto hint_w = p.w_evict_first ? cute::TMA::CacheHintSm90::EVICT_FIRST
+                                      : cute::TMA::CacheHintSm90::EVICT_NORMAL;
+  for (int j = 0; j < n_work; ++j) {
+    const TileCoord t = tile_of(p, j);
+    produce_tile<Mainloop>(p.mainloop, pipeline, state, inputs, t.m_blk, t.n_blk, p.k_tiles,
+                           cute::block_rank_in_cluster(), tiles,
+                           cute::TMA::CacheHintSm90::EVICT_NORMAL, hint_w);
+  }
+  mainloop.load_tail(pipeline, state);
+}
+
+// This CTA's row statistics over its tiles, for the other CTAs of its rows; then theirs,
+// merged 16 at a time (the max and the rescaled sum as trees, not one dependent merge per
+// part); then exp(tile max - row max) / row sum for each of this CTA's tiles (S.row_scale).
+template <class K>
+__device__ __forceinline__ void row_scales(const typename K::Params& p, typename K::SharedStorage& S,
+                                           int ctid, int n_work) {
+  const int row0 = tile_of(p, 0).m_blk * kTileM;
+  if (ctid < kTileM && row0 + ctid < p.M) {
+    const int row = row0 + ctid;
+    float m = -HUGE_VALF, s = 0.f;
+#pragma unroll
+    for (int j = 0; j < kMaxTilesPerCta; ++j)  // a static bound: no unrolled copies of a runtime loop
+      if (j < n_work) merge_stats(m, s, S.tile_max[j][ctid], S.tile_sum[j][ctid]);
+    publish_row_stats(p, static_cast<size_t>(group_of(p)) * p.M + row, m, s);
+    m = -HUGE_VALF;
+    s = 0.f;
+    for (int g0 = 0; g0 < p.n_groups; g0 += 16) {
+      float2 q[16];
+      read_row_stats(p, row, g0, q);
+      if (g0 == 0) {
+        stamp(p.trace, ctid, kTraceBarrier, q[15].y);
+        stamp_clock(p.trace, ctid, kTraceClockBarrier);
+      }
+      float mc = q[0].x;
+#pragma unroll
+      for (int k = 1; k < 16; ++k) mc = fmaxf(mc, q[k].x);
+      float sc = 0.f;
+#pragma unroll
+      for (int k = 0; k < 16; ++k) sc += q[k].y * exp_from(q[k].x, mc);
+      merge_stats(m, s, mc, sc);
+    }
+    stamp(p.trace, ctid, kTraceMergeMath, s);
+    const float inv_s = __frcp_rn(s);
+#pragma unroll
+    for (int j = 0; j < kMaxTilesPerCta; ++j)
+      if (j < n_work) S.row_scale[j][ctid] = exp_from(S.tile_max[j][ctid], m) * inv_s;
+  }
+}
+
 template <class K>
 __global__ void __launch_bounds__(kThreads, 1) gemm_softmax_kernel(const __grid_constant__ typename K::Params p) {
   using Mainloop = typename K::Mainloop;
@@ -130,22 +190,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_softmax_kernel(const __grid_
 
   if (warpgroup == 0) {  // producer: one warp issues the TMA loads
     cutlass::arch::warpgroup_reg_dealloc<40>();
-    if (warp == 0) {
-      Mainloop mainloop;
-      auto inputs = mainloop.load_init(problem, p.mainloop);
-      auto state = cutlass::make_producer_start_state<Pipeline>();
-      // W is read once per column group (its CTAs run together) and streams through L2:
-      // evict-first, so that x and this kernel's code stay there (see mainloop.h).
-      const auto hint_w = p.w_evict_first ? cute::TMA::CacheHintSm90::EVICT_FIRST
-                                          : cute::TMA::CacheHintSm90::EVICT_NORMAL;
-      for (int j = 0; j < n_work; ++j) {
-        const TileCoord t = tile_of(p, j);
-        produce_tile<Mainloop>(p.mainloop, pipeline, state, inputs, t.m_blk, t.n_blk, p.k_tiles,
-                               cute::block_rank_in_cluster(), tiles,
-                               cute::TMA::CacheHintSm90::EVICT_NORMAL, hint_w);
-      }
-      mainloop.load_tail(pipeline, state);
-    }
+    if (warp == 0) produce_tiles<K>(p, pipeline, tiles, n_work, problem);
     return;  // (load_tail: the peer CTA's consumers are done with this CTA's barriers)
   }
 
@@ -202,41 +247,8 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_softmax_kernel(const __grid_
   stamp(p.trace, ctid, kTraceEpilogue2);
   stamp_clock(p.trace, ctid, kTraceClockEpilogue2);
 
-  // This CTA's row statistics over its tpc tiles, for the other CTAs of its rows; then
-  // theirs, merged 16 at a time (the max and the rescaled sum as trees, not one dependent
-  // merge per part); then exp(tile max - row max) / row sum for each of this CTA's tiles.
   consumer_sync();
-  const int row0 = tile_of(p, 0).m_blk * kTileM;
-  if (ctid < kTileM && row0 + ctid < p.M) {
-    const int row = row0 + ctid;
-    float m = -HUGE_VALF, s = 0.f;
-#pragma unroll
-    for (int j = 0; j < kMaxTilesPerCta; ++j)  // a static bound: no unrolled copies of a runtime loop
-      if (j < n_work) merge_stats(m, s, S.tile_max[j][ctid], S.tile_sum[j][ctid]);
-    publish_row_stats(p, static_cast<size_t>(group_of(p)) * p.M + row, m, s);
-    m = -HUGE_VALF;
-    s = 0.f;
-    for (int g0 = 0; g0 < p.n_groups; g0 += 16) {
-      float2 q[16];
-      read_row_stats(p, row, g0, q);
-      if (g0 == 0) {
-        stamp(p.trace, ctid, kTraceBarrier, q[15].y);
-        stamp_clock(p.trace, ctid, kTraceClockBarrier);
-      }
-      float mc = q[0].x;
-#pragma unroll
-      for (int k = 1; k < 16; ++k) mc = fmaxf(mc, q[k].x);
-      float sc = 0.f;
-#pragma unroll
-      for (int k = 0; k < 16; ++k) sc += q[k].y * exp_from(q[k].x, mc);
-      merge_stats(m, s, mc, sc);
-    }
-    stamp(p.trace, ctid, kTraceMergeMath, s);
-    const float inv_s = __frcp_rn(s);
-#pragma unroll
-    for (int j = 0; j < kMaxTilesPerCta; ++j)
-      if (j < n_work) S.row_scale[j][ctid] = exp_from(S.tile_max[j][ctid], m) * inv_s;
-  }
+  row_scales<K>(p, S, ctid, n_work);
   consumer_sync();
   stamp(p.trace, ctid, kTraceMerge);
   for (int j = 0; j < n_work; ++j)

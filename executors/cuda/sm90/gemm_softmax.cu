@@ -152,55 +152,18 @@ __device__ __forceinline__ void row_scales(const typename K::Params& p, typename
   }
 }
 
-template <class K>
-__global__ void __launch_bounds__(kThreads, 1) gemm_softmax_kernel(const __grid_constant__ typename K::Params p) {
+// The consumer warpgroups: each tile's mainloop and epilogue (or its deferred parts), the
+// tiles' exponent sums and maxima left in S. `last_stash`: where the last tile's stash goes
+// (over the pipeline's tiles).
+template <class K, class Pipeline, class Tiles>
+__device__ __forceinline__ void consume_tiles(const typename K::Params& p, Pipeline& pipeline,
+                                              typename K::SharedStorage& S, Tiles& tiles, int ctid,
+                                              int n_work, __half* last_stash) {
   using Mainloop = typename K::Mainloop;
-  using Pipeline = typename K::Pipeline;
-  extern __shared__ __align__(1024) char smem_raw[];
-  auto& S = *reinterpret_cast<typename K::SharedStorage*>(smem_raw);
-  auto& tiles = *reinterpret_cast<typename Mainloop::TensorStorage*>(S.tiles);
-
-  stamp(p.trace, threadIdx.x, kTraceEntry);
-  stamp_clock(p.trace, threadIdx.x, kTraceClockEntry);
-  stamp_sm(p.trace, threadIdx.x);
-  const int warp = cutlass::canonical_warp_idx_sync();
-  const int warpgroup = cutlass::canonical_warp_group_idx();
-  const int lane = cutlass::canonical_lane_idx();
-  if (warp == 0 && lane == 0) Mainloop::prefetch_tma_descriptors(p.mainloop);
-
-  typename Pipeline::Params pp;
-  if (warpgroup == 0 && warp == 0) pp.role = Pipeline::ThreadCategory::Producer;
-  if (warpgroup > 0) pp.role = Pipeline::ThreadCategory::Consumer;
-  pp.is_leader = threadIdx.x % cutlass::NumThreadsPerWarpGroup == 0;
-  pp.num_consumers = kConsumers;
-  pp.transaction_bytes = p.mainloop.tma_transaction_bytes;
-  Pipeline pipeline(S.pipeline, pp, typename K::ClusterShape{});
-  // The pipeline's barriers must be initialised in both CTAs before either uses them.
-  cute::cluster_arrive_relaxed();
-  cute::cluster_wait();
-  // Launched with programmatic stream serialization, this CTA may run while the previous
-  // kernel of the stream finishes: everything above touched only this CTA's shared memory
-  // (and, in traced runs, its own trace slots); from here on global memory is read and
-  // written, so that kernel must be complete (and its writes visible). A no-op for other
-  // launches.
-  cutlass::arch::wait_on_dependent_grids();
-
-  const int n_work = min(p.tpc, p.n_tiles - p.tpc * group_of(p));
-  auto problem = make_shape(p.M, p.N, p.K, 1);
-
-  if (warpgroup == 0) {  // producer: one warp issues the TMA loads
-    cutlass::arch::warpgroup_reg_dealloc<40>();
-    if (warp == 0) produce_tiles<K>(p, pipeline, tiles, n_work, problem);
-    return;  // (load_tail: the peer CTA's consumers are done with this CTA's barriers)
-  }
-
-  cutlass::arch::warpgroup_reg_alloc<232>();
-  const int ctid = threadIdx.x - cutlass::NumThreadsPerWarpGroup;
   typename K::TiledMma tiled_mma;
   auto thr = tiled_mma.get_slice(ctid);
   Tensor coord = thr.partition_C(make_identity_tensor(make_shape(Int<kTileM>{}, Int<kTileN>{})));
   typename Mainloop::PipelineState state;
-  __half* last_stash = reinterpret_cast<__half*>(S.tiles);
   for (int j = 0; j < n_work; ++j) {  // the bias of every tile, read in the epilogues
     const int col = tile_of(p, j).n_blk * kTileN + ctid;
     S.bias[j][ctid] = p.bias != nullptr && col < p.N ? p.bias[col] : 0.f;
@@ -246,6 +209,54 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_softmax_kernel(const __grid_
   d.finish(coord, S.tile_sum[n_work - 1]);
   stamp(p.trace, ctid, kTraceEpilogue2);
   stamp_clock(p.trace, ctid, kTraceClockEpilogue2);
+}
+
+template <class K>
+__global__ void __launch_bounds__(kThreads, 1) gemm_softmax_kernel(const __grid_constant__ typename K::Params p) {
+  using Mainloop = typename K::Mainloop;
+  using Pipeline = typename K::Pipeline;
+  extern __shared__ __align__(1024) char smem_raw[];
+  auto& S = *reinterpret_cast<typename K::SharedStorage*>(smem_raw);
+  auto& tiles = *reinterpret_cast<typename Mainloop::TensorStorage*>(S.tiles);
+
+  stamp(p.trace, threadIdx.x, kTraceEntry);
+  stamp_clock(p.trace, threadIdx.x, kTraceClockEntry);
+  stamp_sm(p.trace, threadIdx.x);
+  const int warp = cutlass::canonical_warp_idx_sync();
+  const int warpgroup = cutlass::canonical_warp_group_idx();
+  const int lane = cutlass::canonical_lane_idx();
+  if (warp == 0 && lane == 0) Mainloop::prefetch_tma_descriptors(p.mainloop);
+
+  typename Pipeline::Params pp;
+  if (warpgroup == 0 && warp == 0) pp.role = Pipeline::ThreadCategory::Producer;
+  if (warpgroup > 0) pp.role = Pipeline::ThreadCategory::Consumer;
+  pp.is_leader = threadIdx.x % cutlass::NumThreadsPerWarpGroup == 0;
+  pp.num_consumers = kConsumers;
+  pp.transaction_bytes = p.mainloop.tma_transaction_bytes;
+  Pipeline pipeline(S.pipeline, pp, typename K::ClusterShape{});
+  // The pipeline's barriers must be initialised in both CTAs before either uses them.
+  cute::cluster_arrive_relaxed();
+  cute::cluster_wait();
+  // Launched with programmatic stream serialization, this CTA may run while the previous
+  // kernel of the stream finishes: everything above touched only this CTA's shared memory
+  // (and, in traced runs, its own trace slots); from here on global memory is read and
+  // written, so that kernel must be complete (and its writes visible). A no-op for other
+  // launches.
+  cutlass::arch::wait_on_dependent_grids();
+
+  const int n_work = min(p.tpc, p.n_tiles - p.tpc * group_of(p));
+  auto problem = make_shape(p.M, p.N, p.K, 1);
+
+  if (warpgroup == 0) {  // producer: one warp issues the TMA loads
+    cutlass::arch::warpgroup_reg_dealloc<40>();
+    if (warp == 0) produce_tiles<K>(p, pipeline, tiles, n_work, problem);
+    return;  // (load_tail: the peer CTA's consumers are done with this CTA's barriers)
+  }
+
+  cutlass::arch::warpgroup_reg_alloc<232>();
+  const int ctid = threadIdx.x - cutlass::NumThreadsPerWarpGroup;
+  __half* last_stash = reinterpret_cast<__half*>(S.tiles);
+  consume_tiles<K>(p, pipeline, S, tiles, ctid, n_work, last_stash);
 
   consumer_sync();
   row_scales<K>(p, S, ctid, n_work);

@@ -186,6 +186,33 @@ __device__ __forceinline__ void warp_reduce_scatter(float (&v)[V], int lane) {
 
 constexpr int log2_int(int v) { return v <= 1 ? 0 : 1 + log2_int(v / 2); }
 
+// Warp `warp` of CTA bx: its first W row n0, the stride between its rows, and their shift
+// class (the grid's row classes below).
+struct WarpRows {
+  int step, cls;
+  int64_t n0;
+};
+template <bool Shifted>
+__device__ __forceinline__ WarpRows warp_rows(const SmallMOperands& ops, int bx, int warp) {
+  const int step = Shifted ? ops.row_step : 1;
+  const int cls = step == 1 ? 0 : bx % 4;
+  const int64_t n0 = (step == 1 ? static_cast<int64_t>(bx) * kRowsPerCta
+                                : static_cast<int64_t>(bx / 4) * 4 * kRowsPerCta + cls) +
+                     static_cast<int64_t>(step) * warp * kRowsPerWarp;
+  return {step, cls, n0};
+}
+
+// The warp's W rows n0 + step r from their 16-byte boundaries (shift elements before each
+// row; never read before the row). Rows past N read the warp's last row before N (the same
+// shift); their sums are never stored.
+__device__ __forceinline__ void row_starts(const float* (&ws)[kRowsPerWarp], const float* __restrict__ w,
+                                           int64_t n0, int step, int64_t N, int K, int shift) {
+  const int64_t n_last = n0 + (N - 1 - n0) / step * step;
+#pragma unroll
+  for (int r = 0; r < kRowsPerWarp; ++r)
+    ws[r] = w + (min(n0 + static_cast<int64_t>(step) * r, n_last) * K - shift);
+}
+
 // Grid: (ctas_n, splits). CTA (bx, s) computes 64 columns of Y over the chunks
 // [s·chunks_per_split, (s+1)·chunks_per_split) into out + s·M·N (bias only when unsplit).
 // Its W rows all start at one shift from a 16-byte boundary, so the CTA reads x (in place or
@@ -205,24 +232,18 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int L = 32 / G;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int kl = lane % L, m0 = (lane / L) * MTL;
-  const int bx = static_cast<int>(blockIdx.x), step = Shifted ? ops.row_step : 1;
-  const int cls = step == 1 ? 0 : bx % 4;
-  const int64_t n0 = (step == 1 ? static_cast<int64_t>(bx) * kRowsPerCta
-                                : static_cast<int64_t>(bx / 4) * 4 * kRowsPerCta + cls) +
-                     static_cast<int64_t>(step) * warp * kRowsPerWarp;
+  const WarpRows rows = warp_rows<Shifted>(ops, static_cast<int>(blockIdx.x), warp);
+  const int step = rows.step;
+  const int64_t n0 = rows.n0;
   if (n0 >= N) return;  // no rows here (no CTA-wide barrier follows)
-  const ShiftedX op = pick4(ops.by_class, cls);
+  const ShiftedX op = pick4(ops.by_class, rows.cls);
   const float* __restrict__ x = op.x;
   const int shift = Shifted ? op.shift : 0, pitch = Shifted ? ops.pitch : K, x_end = K + shift;
   const int c_begin = static_cast<int>(blockIdx.y) * chunks_per_split;
   const int c_end = min(chunks, c_begin + chunks_per_split);
   const int c_full = min(c_end, x_end / (4 * L));  // chunks [1 or 0, c_full) are full
-  // Rows past N read the warp's last row before N (the same shift); their sums are never stored.
-  const int64_t n_last = n0 + (N - 1 - n0) / step * step;
-  const float* ws[kRowsPerWarp];  // the rows' 16-byte boundaries (never read before the row)
-#pragma unroll
-  for (int r = 0; r < kRowsPerWarp; ++r)
-    ws[r] = w + (min(n0 + static_cast<int64_t>(step) * r, n_last) * K - shift);
+  const float* ws[kRowsPerWarp];
+  row_starts(ws, w, n0, step, N, K, shift);
 
   float acc[MTL][kRowsPerWarp] = {};
   const int head = c_begin == 0 && shift > 0 ? 1 : 0;  // chunk 0 holds the rows' first elements

@@ -21,7 +21,7 @@ import torch
 from .compare import CEILINGS, calls_per_variant, finish, floors, measure_all, reference, variants_for
 from .device import device_info, pick_device
 from .gpu_monitor import GpuMonitor, summarize as summarize_gpu_state
-from .models import MODELS, M99
+from .models import MODELS, M99, model_seed
 from .record import OUT_DIR, clean_json, record
 from .timing import WARMUP_MS, free
 
@@ -71,9 +71,9 @@ def run_models(cfg, dev, shape, progress, base):
     tasks = {(mid, v): progress.add_task(f"{mid} {v}", total=calls_per_variant(cfg))
              for mid in cfg.models for v in variants}
     records = []
-    for i, mid in enumerate(cfg.models):
+    for mid in cfg.models:
         spec = MODELS[mid]
-        torch.manual_seed(cfg.seed + i)
+        torch.manual_seed(model_seed(cfg.seed, mid))
         model, _ = spec.make(b, k, n, device=dev)
         sets = _input_sets(spec.cls, cfg.input_sets, b, k, dev)
         ref, ref_state = reference(model, sets)

@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .models import GPTBlock
+from .models import GPTBlock, model_seed
 
 # The chains after the Linear, by name: each a function of (the Linear's output y, the input x,
 # the problem's extra modules).
@@ -118,8 +118,8 @@ def run_suite(cfg, dev, progress, base, only=None) -> list:
     tasks = {(p.name, v): progress.add_task(f"{p.name[:24]} {v}", total=calls_per_variant(cfg))
              for p in probs for v in VARIANTS}
     records = []
-    for i, p in enumerate(probs):
-        torch.manual_seed(cfg.seed + 1000 + i)
+    for p in probs:
+        torch.manual_seed(model_seed(cfg.seed + 1000, p.name))
         model, sets = p.make(dev)
         ref, ref_state = reference(model, sets)
         rows = measure_all(VARIANTS, model, sets, ref, ref_state, cfg, dev, progress,

@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from .models import MODELS
+from .models import MODELS, model_seed
 
 SCENARIOS = ("fwd+bwd", "fwd+bwd(dx)", "step")
 
@@ -92,9 +92,9 @@ def run_train(cfg, dev, progress, base) -> list:
     b, k, n = cfg.batch or b, cfg.in_features or k, cfg.out_features or n
     names = _variants(cfg)
     records = []
-    for mi, mid in enumerate(cfg.models):
+    for mid in cfg.models:
         spec = MODELS[mid]
-        torch.manual_seed(cfg.seed + mi)
+        torch.manual_seed(model_seed(cfg.seed, mid))
         model, _ = spec.make(b, k, n, device=dev)
         sets = [spec.cls.get_inputs(b, k, device=dev)[0] for _ in range(cfg.input_sets)]
         with torch.no_grad():

@@ -174,6 +174,9 @@ struct GroupGrad {
   float* gi;            // the input's gradient (written)
 };
 
+// A per-column vector from column c0 on (a group's share of the row's), or nullptr for none.
+GF_HD const float* from_col(const float* v, int c0) { return v ? v + c0 : nullptr; }
+
 GF_HD float inv_sqrt(float q) { return 1.0f / sqrtf(q); }
 GF_HD double inv_sqrt(double q) { return 1.0 / sqrt(q); }
 

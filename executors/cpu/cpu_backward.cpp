@@ -202,7 +202,7 @@ struct Backward {
     const int64_t gs = static_cast<int64_t>(x.size()) / nd.groups;
     for (int64_t c0 = 0; c0 < static_cast<int64_t>(x.size()); c0 += gs) {
       StridedRow<Alone> grp = alone_row(x.data() + c0, nullptr, gs);
-      const GroupGrad d{x.data() + c0, g.data() + c0, wt ? wt + c0 : nullptr, gi.data() + c0};
+      const GroupGrad d{x.data() + c0, g.data() + c0, from_col(wt, static_cast<int>(c0)), gi.data() + c0};
       GroupNormOp::backward(grp, d, nd.eps, [&](int c, float dw, float db) {
         add_col(part, in.weight, c0 + c, dw);
         add_col(part, in.bias, c0 + c, db);

@@ -1,9 +1,7 @@
 // The CPU executor's row functions (cpu_rows.h).
 #include "cpu_rows.h"
 
-#include <algorithm>
 #include <cmath>
-#include <limits>
 
 #include "batch_norm_op.h"
 #include "pointwise.h"
@@ -25,7 +23,8 @@ void group_norm_row(const Node& n, float* x, int64_t w, const float* wt, const f
   const int64_t gs = w / n.groups;
   for (int64_t g = 0; g < n.groups; ++g) {
     StridedRow<Alone> grp = alone_row(x + g * gs, x + g * gs, gs);
-    GroupNormOp::forward(grp, wt ? wt + g * gs : nullptr, bs ? bs + g * gs : nullptr, n.eps);
+    const int c0 = static_cast<int>(g * gs);
+    GroupNormOp::forward(grp, from_col(wt, c0), from_col(bs, c0), n.eps);
   }
 }
 

@@ -195,11 +195,10 @@ struct Row {
     auto run = [&](auto&& team, int grp) {
       const int c0 = grp * gs;
       if (g == nullptr) {
-        GroupNormOp::forward(team, in.weight ? in.weight + c0 : nullptr, in.bias ? in.bias + c0 : nullptr,
-                             in.eps);
+        GroupNormOp::forward(team, from_col(in.weight, c0), from_col(in.bias, c0), in.eps);
         return;
       }
-      const GroupGrad d{x + c0, g + c0, in.weight ? in.weight + c0 : nullptr, gi + c0};
+      const GroupGrad d{x + c0, g + c0, from_col(in.weight, c0), gi + c0};
       GroupNormOp::backward(team, d, in.eps, [&](int c, float dw, float db) {
         if (in.weight_grad) in.weight_grad[slot * w + c0 + c] += dw;
         if (in.bias_grad) in.bias_grad[slot * w + c0 + c] += db;
@@ -259,7 +258,8 @@ struct Row {
   // Each column c gathers g from the windows that hold it (PoolOp::backward).
   __device__ void pool_backward(const BwInstr& in, const float* x, const float* g, float* gi) {
     const PoolWindows p = pool_windows(in);
-    for (int c = threadIdx.x; c < in.win; c += kThreads) gi[c] = PoolOp::backward(p, x, g, in.win, in.wout, c);
+    for (int c = threadIdx.x; c < in.win; c += kThreads)
+      gi[c] = PoolOp::backward(p, x, g, in.win, in.wout, c);
   }
 
   // An eval BatchNorm (running statistics; batch ones cut the segments): g times weight and

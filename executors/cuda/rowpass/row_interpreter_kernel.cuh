@@ -67,15 +67,15 @@ __device__ __forceinline__ void elementwise_pass(const DevProgram& P, int pc, in
 }
 
 // GroupNorm over the row's in.i0 groups (GroupNormOp::forward): one warp a group (warp mode,
-// or where the groups are at least the warps), else the CTA a group. (The three loops, rather
-// than one over a team chosen per group, keep the kernel at its registers without spills.)
+// or where the groups are at least the warps), else the CTA a group. (A loop per team type,
+// rather than one loop over a team chosen per group, keeps the kernel without spills.)
 template <bool kWarp>
 __device__ __forceinline__ void group_norm_row(const DevInstr& in, float* cur, int w, int t, int nt,
                                                double* red_d) {
   const int G = in.i0, gs = w / G;
   auto run = [&](auto&& grp, int g) {
     const int c0 = g * gs;
-    GroupNormOp::forward(grp, in.p1 ? in.p1 + c0 : nullptr, in.p2 ? in.p2 + c0 : nullptr, in.imm);
+    GroupNormOp::forward(grp, from_col(in.p1, c0), from_col(in.p2, c0), in.imm);
   };
   const int nw = nt >> 5, lane = t & 31;
   if (kWarp || G >= nw) {

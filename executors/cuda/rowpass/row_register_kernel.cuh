@@ -113,8 +113,8 @@ __device__ __forceinline__ float thread_tree_sum(const float (&v)[VPT][4], F f, 
   return acc[0];
 }
 
-// A GroupNorm group of this kernel's row (GroupNormOp's team): the chunks k of q consecutive
-// lanes (4q columns), the lane's one chunk v; sums by segmented butterfly shuffles in fp32
+// A GroupNorm group of this kernel's row (GroupNormOp's team): chunk k of q consecutive lanes
+// (4q columns), each lane holding its 4 values v; sums by segmented butterfly shuffles in fp32
 // (bitwise equal in every lane of the group). Every lane folds (the shuffles need the whole
 // warp); a map skips the chunks past the row. map_affine takes the row's vectors, indexed by
 // `col`, the chunk's first column in the row.
@@ -139,8 +139,8 @@ struct RegisterGroup {
 };
 
 // The row team of this kernel (row_team.h): the CTA over a row in registers, thread t holding
-// chunks k * nt + t; one per kernel (its reduction slots alternate across the program). Folds skip the chunks past the row; maps run on every chunk (those past
-// the row are never stored). Sums of positive terms add the thread's share in fp32, pairwise
+// chunks k * nt + t; one per kernel (its reduction slots alternate across the program). Folds
+// skip the chunks past the row; maps run on every chunk (those past the row are never stored). Sums of positive terms add the thread's share in fp32, pairwise
 // (thread_tree_sum); other sums add every term in fp64.
 template <int VPT, bool kFull>
 struct RegisterRow {

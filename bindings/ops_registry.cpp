@@ -6,6 +6,9 @@
 //   linear    one Linear, no stages, its spec from the weight's shape (gemmfuse.fp32_matmul);
 //             keep_weight=False for a weight that changes every call: its preparation (the
 //             split parts) is made for the call and not kept
+//   bmm       a batch of products a[i] @ b[i], each one `linear` with keep_weight=False
+//             (batched_linear.cpp; gemmfuse.fp32_matmul's bmm and baddbmm)
+//   bmm_route "" where gemmfuse should run such a batch, else why PyTorch's at::bmm runs it
 //   describe  the plan as text (for gemmfuse.explain), or "gemmfuse unsupported: ..." raised
 //   route     "" where the plan (inference or training) runs fused, else why PyTorch is faster
 //   check     "" when a spec parses, else the reason
@@ -23,11 +26,22 @@
 
 #include "cuda_executor.h"
 #endif
+#include "batched_linear.h"
 #include "gemmfuse/backward.h"
 #include "plan_cache.h"
 #include "run_call.h"
 
 namespace gemmfuse::bindings {
+
+// The spec of one Linear with the weight [out, in] and the bias, if any (batched_linear.h:
+// gemmfuse::bmm builds each product's spec with it too).
+std::string linear_spec(const at::Tensor& weight, const c10::optional<at::Tensor>& bias) {
+  TORCH_CHECK(weight.dim() == 2, "gemmfuse::linear: the weight must be 2-D, got ", weight.dim(),
+              "-D");
+  return "linear in=" + std::to_string(weight.size(1)) + " out=" +
+         std::to_string(weight.size(0)) + " bias=" + (bias.has_value() ? "1" : "0");
+}
+
 namespace {
 
 std::string str(c10::string_view s) { return std::string(s.data(), s.size()); }
@@ -60,14 +74,6 @@ at::Tensor stateless(c10::string_view spec, const at::Tensor& x, const at::Tenso
                      const c10::optional<at::Tensor>& bias, at::TensorList operands,
                      c10::string_view precision) {
   return Run(spec, x, weight, bias, operands, {}, precision);
-}
-
-// The spec of one Linear with the weight [out, in] and the bias, if any.
-std::string linear_spec(const at::Tensor& weight, const c10::optional<at::Tensor>& bias) {
-  TORCH_CHECK(weight.dim() == 2, "gemmfuse::linear: the weight must be 2-D, got ", weight.dim(),
-              "-D");
-  return "linear in=" + std::to_string(weight.size(1)) + " out=" +
-         std::to_string(weight.size(0)) + " bias=" + (bias.has_value() ? "1" : "0");
 }
 
 // gemmfuse::linear on a device (RunOn: run_on_cpu, run_on_cuda).
@@ -184,6 +190,8 @@ TORCH_LIBRARY(gemmfuse, m) {
       &route);
   m.def("linear(Tensor x, Tensor weight, Tensor? bias, str precision, bool keep_weight=True) "
         "-> Tensor");
+  m.def("bmm(Tensor a, Tensor b, str precision) -> Tensor");
+  m.def("bmm_route(Tensor a, Tensor b, str precision) -> str", &bmm_route);
   m.def(
       "train_forward(str spec, Tensor x, Tensor weight, Tensor? bias, Tensor[] operands, "
       "Tensor[] state, str precision) -> (Tensor, Tensor)");
@@ -202,17 +210,20 @@ TORCH_LIBRARY_IMPL(gemmfuse, CPU, m) {
   m.impl("run", &run_cpu);
   m.impl("stateless", &stateless<&run_cpu>);
   m.impl("linear", &linear_on<&run_on_cpu>);
+  m.impl("bmm", &bmm_cpu);
 }
 TORCH_LIBRARY_IMPL(gemmfuse, Meta, m) {
   m.impl("run", &run_meta);
   m.impl("stateless", &stateless<&run_meta>);
   m.impl("linear", &linear_meta);
+  m.impl("bmm", &bmm_meta);
 }
 #ifdef GEMMFUSE_WITH_CUDA
 TORCH_LIBRARY_IMPL(gemmfuse, CUDA, m) {
   m.impl("run", &run_cuda);
   m.impl("stateless", &stateless<&run_cuda>);
   m.impl("linear", &linear_on<&run_on_cuda>);
+  m.impl("bmm", &bmm_cuda);
 }
 #endif
 

@@ -142,6 +142,12 @@ std::string CudaExecutor::describe_kernels(const Plan& plan) {
   return plan_state(plan)->sel.describe();
 }
 
+bool CudaExecutor::gemm_on_split_kernel(const Plan& plan) {
+  check(plan);
+  const GemmKind k = plan_state(plan)->sel.gemm.kind;
+  return k == GemmKind::F16x3 || k == GemmKind::FastSplit;
+}
+
 size_t CudaExecutor::prepared_bytes(const Plan& plan) const {
   check(plan);
   return plan_state(plan)->prepared.total;

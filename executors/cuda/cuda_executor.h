@@ -49,6 +49,10 @@ class CudaExecutor : public Executor {
   // The kernel selection for this plan on the current device, one line per choice with its
   // reason and the overrides that are set, for explain.
   static std::string describe_kernels(const Plan& plan);
+  // Whether the kernel selection runs the plan's forward GEMM on a split kernel (f16x3 or
+  // `fast`'s bf16 parts) on the current device, rather than cuBLAS's fp32/TF32 GEMM or the
+  // small-M kernel: gemmfuse::bmm_route's rule for which batches gemmfuse runs.
+  static bool gemm_on_split_kernel(const Plan& plan);
 
   size_t prepared_bytes(const Plan& plan) const override;
   size_t workspace_bytes(const Plan& plan) const override;

@@ -13,9 +13,17 @@ too, and it changes no code. W's preparation (its split parts) is kept per weigh
 where W is a parameter; any other right operand (an activation, a gradient) is prepared for
 its call alone (``keep_weight=False``).
 
+Batched fp32 products, ``bmm`` and ``baddbmm`` (what ``torch.matmul`` and ``@`` with batch
+dimensions on both operands and two-operand ``einsum`` come to, and what bmm's backward
+calls), run as
+``gemmfuse::bmm``: each product one such Linear, prepared for its call alone. C++ decides
+(``gemmfuse::bmm_route``): where each product would not run on the split kernel (on CUDA:
+cuBLAS's GEMM, which ``at::bmm`` runs as one batched call), PyTorch runs the batch.
+
 What it does not take runs as PyTorch runs it, counted with the reason (``counts()``):
-other dtypes, batched products (``bmm``, ``baddbmm``: no batched kernel yet), ``addmm`` with
-``beta`` or ``alpha`` other than 1 or a bias that is not one row, empty products.
+other dtypes, ``addmm`` and ``baddbmm`` with ``beta`` or ``alpha`` other than 1, an
+``addmm`` bias that is not one row, batches of products too small for the split kernel
+(CUDA), empty products.
 """
 from __future__ import annotations
 
@@ -52,12 +60,21 @@ def _count(where: str) -> None:
         _counts[where] += 1
 
 
-def _declines(a, b, devices) -> str:
-    """'' when gemmfuse takes the product a @ b (2-D, fp32, on a chosen device), else why not."""
+def _operands_decline(a, b, devices) -> str:
+    """'' when a and b are fp32 on one device of a chosen type, else why the switch leaves
+    their product to PyTorch."""
     if a.dtype != torch.float32 or b.dtype != torch.float32:
         return f"{a.dtype} operands (the switch is for fp32)"
     if a.device.type not in devices or b.device != a.device:
         return f"operands on {a.device.type} (the switch covers {', '.join(devices)})"
+    return ""
+
+
+def _declines(a, b, devices) -> str:
+    """'' when gemmfuse takes the product a @ b (2-D, fp32, on a chosen device), else why not."""
+    why = _operands_decline(a, b, devices)
+    if why:
+        return why
     if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0]:
         return "not a matrix product of matching shapes"
     if a.numel() == 0 or b.numel() == 0:
@@ -104,12 +121,54 @@ def _addmm(mode, args, kwargs):
     return _linear(a, b, bias.reshape(-1).contiguous(), mode.precision), ""
 
 
-def _batched(mode, args, kwargs):
-    return None, "a batched product (no batched kernel yet)"
+def _batch_declines(a, b, devices) -> str:
+    """'' when a @ b is a batch of products of fp32 operands on a chosen device (3-D), else
+    why not: the cheap checks, before C++'s bmm_route."""
+    why = _operands_decline(a, b, devices)
+    if not why and (a.dim() != 3 or b.dim() != 3):
+        why = "not a batch of matrix products"
+    return why
+
+
+def _route(a, b, precision) -> str:
+    """C++'s rule (gemmfuse::bmm_route): '' where each product runs on the split kernel, else
+    why PyTorch's batched GEMM runs the batch. It also declines shapes gemmfuse::bmm would
+    reject and empty batches, so PyTorch runs them (and raises its own errors)."""
+    return _lib.ops().bmm_route(a, b, precision)
+
+
+def _bmm(mode, args, kwargs):
+    a, b = args[0], args[1]
+    why = _batch_declines(a, b, mode.devices) or _route(a, b, mode.precision)
+    return (None, why) if why else (_lib.ops().bmm(a, b, mode.precision), "")
+
+
+def _adds_to_batch(added, a, b) -> bool:
+    """Whether baddbmm's added term is fp32 on the batches' device and broadcasts to their
+    product's shape [B, M, N] (torch.add would broadcast a larger one further)."""
+    out = (a.shape[0], a.shape[1], b.shape[2])
+    return (added.dtype == torch.float32 and added.device == a.device and added.dim() <= 3
+            and all(s in (1, o) for s, o in zip(reversed(added.shape), reversed(out))))
+
+
+def _baddbmm(mode, args, kwargs):
+    """input + b1 @ b2 as the batch on gemmfuse, then torch.add (the mode is off inside
+    __torch_dispatch__, so it runs as PyTorch's add, broadcasting input as baddbmm does)."""
+    added, a, b = args[0], args[1], args[2]
+    beta, alpha = kwargs.get("beta", 1), kwargs.get("alpha", 1)
+    why = _batch_declines(a, b, mode.devices)
+    if not why and (beta != 1 or alpha != 1):
+        why = "baddbmm with beta or alpha other than 1"
+    if not why and not _adds_to_batch(added, a, b):
+        why = "baddbmm's added term is not fp32 broadcasting to the product's shape"
+    why = why or _route(a, b, mode.precision)
+    if why:
+        return None, why
+    return torch.add(added, _lib.ops().bmm(a, b, mode.precision)), ""
 
 
 _HANDLERS = {aten.mm.default: _mm, aten.addmm.default: _addmm,
-             aten.bmm.default: _batched, aten.baddbmm.default: _batched}
+             aten.bmm.default: _bmm, aten.baddbmm.default: _baddbmm}
 
 
 class Fp32MatmulMode(TorchDispatchMode):

@@ -84,7 +84,7 @@ def test_what_it_does_not_take_runs_as_pytorch(dev):
     b, c = torch.randn(16, 4, device=dev), torch.randn(8, 4, device=dev)
     cases = [
         (lambda: torch.mm(a.double(), b.double()), "float64 operands"),
-        (lambda: torch.bmm(a[None], b[None]), "a batched product"),
+        (lambda: torch.baddbmm(c[None], a[None], b[None], beta=0.5), "beta or alpha"),
         (lambda: torch.addmm(c[0], a, w.T, beta=0.5), "beta or alpha"),
         (lambda: torch.addmm(c, a, w.T), "not one fp32 row"),
         (lambda: torch.mm(a[:0], w.T), "an empty product"),
@@ -102,6 +102,125 @@ def test_what_it_does_not_take_runs_as_pytorch(dev):
         torch.mm(a, w.T)
     (where,) = gemmfuse.fp32_matmul_counts()
     assert where == f"PyTorch: operands on {dev} (the switch covers meta)"
+
+
+# Each product's (M, K, N) in the batched tests: on a GPU large enough for the split kernel
+# (f16x3, forward and both gradients' products), where gemmfuse takes a batch; on the CPU small
+# (the CPU executor takes every batch).
+def batch_dims(dev):
+    if dev == "cuda" and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("on CUDA gemmfuse takes batches whose products run on the split kernel: sm_90")
+    return (1152, 1280, 1024) if dev == "cuda" else (24, 40, 20)
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+def test_batched_products_of_views_and_strides(dev):
+    """bmm, baddbmm (broadcast and full added terms), matmul and `@` with batch dimensions and
+    two-operand einsum, on sliced and transposed operands: float64's values, eager's dtype and
+    shape, each product taken."""
+    torch.manual_seed(3)
+    M, K, N = batch_dims(dev)
+    a = torch.randn(3, M, K + 6, device=dev)[:, :, 3:K + 3]    # rows strided, offset
+    b = torch.randn(3, N, K, device=dev).transpose(1, 2)      # [3, K, N], transposed
+    a4, b4 = torch.randn(2, 3, M, K, device=dev), torch.randn(2, 3, K, N, device=dev)
+    row, full = torch.randn(M, N, device=dev), torch.randn(3, M, N, device=dev)
+    cases = [lambda: torch.bmm(a, b), lambda: torch.baddbmm(row, a, b),
+             lambda: torch.baddbmm(full, a, b), lambda: torch.matmul(a, b), lambda: a4 @ b,
+             lambda: a4 @ b4, lambda: torch.einsum("bij,bjk->bik", a, b)]
+    with gemmfuse.fp32_matmul(devices=(dev,)), torch.no_grad():
+        outs = [fn() for fn in cases]
+    with torch.no_grad():
+        eager = [fn() for fn in cases]
+    ad, bd = a.double(), b.double()
+    wants = [ad @ bd, row.double() + ad @ bd, full.double() + ad @ bd, ad @ bd,
+             a4.double() @ bd, a4.double() @ b4.double(), ad @ bd]
+    for got, eag, want in zip(outs, eager, wants):
+        assert got.dtype == eag.dtype == torch.float32 and got.shape == eag.shape == want.shape
+        assert rel(got, want) < 1e-6
+    assert gemmfuse.fp32_matmul_counts() == {"gemmfuse": len(cases)}
+
+
+class BatchedProduct(nn.Module):
+    """x @ w for a batch of weights: one bmm of two tensors that require grad."""
+
+    def __init__(self, b, k, n):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(b, k, n) / k ** 0.5)
+
+    def forward(self, x):
+        return torch.bmm(x, self.w)
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+def test_batched_product_trains_through_the_switch(dev):
+    """bmm's backward calls bmm for dx and dw: both run through the switch, each gradient
+    within eager fp32's error against float64 (1.25x, as fp32 mode promises)."""
+    torch.manual_seed(4)
+    M, K, N = batch_dims(dev)
+    m = BatchedProduct(3, K, N).to(dev)
+    ref, eager = copy.deepcopy(m).double(), copy.deepcopy(m)
+    x = torch.randn(3, M, K, device=dev, requires_grad=True)
+    xd, xe = x.detach().double().requires_grad_(), x.detach().clone().requires_grad_()
+    g = torch.randn(3, M, N, device=dev)
+    with gemmfuse.fp32_matmul(devices=(dev,)):
+        y = m(x)
+        y.backward(g)
+    ref(xd).backward(g.double())
+    eager(xe).backward(g)
+    assert gemmfuse.fp32_matmul_counts() == {"gemmfuse": 3}  # forward, dx, dw
+    with torch.no_grad():
+        assert rel(y, ref(xd)) <= 1.25 * rel(eager(xe), ref(xd)) + 1e-7
+    for got, eag, want in [(x.grad, xe.grad, xd.grad), (m.w.grad, eager.w.grad, ref.w.grad)]:
+        assert rel(got, want) <= 1.25 * rel(eag, want) + 1e-7
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+def test_batches_it_does_not_take_run_as_pytorch(dev):
+    torch.manual_seed(5)
+    a, b, c = (torch.randn(3, 8, 16, device=dev), torch.randn(3, 16, 4, device=dev),
+               torch.randn(8, 4, device=dev))
+    cases = [
+        (lambda: torch.baddbmm(c, a, b, beta=0.5), "beta or alpha"),
+        (lambda: torch.baddbmm(c, a, b, alpha=2), "beta or alpha"),
+        (lambda: torch.bmm(a.double(), b.double()), "float64 operands"),
+        (lambda: torch.bmm(a.half(), b.half()), "float16 operands"),
+        (lambda: torch.bmm(a[:0], b[:0]), "an empty product"),
+        (lambda: torch.bmm(a[:, :0], b), "an empty product"),
+        (lambda: torch.baddbmm(c, a[:, :, :0], b[:, :0]), "an empty product"),
+    ]
+    if dev == "cuda":  # products this small run on cuBLAS: at::bmm runs them as one call
+        cases.append((lambda: torch.bmm(a, b), "cuBLAS's fp32 GEMM"))
+    for fn, why in cases:
+        matmul_switch.reset_counts()
+        with gemmfuse.fp32_matmul(devices=(dev,)), torch.no_grad():
+            got = fn()
+        with torch.no_grad():
+            want = fn()
+        assert got.dtype == want.dtype and torch.equal(got, want), why
+        (where,) = gemmfuse.fp32_matmul_counts()
+        assert where.startswith("PyTorch: ") and why in where, (where, why)
+    bad = [lambda: torch.bmm(a, b[:2]), lambda: torch.bmm(a, b[:, :15]),
+           lambda: torch.baddbmm(c, a, b[:, :15])]
+    for fn in bad:
+        with gemmfuse.fp32_matmul(devices=(dev,)), torch.no_grad(), pytest.raises(RuntimeError):
+            fn()
+
+
+def test_bmm_route_and_checks():
+    """The C++ ops directly: bmm_route takes a plain CPU fp32 batch and gives reasons (never
+    raises) for what bmm rejects; bmm raises those with its checks; Meta gives the shape."""
+    ops = gemmfuse._lib.ops()
+    a, b = torch.randn(2, 5, 7), torch.randn(2, 7, 3)
+    assert ops.bmm_route(a, b, "fp32") == ""
+    assert ops.bmm_route(a[:0], b[:0], "fp32") == "an empty product"
+    bad = [((a[0], b[0]), "3-D"), ((a, b[:1]), "batch sizes differ"),
+           ((a, b[:, :6]), "cannot be multiplied"), ((a.double(), b.double()), "fp32")]
+    for (x, y), why in bad:
+        assert why in ops.bmm_route(x, y, "fp32")
+        with pytest.raises(RuntimeError, match=why):
+            ops.bmm(x, y, "fp32")
+    out = ops.bmm(a.to("meta"), b.to("meta"), "fp32")
+    assert out.device.type == "meta" and out.shape == (2, 5, 3)
 
 
 @pytest.mark.parametrize("dev", DEVICES)

@@ -1,0 +1,123 @@
+// gemmfuse::bmm: a batch of fp32 products a[i] @ b[i], each run as one gemmfuse::linear
+// (x = a[i], W = b[i]ᵀ) on the device's executor, for gemmfuse.fp32_matmul's aten.bmm and
+// aten.baddbmm; and gemmfuse::bmm_route, which says whether such a batch should run there
+// or in PyTorch's at::bmm (one batched call).
+#include "batched_linear.h"
+
+#include <sstream>
+#include <vector>
+
+#ifdef GEMMFUSE_WITH_CUDA
+#include <c10/cuda/CUDAGuard.h>
+
+#include "cuda_executor.h"
+#endif
+#include "plan_cache.h"
+#include "run_call.h"
+
+namespace gemmfuse::bindings {
+namespace {
+
+// Why gemmfuse::bmm rejects a and b, or "" where it takes them. Sizes are read as SymInts,
+// so the Meta kernel checks with it too.
+std::string bmm_rejects(const at::Tensor& a, const at::Tensor& b) {
+  std::ostringstream os;
+  if (a.dim() != 3 || b.dim() != 3)
+    os << "both operands must be 3-D, got " << a.dim() << "-D and " << b.dim() << "-D";
+  else if (a.sym_size(0) != b.sym_size(0))
+    os << "batch sizes differ (" << a.sym_size(0) << " and " << b.sym_size(0) << ")";
+  else if (a.sym_size(2) != b.sym_size(1))
+    os << "shapes cannot be multiplied (" << a.sym_sizes() << " and " << b.sym_sizes() << ")";
+  else if (a.scalar_type() != at::kFloat || b.scalar_type() != at::kFloat)
+    os << "expected fp32 operands, got " << a.scalar_type() << " and " << b.scalar_type();
+  else if (a.device() != b.device())
+    os << "operands on different devices, " << a.device() << " and " << b.device();
+  return os.str();
+}
+
+void check_bmm(const at::Tensor& a, const at::Tensor& b) {
+  const std::string why = bmm_rejects(a, b);
+  TORCH_CHECK(why.empty(), "gemmfuse::bmm: ", why);
+}
+
+// The batch on a device (RunOn: run_on_cpu, run_on_cuda): product i exactly as
+// gemmfuse::linear with keep_weight=False runs one Linear, the results stacked.
+template <at::Tensor (*RunOn)(const CallInputs&, float*)>
+at::Tensor bmm_on(const at::Tensor& a, const at::Tensor& b, c10::string_view precision) {
+  check_bmm(a, b);
+  // An empty batch or product: nothing to multiply (K = 0 sums nothing, so zeros).
+  if (a.numel() == 0 || b.numel() == 0)
+    return at::zeros({a.size(0), a.size(1), b.size(2)}, a.options());
+  // Every product's W = b[i]ᵀ [N, K], from one contiguous copy for the whole batch.
+  const at::Tensor weights = b.transpose(1, 2).contiguous();
+  const std::string spec = linear_spec(weights[0], c10::nullopt);
+  const c10::optional<at::Tensor> no_bias;
+  std::vector<at::Tensor> outs;
+  outs.reserve(static_cast<size_t>(a.size(0)));
+  for (int64_t i = 0; i < a.size(0); ++i) {
+    const at::Tensor x = a[i].contiguous(), w = weights[i];
+    CallInputs in{spec, x, w, no_bias, {}, {}, precision};
+    in.keep_prepared = false;  // W changes every call: its preparation is for this call alone
+    outs.push_back(RunOn(in, nullptr));
+  }
+  return at::stack(outs);
+}
+
+// Where a CUDA product's plan runs its GEMM: "" on a split kernel, else why at::bmm should
+// run the batch (each product alone on cuBLAS would only add launches to its batched call).
+std::string cuda_gemm_reason(const Plan& plan) {
+#ifdef GEMMFUSE_WITH_CUDA
+  if (!CudaExecutor::gemm_on_split_kernel(plan))
+    return "each product would run on cuBLAS's fp32 GEMM, which at::bmm runs as one batched call";
+#endif
+  (void)plan;
+  return "";
+}
+
+// bmm_route for a batch bmm takes (3-D fp32 of matching shapes, one device, not empty): the
+// plan of its first product says; every product has the same shapes, so the same plan.
+std::string route_of_batch(const at::Tensor& a, const at::Tensor& b, c10::string_view precision) {
+#ifdef GEMMFUSE_WITH_CUDA
+  c10::optional<c10::cuda::CUDAGuard> guard;  // the plan's kernel selection is per device
+  if (a.is_cuda()) guard.emplace(a.device());
+#endif
+  const at::Tensor weight0 = b[0].t();  // plan_for reads its shape, dtype and device only
+  const Plan& plan =
+      plan_for(linear_spec(weight0, c10::nullopt), a[0], weight0, c10::nullopt, {}, {}, precision);
+  if (!plan.pytorch_faster.empty()) return plan.pytorch_faster;
+  // On the CPU the executor is the reference path: pytorch_faster is the whole rule.
+  return a.is_cuda() ? cuda_gemm_reason(plan) : "";
+}
+
+}  // namespace
+
+at::Tensor bmm_cpu(const at::Tensor& a, const at::Tensor& b, c10::string_view precision) {
+  return bmm_on<&run_on_cpu>(a, b, precision);
+}
+
+#ifdef GEMMFUSE_WITH_CUDA
+at::Tensor bmm_cuda(const at::Tensor& a, const at::Tensor& b, c10::string_view precision) {
+  c10::cuda::CUDAGuard guard(a.device());
+  return bmm_on<&run_on_cuda>(a, b, precision);
+}
+#endif
+
+at::Tensor bmm_meta(const at::Tensor& a, const at::Tensor& b, c10::string_view) {
+  check_bmm(a, b);
+  return at::empty_symint({a.sym_size(0), a.sym_size(1), b.sym_size(2)}, a.options());
+}
+
+// Never throws for operands bmm would reject or an empty batch: it returns why, so the
+// caller runs PyTorch's bmm, which then raises PyTorch's own errors.
+std::string bmm_route(const at::Tensor& a, const at::Tensor& b, c10::string_view precision) {
+  const std::string why = bmm_rejects(a, b);
+  if (!why.empty()) return why;
+  if (a.numel() == 0 || b.numel() == 0) return "an empty product";
+  try {
+    return route_of_batch(a, b, precision);
+  } catch (const c10::Error& e) {  // e.g. "gemmfuse unsupported: ..." from the planner
+    return e.what_without_backtrace();
+  }
+}
+
+}  // namespace gemmfuse::bindings

@@ -32,6 +32,15 @@ struct BatchNormOp {
   // y = (x - mean) invstd (the affine weight and bias follow).
   template <class T>
   GF_HD static T normalize(T x, T mean, T invstd) { return (x - mean) * invstd; }
+  // Column c of w: normalized by `stats` (the w means, then the w invstds: ColumnStats's
+  // layout), times the affine weight, plus the bias, each where given.
+  GF_HD static float apply(float x, const float* stats, int64_t w, const float* weight, const float* bias,
+                           int64_t c) {
+    float y = normalize(x, stats[c], stats[w + c]);
+    if (weight) y *= weight[c];
+    if (bias) y += bias[c];
+    return y;
+  }
   // The input's gradient with the statistics held fixed (eval: running statistics): g w invstd.
   template <class T>
   GF_HD static T eval_grad(T g, T w, T invstd) { return g * w * invstd; }

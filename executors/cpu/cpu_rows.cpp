@@ -29,12 +29,7 @@ void group_norm_row(const Node& n, float* x, int64_t w, const float* wt, const f
 }
 
 void batch_norm_row(float* x, int64_t w, const float* stats, const float* wt, const float* bs) {
-  for (int64_t c = 0; c < w; ++c) {
-    float y = BatchNormOp::normalize(x[c], stats[c], stats[w + c]);
-    if (wt) y *= wt[c];
-    if (bs) y += bs[c];
-    x[c] = y;
-  }
+  for (int64_t c = 0; c < w; ++c) x[c] = BatchNormOp::apply(x[c], stats, w, wt, bs, c);
 }
 
 void running_stats_row(const float* rm, const float* rv, double eps, int64_t w, float* stats) {

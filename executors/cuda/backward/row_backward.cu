@@ -170,12 +170,8 @@ struct Row {
           y[o] = PoolOp::forward(pool_windows(in), x, in.win, o);
         break;
       case kBwBatchNorm:
-        for (int c = threadIdx.x; c < w; c += kThreads) {
-          float v = BatchNormOp::normalize(x[c], in.stats[c], in.stats[w + c]);
-          if (in.weight) v *= in.weight[c];
-          if (in.bias) v += in.bias[c];
-          y[c] = v;
-        }
+        for (int c = threadIdx.x; c < w; c += kThreads)
+          y[c] = BatchNormOp::apply(x[c], in.stats, w, in.weight, in.bias, c);
         break;
     }
     __syncthreads();

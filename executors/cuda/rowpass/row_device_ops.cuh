@@ -109,13 +109,7 @@ __device__ __forceinline__ void apply_elementwise(const DevInstr& in, float (&v)
     case kBnApply: {
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        if (j < cnt) {
-          const int c = c0 + j;
-          float y = BatchNormOp::normalize(v[j], in.p0[c], in.p0[in.win + c]);
-          if (in.p1) y *= in.p1[c];
-          if (in.p2) y += in.p2[c];
-          v[j] = y;
-        }
+        if (j < cnt) v[j] = BatchNormOp::apply(v[j], in.p0, in.win, in.p1, in.p2, c0 + j);
       }
       break;
     }

@@ -51,6 +51,11 @@ def parser():
                         "(bench/suite.py) instead of the five reference models")
     b.add_argument("--suite-only", type=_list, default=None,
                    help="with --suite: only the problems whose name holds one of these")
+    b.add_argument("--matmul", action="store_true",
+                   help="bare fp32 matrix products (mm, bmm): eager fp32 and TF32 against "
+                        "gemmfuse.fp32_matmul in fp32 and fast precision (bench/matmul.py)")
+    b.add_argument("--matmul-shapes", type=_list, default=None,
+                   help="with --matmul: only these shapes, by name (sq4096, m16, bmm8x2048, ...)")
     b.add_argument("--sweep", action="store_true",
                    help="also m99's chain at M in 1,16,128,1024,4096 (K=N=8192 on a GPU)")
     b.add_argument("--sweep-m", type=lambda s: [int(x) for x in _list(s)], help="M values")
@@ -120,6 +125,7 @@ def _config(args):
                  compile=args.compile,
                  bf16=args.bf16, sweep=args.sweep, sweep_m=args.sweep_m,
                  suite=args.suite, suite_only=args.suite_only, train=args.train,
+                 matmul=args.matmul, matmul_shapes=args.matmul_shapes,
                  device=args.device, seed=args.seed)
     if args.models:
         cfg.models = args.models

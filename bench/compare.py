@@ -240,16 +240,7 @@ def measure_all(variants, model, sets, ref, ref_state, cfg, dev, progress, tasks
         dtype = torch.bfloat16 if v.endswith("bf16") else torch.float32
         tick = lambda t=tasks[v]: _tick(progress, t)  # noqa: E731
         built.append(_build(v, model, sets, dtype, ref, ref_state, dev, tick))
-    share_batching([t for rec, t in built if not rec.get("error")], cfg.warmup)
-    for r in range(cfg.rounds):
-        # Odd rounds run the variants in reverse (ABBA): each one follows a different
-        # predecessor, whose heat and clock it may inherit, in alternate rounds.
-        for rec, timer in (built if r % 2 == 0 else built[::-1]):
-            if timer is not None and not rec.get("error"):
-                try:
-                    timer.round(cfg.warmup, cfg.repeats, cfg.warmup_ms)
-                except Exception as e:
-                    _failed(rec, e)
+    alternate(built, cfg)
     records = []
     for v, (rec, timer) in zip(variants, built):
         if timer is not None and not rec.get("error"):
@@ -263,6 +254,22 @@ def measure_all(variants, model, sets, ref, ref_state, cfg, dev, progress, tasks
         torch._dynamo.reset()
     free(dev)
     return records
+
+
+def alternate(built, cfg):
+    """Time `built`, a list of (record, CallTimer or None), in cfg.rounds alternating rounds
+    (see measure_all), every timer at one batch size (share_batching); a round that raises
+    marks its record failed and that variant is timed no further."""
+    share_batching([t for rec, t in built if t is not None and not rec.get("error")], cfg.warmup)
+    for r in range(cfg.rounds):
+        # Odd rounds run the variants in reverse (ABBA): each one follows a different
+        # predecessor, whose heat and clock it may inherit, in alternate rounds.
+        for rec, timer in (built if r % 2 == 0 else built[::-1]):
+            if timer is not None and not rec.get("error"):
+                try:
+                    timer.round(cfg.warmup, cfg.repeats, cfg.warmup_ms)
+                except Exception as e:
+                    _failed(rec, e)
 
 
 def reference(model, sets):

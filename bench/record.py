@@ -2,7 +2,8 @@
 git); ``--record`` also makes them the device kind's latest record in ``bench/results/``
 (``<kind>.json``, ``.png``, ``.log``) and adds the run's headline speedups to
 ``bench/results/history.csv``; a suite run (``--suite``) is recorded as ``<kind>-suite.*``, a
-training run as ``<kind>-train.*``, a zoo run (``--zoo``) as ``<kind>-zoo.*``."""
+training run as ``<kind>-train.*``, a zoo run (``--zoo``) as ``<kind>-zoo.*``, a matmul run
+(``--matmul``) as ``<kind>-matmul.*``."""
 from __future__ import annotations
 
 import csv
@@ -49,9 +50,9 @@ def record(result: dict, paths: list, results_dir: Path = RESULTS_DIR) -> list:
         raise SystemExit(f"--record: {results_dir} is not a folder here; run the bench from the "
                          f"gemmfuse checkout")
     h = result["header"]
-    suite = any(k in h for k in ("suite", "train", "zoo"))
-    kind = device_kind(h.get("gpu")) + ("-suite" if "suite" in h else "-zoo" if "zoo" in h else
-                                        "-train" if suite else "")
+    suite = any(k in h for k in ("suite", "train", "zoo", "matmul"))
+    kind = device_kind(h.get("gpu")) + next((f"-{k}" for k in ("suite", "zoo", "matmul", "train")
+                                              if k in h), "")
     written = []
     for p in map(Path, paths):
         suffix = p.name[len(p.stem):] if not p.stem.endswith("-sweep") else "-sweep" + p.suffix

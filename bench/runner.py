@@ -50,6 +50,8 @@ class Config:
     sweep_m: list | None = None
     suite: bool = False          # the suite (suite.py) instead of the reference models
     train: bool = False          # training through the reference models (train.py)
+    matmul: bool = False         # bare fp32 matrix products, gemmfuse's switch (matmul.py)
+    matmul_shapes: list | None = None  # None: the device's set (matmul.py)
     suite_only: list | None = None
     device: str = "auto"
     seed: int = 0
@@ -190,7 +192,10 @@ def run(cfg: Config, console=None):
     n = cfg.out_features or (8192 if gpu else CPU_FEATURES)
     info = device_info(dev)
     notes = []
-    if not gpu:
+    if not gpu and cfg.matmul:
+        notes.append("no GPU used: ran on the CPU at the matmul bench's small shapes; CPU times "
+                     "say nothing about GPU performance")
+    elif not gpu:
         notes.append(f"no GPU used: ran on the CPU at batch {b}, {k}x{n} (seed shapes are 1024, "
                      f"8192x8192 on a GPU); CPU times say nothing about GPU performance")
         if not cfg.compile:
@@ -221,6 +226,9 @@ def run(cfg: Config, console=None):
             elif cfg.suite:
                 from .suite import run_suite
                 records = run_suite(cfg, dev, progress, base, only=cfg.suite_only)
+            elif cfg.matmul:
+                from .matmul import run_matmul
+                records = run_matmul(cfg, dev, progress, base)
             else:
                 records = run_models(cfg, dev, (b, k, n), progress, base)
             sweep = run_sweep(cfg, dev, k, n, progress, base) if cfg.sweep else None
@@ -246,7 +254,7 @@ def run(cfg: Config, console=None):
                   input_sets=cfg.input_sets, grad="autograd records" if cfg.train else "no_grad",
                   timestamp=time.strftime("%Y-%m-%dT%H:%M:%S%z"), notes=notes,
                   note="; ".join(notes), ceilings=CEILINGS,
-                  models={} if cfg.suite or cfg.train else
+                  models={} if cfg.suite or cfg.train or cfg.matmul else
                   {mid: {"summary": MODELS[mid].summary, **floors(MODELS[mid], b, k, n)}
                    for mid in cfg.models})
     if cfg.suite:
@@ -254,6 +262,11 @@ def run(cfg: Config, console=None):
         header["suite"] = summary(records)
     if cfg.train:
         header["train"] = True
+    if cfg.matmul:  # its shapes are its own: no M, K, N of the seed models
+        from .matmul import summary as matmul_summary
+        for key in ("batch", "in_features", "out_features"):
+            header.pop(key)
+        header["matmul"] = matmul_summary(records)
     result = {"header": header, "records": records}
     if sweep is not None:
         result["sweep"] = sweep
@@ -262,8 +275,9 @@ def run(cfg: Config, console=None):
     png = out.with_suffix(".png")
     plotted = ([dict(r, mode=f"{r['mode']} {r['scenario']}") for r in records] if cfg.train
                else records)
-    plot_speedups(plotted, png, f"{header.get('gpu') or 'CPU'} M={b} K={k} N={n}"
-                  + (" training" if cfg.train else ""))
+    plot_speedups(plotted, png, f"{header.get('gpu') or 'CPU'} "
+                  + ("--matmul: bare fp32 products" if cfg.matmul else
+                     f"M={b} K={k} N={n}" + (" training" if cfg.train else "")))
     paths = [str(out), str(png)]
     if sweep:
         paths.append(str(plot_sweep(sweep, out.with_name(out.stem + "-sweep.png"))))
@@ -282,6 +296,9 @@ def run(cfg: Config, console=None):
     if cfg.train:
         from .train import table as train_table
         console.print(train_table(records, header))
+    elif cfg.matmul:
+        from .matmul import table as matmul_table
+        console.print(matmul_table(records, header))
     else:
         console.print(main_table(records, header))
     log = out.with_suffix(".log")

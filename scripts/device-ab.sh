@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A/B of two wheels on one GPU machine, in one call (a developer's tool): each bench runs
 # REPEATS times, the two wheels interleaved (a, b, a, b, ...), each run through
-# scripts/device-run.sh into $OUT/<bench>-<a|b>-<i>/. Summarise here with tools/ab_table.py.
+# scripts/device-run.sh into $OUT/<bench>-<a|b>-<i>/, each repeat archived as ab-<i>.tgz.
+# Summarise here with tools/ab_table.py over the archives unpacked into one folder.
 # Here, first:  the base wheel in .gpu/a, the new one in .gpu/b (make wheel at each commit).
 # There:        BENCHES="fwd train" REPEATS=3 bash scripts/device-ab.sh
 #   fwd:   the five seed models, fp32, no torch.compile, no bf16 (FWD_ARGS to change)
@@ -29,6 +30,7 @@ for i in $(seq "${REPEATS:-3}"); do
       echo "$bench $w $i rc=$?"
     done
   done
+  # One archive per repeat (at most 8 files come back from $OUT): a call cut off by its
+  # limit still returns the repeats it finished.
+  (cd "$OUT" && tar czf "ab-$i.tgz" --remove-files *-[ab]-"$i" *-[ab]-"$i".console)
 done
-# At most 8 files come back from $OUT: everything in one archive.
-(cd "$OUT" && tar czf ab.tgz --remove-files $(ls | grep -v '^ab.tgz$'))

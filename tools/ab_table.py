@@ -2,8 +2,8 @@
 bench, the median ms of wheel a and of wheel b over the repeats, and b / a, from the bench's
 own JSON records; then each wheel's verdict (the bench's pass column: accuracy, and for
 --train the gradients' error over eager's), so that a speed table cannot hide a failing row.
-`python tools/ab_table.py DIR` (DIR: the unpacked ab.tgz, holding <bench>-<a|b>-<i>/results.tgz
-as scripts/device-run.sh leaves them)."""
+`python tools/ab_table.py DIR` (DIR: the ab-<i>.tgz archives unpacked into one folder,
+holding <bench>-<a|b>-<i>/results.tgz as scripts/device-run.sh leaves them)."""
 from __future__ import annotations
 
 import json

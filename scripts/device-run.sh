@@ -16,6 +16,9 @@
 #               --zoo-batches small" the model zoo (ZOO_REPEATS times); DIST="fsdp2-before
 #               fsdp2-after fsdp2-compile tp" bench.distributed on two GPUs.
 #   GEMMFUSE_GIT_COMMIT=<hash>: the commit the bench records (the copied tree's .git may be older).
+#   The committed tree alone (uncommitted work in the checkout would reach the device's copy):
+#   here `mkdir -p .gpu/src && git archive HEAD | tar -x -C .gpu/src`, there
+#   `cd .gpu/src && WHEEL_DIR=../b TESTS=1 ... bash scripts/device-run.sh`.
 #   Two GPUs at once: CUDA_VISIBLE_DEVICES=1 SKIP_INSTALL=1 OUT=$OUT/b ... & beside a run on GPU 0
 #   that installed the wheel (one install: a second would rewrite the package under the first).
 #   WHEEL_DIR=.gpu/b: the wheel and test binary from there (a branch's, to test two in one call:

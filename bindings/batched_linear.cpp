@@ -41,26 +41,32 @@ void check_bmm(const at::Tensor& a, const at::Tensor& b) {
 }
 
 // The batch on a device (RunOn: run_on_cpu, run_on_cuda): product i exactly as
-// gemmfuse::linear with keep_weight=False runs one Linear, the results stacked.
+// gemmfuse::linear with keep_weight=False runs one Linear, written into slice i of the
+// output where each slice starts 256-byte aligned (as an allocation would: the kernels'
+// vector stores and TMA want 16 bytes), else into its own tensor, the results stacked.
 template <at::Tensor (*RunOn)(const CallInputs&, float*)>
 at::Tensor bmm_on(const at::Tensor& a, const at::Tensor& b, c10::string_view precision) {
   check_bmm(a, b);
+  const int64_t B = a.size(0), M = a.size(1), N = b.size(2);
   // An empty batch or product: nothing to multiply (K = 0 sums nothing, so zeros).
-  if (a.numel() == 0 || b.numel() == 0)
-    return at::zeros({a.size(0), a.size(1), b.size(2)}, a.options());
+  if (a.numel() == 0 || b.numel() == 0) return at::zeros({B, M, N}, a.options());
   // Every product's W = b[i]ᵀ [N, K], from one contiguous copy for the whole batch.
   const at::Tensor weights = b.transpose(1, 2).contiguous();
   const std::string spec = linear_spec(weights[0], c10::nullopt);
   const c10::optional<at::Tensor> no_bias;
+  const bool in_place = (M * N) % 64 == 0;
+  at::Tensor out = in_place ? at::empty({B, M, N}, a.options()) : at::Tensor();
   std::vector<at::Tensor> outs;
-  outs.reserve(static_cast<size_t>(a.size(0)));
-  for (int64_t i = 0; i < a.size(0); ++i) {
+  for (int64_t i = 0; i < B; ++i) {
     const at::Tensor x = a[i].contiguous(), w = weights[i];
     CallInputs in{spec, x, w, no_bias, {}, {}, precision};
     in.keep_prepared = false;  // W changes every call: its preparation is for this call alone
-    outs.push_back(RunOn(in, nullptr));
+    const at::Tensor slice = in_place ? out[i] : at::Tensor();
+    if (in_place) in.out = &slice;
+    at::Tensor y = RunOn(in, nullptr);
+    if (!in_place) outs.push_back(std::move(y));
   }
-  return at::stack(outs);
+  return in_place ? out : at::stack(outs);
 }
 
 // Where a CUDA product's plan runs its GEMM: "" on a split kernel, else why at::bmm should

@@ -19,8 +19,12 @@ at::Tensor execute(Executor& executor, const CallInputs& in,
 
   const CallTensors t = convert();
   StateViews state(in.state, native);
-  // [M, out_width] in memory, allocated in the caller's shape (no view op per call).
-  at::Tensor out = at::empty(shape, t.x.options());
+  // [M, out_width] in memory, allocated in the caller's shape (no view op per call), or the
+  // caller's.
+  at::Tensor out = in.out ? *in.out : at::empty(shape, t.x.options());
+  TORCH_INTERNAL_ASSERT(!in.out || (out.is_contiguous() && out.sizes() == c10::IntArrayRef(shape) &&
+                                    out.scalar_type() == t.x.scalar_type()),
+                        "gemmfuse: a caller's output of another shape, dtype or layout");
   args.x = t.x.data_ptr();
   args.weight = t.weight.data_ptr();
   args.bias = t.bias.defined() ? t.bias.data_ptr() : nullptr;

@@ -25,6 +25,9 @@ struct CallInputs {
   // false: the weight changes every call (gemmfuse::linear with keep_weight=False), so its
   // preparation is made for this call and not kept (prepared_cache.h).
   bool keep_prepared = true;
+  // Where the output goes (contiguous, of the output's shape and dtype: a batch's slice,
+  // gemmfuse::bmm), or null: a new tensor.
+  const at::Tensor* out = nullptr;
 };
 
 // The call's tensors as an executor wants them (dtype, contiguity).

@@ -142,7 +142,7 @@ def _fuse_with_runtimes(gm, example_inputs, precision, report):
     """Each chain behind a ChainRuntime (checks, timed routes and fallbacks per call)."""
     cap = find_chains(gm, "dynamo", check=_lib.check,
                       numbers=compile_time_numbers(gm, example_inputs))
-    report.rejected = list(cap.rejected)
+    report.rejected, report.products = list(cap.rejected), list(cap.products)
     remap: dict = {}
     for chain in cap.chains:
         entry = _entry(chain, chain.spec(()))
@@ -159,7 +159,7 @@ def _fuse_for_inductor(gm, example_inputs, precision, report, rest):
     Numbers the graph passes at run time are not captured as constants (numbers=None): a
     compiled graph cannot fall back per call, so a chain stops before such a number."""
     cap = find_chains(gm, "dynamo", check=_lib.check)
-    report.rejected = list(cap.rejected)
+    report.rejected, report.products = list(cap.rejected), list(cap.products)
     real = {n: v for n, v in zip((n for n in gm.graph.nodes if n.op == "placeholder"), example_inputs)}
     training = torch.is_grad_enabled() and any(
         isinstance(t, torch.Tensor) and t.requires_grad for t in example_inputs)

@@ -100,10 +100,24 @@ def explain_text(module) -> str:
         out.append("not captured:")
         for name, reason in rep.rejected:
             out.append(f"  {name}: {reason}")
+    out.extend(_product_lines(rep))
     if not rep.entries and not rep.rejected and not rep.units:
         out.append("  (no Linear found)")
     out.extend(_fsdp_lines(module, rep))
     return "\n".join(out) + "\n"
+
+
+def _product_lines(rep) -> list:
+    """The matrix products no chain starts at (no weight operand: two activations), where
+    they run, and what would run fp32 ones on gemmfuse's GEMM."""
+    if not rep.products:
+        return []
+    where = "Inductor" if rep.flavor == "inductor" else "PyTorch"
+    out = ["", f"matrix products left to {where} (no weight operand, so no chain starts there; "
+               f"they run on its GEMM, and fp32 ones inside `with gemmfuse.fp32_matmul():` on "
+               f"gemmfuse's where it pays):"]
+    out.extend(f"  {name}: {form}" for name, form in rep.products)
+    return out
 
 
 def _head_lines(module, rep) -> list:

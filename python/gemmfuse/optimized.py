@@ -377,7 +377,7 @@ def _capture(gm: GemmfuseModule, model: nn.Module, example_inputs: tuple, precis
     report = OptimizeReport(precision=precision, flavor="fx")
     report.units = list(units or ())
     cap: CaptureReport = find_chains(gm, "fx", check=_lib.check)
-    report.rejected = list(cap.rejected)
+    report.rejected, report.products = list(cap.rejected), list(cap.products)
     remap: dict = {}
     for chain in cap.chains:
         entry = _fuse_chain(gm, chain, precision, remap)

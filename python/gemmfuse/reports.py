@@ -33,6 +33,7 @@ class OptimizeReport:
     flavor: str
     entries: list = field(default_factory=list)
     rejected: list = field(default_factory=list)  # (linear node, reason): not captured at all
+    products: list = field(default_factory=list)  # (node, form): products of two activations
     # dynamo flavour: weak references to the rewritten graph and to the parameters it reads
     # (compiled_graphs finds a compiled module's graphs by them).
     graph: Any = None

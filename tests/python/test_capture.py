@@ -386,6 +386,40 @@ def test_nothing_captured_without_linear():
     assert rep.chains == [] and rep.rejected == []
 
 
+class _Attention(nn.Module):
+    """A Linear, then products of two activations (bmm, @, einsum) that start no chain."""
+
+    def __init__(self):
+        super().__init__()
+        self.q = nn.Linear(32, 32)
+
+    def forward(self, x):
+        s = torch.bmm(self.q(x), x.transpose(1, 2))
+        return s @ x + torch.einsum("bij,bkj->bik", x, x).sum(-1, keepdim=True)
+
+
+def test_products_of_two_activations_are_listed():
+    """Each matrix product with no weight operand is reported (name, form with shapes), the
+    Linear's chain is not, and a model without such products reports none."""
+    gm, rep = fx_report(_Attention(), (torch.randn(2, 8, 32),))
+    assert len(rep.chains) == 1 and rep.rejected == []
+    forms = [form for _, form in rep.products]
+    assert forms == ["torch.bmm [2, 8, 32] x [2, 32, 8]", "@ [2, 8, 8] x [2, 8, 32]",
+                     "torch.einsum [2, 8, 32] x [2, 8, 32]"], forms
+    _, rep = fx_report(nn.Sequential(nn.Linear(4, 5), nn.ReLU()), (torch.randn(2, 4),))
+    assert rep.products == []
+
+
+@needs_lib
+def test_explain_lists_products_left_to_pytorch():
+    import gemmfuse
+    text = gemmfuse.explain(_Attention(), (torch.randn(2, 8, 32),), print_it=False)
+    assert "matrix products left to PyTorch" in text and "gemmfuse.fp32_matmul" in text
+    assert "  bmm: torch.bmm [2, 8, 32] x [2, 32, 8]" in text
+    text = gemmfuse.explain(nn.Sequential(nn.Linear(4, 5)), (torch.randn(2, 4),), print_it=False)
+    assert "matrix products left" not in text
+
+
 @needs_lib
 @pytest.mark.parametrize("mid", seed_ids())
 def test_seed_specs_parse_in_cpp(mid):

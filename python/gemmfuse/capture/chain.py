@@ -159,6 +159,9 @@ class Chain:
 class CaptureReport:
     chains: list = field(default_factory=list)
     rejected: list = field(default_factory=list)   # (node name, reason) for linears not captured
+    # (node name, form) for matrix products with no weight operand (two activations): no chain
+    # starts there, and they run where the rest of the graph runs
+    products: list = field(default_factory=list)
     flavor: str = "fx"
 
 

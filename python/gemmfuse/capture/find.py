@@ -10,7 +10,7 @@ import torch.fx as fx
 from .values import AttrRef, TInfo, node_info
 from .chain import CaptureReport, Chain, Unsupported
 from .classify import _Ctx, classify
-from .linear_forms import linear_parts
+from .linear_forms import linear_parts, product_form
 from ..tensor_parallel import dynamo_reason, is_dtensor, row_parallel_end
 
 # --------------------------------------------------------------------------------------------
@@ -53,6 +53,9 @@ def find_chains(gm: fx.GraphModule, flavor: str = "fx", check: Optional[Callable
             report.rejected.append((node.name, str(e)))
             continue
         if parts is None:
+            form = product_form(node)
+            if form:
+                report.products.append((node.name, form))
             continue
         chain, why = _start_chain(gm, node, parts, flavor, len(report.chains))
         if why:

@@ -21,6 +21,9 @@ LINEAR_FUNCS = {F.linear}
 _MATMUL_FUNCS = {operator.matmul, torch.matmul, torch.mm}
 _MATMUL_METHODS = {"matmul", "mm", "__matmul__"}
 _MM_ONLY = {torch.mm, "mm"}  # 2-d inputs only (torch.mm raises on others)
+# Every matrix product a graph can hold (explain lists those that start no chain).
+_PRODUCT_FUNCS = _MATMUL_FUNCS | {torch.bmm, torch.baddbmm, torch.addmm, torch.einsum}
+_PRODUCT_METHODS = _MATMUL_METHODS | {"bmm", "baddbmm", "addmm"}
 
 
 @dataclass
@@ -124,6 +127,20 @@ def _functional_parts(node: fx.Node) -> LinearParts:
     if b is not None and not isinstance(b, fx.Node):
         raise Unsupported("F.linear bias is not a tensor")
     return LinearParts(x, w, b, None, form="F.linear")
+
+
+def product_form(node: fx.Node) -> str:
+    """'torch.bmm [2, 8, 32] x [2, 32, 8]' for a matrix product node (its operands' shapes
+    where known), '' for any other node."""
+    if node.op == "call_function" and node.target in _PRODUCT_FUNCS:
+        name = "@" if node.target is operator.matmul else f"torch.{node.target.__name__}"
+    elif node.op == "call_method" and node.target in _PRODUCT_METHODS:
+        name = "@" if node.target == "__matmul__" else f"Tensor.{node.target}"
+    else:
+        return ""
+    shapes = [list(i.shape) for a in node.args
+              if isinstance(a, fx.Node) and isinstance(i := node_info(a), TInfo)]
+    return name + (" " + " x ".join(map(str, shapes)) if shapes else "")
 
 
 def _matmul_parts(node: fx.Node) -> Optional[LinearParts]:

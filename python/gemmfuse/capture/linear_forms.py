@@ -129,18 +129,23 @@ def _functional_parts(node: fx.Node) -> LinearParts:
     return LinearParts(x, w, b, None, form="F.linear")
 
 
+def _product_name(node: fx.Node) -> str:
+    """How a product node reads in messages: '@', 'torch.bmm', 'Tensor.mm'."""
+    if node.target is operator.matmul:
+        return "@"
+    prefix = "torch." if node.op == "call_function" else "Tensor."
+    return prefix + getattr(node.target, "__name__", node.target)
+
+
 def product_form(node: fx.Node) -> str:
     """'torch.bmm [2, 8, 32] x [2, 32, 8]' for a matrix product node (its operands' shapes
     where known), '' for any other node."""
-    if node.op == "call_function" and node.target in _PRODUCT_FUNCS:
-        name = "@" if node.target is operator.matmul else f"torch.{node.target.__name__}"
-    elif node.op == "call_method" and node.target in _PRODUCT_METHODS:
-        name = "@" if node.target == "__matmul__" else f"Tensor.{node.target}"
-    else:
+    if not ((node.op == "call_function" and node.target in _PRODUCT_FUNCS)
+            or (node.op == "call_method" and node.target in _PRODUCT_METHODS)):
         return ""
     shapes = [list(i.shape) for a in node.args
               if isinstance(a, fx.Node) and isinstance(i := node_info(a), TInfo)]
-    return name + (" " + " x ".join(map(str, shapes)) if shapes else "")
+    return _product_name(node) + (" " + " x ".join(map(str, shapes)) if shapes else "")
 
 
 def _matmul_parts(node: fx.Node) -> Optional[LinearParts]:
@@ -152,8 +157,7 @@ def _matmul_parts(node: fx.Node) -> Optional[LinearParts]:
                 or (node.op == "call_method" and node.target == "addmm"))
     if not (is_matmul or is_addmm):
         return None
-    name = ("@" if node.target is operator.matmul else
-            f"{'torch.' if node.op == 'call_function' else 'Tensor.'}{getattr(node.target, '__name__', node.target)}")
+    name = _product_name(node)
     x, w, b = _addmm_operands(node, name) if is_addmm else _matmul_operands(node, name)
     xinf = node_info(x)
     if not isinstance(x, fx.Node) or not isinstance(xinf, TInfo):

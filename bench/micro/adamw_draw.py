@@ -55,10 +55,16 @@ def rel(a, b):
     return float((a.detach().double() - b.detach()).norm() / b.detach().norm())
 
 
-def ratios(seed, loss):
+def m94(seed):
+    """m94 at the compile test's shape (32 channels a group), its weights drawn from `seed`;
+    the torch generator then goes on to the inputs."""
     torch.manual_seed(seed)
     cls = MODELS["m94"].cls
-    model = cls(*cls.get_init_inputs(K, N, groups=N // 32))
+    return cls(*cls.get_init_inputs(K, N, groups=N // 32))
+
+
+def ratios(seed, loss):
+    model = m94(seed)
     xs = [torch.rand(B, K) for _ in range(3)]
     gys = [torch.randn(B, N) for _ in range(3)]
     eager, acc, m64 = copy.deepcopy(model), copy.deepcopy(model), copy.deepcopy(model).double()
@@ -78,9 +84,7 @@ def grads(model, forward, x, gy):
 
 def same_weight_ratios(seed):
     """The worst step's gradient error over eager's, per parameter, at the same weights."""
-    torch.manual_seed(seed)
-    cls = MODELS["m94"].cls
-    acc = cls(*cls.get_init_inputs(K, N, groups=N // 32))
+    acc = m94(seed)
     opt = torch.optim.AdamW(acc.parameters(), lr=1e-3)
     worst = {}
     for _ in range(3):

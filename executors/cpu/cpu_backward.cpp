@@ -17,6 +17,7 @@
 #include "cpu_executor.h"
 #include "pointwise.h"
 #include "cpu_rows.h"
+#include "row_attrs.h"
 #include "row_ops.h"
 
 #if defined(_OPENMP)

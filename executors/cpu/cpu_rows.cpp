@@ -5,6 +5,7 @@
 
 #include "batch_norm_op.h"
 #include "pointwise.h"
+#include "row_attrs.h"
 #include "row_ops.h"
 
 namespace gemmfuse {
@@ -37,11 +38,6 @@ void running_stats_row(const float* rm, const float* rv, double eps, int64_t w, 
     stats[c] = rm[c];
     stats[w + c] = BatchNormOp::invstd(rv[c], eps);
   }
-}
-
-PoolWindows pool_windows(const Node& n) {
-  return {static_cast<int>(n.kernel), static_cast<int>(n.stride), static_cast<int>(n.padding),
-          n.op == OpCode::AvgPool, n.count_include_pad};
 }
 
 void pool_row(const Node& n, const float* x, int64_t w, float* out, int64_t w_out) {

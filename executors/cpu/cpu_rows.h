@@ -25,10 +25,6 @@ void batch_norm_row(float* x, int64_t w, const float* stats, const float* wt, co
 // stats [2, w] (mean, invstd) of an eval BatchNorm from its running mean and variance.
 void running_stats_row(const float* rm, const float* rv, double eps, int64_t w, float* stats);
 
-// A Pool node's windows (PoolOp, executors/common/row_ops.h).
-struct PoolWindows;
-PoolWindows pool_windows(const Node& n);
-
 // PyTorch's avg_pool1d / max_pool1d (dilation 1) over one row; `out` has w_out entries.
 void pool_row(const Node& n, const float* x, int64_t w, float* out, int64_t w_out);
 

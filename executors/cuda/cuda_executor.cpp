@@ -46,12 +46,7 @@ class StreamScratch {
 // refused the cooperative grid, so the caller runs the steps.
 bool run_fused_softmax(const Plan& plan, const FusedSoftmaxChoice& f, const RunArgs& args,
                        const PreparedLayout& P, const char* prep, char* ws, cudaStream_t stream) {
-  sm90::GemmSoftmaxProblem p;
-  p.M = plan.M;
-  p.N = plan.N;
-  p.K = plan.K;
-  p.dtype = plan.dtype;
-  p.x = args.x;
+  sm90::GemmSoftmaxProblem p{plan.M, plan.N, plan.K, plan.dtype, args.x};
   p.w = P.w_folded != kAbsent ? prep + P.w_folded : args.weight;
   p.bias = P.bias_f32 != kAbsent ? reinterpret_cast<const float*>(prep + P.bias_f32) : nullptr;
   if (plan.chain.has_bias && p.bias == nullptr)

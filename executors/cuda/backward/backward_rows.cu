@@ -91,36 +91,20 @@ void encode_batch_norm(const BackwardCall& c, int i, const Instr& in, BwInstr& d
 // Node i's instruction for the row backward, bound to the call's tensors.
 BwInstr encode_stage(const BackwardCall& c, int i) {
   const Instr& in = c.bp.program[i - c.bp.start];
-  const Node& nd = in.node;
   BwInstr d;
-  d.op = static_cast<uint8_t>(nd.op);
-  d.pp = pointwise_params(nd);
-  d.win = static_cast<int32_t>(in.width_in);
-  d.wout = static_cast<int32_t>(in.width_out);
-  d.eps = static_cast<float>(nd.eps);
+  static_cast<RowAttrs&>(d) = row_attrs(in, in.width_in, in.width_out);
   switch (in.kind) {
     case Instr::Kind::Pointwise: encode_pointwise(c, in, d); break;
-    case Instr::Kind::Reduce:
-      d.kind = kBwReduce;
-      if (nd.first_index) d.flags |= kBwFirstIndex;
-      break;
+    case Instr::Kind::Reduce: d.kind = kBwReduce; break;
     case Instr::Kind::Softmax: d.kind = kBwSoftmax; break;
     case Instr::Kind::GroupNorm:
       d.kind = kBwGroupNorm;
-      d.groups = static_cast<int32_t>(nd.groups);
       d.weight = operand_of(c, in.weight);
       d.bias = operand_of(c, in.bias);
       d.weight_grad = gradient_of(c, in.weight);
       d.bias_grad = gradient_of(c, in.bias);
       break;
-    case Instr::Kind::Pool:
-      d.kind = kBwPool;
-      d.kernel = static_cast<int32_t>(nd.kernel);
-      d.stride = static_cast<int32_t>(nd.stride);
-      d.padding = static_cast<int32_t>(nd.padding);
-      if (nd.ceil_mode) d.flags |= kBwCeil;
-      if (nd.count_include_pad) d.flags |= kBwIncludePad;
-      break;
+    case Instr::Kind::Pool: d.kind = kBwPool; break;
     case Instr::Kind::BatchNormApply: encode_batch_norm(c, i, in, d); break;
     case Instr::Kind::Save: throw std::logic_error("CUDA backward: a Save among the stages");
   }

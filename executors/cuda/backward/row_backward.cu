@@ -167,7 +167,7 @@ struct Row {
       case kBwGroupNorm: group_norm(in, x, y, nullptr, nullptr); break;
       case kBwPool:
         for (int o = threadIdx.x; o < in.wout; o += kThreads)
-          y[o] = PoolOp::forward(pool_windows(in), x, in.win, o);
+          y[o] = PoolOp::forward(in.pool, x, in.win, o);
         break;
       case kBwBatchNorm:
         for (int c = threadIdx.x; c < w; c += kThreads)
@@ -175,12 +175,6 @@ struct Row {
         break;
     }
     __syncthreads();
-  }
-
-  // The Pool instruction's windows (PoolOp).
-  __device__ static PoolWindows pool_windows(const BwInstr& in) {
-    return {in.kernel, in.stride, in.padding, static_cast<OpCode>(in.op) == OpCode::AvgPool,
-            (in.flags & kBwIncludePad) != 0};
   }
 
   // GroupNorm forward (g == nullptr: y from x) or backward (gi from g; the affine parameters'
@@ -219,7 +213,7 @@ struct Row {
       case kBwPointwise: pointwise_backward(in, x, y, g, gi); break;
       case kBwReduce: {
         auto row = team(x, nullptr, in.win);
-        reduce_backward(static_cast<OpCode>(in.op), row, {x, y, g, gi}, (in.flags & kBwFirstIndex) != 0);
+        reduce_backward(static_cast<OpCode>(in.op), row, {x, y, g, gi}, in.first_index);
         break;
       }
       case kBwSoftmax: {
@@ -253,9 +247,8 @@ struct Row {
 
   // Each column c gathers g from the windows that hold it (PoolOp::backward).
   __device__ void pool_backward(const BwInstr& in, const float* x, const float* g, float* gi) {
-    const PoolWindows p = pool_windows(in);
     for (int c = threadIdx.x; c < in.win; c += kThreads)
-      gi[c] = PoolOp::backward(p, x, g, in.win, in.wout, c);
+      gi[c] = PoolOp::backward(in.pool, x, g, in.win, in.wout, c);
   }
 
   // An eval BatchNorm (running statistics; batch ones cut the segments): g times weight and

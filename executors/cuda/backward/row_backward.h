@@ -13,7 +13,7 @@
 #include <cstdint>
 
 #include "gemmfuse/plan.h"
-#include "pointwise.h"
+#include "row_attrs.h"
 
 namespace gemmfuse::cuda {
 
@@ -28,17 +28,13 @@ enum : uint8_t {  // the operand of a binary stage
   kBwNone = 0, kBwImm, kBwScalar, kBwCol, kBwRow, kBwFull, kBwValue
 };
 enum : uint8_t {
-  kBwBinary = 1, kBwReversed = 2, kBwFirstIndex = 4, kBwCeil = 8, kBwIncludePad = 16,
-  kBwBatchStats = 32
+  kBwBinary = 1, kBwReversed = 2, kBwBatchStats = 4
 };
 
-struct BwInstr {
-  uint8_t kind = kBwPointwise, op = 0, flags = 0, opnd = kBwNone;
-  PointwiseParams pp{};
-  float imm = 0.f, eps = 0.f;
+struct BwInstr : RowAttrs {    // its attributes by row_attrs, shared with the forward
+  uint8_t kind = kBwPointwise, flags = 0, opnd = kBwNone;
+  float imm = 0.f;
   int32_t value = -1;           // kBwValue: the value id read
-  int32_t win = 0, wout = 0;
-  int32_t groups = 1, kernel = 1, stride = 1, padding = 0;
   const float* b = nullptr;     // the operand tensor (kBwScalar .. kBwFull)
   float* b_grad = nullptr;      // its gradient: sinks [slots] (Scalar), [slots, win] (Col); the
                                 // gradient itself [M, win] (Full), [M] (Row)

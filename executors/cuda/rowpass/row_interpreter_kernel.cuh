@@ -66,16 +66,16 @@ __device__ __forceinline__ void elementwise_pass(const DevProgram& P, int pc, in
   }
 }
 
-// GroupNorm over the row's in.i0 groups (GroupNormOp::forward): one warp a group (warp mode,
+// GroupNorm over the row's in.groups groups (GroupNormOp::forward): one warp a group (warp mode,
 // or where the groups are at least the warps), else the CTA a group. (A loop per team type,
 // rather than one loop over a team chosen per group, keeps the kernel without spills.)
 template <bool kWarp>
 __device__ __forceinline__ void group_norm_row(const DevInstr& in, float* cur, int w, int t, int nt,
                                                double* red_d) {
-  const int G = in.i0, gs = w / G;
+  const int G = in.groups, gs = w / G;
   auto run = [&](auto&& grp, int g) {
     const int c0 = g * gs;
-    GroupNormOp::forward(grp, from_col(in.p1, c0), from_col(in.p2, c0), in.imm);
+    GroupNormOp::forward(grp, from_col(in.p1, c0), from_col(in.p2, c0), in.eps);
   };
   const int nw = nt >> 5, lane = t & 31;
   if (kWarp || G >= nw) {
@@ -89,10 +89,8 @@ __device__ __forceinline__ void group_norm_row(const DevInstr& in, float* cur, i
 // avg_pool / max_pool (PoolOp's windows) of cur's w values into oth's in.wout.
 __device__ __forceinline__ void pool_row(const DevInstr& in, const float* cur, float* oth, int w,
                                          int t, int nt) {
-  const PoolWindows p{in.i0, in.i1, in.i2, static_cast<OpCode>(in.op) == OpCode::AvgPool,
-                      (in.flags & kFlagIncludePad) != 0};
 #pragma unroll 1
-  for (int o = t; o < in.wout; o += nt) oth[o] = PoolOp::forward(p, cur, w, o);
+  for (int o = t; o < in.wout; o += nt) oth[o] = PoolOp::forward(in.pool, cur, w, o);
 }
 
 template <bool kWarp>

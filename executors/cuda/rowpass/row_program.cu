@@ -199,7 +199,6 @@ void lower_binary_operand(const Instr& in, int64_t w, const RunPointers& run, De
 
 void lower_pointwise(const Instr& in, int64_t w, const RunPointers& run, DevInstr& d) {
   d.kind = kPointwise;
-  d.pp = pointwise_params(in.node);
   if (family(in.node.op) == OpFamily::Binary) {
     d.flags |= kFlagBinary;
     if (in.node.reversed) d.flags |= kFlagReversed;
@@ -214,26 +213,18 @@ void lower_pointwise(const Instr& in, int64_t w, const RunPointers& run, DevInst
 // Instruction `in`, meeting a row of width w, resolved against the run's pointers into d (a
 // zeroed slot of the program). Returns the row's width after it.
 int64_t lower_instr(const Instr& in, int64_t w, const RunPointers& run, DevInstr& d) {
-  d.op = static_cast<uint8_t>(in.node.op);
-  d.win = static_cast<int32_t>(w);
+  const int64_t w_after = row_width_after(in, w);
+  static_cast<RowAttrs&>(d) = row_attrs(in, w, w_after);
   switch (in.kind) {
     case Instr::Kind::Pointwise: lower_pointwise(in, w, run, d); break;
     case Instr::Kind::Reduce: d.kind = kReduce; break;
     case Instr::Kind::Softmax: d.kind = kSoftmax; break;
     case Instr::Kind::GroupNorm:
       d.kind = kGroupNorm;
-      d.i0 = static_cast<int32_t>(in.node.groups);
-      d.imm = static_cast<float>(in.node.eps);
       d.p1 = run.affine(in.weight);
       d.p2 = run.affine(in.bias);
       break;
-    case Instr::Kind::Pool:
-      d.kind = kPool;
-      d.i0 = static_cast<int32_t>(in.node.kernel);
-      d.i1 = static_cast<int32_t>(in.node.stride);
-      d.i2 = static_cast<int32_t>(in.node.padding);
-      if (in.node.count_include_pad) d.flags |= kFlagIncludePad;
-      break;
+    case Instr::Kind::Pool: d.kind = kPool; break;
     case Instr::Kind::BatchNormApply:
       d.kind = kBnApply;
       d.p0 = run.buffer(in.stats);
@@ -247,8 +238,6 @@ int64_t lower_instr(const Instr& in, int64_t w, const RunPointers& run, DevInstr
       break;
     default: unsupported("unknown instruction kind");
   }
-  const int64_t w_after = row_width_after(in, w);
-  d.wout = static_cast<int32_t>(w_after);
   return w_after;
 }
 

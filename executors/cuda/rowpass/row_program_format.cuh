@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-#include "pointwise.h"
+#include "row_attrs.h"
 #include "row_program.h"
 
 namespace gemmfuse::cuda {
@@ -15,16 +15,14 @@ namespace {
 
 enum : uint8_t { kPointwise, kReduce, kSoftmax, kGroupNorm, kPool, kBnApply, kSave };
 enum : uint8_t { kOpNone, kOpImm, kOpScalar, kOpCol, kOpRow, kOpFull };
-enum : uint8_t { kFlagBinary = 1, kFlagReversed = 2, kFlagIncludePad = 4, kFlagVec = 8 };
+enum : uint8_t { kFlagBinary = 1, kFlagReversed = 2, kFlagVec = 4 };
 enum : uint8_t { kOutF32, kOutBF16, kOutF16 };
 
-// One instruction, resolved against this run's pointers (88 bytes).
-struct DevInstr {
-  uint8_t kind, op, opnd, flags;
-  int32_t win, wout;      // widths (>= 1) before and after
-  int32_t i0, i1, i2;     // GroupNorm: groups; Pool: kernel, stride, padding
-  float imm;              // Imm operand; eps of the norms
-  PointwiseParams pp;     // unary attributes
+// One instruction: its attributes (row_attrs, shared with the backward; widths >= 1),
+// resolved against this run's pointers.
+struct DevInstr : RowAttrs {
+  uint8_t kind, opnd, flags;
+  float imm;              // Imm operand
   const float* b;         // binary operand (Scalar/Col/Row/Full)
   const float* p0;        // BatchNormApply: stats [2, win] (mean row, invstd row)
   const float* p1;        // GroupNorm/BatchNormApply: weight [win] or nullptr

@@ -251,11 +251,11 @@ struct RegisterRow {
 
   // Groups of 4q columns: chunk k of q consecutive lanes is a group (RegisterGroup).
   __device__ __forceinline__ void group_norm(const DevInstr& in) {
-    const int q = (w / in.i0) >> 2;
+    const int q = (w / in.groups) >> 2;
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
       RegisterGroup grp{v[k], q, col(k), valid(k)};
-      GroupNormOp::forward(grp, in.p1, in.p2, in.imm);
+      GroupNormOp::forward(grp, in.p1, in.p2, in.eps);
     }
   }
 

@@ -9,6 +9,12 @@
 //   bmm       a batch of products a[i] @ b[i], each one `linear` with keep_weight=False
 //             (batched_linear.cpp; gemmfuse.fp32_matmul's bmm and baddbmm)
 //   bmm_route "" where gemmfuse should run such a batch, else why PyTorch's at::bmm runs it
+//   linear_cross_entropy  F.cross_entropy(F.linear(x, W, b), target) in chunks of rows, without
+//             the [M, V] logits, and with with_grads (mean, sum) the gradients for a unit
+//             grad_output, from the same loop (linear_cross_entropy.cpp; gemmfuse.lm_head)
+//   linear_cross_entropy_backward  the gradients for any grad_loss ([M] for reduction none),
+//             each chunk's logits computed again
+//   linear_cross_entropy_describe  the chunks and where each of their products runs, and why
 //   describe  the plan as text (for gemmfuse.explain), or "gemmfuse unsupported: ..." raised
 //   route     "" where the plan (inference or training) runs fused, else why PyTorch is faster
 //   check     "" when a spec parses, else the reason
@@ -27,6 +33,7 @@
 #include "cuda_executor.h"
 #endif
 #include "batched_linear.h"
+#include "linear_cross_entropy.h"
 #include "gemmfuse/backward.h"
 #include "plan_cache.h"
 #include "run_call.h"
@@ -193,6 +200,18 @@ TORCH_LIBRARY(gemmfuse, m) {
   m.def("bmm(Tensor a, Tensor b, str precision) -> Tensor");
   m.def("bmm_route(Tensor a, Tensor b, str precision) -> str", &bmm_route);
   m.def(
+      "linear_cross_entropy(Tensor x, Tensor weight, Tensor? bias, Tensor target, "
+      "int ignore_index, float label_smoothing, str reduction, str precision, int chunk_rows, "
+      "bool with_grads) -> (Tensor loss, Tensor dx, Tensor dweight, Tensor dbias)");
+  m.def(
+      "linear_cross_entropy_backward(Tensor grad_loss, Tensor x, Tensor weight, Tensor? bias, "
+      "Tensor target, int ignore_index, float label_smoothing, str reduction, str precision, "
+      "int chunk_rows) -> (Tensor dx, Tensor dweight, Tensor dbias)");
+  m.def(
+      "linear_cross_entropy_describe(Tensor x, Tensor weight, Tensor? bias, str precision, "
+      "int chunk_rows=0) -> str",
+      &linear_cross_entropy_describe);
+  m.def(
       "train_forward(str spec, Tensor x, Tensor weight, Tensor? bias, Tensor[] operands, "
       "Tensor[] state, str precision) -> (Tensor, Tensor)");
   m.def(
@@ -211,12 +230,16 @@ TORCH_LIBRARY_IMPL(gemmfuse, CPU, m) {
   m.impl("stateless", &stateless<&run_cpu>);
   m.impl("linear", &linear_on<&run_on_cpu>);
   m.impl("bmm", &bmm_cpu);
+  m.impl("linear_cross_entropy", &linear_cross_entropy);
+  m.impl("linear_cross_entropy_backward", &linear_cross_entropy_backward);
 }
 TORCH_LIBRARY_IMPL(gemmfuse, Meta, m) {
   m.impl("run", &run_meta);
   m.impl("stateless", &stateless<&run_meta>);
   m.impl("linear", &linear_meta);
   m.impl("bmm", &bmm_meta);
+  m.impl("linear_cross_entropy", &linear_cross_entropy_meta);
+  m.impl("linear_cross_entropy_backward", &linear_cross_entropy_backward_meta);
 }
 #ifdef GEMMFUSE_WITH_CUDA
 TORCH_LIBRARY_IMPL(gemmfuse, CUDA, m) {
@@ -224,6 +247,8 @@ TORCH_LIBRARY_IMPL(gemmfuse, CUDA, m) {
   m.impl("stateless", &stateless<&run_cuda>);
   m.impl("linear", &linear_on<&run_on_cuda>);
   m.impl("bmm", &bmm_cuda);
+  m.impl("linear_cross_entropy", &linear_cross_entropy);
+  m.impl("linear_cross_entropy_backward", &linear_cross_entropy_backward);
 }
 #endif
 

@@ -1,0 +1,54 @@
+// gemmfuse::linear_cross_entropy, its backward and its description (linear_cross_entropy.cpp),
+// which ops_registry.cpp registers: an LM head's Linear and cross-entropy loss without the
+// [M, V] logits.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <string>
+#include <tuple>
+
+namespace gemmfuse::bindings {
+
+// (loss, dx, dweight, dbias) and (dx, dweight, dbias); a gradient not computed is a tensor of
+// no elements.
+using LceForward = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+using LceGrads = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
+
+// F.cross_entropy(F.linear(x, weight, bias), target, ...) for x [M, K], weight [V, K], target
+// [M] (int64), fp32, on CPU or CUDA tensors; with `with_grads` and a mean or sum reduction
+// also the loss's gradients for a unit grad_output. chunk_rows 0: chosen from V.
+LceForward linear_cross_entropy(const at::Tensor& x, const at::Tensor& weight,
+                                const c10::optional<at::Tensor>& bias, const at::Tensor& target,
+                                int64_t ignore_index, double label_smoothing,
+                                c10::string_view reduction, c10::string_view precision,
+                                int64_t chunk_rows, bool with_grads);
+// Shapes only (torch.compile's fake tensors).
+LceForward linear_cross_entropy_meta(const at::Tensor& x, const at::Tensor& weight,
+                                     const c10::optional<at::Tensor>& bias,
+                                     const at::Tensor& target, int64_t ignore_index,
+                                     double label_smoothing, c10::string_view reduction,
+                                     c10::string_view precision, int64_t chunk_rows,
+                                     bool with_grads);
+
+// The gradients for grad_loss (a scalar for mean and sum, [M] for none), each chunk's logits
+// computed again.
+LceGrads linear_cross_entropy_backward(const at::Tensor& grad_loss, const at::Tensor& x,
+                                       const at::Tensor& weight,
+                                       const c10::optional<at::Tensor>& bias,
+                                       const at::Tensor& target, int64_t ignore_index,
+                                       double label_smoothing, c10::string_view reduction,
+                                       c10::string_view precision, int64_t chunk_rows);
+LceGrads linear_cross_entropy_backward_meta(const at::Tensor& grad_loss, const at::Tensor& x,
+                                            const at::Tensor& weight,
+                                            const c10::optional<at::Tensor>& bias,
+                                            const at::Tensor& target, int64_t ignore_index,
+                                            double label_smoothing, c10::string_view reduction,
+                                            c10::string_view precision, int64_t chunk_rows);
+
+// The chunks' size and where each of the three products of the first chunk runs, and why.
+std::string linear_cross_entropy_describe(const at::Tensor& x, const at::Tensor& weight,
+                                          const c10::optional<at::Tensor>& bias,
+                                          c10::string_view precision, int64_t chunk_rows);
+
+}  // namespace gemmfuse::bindings

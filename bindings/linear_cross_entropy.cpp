@@ -307,7 +307,9 @@ at::Tensor reduce_loss(const at::Tensor& rows, const Call& c) {
   return total.to(at::kFloat);
 }
 
-// The gradients the loop fills: dx's rows chunk by chunk, dW and db summed over the chunks.
+// The gradients the loop fills: dx's rows chunk by chunk, dW and db summed over the chunks
+// (db in double: a chunk's column sums are added chunk after chunk, one row at a time where
+// chunks hold one row).
 struct Grads {
   at::Tensor dx, dw, db;  // db undefined without a bias
 };
@@ -317,7 +319,7 @@ Grads new_grads(const Call& c) {
   // dW is written by the first chunk; with no rows there is none.
   return {at::empty({c.M, c.K}, opts),
           c.M == 0 ? at::zeros({c.V, c.K}, opts) : at::empty({c.V, c.K}, opts),
-          c.bias ? at::zeros({c.V}, opts) : at::Tensor()};
+          c.bias ? at::zeros({c.V}, opts.dtype(at::kDouble)) : at::Tensor()};
 }
 
 // Where a call wants them: the rows' losses (`losses`, [M]) and the gradients for row weights
@@ -342,7 +344,7 @@ void run_chunk(Products& p, const Call& c, const Wanted& want, int64_t r0, int64
   Grads& g = *want.grads;
   p.input_grad(z, g.dx.narrow(0, r0, rows));
   p.add_weight_grad(z, xc, g.dw, r0 == 0);
-  if (g.db.defined()) g.db.add_(z.sum(0));
+  if (g.db.defined()) g.db.add_(z.sum(0, /*keepdim=*/false, at::kDouble));
 }
 
 void run_chunks(RunOn run, const Call& c, const Wanted& want) {
@@ -363,7 +365,10 @@ RunOn run_on(const at::Tensor& x) {
 // A gradient not computed: no elements.
 at::Tensor none_like(const at::Tensor& x) { return at::empty({0}, x.options()); }
 
-at::Tensor or_none(const at::Tensor& t, const at::Tensor& x) { return t.defined() ? t : none_like(x); }
+// An fp32 gradient, or none (the bias's where there is none).
+at::Tensor or_none(const at::Tensor& t, const at::Tensor& x) {
+  return t.defined() ? t.to(at::kFloat) : none_like(x);
+}
 
 }  // namespace
 

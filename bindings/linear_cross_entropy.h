@@ -15,36 +15,27 @@ namespace gemmfuse::bindings {
 using LceForward = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 using LceGrads = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
 
-// F.cross_entropy(F.linear(x, weight, bias), target, ...) for x [M, K], weight [V, K], target
-// [M] (int64), fp32, on CPU or CUDA tensors; with `with_grads` and a mean or sum reduction
-// also the loss's gradients for a unit grad_output. chunk_rows 0: chosen from V.
-LceForward linear_cross_entropy(const at::Tensor& x, const at::Tensor& weight,
+// The ops' signatures: each declares the device kernel (CPU and CUDA: the inputs' device) and
+// its Meta kernel (shapes only, for torch.compile's fake tensors).
+using LceForwardFn = LceForward(const at::Tensor& x, const at::Tensor& weight,
                                 const c10::optional<at::Tensor>& bias, const at::Tensor& target,
                                 int64_t ignore_index, double label_smoothing,
                                 c10::string_view reduction, c10::string_view precision,
                                 int64_t chunk_rows, bool with_grads);
-// Shapes only (torch.compile's fake tensors).
-LceForward linear_cross_entropy_meta(const at::Tensor& x, const at::Tensor& weight,
-                                     const c10::optional<at::Tensor>& bias,
-                                     const at::Tensor& target, int64_t ignore_index,
-                                     double label_smoothing, c10::string_view reduction,
-                                     c10::string_view precision, int64_t chunk_rows,
-                                     bool with_grads);
+using LceBackwardFn = LceGrads(const at::Tensor& grad_loss, const at::Tensor& x,
+                               const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
+                               const at::Tensor& target, int64_t ignore_index,
+                               double label_smoothing, c10::string_view reduction,
+                               c10::string_view precision, int64_t chunk_rows);
+
+// F.cross_entropy(F.linear(x, weight, bias), target, ...) for x [M, K], weight [V, K], target
+// [M] (int64), fp32; with `with_grads` and a mean or sum reduction also the loss's gradients
+// for a unit grad_output. chunk_rows 0: chosen from V.
+LceForwardFn linear_cross_entropy, linear_cross_entropy_meta;
 
 // The gradients for grad_loss (a scalar for mean and sum, [M] for none), each chunk's logits
 // computed again.
-LceGrads linear_cross_entropy_backward(const at::Tensor& grad_loss, const at::Tensor& x,
-                                       const at::Tensor& weight,
-                                       const c10::optional<at::Tensor>& bias,
-                                       const at::Tensor& target, int64_t ignore_index,
-                                       double label_smoothing, c10::string_view reduction,
-                                       c10::string_view precision, int64_t chunk_rows);
-LceGrads linear_cross_entropy_backward_meta(const at::Tensor& grad_loss, const at::Tensor& x,
-                                            const at::Tensor& weight,
-                                            const c10::optional<at::Tensor>& bias,
-                                            const at::Tensor& target, int64_t ignore_index,
-                                            double label_smoothing, c10::string_view reduction,
-                                            c10::string_view precision, int64_t chunk_rows);
+LceBackwardFn linear_cross_entropy_backward, linear_cross_entropy_backward_meta;
 
 // The chunks' size and where each of the three products of the first chunk runs, and why.
 std::string linear_cross_entropy_describe(const at::Tensor& x, const at::Tensor& weight,

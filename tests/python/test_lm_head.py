@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 import gemmfuse
 from gemmfuse import lm_head
-from conftest import HAVE_CUDA, needs_cuda, needs_lib, rel
+from conftest import HAVE_CUDA, assert_close64, needs_cuda, needs_lib, rel
 
 pytestmark = needs_lib
 DEVICES = ["cpu"] + (["cuda"] if HAVE_CUDA else [])
@@ -153,6 +153,19 @@ def test_nan_rows(dev, reduction):
     x[3, 5] = float("nan")
     x[9, 2] = float("nan")
     check_against_float64(x, w, b, t, reduction, label_smoothing=0.1, chunk_rows=6)
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+def test_fast_precision(dev):
+    """precision="fast": loss and gradients within its promise, atol = rtol = 1e-4 of float64
+    (the CPU computes every mode in fp32)."""
+    x, w, b, t = inputs(dev, (70,), 64, 96, ignored=(3,), seed=19)
+    grad = grad_for("mean", t, dev)
+    got, got_g = loss_and_grads(gemmfuse.linear_cross_entropy, x, w, b, t, grad,
+                                precision="fast", chunk_rows=32)
+    ref, ref_g = loss_and_grads(eager, x, w, b, t, grad, dtype=torch.float64)
+    for name, a, r in zip(("loss", "dx", "dW", "db"), [got] + got_g, [ref] + ref_g):
+        assert_close64(a, r, what=name)
 
 
 @pytest.mark.parametrize("reduction", ["mean", "none"])

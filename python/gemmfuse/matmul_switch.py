@@ -34,7 +34,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from . import _lib
-from .runtime import PRECISIONS
+from .runtime import PRECISIONS, _watch_optimizer_steps
 
 aten = torch.ops.aten
 FUSED = "gemmfuse"
@@ -196,6 +196,9 @@ def fp32_matmul(precision: str = "fp32", devices=("cuda",)) -> Fp32MatmulMode:
     """A context manager: fp32 matrix products inside it run on gemmfuse's fp32 GEMM
     (``precision``: "fp32", "fast" or "tf32"; ``devices``: the device types it covers)."""
     _lib.load()
+    # A parameter's prepared W is kept across calls, keyed on its version: fused optimizers
+    # write parameters without bumping it, so the step hook does.
+    _watch_optimizer_steps()
     return Fp32MatmulMode(precision, devices)
 
 

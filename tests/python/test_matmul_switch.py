@@ -53,6 +53,35 @@ def test_mlp_trains_through_the_switch(dev):
 
 
 @pytest.mark.parametrize("dev", DEVICES)
+def test_fused_optimizer_steps_reach_the_next_product(dev):
+    """AdamW(fused=True) writes W without bumping its version, which W's kept preparation
+    (its fp16 parts on a GPU) keys on: the switch installs the step hook that bumps it, so
+    the product after a step reads the new W. The hook is removed first, so that no other
+    test's leaves it in place."""
+    from gemmfuse import runtime
+    if runtime._optimizer_hook is not None:
+        runtime._optimizer_hook.remove()
+        runtime._optimizer_hook = None
+    torch.manual_seed(3)
+    lin = nn.Linear(2048, 2048, device=dev)  # the split kernel's size on a GPU
+    opt = torch.optim.AdamW(lin.parameters(), lr=1e-2, fused=True)
+    x = torch.randn(1024, 2048, device=dev)
+    for _ in range(2):
+        with gemmfuse.fp32_matmul(devices=(dev,)):
+            y = lin(x)
+            y.square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+    with gemmfuse.fp32_matmul(devices=(dev,)), torch.no_grad():
+        y = lin(x)
+        assert gemmfuse.fp32_matmul_counts()["gemmfuse"] == 5  # 2 x (forward, dW), then 1
+    with torch.no_grad():
+        want = torch.addmm(lin.bias.double(), x.double(), lin.weight.double().t())
+        eager = torch.addmm(lin.bias, x, lin.weight.t())
+    assert rel(y, want) <= 1.25 * rel(eager, want) + 1e-7
+
+
+@pytest.mark.parametrize("dev", DEVICES)
 def test_products_of_views_and_strides(dev):
     """mm, addmm, `@` and matmul of a batch, by parameters' transposes (frozen ones too) and
     by plain tensors, on sliced and offset left operands: float64's values."""

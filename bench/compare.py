@@ -272,6 +272,18 @@ def alternate(built, cfg):
                     _failed(rec, e)
 
 
+def collect(variants, built, cfg, progress, tasks):
+    """The records of `built` (see alternate), in `variants`' order, each with its timer's
+    summary (none after an error); every variant's progress bar filled."""
+    out = []
+    for v, (rec, timer) in zip(variants, built):
+        if timer is not None and not rec.get("error"):
+            rec.update(timer.summary())
+        progress.update(tasks[v], completed=calls_per_variant(cfg))
+        out.append(rec)
+    return out
+
+
 def reference(model, sets):
     r = copy.deepcopy(model).double()
     out = r(*[x.double() for x in sets[0]])

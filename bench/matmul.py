@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .compare import _failed, _tf32, _tick, alternate, calls_per_variant, errors
+from .compare import _failed, _tf32, _tick, alternate, calls_per_variant, collect, errors
 from .models import model_seed
 from .timing import CallTimer, free, sync
 
@@ -79,14 +79,14 @@ CPU_SHAPES = [Shape("sq128", 128, 128, 128), Shape("sq256", 256, 256, 256),
               Shape("m16x1024", 16, 1024, 1024), Shape("bmm4x64", 64, 64, 64, 4)]
 
 
-def shapes_for(dev, names=None) -> list:
-    """The device's shapes, or those named (from either set)."""
+def shapes_for(dev, names=None, gpu=GPU_SHAPES, cpu=CPU_SHAPES, bench="matmul") -> list:
+    """The device's shapes (`gpu` or `cpu`), or those named (from either set)."""
     if not names:
-        return GPU_SHAPES if dev.type == "cuda" else CPU_SHAPES
-    known = {s.name: s for s in GPU_SHAPES + CPU_SHAPES}
+        return gpu if dev.type == "cuda" else cpu
+    known = {s.name: s for s in gpu + cpu}
     unknown = [n for n in names if n not in known]
     if unknown:
-        raise SystemExit(f"unknown matmul shape(s) {unknown}; known: {', '.join(known)}")
+        raise SystemExit(f"unknown {bench} shape(s) {unknown}; known: {', '.join(known)}")
     return [known[n] for n in names]
 
 
@@ -200,31 +200,32 @@ def _measure(shape, cfg, dev, progress, tasks, base):
              for v in VARIANTS]
     del ref, a, b
     alternate(built, cfg)
-    out = []
-    for v, (rec, timer) in zip(VARIANTS, built):
-        if timer is not None and not rec.get("error"):
-            rec.update(timer.summary())
-        progress.update(tasks[v], completed=calls_per_variant(cfg))
-        out.append(rec)
-    return _finish(out, shape, rows, base)
+    return _finish(collect(VARIANTS, built, cfg, progress, tasks), shape, rows, base)
 
 
-def run_matmul(cfg, dev, progress, base) -> list:
-    """Every shape's records (cfg.matmul_shapes, or the device's set), VARIANTS' order."""
-    shapes = shapes_for(dev, cfg.matmul_shapes)
+def run_shapes(shapes, variants, measure, cfg, dev, progress, base) -> list:
+    """Every shape's records, in `variants`' order: `measure(shape, cfg, dev, progress, tasks,
+    base)` per shape, tasks[v] variant v's progress bar; the device's memory freed after each."""
     tasks = {(s.name, v): progress.add_task(f"{s.name} {v}", total=calls_per_variant(cfg))
-             for s in shapes for v in VARIANTS}
+             for s in shapes for v in variants}
     records = []
     for s in shapes:
-        records += _measure(s, cfg, dev, progress, {v: tasks[(s.name, v)] for v in VARIANTS}, base)
+        records += measure(s, cfg, dev, progress, {v: tasks[(s.name, v)] for v in variants}, base)
         free(dev)
     return records
 
 
-def summary(records) -> dict:
-    """The header's digest: the shapes, each variant's median speedup and its passes."""
-    out = {"shapes": list(dict.fromkeys(r["shape"] for r in records)), "variants": list(VARIANTS)}
-    for v in VARIANTS[1:]:
+def run_matmul(cfg, dev, progress, base) -> list:
+    """Every shape's records (cfg.matmul_shapes, or the device's set), VARIANTS' order."""
+    return run_shapes(shapes_for(dev, cfg.matmul_shapes), VARIANTS, _measure, cfg, dev,
+                      progress, base)
+
+
+def summary(records, variants=VARIANTS) -> dict:
+    """The header's digest: the shapes, each variant's median speedup and its passes (eager,
+    variants[0], the baseline)."""
+    out = {"shapes": list(dict.fromkeys(r["shape"] for r in records)), "variants": list(variants)}
+    for v in variants[1:]:
         rows = [r for r in records if r["mode"] == v]
         sp = [r["speedup_vs_eager"] for r in rows if r.get("speedup_vs_eager")]
         out[v] = {"median_speedup": statistics.median(sp) if sp else None,

@@ -43,6 +43,7 @@ from .timing import CallTimer, free, sync
 VARIANTS = ("eager", "eager-tf32", "gemmfuse-fp32", "gemmfuse-fast")
 REF_MAX_BYTES = 8 * 2 ** 30  # float64 a, b, ref, out and out - ref: beyond it, REF_ROWS rows
 REF_ROWS = 1024
+PLOT_TITLE = "--matmul: bare fp32 products"
 PROMISES = {"gemmfuse-fp32": "rel <= 1.25 x eager's + 1e-7",
             "gemmfuse-fast": "rel <= 1e-4, or eager's above 1e-4"}
 
@@ -240,6 +241,17 @@ def _where(r) -> str:
     return r.get("ran_on") or "—"
 
 
+def table_rows(records, sep=" "):
+    """(record, shape cell, verdict cell) per record: the shape's name and dims (joined by
+    `sep`) on a shape's first row, blank on the others."""
+    last = None
+    for r in records:
+        shape = "" if r["shape"] == last else f"{r['shape']}{sep}{r['dims']}"
+        last = r["shape"]
+        yield r, shape, ("[red]error[/]" if r.get("error") else
+                         "[green]ok[/]" if r["pass"] else "[red]FAIL[/]")
+
+
 def table(records, header):
     from rich.table import Table
     f = lambda v, s: "—" if v is None else format(v, s)  # noqa: E731
@@ -253,12 +265,7 @@ def table(records, header):
     for c in ("shape (B×)M×N×K", "variant", "ms", "speedup", "TFLOP/s", "rel err", "err / eager",
               "where it ran", "pass"):
         t.add_column(c, justify="left" if c[0] in "svw" else "right")
-    last = None
-    for r in records:
-        shape = "" if r["shape"] == last else f"{r['shape']} {r['dims']}"
-        last = r["shape"]
-        ok = ("[red]error[/]" if r.get("error") else
-              "[green]ok[/]" if r["pass"] else "[red]FAIL[/]")
+    for r, shape, ok in table_rows(records):
         t.add_row(shape, r["mode"], f(r.get("ms"), ".3f"), f(r.get("speedup_vs_eager"), ".2f"),
                   f(r.get("tflops"), ".2f"),
                   f(r.get("rel_err"), ".1e") + ("*" if r.get("ref_rows") else ""),

@@ -56,6 +56,11 @@ def parser():
                         "gemmfuse.fp32_matmul in fp32 and fast precision (bench/matmul.py)")
     b.add_argument("--matmul-shapes", type=_list, default=None,
                    help="with --matmul: only these shapes, by name (sq4096, m16, bmm8x2048, ...)")
+    b.add_argument("--lmhead", action="store_true", help=(
+        "an LM head's Linear + cross-entropy, forward and backward, with peak memory: eager, "
+        "TF32, torch.compile and gemmfuse.linear_cross_entropy (bench/lm_head.py)"))
+    b.add_argument("--lmhead-shapes", type=_list, default=None, help=(
+        "with --lmhead: only these shapes, by name (gpt2, gpt2x2, llama, llama3, m256v1000, ...)"))
     b.add_argument("--sweep", action="store_true",
                    help="also m99's chain at M in 1,16,128,1024,4096 (K=N=8192 on a GPU)")
     b.add_argument("--sweep-m", type=lambda s: [int(x) for x in _list(s)], help="M values")
@@ -115,6 +120,8 @@ def _config(args):
     from .timing import WARMUP_MS
     if (args.rounds is not None and args.rounds < 1) or (args.repeats is not None and args.repeats < 1):
         raise SystemExit("--rounds and --repeats must be at least 1")
+    if args.matmul and args.lmhead:
+        raise SystemExit("--matmul and --lmhead are separate runs: pass one")
     warmup_ms = WARMUP_MS if args.warmup_ms is None else args.warmup_ms
     if warmup_ms < 0:
         raise SystemExit("--warmup-ms must not be negative")
@@ -126,6 +133,7 @@ def _config(args):
                  bf16=args.bf16, sweep=args.sweep, sweep_m=args.sweep_m,
                  suite=args.suite, suite_only=args.suite_only, train=args.train,
                  matmul=args.matmul, matmul_shapes=args.matmul_shapes,
+                 lmhead=args.lmhead, lmhead_shapes=args.lmhead_shapes,
                  device=args.device, seed=args.seed)
     if args.models:
         cfg.models = args.models

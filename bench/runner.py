@@ -52,6 +52,8 @@ class Config:
     train: bool = False          # training through the reference models (train.py)
     matmul: bool = False         # bare fp32 matrix products, gemmfuse's switch (matmul.py)
     matmul_shapes: list | None = None  # None: the device's set (matmul.py)
+    lmhead: bool = False         # an LM head + cross-entropy, fwd+bwd (lm_head.py)
+    lmhead_shapes: list | None = None  # None: the device's set (lm_head.py)
     suite_only: list | None = None
     device: str = "auto"
     seed: int = 0
@@ -168,6 +170,19 @@ def main_table(records, header):
     return t
 
 
+def per_shape(cfg):
+    """(name, module, its run function) of the per-shape bench cfg asks for (--matmul,
+    --lmhead: shapes of their own, no seed M, K, N; the module's summary, table and
+    PLOT_TITLE), or None."""
+    if cfg.matmul:
+        from . import matmul
+        return "matmul", matmul, matmul.run_matmul
+    if cfg.lmhead:
+        from . import lm_head
+        return "lmhead", lm_head, lm_head.run_lmhead
+    return None
+
+
 def run(cfg: Config, console=None):
     """Run the bench, print progress, notes and tables (main table last), write JSON + PNG."""
     from rich.console import Console
@@ -185,16 +200,18 @@ def run(cfg: Config, console=None):
         raise SystemExit(f"unknown mode(s) {bad}; known: fp32, fast, tf32")
     dev = pick_device(cfg.device)
     gpu = dev.type == "cuda"
-    cfg.repeats = cfg.repeats or (20 if gpu else 100)
-    cfg.rounds = cfg.rounds or (4 if gpu else 8)
+    # (an LM head's fwd+bwd takes ~20 ms on the CPU even at its small shapes: fewer calls there)
+    cfg.repeats = cfg.repeats or (20 if gpu else 10 if cfg.lmhead else 100)
+    cfg.rounds = cfg.rounds or (4 if gpu or cfg.lmhead else 8)
+    shaped = per_shape(cfg)
     b = cfg.batch or (1024 if gpu else CPU_BATCH)
     k = cfg.in_features or (8192 if gpu else CPU_FEATURES)
     n = cfg.out_features or (8192 if gpu else CPU_FEATURES)
     info = device_info(dev)
     notes = []
-    if not gpu and cfg.matmul:
-        notes.append("no GPU used: ran on the CPU at the matmul bench's small shapes; CPU times "
-                     "say nothing about GPU performance")
+    if not gpu and shaped:
+        notes.append(f"no GPU used: ran on the CPU at the {shaped[0]} bench's small shapes; "
+                     "CPU times say nothing about GPU performance")
     elif not gpu:
         notes.append(f"no GPU used: ran on the CPU at batch {b}, {k}x{n} (seed shapes are 1024, "
                      f"8192x8192 on a GPU); CPU times say nothing about GPU performance")
@@ -218,17 +235,17 @@ def run(cfg: Config, console=None):
                         TimeElapsedColumn(), console=console, auto_refresh=False)
     # The SM clock, power and temperature of each record's timed calls (gpu_monitor.py).
     monitor = GpuMonitor.for_device(dev).start() if gpu else None
+    grad = cfg.train or cfg.lmhead  # the benches that time backward calls
     try:
-        with (contextlib.nullcontext() if cfg.train else torch.no_grad()), progress:
+        with (contextlib.nullcontext() if grad else torch.no_grad()), progress:
             if cfg.train:
                 from .train import run_train
                 records = run_train(cfg, dev, progress, base)
             elif cfg.suite:
                 from .suite import run_suite
                 records = run_suite(cfg, dev, progress, base, only=cfg.suite_only)
-            elif cfg.matmul:
-                from .matmul import run_matmul
-                records = run_matmul(cfg, dev, progress, base)
+            elif shaped:
+                records = shaped[2](cfg, dev, progress, base)
             else:
                 records = run_models(cfg, dev, (b, k, n), progress, base)
             sweep = run_sweep(cfg, dev, k, n, progress, base) if cfg.sweep else None
@@ -251,10 +268,10 @@ def run(cfg: Config, console=None):
 
     header = dict(info, batch=b, in_features=k, out_features=n, repeats=cfg.repeats,
                   warmup=cfg.warmup, warmup_ms=cfg.warmup_ms, rounds=cfg.rounds,
-                  input_sets=cfg.input_sets, grad="autograd records" if cfg.train else "no_grad",
+                  input_sets=cfg.input_sets, grad="autograd records" if grad else "no_grad",
                   timestamp=time.strftime("%Y-%m-%dT%H:%M:%S%z"), notes=notes,
                   note="; ".join(notes), ceilings=CEILINGS,
-                  models={} if cfg.suite or cfg.train or cfg.matmul else
+                  models={} if cfg.suite or cfg.train or shaped else
                   {mid: {"summary": MODELS[mid].summary, **floors(MODELS[mid], b, k, n)}
                    for mid in cfg.models})
     if cfg.suite:
@@ -262,11 +279,10 @@ def run(cfg: Config, console=None):
         header["suite"] = summary(records)
     if cfg.train:
         header["train"] = True
-    if cfg.matmul:  # its shapes are its own: no M, K, N of the seed models
-        from .matmul import summary as matmul_summary
+    if shaped:  # its shapes are its own: no M, K, N of the seed models
         for key in ("batch", "in_features", "out_features"):
             header.pop(key)
-        header["matmul"] = matmul_summary(records)
+        header[shaped[0]] = shaped[1].summary(records)
     result = {"header": header, "records": records}
     if sweep is not None:
         result["sweep"] = sweep
@@ -276,7 +292,7 @@ def run(cfg: Config, console=None):
     plotted = ([dict(r, mode=f"{r['mode']} {r['scenario']}") for r in records] if cfg.train
                else records)
     plot_speedups(plotted, png, f"{header.get('gpu') or 'CPU'} "
-                  + ("--matmul: bare fp32 products" if cfg.matmul else
+                  + (shaped[1].PLOT_TITLE if shaped else
                      f"M={b} K={k} N={n}" + (" training" if cfg.train else "")))
     paths = [str(out), str(png)]
     if sweep:
@@ -296,9 +312,8 @@ def run(cfg: Config, console=None):
     if cfg.train:
         from .train import table as train_table
         console.print(train_table(records, header))
-    elif cfg.matmul:
-        from .matmul import table as matmul_table
-        console.print(matmul_table(records, header))
+    elif shaped:
+        console.print(shaped[1].table(records, header))
     else:
         console.print(main_table(records, header))
     log = out.with_suffix(".log")

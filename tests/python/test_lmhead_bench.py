@@ -159,14 +159,18 @@ def test_lmhead_and_matmul_are_separate_runs():
 
 
 def test_record_names_an_lmhead_run(tmp_path):
-    """--record: an LM head run is the device kind's <kind>-lmhead.* record, not in the history."""
+    """--record: an LM head run's files are the device kind's <kind>-lmhead.* record; the
+    history (the seed models' speedups) is left alone."""
     from bench.record import record
-    run = tmp_path / "r.json"
-    run.write_text("{}")
+    files = [tmp_path / "run.json", tmp_path / "run.png"]
+    for f in files:
+        f.write_text("{}")
     results = tmp_path / "results"
     results.mkdir()
-    res = {"header": {"gpu": "NVIDIA H100 80GB HBM3", "lmhead": {}}, "records": []}
-    assert record(res, [str(run)], results) == [str(results / "h100-lmhead.json")]
+    res = {"header": {"gpu": "NVIDIA H200", "lmhead": {}}, "records": []}
+    assert record(res, [str(f) for f in files], results) == [
+        str(results / "h200-lmhead.json"), str(results / "h200-lmhead.png")]
+    assert not (results / "history.csv").exists()
 
 
 @needs_cuda

@@ -101,7 +101,8 @@ def explain_text(module) -> str:
         for name, reason in rep.rejected:
             out.append(f"  {name}: {reason}")
     out.extend(_product_lines(rep))
-    if not rep.entries and not rep.rejected and not rep.units:
+    out.extend(_lm_head_lines(rep))
+    if not rep.entries and not rep.rejected and not rep.units and not rep.lm_heads:
         out.append("  (no Linear found)")
     out.extend(_fsdp_lines(module, rep))
     return "\n".join(out) + "\n"
@@ -117,6 +118,22 @@ def _product_lines(rep) -> list:
                f"they run on its GEMM, and fp32 ones inside `with gemmfuse.fp32_matmul():` on "
                f"gemmfuse's where it pays):"]
     out.extend(f"  {name}: {form}" for name, form in rep.products)
+    return out
+
+
+def _lm_head_lines(rep) -> list:
+    """The LM heads (a Linear whose logits only feed a cross-entropy loss): fused into one
+    linear_cross_entropy call, with its chunks and where its products run, or why not."""
+    out = []
+    for h in rep.lm_heads:
+        where = f"{h.linear} [{h.in_features} → {h.out_features}] ({h.form}, {h.loss})"
+        if h.status != "fused":
+            out += ["", f"LM head + cross-entropy: {where} left to PyTorch: {h.reason}"]
+            continue
+        plan = h.plan.splitlines() or [""]
+        out += ["", f"LM head + cross-entropy: {where} fused (gemmfuse.linear_cross_entropy, "
+                    f"without the [M, V] logits; {plan[0]})"]
+        out.extend("  " + line for line in plan[1:])
     return out
 
 

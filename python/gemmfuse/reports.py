@@ -34,6 +34,7 @@ class OptimizeReport:
     entries: list = field(default_factory=list)
     rejected: list = field(default_factory=list)  # (linear node, reason): not captured at all
     products: list = field(default_factory=list)  # (node, form): products of two activations
+    lm_heads: list = field(default_factory=list)  # capture/lm_head.py's LMHead, fused or not
     # dynamo flavour: weak references to the rewritten graph and to the parameters it reads
     # (compiled_graphs finds a compiled module's graphs by them).
     graph: Any = None

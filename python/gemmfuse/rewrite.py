@@ -256,3 +256,36 @@ def example_from_record(gm, rec):
     if v is None:
         return None
     return torch.zeros(v.shape, dtype=v.dtype, device=v.device)
+
+
+def rewrite_lm_head(gm: fx.GraphModule, match, precision: str) -> fx.Node:
+    """Replace an LM head's Linear and loss (capture/lm_head.py) by one
+    ``gemmfuse.lm_head.linear_cross_entropy`` call: x flattened to rows as the logits were, the
+    weight and bias read with get_attr where they are parameters (optimizer steps are seen)."""
+    from .lm_head import linear_cross_entropy
+    g, parts = gm.graph, match.parts
+
+    def node_of(src):
+        return g.get_attr(src.qualname) if isinstance(src, AttrRef) else src
+
+    with g.inserting_before(match.loss):
+        w = node_of(parts.weight)
+        if parts.weight_kn:  # stored [in, out]: the op reads [V, K]
+            w = g.call_method("t", (w,))
+        b = node_of(parts.bias) if parts.bias is not None else None
+        x, xinf = parts.x, node_info(parts.x)
+        if xinf.rank != 2:
+            k = match.head.in_features
+            x = g.call_method("reshape", (x, -1, k))
+            rows = 1
+            for d in xinf.shape[:-1]:
+                rows *= d
+            x.meta["gemmfuse_info"] = TInfo((rows, k), xinf.dtype, xinf.device, xinf.requires_grad)
+        new = g.call_function(linear_cross_entropy, (x, w, match.target),
+                              dict(bias=b, **match.options, precision=precision))
+    new.meta.update({k: v for k, v in match.loss.meta.items()
+                     if k in ("gemmfuse_info", "example_value", "val", "tensor_meta", "stack_trace")})
+    match.loss.replace_all_uses_with(new)
+    for n in reversed(match.nodes):
+        g.erase_node(n)
+    return new

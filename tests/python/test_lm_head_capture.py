@@ -174,3 +174,47 @@ def test_adamw_steps_as_eager(dev):
         assert_as_eager(model, opt, *batch(dev, 10 + step))
         adam.step()
     assert not torch.equal(before, model.lm_head.weight)
+
+
+class Head(nn.Module):
+    """A Linear on [M, K] rows and a cross-entropy loss, the logits used as `mode` says."""
+
+    def __init__(self, mode):
+        super().__init__()
+        self.lin, self.mode = nn.Linear(D, V), mode
+
+    def forward(self, x, t):
+        y = self.lin(x)
+        if self.mode == "probabilities":
+            return F.cross_entropy(y, t.softmax(-1))
+        if self.mode == "read":
+            return F.cross_entropy(y, t) + y.square().mean()
+        return F.cross_entropy(y, t, reduction="none")
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+@pytest.mark.parametrize("mode,why", [("none", ""),
+                                      ("probabilities", "not one class index per row"),
+                                      ("read", "the logits also read by")])
+def test_two_d_rows_and_reasons(dev, mode, why):
+    """Logits [M, V] with no flatten (reduction "none": a loss per row, with bias); probability
+    targets and logits read by another node are left to PyTorch with the reason. Values and
+    gradients as eager's."""
+    torch.manual_seed(8)
+    model = Head(mode).to(dev)
+    x = torch.randn(9, D, device=dev)
+    t = torch.randn(9, V, device=dev) if mode == "probabilities" else torch.randint(0, V, (9,), device=dev)
+    opt = gemmfuse.optimize(model, (x, t))
+    assert bool(lce_nodes(opt)) == (not why)
+    text = gemmfuse.explain(opt, print_it=False)
+    assert (why or "fused (gemmfuse.linear_cross_entropy") in text, text
+    m64 = copy.deepcopy(model).double()
+    xs = [x.clone().requires_grad_() for _ in range(2)] + [x.double().requires_grad_()]
+    outs = [f(xi, t if mode != "probabilities" else t.to(xi.dtype))
+            for f, xi in zip((opt, copy.deepcopy(model), m64), xs)]
+    gy = torch.rand(outs[0].shape, device=dev) + 0.5
+    for o, xi in zip(outs, xs):
+        (o * gy.to(o.dtype)).sum().backward()
+    assert outs[0].shape == outs[2].shape
+    for a, b, r in [(outs[0], outs[1], outs[2]), (xs[0].grad, xs[1].grad, xs[2].grad)]:
+        assert rel(a, r) <= 1.25 * rel(b, r) + SLACK

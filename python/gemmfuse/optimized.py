@@ -292,18 +292,24 @@ def _cuda_devices(model: nn.Module, example_inputs: tuple) -> list:
 
 def _whole_timed_device(opt: nn.Module, model: nn.Module, example_inputs: tuple):
     """The device the whole module is timed on, or None where it is not timed: inputs on
-    several devices, timing off there, GEMMFUSE_ALWAYS_FUSE, several ranks, no chain fused
-    (a dynamo-captured module may run a reused graph, with no report of its own: timed),
-    tensor-parallel parameters."""
+    several devices, timing off there, GEMMFUSE_ALWAYS_FUSE, several ranks, no chain or LM
+    head fused (a dynamo-captured module may run a reused graph, with no report of its own:
+    timed), tensor-parallel parameters."""
     devices = {t.device for t in example_inputs if isinstance(t, torch.Tensor)}
     if len(devices) != 1:
         return None
     device = next(iter(devices))
     if not route_timer.whole_timed_on(device) or always_fuse() or measure.distributed():
         return None
-    if isinstance(opt, GemmfuseModule) and not runtimes(opt):
+    if isinstance(opt, GemmfuseModule) and not runtimes(opt) and not _fused_lm_heads(opt):
         return None
     return None if tensor_parallel.has_dtensor_params(model) else device
+
+
+def _fused_lm_heads(opt: GemmfuseModule) -> list:
+    """The LM heads opt runs as linear_cross_entropy calls."""
+    rep = getattr(opt, "_gemmfuse", None)
+    return [h for h in getattr(rep, "lm_heads", ()) if h.status == "fused"]
 
 
 def _time_whole(opt: nn.Module, model: nn.Module, example_inputs: tuple) -> None:
@@ -398,6 +404,12 @@ def _capture(gm: GemmfuseModule, model: nn.Module, example_inputs: tuple, precis
     return gm, out
 
 
+# On the CPU the chunk loop's transposes and copies cost more than they save (the CPU's
+# GEMM is PyTorch's own BLAS either way): the head runs in PyTorch there.
+CPU_LM_HEAD = ("on the CPU, PyTorch's F.linear and cross-entropy run it faster (the CPU's "
+               "GEMM is PyTorch's BLAS either way; GEMMFUSE_ALWAYS_FUSE=1 fuses it)")
+
+
 def _fuse_lm_heads(gm: GemmfuseModule, precision: str) -> list:
     """Every LM head of gm (a Linear whose logits only feed a cross-entropy loss:
     capture/lm_head.py) rewritten into one linear_cross_entropy call where it can be; the
@@ -409,6 +421,9 @@ def _fuse_lm_heads(gm: GemmfuseModule, precision: str) -> list:
             continue
         try:
             x = example_tensor(gm, match.parts.x)
+            if x.device.type == "cpu" and not always_fuse():
+                head.reason = CPU_LM_HEAD
+                continue
             w = example_tensor(gm, match.parts.weight)
             w = w.t() if match.parts.weight_kn else w
             b = example_tensor(gm, match.parts.bias) if match.parts.bias is not None else None

@@ -139,14 +139,18 @@ def test_logits_returned_not_taken(dev):
     assert "lm_head" in text and "left to PyTorch: the logits also returned" in text, text
 
 
-@pytest.mark.parametrize("dev", DEVICES)
-def test_class_weight_not_taken(dev):
-    model = model_on(dev, loss="weight")
+@pytest.mark.parametrize("dev, loss, why", [
+    ("cpu", "F", "on the CPU"),  # faster in PyTorch there, unless GEMMFUSE_ALWAYS_FUSE=1
+    *[(d, "weight", "a class weight is given") for d in DEVICES]])
+def test_heads_left_to_pytorch(dev, loss, why, monkeypatch):
+    """Heads gemmfuse does not take run as eager's, and explain says why."""
+    monkeypatch.setenv("GEMMFUSE_ALWAYS_FUSE", "0" if why == "on the CPU" else "1")
+    model = model_on(dev, loss=loss)
     idx, t = batch(dev, 5)
     opt = gemmfuse.optimize(model, (idx, t))
     assert not lce_nodes(opt)
     assert_as_eager(model, opt, idx, t)
-    assert "a class weight is given" in gemmfuse.explain(opt, print_it=False)
+    assert f"left to PyTorch: {why}" in gemmfuse.explain(opt, print_it=False)
 
 
 @pytest.mark.parametrize("dev", DEVICES)

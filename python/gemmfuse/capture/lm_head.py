@@ -58,6 +58,19 @@ class _Match:
     nodes: list = field(default_factory=list)  # erased, in graph order (the loss last)
 
 
+# On the CPU the chunk loop's transposes and copies cost more than they save (the CPU's
+# GEMM is PyTorch's own BLAS either way): the head runs unfused there, in both flavours.
+CPU_LM_HEAD = ("on the CPU, F.linear and cross-entropy run it faster unfused (the CPU's "
+               "GEMM is PyTorch's BLAS either way; GEMMFUSE_ALWAYS_FUSE=1 fuses it)")
+
+
+def left_unfused_on(device: torch.device) -> str:
+    """Why an LM head whose Linear reads an input on `device` is not fused there ('' if it
+    is): the CPU, unless GEMMFUSE_ALWAYS_FUSE=1."""
+    from ..runtime import always_fuse
+    return CPU_LM_HEAD if device.type == "cpu" and not always_fuse() else ""
+
+
 def find_lm_heads(gm: fx.GraphModule) -> list:
     """[(LMHead, _Match or None)] for every cross-entropy loss of a Linear's logits in gm,
     in graph order; the match is None where the head is not taken (LMHead.reason)."""

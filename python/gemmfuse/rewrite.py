@@ -228,14 +228,16 @@ def _number_name(node: fx.Node) -> str:
 
 
 def example_tensor(gm: fx.GraphModule, src) -> Any:
-    """A tensor standing in for a source at describe time: real attributes, zeros otherwise."""
+    """A tensor standing in for a source at describe time: real attributes, zeros otherwise
+    (of the shape dynamo's graph hints at, where its sizes are symbolic)."""
     if isinstance(src, AttrRef):
         return _attr_tensor(gm, src.qualname)
     if src.op == "get_attr":
         return _attr_tensor(gm, src.target)
     inf = node_info(src)
     if isinstance(inf, TInfo):
-        return torch.zeros(inf.shape, dtype=inf.dtype, device=inf.device)
+        shape = [torch.fx.experimental.symbolic_shapes.size_hint(d) for d in inf.shape]
+        return torch.zeros(shape, dtype=inf.dtype, device=inf.device)
     return None
 
 

@@ -240,7 +240,9 @@ def _check(gm, loss: fx.Node, lin: fx.Node, parts: LinearParts, args: dict, path
     xinf = node_info(parts.x)
     if not isinstance(xinf, TInfo):
         return "no shape information for the Linear's input"
-    dtypes = {t.dtype for t in (w, b) if isinstance(t, torch.Tensor)} | {xinf.dtype}
+    lin_out = node_info(lin)  # autocast (dynamo's graph): the Linear computes in another dtype
+    dtypes = ({t.dtype for t in (w, b) if isinstance(t, torch.Tensor)} | {xinf.dtype}
+              | ({lin_out.dtype} if isinstance(lin_out, TInfo) else set()))
     if dtypes != {torch.float32}:
         return (f"the Linear is {', '.join(sorted(str(d).replace('torch.', '') for d in dtypes))}"
                 f": linear_cross_entropy fuses fp32 only")

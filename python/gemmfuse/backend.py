@@ -7,8 +7,11 @@ buffers arrive as placeholders. The backend captures the chains of that graph (c
 "dynamo" flavour) and, for each, makes the measured choice (measure.py) between the fused op
 and Inductor's own lowering of the chain's nodes; a chain it fuses becomes one
 ``gemmfuse::run`` node, an opaque op with a fake kernel and a C++ autograd node, which Inductor
-calls as it is. Then the graph goes to Inductor with the user's mode and options, so
-``mode="reduce-overhead"`` (CUDA graphs) and ``"max-autotune"`` apply to the rest.
+calls as it is. Before that, each LM head (a Linear whose logits only feed a cross-entropy
+loss: capture/lm_head.py, as optimize() finds them) becomes one
+``gemmfuse.lm_head.linear_cross_entropy`` call, which AOTAutograd traces. Then the graph goes
+to Inductor with the user's mode and options, so ``mode="reduce-overhead"`` (CUDA graphs) and
+``"max-autotune"`` apply to the rest.
 
 Options (``torch.compile(m, backend="gemmfuse", options={...})``):
   ``precision``  "fp32" (default), "fast" or "tf32";

@@ -14,14 +14,7 @@ from gemmfuse.lm_head import linear_cross_entropy
 from conftest import needs_lib
 from test_lm_head_capture import D, DEVICES, V, assert_as_eager, batch, model_on
 
-pytestmark = needs_lib
-
-
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = [needs_lib, pytest.mark.usefixtures("fresh_dynamo")]
 
 
 def lce_nodes(compiled) -> list:

@@ -7,8 +7,11 @@ buffers arrive as placeholders. The backend captures the chains of that graph (c
 "dynamo" flavour) and, for each, makes the measured choice (measure.py) between the fused op
 and Inductor's own lowering of the chain's nodes; a chain it fuses becomes one
 ``gemmfuse::run`` node, an opaque op with a fake kernel and a C++ autograd node, which Inductor
-calls as it is. Then the graph goes to Inductor with the user's mode and options, so
-``mode="reduce-overhead"`` (CUDA graphs) and ``"max-autotune"`` apply to the rest.
+calls as it is. Before that, each LM head (a Linear whose logits only feed a cross-entropy
+loss: capture/lm_head.py, as optimize() finds them) becomes one
+``gemmfuse.lm_head.linear_cross_entropy`` call, which AOTAutograd traces. Then the graph goes
+to Inductor with the user's mode and options, so ``mode="reduce-overhead"`` (CUDA graphs) and
+``"max-autotune"`` apply to the rest.
 
 Options (``torch.compile(m, backend="gemmfuse", options={...})``):
   ``precision``  "fp32" (default), "fast" or "tf32";
@@ -32,7 +35,8 @@ import torch.nn as nn
 from . import _lib, measure
 from .capture import AttrRef, compile_time_numbers, find_chains, node_info, source_key, TInfo
 from .capture.find import _attr_tensor
-from .rewrite import chain_sources, chain_subgraph, resolve, rewrite_chain, rewrite_chain_as_op
+from .rewrite import (chain_sources, chain_subgraph, fuse_lm_heads, resolve, rewrite_chain,
+                      rewrite_chain_as_op)
 from .runtime import PRECISIONS, always_fuse, op_arguments
 from .reports import ChainEntry, OptimizeReport, param_signature, remember
 
@@ -56,14 +60,16 @@ def gemmfuse_backend(gm: fx.GraphModule, example_inputs, options=None, mode=None
     if not _lib.available():
         report.rejected.append(("*", "the gemmfuse operator library is not available"))
     elif inductor:
+        _fuse_lm_heads(gm, precision, report)
         _fuse_for_inductor(gm, example_inputs, precision, report, rest)
     else:
+        _fuse_lm_heads(gm, precision, report)
         _fuse_with_runtimes(gm, example_inputs, precision, report)
     if rest is None:
         gm._gemmfuse = report
         report.graph = weakref.ref(gm)
         return gm.forward
-    if original is not None and any(e.status == "fused" for e in report.entries):
+    if original is not None and _fused_work(report):
         compiled = _faster_whole(gm, original, example_inputs, rest, report)
     else:
         compiled = rest(gm, example_inputs)
@@ -89,6 +95,11 @@ def _whole_timed(gm, example_inputs, mode, options) -> bool:
     return not cudagraphs and not always_fuse() and not measure.distributed()
 
 
+def _fused_work(report) -> list:
+    """The chains and LM heads the graph runs fused (what the whole-graph timing weighs)."""
+    return [e for e in list(report.entries) + list(report.lm_heads) if e.status == "fused"]
+
+
 def _graph_copy(gm: fx.GraphModule) -> fx.GraphModule:
     """gm with a copy of its graph (the same attributes: no parameter is copied)."""
     graph = fx.Graph()
@@ -112,9 +123,8 @@ def _faster_whole(gm, original, example_inputs, rest, report):
     report.whole = choice.whole_text()
     if choice.fused:
         return fused
-    for e in report.entries:
-        if e.status == "fused":
-            e.status, e.reason = "pytorch", "the whole graph runs faster without fused chains"
+    for e in _fused_work(report):
+        e.status, e.reason = "pytorch", "the whole graph runs faster without fused chains"
     return own
 
 
@@ -136,6 +146,20 @@ def _inductor(gm, example_inputs, mode=None, options=None):
 def _entry(chain, spec) -> ChainEntry:
     return ChainEntry(index=chain.index, linear=chain.linear.name, nodes=chain.describe_nodes(),
                       stop=chain.stop, form=chain.form, spec=spec, status="pytorch")
+
+
+def _fuse_lm_heads(gm, precision, report):
+    """Every LM head of the graph (capture/lm_head.py: a Linear, its weight a placeholder,
+    whose logits only feed a cross-entropy loss) rewritten into one linear_cross_entropy call,
+    before the chain finder runs: AOTAutograd traces that call (its autograd.Function) into
+    the gemmfuse::linear_cross_entropy ops of the graphs Inductor compiles."""
+    try:
+        report.lm_heads = fuse_lm_heads(gm, precision)
+    except Exception as e:  # noqa: BLE001 - never an error where Inductor alone works
+        report.rejected.append(("LM heads", f"not matched after an error: {type(e).__name__}: {e}"[:300]))
+        return
+    if any(h.status == "fused" for h in report.lm_heads):
+        gm.recompile()
 
 
 def _fuse_with_runtimes(gm, example_inputs, precision, report):

@@ -124,11 +124,11 @@ def _product_lines(rep) -> list:
 def _lm_head_lines(rep) -> list:
     """The LM heads (a Linear whose logits only feed a cross-entropy loss): fused into one
     linear_cross_entropy call, with its chunks and where its products run, or why not."""
-    out = []
+    out, left = [], "left to Inductor" if rep.flavor == "inductor" else "left to PyTorch"
     for h in rep.lm_heads:
         where = f"{h.linear} [{h.in_features} → {h.out_features}] ({h.form}, {h.loss})"
         if h.status != "fused":
-            out += ["", f"LM head + cross-entropy: {where} left to PyTorch: {h.reason}"]
+            out += ["", f"LM head + cross-entropy: {where} {left}: {h.reason}"]
             continue
         plan = h.plan.splitlines() or [""]
         out += ["", f"LM head + cross-entropy: {where} fused (gemmfuse.linear_cross_entropy, "

@@ -14,12 +14,11 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 
-from . import _lib, direct, fsdp, lm_head, measure, route_timer, tensor_parallel
+from . import _lib, direct, fsdp, measure, route_timer, tensor_parallel
 from .capture import CaptureReport, InfoProp, find_chains
-from .capture.lm_head import find_lm_heads
 from .capture.parallel import capture_reason
 from .reports import ChainEntry, OptimizeReport, compiled_graphs
-from .rewrite import example_tensor, rewrite_chain, rewrite_lm_head
+from .rewrite import example_tensor, fuse_lm_heads, rewrite_chain
 from .snapshot import ModuleState
 from .runtime import PRECISIONS, _run_chain, always_fuse
 from .watch import AttributeWatch
@@ -383,7 +382,7 @@ def _capture(gm: GemmfuseModule, model: nn.Module, example_inputs: tuple, precis
     before.restore()  # the example call's own assignments, if any
     report = OptimizeReport(precision=precision, flavor="fx")
     report.units = list(units or ())
-    heads = _fuse_lm_heads(gm, precision)  # first: the chain finder must not see their Linears
+    heads = fuse_lm_heads(gm, precision)  # first: the chain finder must not see their Linears
     cap: CaptureReport = find_chains(gm, "fx", check=_lib.check)
     cap.lm_heads = heads
     report.rejected, report.products = list(cap.rejected), list(cap.products)
@@ -402,38 +401,6 @@ def _capture(gm: GemmfuseModule, model: nn.Module, example_inputs: tuple, precis
     if units is None:  # a unit's calls must go through its hooks (GemmfuseModule.__call__)
         direct.install(gm, _run_chain)
     return gm, out
-
-
-# On the CPU the chunk loop's transposes and copies cost more than they save (the CPU's
-# GEMM is PyTorch's own BLAS either way): the head runs in PyTorch there.
-CPU_LM_HEAD = ("on the CPU, PyTorch's F.linear and cross-entropy run it faster (the CPU's "
-               "GEMM is PyTorch's BLAS either way; GEMMFUSE_ALWAYS_FUSE=1 fuses it)")
-
-
-def _fuse_lm_heads(gm: GemmfuseModule, precision: str) -> list:
-    """Every LM head of gm (a Linear whose logits only feed a cross-entropy loss:
-    capture/lm_head.py) rewritten into one linear_cross_entropy call where it can be; the
-    LMHead entries, fused or with the reason."""
-    heads = []
-    for head, match in find_lm_heads(gm):
-        heads.append(head)
-        if match is None:
-            continue
-        try:
-            x = example_tensor(gm, match.parts.x)
-            if x.device.type == "cpu" and not always_fuse():
-                head.reason = CPU_LM_HEAD
-                continue
-            w = example_tensor(gm, match.parts.weight)
-            w = w.t() if match.parts.weight_kn else w
-            b = example_tensor(gm, match.parts.bias) if match.parts.bias is not None else None
-            head.plan = lm_head.describe(x, w, b, precision)
-        except (RuntimeError, ValueError, AttributeError, TypeError) as e:
-            head.reason = f"describe failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-            continue
-        rewrite_lm_head(gm, match, precision)
-        head.status = "fused"
-    return heads
 
 
 def _fuse_chain(gm: GemmfuseModule, chain, precision: str, remap: dict) -> ChainEntry:

@@ -228,14 +228,16 @@ def _number_name(node: fx.Node) -> str:
 
 
 def example_tensor(gm: fx.GraphModule, src) -> Any:
-    """A tensor standing in for a source at describe time: real attributes, zeros otherwise."""
+    """A tensor standing in for a source at describe time: real attributes, zeros otherwise
+    (of the shape dynamo's graph hints at, where its sizes are symbolic)."""
     if isinstance(src, AttrRef):
         return _attr_tensor(gm, src.qualname)
     if src.op == "get_attr":
         return _attr_tensor(gm, src.target)
     inf = node_info(src)
     if isinstance(inf, TInfo):
-        return torch.zeros(inf.shape, dtype=inf.dtype, device=inf.device)
+        shape = [torch.fx.experimental.symbolic_shapes.size_hint(d) for d in inf.shape]
+        return torch.zeros(shape, dtype=inf.dtype, device=inf.device)
     return None
 
 
@@ -289,3 +291,33 @@ def rewrite_lm_head(gm: fx.GraphModule, match, precision: str) -> fx.Node:
     for n in reversed(match.nodes):
         g.erase_node(n)
     return new
+
+
+def fuse_lm_heads(gm: fx.GraphModule, precision: str) -> list:
+    """Every LM head of gm (a Linear whose logits only feed a cross-entropy loss:
+    capture/lm_head.py; optimize()'s graph or dynamo's, its weight an attribute or a
+    placeholder) rewritten into one linear_cross_entropy call where it can be; the LMHead
+    entries, fused or with the reason. Run before the chain finder: it must not see their
+    Linears."""
+    from . import lm_head
+    from .capture.lm_head import find_lm_heads, left_unfused_on
+    heads = []
+    for head, match in find_lm_heads(gm):
+        heads.append(head)
+        if match is None:
+            continue
+        try:
+            x = example_tensor(gm, match.parts.x)
+            head.reason = left_unfused_on(x.device)
+            if head.reason:
+                continue
+            w = example_tensor(gm, match.parts.weight)
+            w = w.t() if match.parts.weight_kn else w
+            b = example_tensor(gm, match.parts.bias) if match.parts.bias is not None else None
+            head.plan = lm_head.describe(x, w, b, precision)
+        except (RuntimeError, ValueError, AttributeError, TypeError) as e:
+            head.reason = f"describe failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            continue
+        rewrite_lm_head(gm, match, precision)
+        head.status = "fused"
+    return heads

@@ -117,3 +117,11 @@ def assert_close64(out, ref, atol=1e-4, rtol=1e-4, what=""):
 def _seed_everything():
     torch.manual_seed(0)
     yield
+
+
+@pytest.fixture
+def fresh_dynamo():
+    """Dynamo's caches cleared before and after the test (its compiled graphs, guards)."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()

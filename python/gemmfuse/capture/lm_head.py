@@ -58,6 +58,19 @@ class _Match:
     nodes: list = field(default_factory=list)  # erased, in graph order (the loss last)
 
 
+# On the CPU the chunk loop's transposes and copies cost more than they save (the CPU's
+# GEMM is PyTorch's own BLAS either way): the head runs unfused there, in both flavours.
+CPU_LM_HEAD = ("on the CPU, F.linear and cross-entropy run it faster unfused (the CPU's "
+               "GEMM is PyTorch's BLAS either way; GEMMFUSE_ALWAYS_FUSE=1 fuses it)")
+
+
+def left_unfused_on(device: torch.device) -> str:
+    """Why an LM head whose Linear reads an input on `device` is not fused there ('' if it
+    is): the CPU, unless GEMMFUSE_ALWAYS_FUSE=1."""
+    from ..runtime import always_fuse
+    return CPU_LM_HEAD if device.type == "cpu" and not always_fuse() else ""
+
+
 def find_lm_heads(gm: fx.GraphModule) -> list:
     """[(LMHead, _Match or None)] for every cross-entropy loss of a Linear's logits in gm,
     in graph order; the match is None where the head is not taken (LMHead.reason)."""
@@ -227,7 +240,9 @@ def _check(gm, loss: fx.Node, lin: fx.Node, parts: LinearParts, args: dict, path
     xinf = node_info(parts.x)
     if not isinstance(xinf, TInfo):
         return "no shape information for the Linear's input"
-    dtypes = {t.dtype for t in (w, b) if isinstance(t, torch.Tensor)} | {xinf.dtype}
+    lin_out = node_info(lin)  # autocast (dynamo's graph): the Linear computes in another dtype
+    dtypes = ({t.dtype for t in (w, b) if isinstance(t, torch.Tensor)} | {xinf.dtype}
+              | ({lin_out.dtype} if isinstance(lin_out, TInfo) else set()))
     if dtypes != {torch.float32}:
         return (f"the Linear is {', '.join(sorted(str(d).replace('torch.', '') for d in dtypes))}"
                 f": linear_cross_entropy fuses fp32 only")

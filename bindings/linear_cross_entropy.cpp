@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <sstream>
+#include <vector>
 
 #ifdef GEMMFUSE_WITH_CUDA
 #include "cuda_executor.h"
@@ -102,17 +103,36 @@ void check_targets(const at::Tensor& safe_target, int64_t V) {
                     " is out of bounds.");
 }
 
+// V rounded up to a multiple of 8. The logits' product has the classes as its N and dx's as
+// its K, which the split kernel reads in 16-byte rows: a vocabulary such as GPT-2's 50257
+// would send both to SGEMM. So W (and the bias) get zero rows up to it, the logits are made
+// [rows, Vp] and the row math reads their first V columns; the added columns are zeroed
+// before the gradients' products, which then match the unpadded ones.
+int64_t padded_classes(int64_t V) { return (V + 7) / 8 * 8; }
+
+// t [V, ...] with zero rows up to padded_classes(V), contiguous (t itself where V is one).
+at::Tensor with_padded_classes(const at::Tensor& t) {
+  const int64_t V = t.size(0), Vp = padded_classes(V);
+  if (Vp == V) return t.contiguous();
+  std::vector<int64_t> sizes = t.sizes().vec();
+  sizes[0] = Vp;
+  at::Tensor out = at::empty(sizes, t.options());
+  out.narrow(0, 0, V).copy_(t);
+  out.narrow(0, V, Vp - V).zero_();
+  return out;
+}
+
 // One call's inputs as the chunk loop reads them.
 struct Call {
-  at::Tensor x, weight;  // contiguous: a chunk is a slice of x's rows
-  c10::optional<at::Tensor> bias;
-  bool callers_weight;  // `weight` is the caller's tensor, not a contiguous copy of it
+  at::Tensor x, weight;  // contiguous: a chunk is a slice of x's rows; weight [Vp, K]
+  c10::optional<at::Tensor> bias;  // [Vp]
+  bool callers_weight;  // `weight` is the caller's tensor, not a copy of it (padded or contiguous)
   at::Tensor valid;     // target != ignore_index
   at::Tensor target;    // the target with ignored rows at class 0, for gather and scatter
   double eps;           // label smoothing
   Reduction reduction;
   std::string precision;
-  int64_t M, K, V, chunk;
+  int64_t M, K, V, Vp, chunk;  // Vp: padded_classes(V)
 };
 
 Call make_call(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
@@ -120,13 +140,18 @@ Call make_call(const at::Tensor& x, const at::Tensor& weight, const c10::optiona
                c10::string_view reduction, c10::string_view precision, int64_t chunk_rows) {
   const std::string why = rejects(x, weight, bias, target);
   TORCH_CHECK(why.empty(), "gemmfuse::linear_cross_entropy: ", why);
-  Call c{x.contiguous(), weight.contiguous(), bias, weight.is_contiguous()};
+  const int64_t V = weight.size(0);
+  c10::optional<at::Tensor> padded_bias;
+  if (bias) padded_bias = with_padded_classes(*bias);
+  Call c{x.contiguous(), with_padded_classes(weight), padded_bias,
+         weight.is_contiguous() && padded_classes(V) == V};
   c.reduction = checked_options(label_smoothing, reduction, chunk_rows);
   c.eps = label_smoothing;
   c.precision = std::string(precision);
   c.M = x.size(0);
   c.K = x.size(1);
-  c.V = weight.size(0);
+  c.V = V;
+  c.Vp = padded_classes(V);
   c.chunk = chunk_rows_for(c.V, chunk_rows);
   c.valid = target != ignore_index;
   c.target = at::where(c.valid, target, 0);
@@ -180,14 +205,18 @@ class Products {
   Route logits_route(const at::Tensor& xc) const {
     return route_product(xc, c_.weight, c_.bias, c_.precision);
   }
-  Route input_grad_route(const at::Tensor& dz) const {
-    return route_product(dz, c_.weight.t(), c10::nullopt, c_.precision);
+  // dx's route for dz of `rows` rows: shapes alone route a product, so stand-ins that hold no
+  // memory take the operands' place.
+  Route input_grad_route(int64_t rows) const {
+    const at::Tensor one = at::empty({1, 1}, c_.x.options());
+    return route_product(one.expand({rows, c_.Vp}), one.expand({c_.K, c_.Vp}), c10::nullopt,
+                         c_.precision);
   }
   Route weight_grad_route(const at::Tensor& dz, const at::Tensor& xc) const {
     return route_product(dz.t(), xc.t(), c10::nullopt, c_.precision);
   }
 
-  // [rows, V] fp32.
+  // [rows, Vp] fp32.
   at::Tensor logits(const at::Tensor& xc) const {
     if (!logits_route(xc).gemmfuse)
       return c_.bias ? at::addmm(*c_.bias, xc, c_.weight.t()) : at::mm(xc, c_.weight.t());
@@ -197,7 +226,7 @@ class Products {
 
   // dz W into dxc (rows of dx).
   void input_grad(const at::Tensor& dz, at::Tensor dxc) {
-    if (!input_grad_route(dz).gemmfuse) {
+    if (!input_grad_route(dz.size(0)).gemmfuse) {
       at::mm_out(dxc, dz, c_.weight);
       return;
     }
@@ -235,7 +264,7 @@ class Products {
 
   RunOn run_;
   const Call& c_;
-  at::Tensor weight_t_;  // Wᵀ [K, V], contiguous, made at the first chunk that needs it
+  at::Tensor weight_t_;  // Wᵀ [K, Vp], contiguous, made at the first chunk that needs it
   at::Tensor scratch_;   // [V, K]: a chunk's dW before it is added
 };
 
@@ -318,7 +347,7 @@ Grads new_grads(const Call& c) {
   const auto opts = c.x.options();
   // dW is written by the first chunk; with no rows there is none.
   return {at::empty({c.M, c.K}, opts),
-          c.M == 0 ? at::zeros({c.V, c.K}, opts) : at::empty({c.V, c.K}, opts),
+          c.M == 0 ? at::zeros({c.Vp, c.K}, opts) : at::empty({c.Vp, c.K}, opts),
           c.bias ? at::zeros({c.V}, opts.dtype(at::kDouble)) : at::Tensor()};
 }
 
@@ -333,7 +362,8 @@ struct Wanted {
 // share of the gradients.
 void run_chunk(Products& p, const Call& c, const Wanted& want, int64_t r0, int64_t rows) {
   const at::Tensor xc = c.x.narrow(0, r0, rows), target = c.target.narrow(0, r0, rows);
-  at::Tensor z = p.logits(xc);
+  const at::Tensor zp = p.logits(xc);
+  at::Tensor z = zp.narrow(1, 0, c.V);  // the classes; any padded ones follow (padded_classes)
   shift_by_row_max_(z);
   const LossTerms terms = want.losses.defined() ? loss_terms(z, target, c.eps) : LossTerms{};
   const at::Tensor sums = exp_rows_(z);
@@ -341,9 +371,10 @@ void run_chunk(Products& p, const Call& c, const Wanted& want, int64_t r0, int64
     want.losses.narrow(0, r0, rows).copy_(row_losses(terms, sums, c.valid.narrow(0, r0, rows), c.eps));
   if (want.grads == nullptr) return;
   logits_grad_(z, sums, target, want.w.narrow(0, r0, rows), c.eps);
+  if (c.Vp > c.V) zp.narrow(1, c.V, c.Vp - c.V).zero_();
   Grads& g = *want.grads;
-  p.input_grad(z, g.dx.narrow(0, r0, rows));
-  p.add_weight_grad(z, xc, g.dw, r0 == 0);
+  p.input_grad(zp, g.dx.narrow(0, r0, rows));
+  p.add_weight_grad(zp, xc, g.dw, r0 == 0);
   if (g.db.defined()) g.db.add_(z.sum(0, /*keepdim=*/false, at::kDouble));
 }
 
@@ -360,6 +391,11 @@ RunOn run_on(const at::Tensor& x) {
   TORCH_CHECK(x.is_cpu(), "gemmfuse::linear_cross_entropy: tensors on ", x.device(),
               " (expected CPU or CUDA)");
   return &run_on_cpu;
+}
+
+// dW's rows of the classes (dropping the padded ones), or an undefined dW as it is.
+at::Tensor classes_of(const at::Tensor& dw, const Call& c) {
+  return dw.defined() ? dw.narrow(0, 0, c.V) : dw;
 }
 
 // A gradient not computed: no elements.
@@ -388,7 +424,8 @@ LceForward linear_cross_entropy(const at::Tensor& x, const at::Tensor& weight,
     want.grads = &g;
   }
   run_chunks(run_on(x), c, want);
-  return {reduce_loss(want.losses, c), or_none(g.dx, x), or_none(g.dw, x), or_none(g.db, x)};
+  return {reduce_loss(want.losses, c), or_none(g.dx, x), or_none(classes_of(g.dw, c), x),
+          or_none(g.db, x)};
 }
 
 LceForward linear_cross_entropy_meta(const at::Tensor& x, const at::Tensor& weight,
@@ -418,7 +455,7 @@ LceGrads linear_cross_entropy_backward(const at::Tensor& grad_loss, const at::Te
                            precision, chunk_rows);
   Grads g = new_grads(c);
   run_chunks(run_on(x), c, Wanted{at::Tensor(), row_weights(grad_loss, c), &g});
-  return {g.dx, g.dw, or_none(g.db, x)};
+  return {g.dx, classes_of(g.dw, c), or_none(g.db, x)};
 }
 
 LceGrads linear_cross_entropy_backward_meta(const at::Tensor&, const at::Tensor& x,
@@ -448,9 +485,9 @@ std::string linear_cross_entropy_describe(const at::Tensor& x, const at::Tensor&
   if (rows == 0) return os.str();
   const Products p(run_on(x), c);
   // Shapes alone route a product: the logits' gradient is a stand-in that holds no memory.
-  const at::Tensor xc = c.x.narrow(0, 0, rows), dz = at::empty({1, 1}, x.options()).expand({rows, c.V});
+  const at::Tensor xc = c.x.narrow(0, 0, rows), dz = at::empty({1, 1}, x.options()).expand({rows, c.Vp});
   os << "\nlogits = x Wᵀ + b: " << p.logits_route(xc).why << "\ndx = dlogits W: "
-     << p.input_grad_route(dz).why << "\ndW = dlogitsᵀ x: " << p.weight_grad_route(dz, xc).why;
+     << p.input_grad_route(rows).why << "\ndW = dlogitsᵀ x: " << p.weight_grad_route(dz, xc).why;
   return os.str();
 }
 

@@ -168,6 +168,18 @@ def test_fast_precision(dev):
         assert_close64(a, r, what=name)
 
 
+@needs_cuda
+def test_odd_vocabulary_stays_on_the_split_kernel():
+    """V = 2050 (not a multiple of 8, as GPT-2's 50257): the logits' product (N = V) and dx's
+    (K = V) run on the split kernel with the classes padded, and the loss and gradients are
+    as eager's."""
+    x, w, b, t = inputs("cuda", (1100,), 1024, 2050, ignored=(9,), seed=23)
+    text = lm_head.describe(x, w, b, chunk_rows=512)
+    assert "logits = x Wᵀ + b: gemmfuse (the split kernel)" in text, text
+    assert "dx = dlogits W: gemmfuse (the split kernel)" in text, text
+    check_against_float64(x, w, b, t, "mean", label_smoothing=0.1, chunk_rows=512)
+
+
 @pytest.mark.parametrize("reduction", ["mean", "none"])
 def test_zero_in_features_run_on_at_mm(reduction):
     """K = 0 (the planner refuses such a Linear): the products run on at::mm, and the logits
@@ -185,13 +197,16 @@ def test_zero_in_features_run_on_at_mm(reduction):
 
 def test_products_run_on_gemmfuse():
     """On the CPU every product of every chunk runs as a gemmfuse Linear: the logits' (per
-    chunk), dx's and dW's (per chunk, while autograd records), counted by gemmfuse::calls."""
+    chunk), dx's and dW's (per chunk, while autograd records), the classes padded to a
+    multiple of 8, counted by gemmfuse::calls."""
     K, V, M, C = 12, 26, 23, 10  # chunks of 10, 10, 3
     x, w, b, t = inputs("cpu", (M,), K, V, seed=11)
     text = lm_head.describe(x, w, b, chunk_rows=C)
     assert text.startswith(f"chunks of {C} rows: 3 for {M} rows, {V} classes")
     assert text.count("gemmfuse (the CPU executor") == 3, text
-    specs = [f"linear in={K} out={V} bias=1", f"linear in={V} out={K} bias=0",
+    # the classes padded with zero rows of W to a multiple of 8 (32 here): the logits' N, dx's K
+    Vp = (V + 7) // 8 * 8
+    specs = [f"linear in={K} out={Vp} bias=1", f"linear in={Vp} out={K} bias=0",
              f"linear in={C} out={K} bias=0", f"linear in=3 out={K} bias=0"]
     before = [torch.ops.gemmfuse.calls(s)[0] for s in specs]
     loss_and_grads(gemmfuse.linear_cross_entropy, x, w, b, t, torch.tensor(1.0), chunk_rows=C)

@@ -60,10 +60,10 @@ def gemmfuse_backend(gm: fx.GraphModule, example_inputs, options=None, mode=None
     if not _lib.available():
         report.rejected.append(("*", "the gemmfuse operator library is not available"))
     elif inductor:
-        _fuse_lm_heads(gm, precision, report)
+        fuse_lm_heads(gm, precision, report)
         _fuse_for_inductor(gm, example_inputs, precision, report, rest)
     else:
-        _fuse_lm_heads(gm, precision, report)
+        fuse_lm_heads(gm, precision, report)
         _fuse_with_runtimes(gm, example_inputs, precision, report)
     if rest is None:
         gm._gemmfuse = report
@@ -97,7 +97,7 @@ def _whole_timed(gm, example_inputs, mode, options) -> bool:
 
 def _fused_work(report) -> list:
     """The chains and LM heads the graph runs fused (what the whole-graph timing weighs)."""
-    return [e for e in list(report.entries) + list(report.lm_heads) if e.status == "fused"]
+    return [e for e in report.entries if e.status == "fused"] + report.fused_lm_heads()
 
 
 def _graph_copy(gm: fx.GraphModule) -> fx.GraphModule:
@@ -148,25 +148,12 @@ def _entry(chain, spec) -> ChainEntry:
                       stop=chain.stop, form=chain.form, spec=spec, status="pytorch")
 
 
-def _fuse_lm_heads(gm, precision, report):
-    """Every LM head of the graph (capture/lm_head.py: a Linear, its weight a placeholder,
-    whose logits only feed a cross-entropy loss) rewritten into one linear_cross_entropy call,
-    before the chain finder runs: AOTAutograd traces that call (its autograd.Function) into
-    the gemmfuse::linear_cross_entropy ops of the graphs Inductor compiles."""
-    try:
-        report.lm_heads = fuse_lm_heads(gm, precision)
-    except Exception as e:  # noqa: BLE001 - never an error where Inductor alone works
-        report.rejected.append(("LM heads", f"not matched after an error: {type(e).__name__}: {e}"[:300]))
-        return
-    if any(h.status == "fused" for h in report.lm_heads):
-        gm.recompile()
-
-
 def _fuse_with_runtimes(gm, example_inputs, precision, report):
     """Each chain behind a ChainRuntime (checks, timed routes and fallbacks per call)."""
     cap = find_chains(gm, "dynamo", check=_lib.check,
                       numbers=compile_time_numbers(gm, example_inputs))
-    report.rejected, report.products = list(cap.rejected), list(cap.products)
+    report.rejected += cap.rejected  # after the LM heads' (fuse_lm_heads)
+    report.products = list(cap.products)
     remap: dict = {}
     for chain in cap.chains:
         entry = _entry(chain, chain.spec(()))
@@ -183,7 +170,8 @@ def _fuse_for_inductor(gm, example_inputs, precision, report, rest):
     Numbers the graph passes at run time are not captured as constants (numbers=None): a
     compiled graph cannot fall back per call, so a chain stops before such a number."""
     cap = find_chains(gm, "dynamo", check=_lib.check)
-    report.rejected, report.products = list(cap.rejected), list(cap.products)
+    report.rejected += cap.rejected  # after the LM heads' (fuse_lm_heads)
+    report.products = list(cap.products)
     real = {n: v for n, v in zip((n for n in gm.graph.nodes if n.op == "placeholder"), example_inputs)}
     training = torch.is_grad_enabled() and any(
         isinstance(t, torch.Tensor) and t.requires_grad for t in example_inputs)

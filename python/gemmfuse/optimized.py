@@ -300,15 +300,11 @@ def _whole_timed_device(opt: nn.Module, model: nn.Module, example_inputs: tuple)
     device = next(iter(devices))
     if not route_timer.whole_timed_on(device) or always_fuse() or measure.distributed():
         return None
-    if isinstance(opt, GemmfuseModule) and not runtimes(opt) and not _fused_lm_heads(opt):
-        return None
+    if isinstance(opt, GemmfuseModule) and not runtimes(opt):
+        rep = getattr(opt, "_gemmfuse", None)
+        if rep is None or not rep.fused_lm_heads():
+            return None
     return None if tensor_parallel.has_dtensor_params(model) else device
-
-
-def _fused_lm_heads(opt: GemmfuseModule) -> list:
-    """The LM heads opt runs as linear_cross_entropy calls."""
-    rep = getattr(opt, "_gemmfuse", None)
-    return [h for h in getattr(rep, "lm_heads", ()) if h.status == "fused"]
 
 
 def _time_whole(opt: nn.Module, model: nn.Module, example_inputs: tuple) -> None:
@@ -382,11 +378,10 @@ def _capture(gm: GemmfuseModule, model: nn.Module, example_inputs: tuple, precis
     before.restore()  # the example call's own assignments, if any
     report = OptimizeReport(precision=precision, flavor="fx")
     report.units = list(units or ())
-    heads = fuse_lm_heads(gm, precision)  # first: the chain finder must not see their Linears
+    fuse_lm_heads(gm, precision, report)  # first: the chain finder must not see their Linears
     cap: CaptureReport = find_chains(gm, "fx", check=_lib.check)
-    cap.lm_heads = heads
-    report.rejected, report.products = list(cap.rejected), list(cap.products)
-    report.lm_heads = list(cap.lm_heads)
+    report.rejected += cap.rejected
+    report.products = list(cap.products)
     remap: dict = {}
     for chain in cap.chains:
         entry = _fuse_chain(gm, chain, precision, remap)

@@ -52,6 +52,10 @@ class OptimizeReport:
     param_sig: frozenset = frozenset()
     backend_id: str = ""  # the name dynamo gives the compiled graph in the code it runs
 
+    def fused_lm_heads(self) -> list:
+        """The LM heads the graph runs as linear_cross_entropy calls."""
+        return [h for h in self.lm_heads if h.status == "fused"]
+
 
 # The torch.compile backend's most recent compilations, newest last.
 COMPILED: list = []

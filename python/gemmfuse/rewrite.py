@@ -293,12 +293,24 @@ def rewrite_lm_head(gm: fx.GraphModule, match, precision: str) -> fx.Node:
     return new
 
 
-def fuse_lm_heads(gm: fx.GraphModule, precision: str) -> list:
+def fuse_lm_heads(gm: fx.GraphModule, precision: str, report) -> None:
     """Every LM head of gm (a Linear whose logits only feed a cross-entropy loss:
     capture/lm_head.py; optimize()'s graph or dynamo's, its weight an attribute or a
-    placeholder) rewritten into one linear_cross_entropy call where it can be; the LMHead
-    entries, fused or with the reason. Run before the chain finder: it must not see their
-    Linears."""
+    placeholder) rewritten into one linear_cross_entropy call where it can be, the LMHead
+    entries (fused or with the reason) in report.lm_heads. Run before the chain finder: it
+    must not see their Linears. An error while matching is a reason in report.rejected, never
+    an error where PyTorch alone works."""
+    try:
+        report.lm_heads = _fuse_heads(gm, precision)
+    except Exception as e:  # noqa: BLE001
+        report.rejected.append(("LM heads", f"not matched after an error: {type(e).__name__}: {e}"[:300]))
+        return
+    if report.fused_lm_heads():
+        gm.recompile()
+
+
+def _fuse_heads(gm: fx.GraphModule, precision: str) -> list:
+    """fuse_lm_heads's work: the LMHead entries."""
     from . import lm_head
     from .capture.lm_head import find_lm_heads, left_unfused_on
     heads = []

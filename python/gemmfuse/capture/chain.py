@@ -163,9 +163,6 @@ class CaptureReport:
     # starts there, and they run where the rest of the graph runs
     products: list = field(default_factory=list)
     flavor: str = "fx"
-    # (fx flavour) LM heads (capture/lm_head.py's LMHead): a Linear whose logits only feed a
-    # cross-entropy loss, fused into one linear_cross_entropy call or not, with the reason
-    lm_heads: list = field(default_factory=list)
 
 
 class Unsupported(Exception):

@@ -96,9 +96,11 @@ def _linear(a, b, bias, precision):
     """a @ b (+ bias) as gemmfuse's Linear: x = a, W = bᵀ ([N, K], contiguous: a weight that
     F.linear passed transposed is already), one row of bias. W's preparation is kept only
     where W is a parameter (the executor keeps one per weight; a right operand that changes
-    every call would add one each call)."""
+    every call would add one each call). A kept one is keyed on the parameter itself: a view
+    made here, below autograd, has a version counter of its own that no update bumps."""
     keep = _is_parameter_transpose(b)
-    return _lib.ops().linear(a.contiguous(), b.t().contiguous(), bias, precision, keep)
+    w = b._base if keep else b.t().contiguous()
+    return _lib.ops().linear(a.contiguous(), w, bias, precision, keep)
 
 
 def _mm(mode, args, kwargs):

@@ -81,6 +81,33 @@ def test_fused_optimizer_steps_reach_the_next_product(dev):
     assert rel(y, want) <= 1.25 * rel(eager, want) + 1e-7
 
 
+def test_a_kept_weight_is_keyed_on_the_parameter(monkeypatch):
+    """A parameter's kept preparation is keyed on the tensor the op is given, by its version:
+    that tensor must carry the parameter's version counter. A view made inside the mode (below
+    autograd) has its own, at 0 whatever the steps (on a GPU that left the old W's parts in
+    use after AdamW(fused=True) steps); the parameter itself is given."""
+    from gemmfuse import _lib
+    real, seen = _lib.ops(), []
+
+    class Spy:
+        def linear(self, x, w, bias, precision, keep):
+            seen.append((w._version, keep, w.data_ptr(), tuple(w.shape)))
+            return real.linear(x, w, bias, precision, keep)
+
+    monkeypatch.setattr(_lib, "ops", lambda: Spy())
+    torch.manual_seed(4)
+    lin = nn.Linear(32, 16)
+    with torch.no_grad():
+        lin.weight.mul_(1.5)
+        lin.weight.add_(0.25)
+    x = torch.randn(8, 32)
+    with gemmfuse.fp32_matmul(devices=("cpu",)), torch.no_grad():
+        y = lin(x)
+    assert seen == [(lin.weight._version, True, lin.weight.data_ptr(), (16, 32))]
+    assert lin.weight._version >= 2  # the two writes above (init wrote too)
+    assert rel(y, torch.addmm(lin.bias.double(), x.double(), lin.weight.double().t())) < 1e-6
+
+
 @pytest.mark.parametrize("dev", DEVICES)
 def test_products_of_views_and_strides(dev):
     """mm, addmm, `@` and matmul of a batch, by parameters' transposes (frozen ones too) and

@@ -9,10 +9,8 @@
 
 #ifdef GEMMFUSE_WITH_CUDA
 #include <c10/cuda/CUDAGuard.h>
-
-#include "cuda_executor.h"
 #endif
-#include "plan_cache.h"
+#include "product_route.h"
 #include "run_call.h"
 
 namespace gemmfuse::bindings {
@@ -69,30 +67,11 @@ at::Tensor bmm_on(const at::Tensor& a, const at::Tensor& b, c10::string_view pre
   return in_place ? out : at::stack(outs);
 }
 
-// Where a CUDA product's plan runs its GEMM: "" on a split kernel, else why at::bmm should
-// run the batch (each product alone on cuBLAS would only add launches to its batched call).
-std::string cuda_gemm_reason(const Plan& plan) {
-#ifdef GEMMFUSE_WITH_CUDA
-  if (!CudaExecutor::gemm_on_split_kernel(plan))
-    return "each product would run on cuBLAS's fp32 GEMM, which at::bmm runs as one batched call";
-#endif
-  (void)plan;
-  return "";
-}
-
 // bmm_route for a batch bmm takes (3-D fp32 of matching shapes, one device, not empty): the
-// plan of its first product says; every product has the same shapes, so the same plan.
+// place of its first product says; every product has the same shapes, so the same plan.
 std::string route_of_batch(const at::Tensor& a, const at::Tensor& b, c10::string_view precision) {
-#ifdef GEMMFUSE_WITH_CUDA
-  c10::optional<c10::cuda::CUDAGuard> guard;  // the plan's kernel selection is per device
-  if (a.is_cuda()) guard.emplace(a.device());
-#endif
-  const at::Tensor weight0 = b[0].t();  // plan_for reads its shape, dtype and device only
-  const Plan& plan =
-      plan_for(linear_spec(weight0, c10::nullopt), a[0], weight0, c10::nullopt, {}, {}, precision);
-  if (!plan.pytorch_faster.empty()) return plan.pytorch_faster;
-  // On the CPU the executor is the reference path: pytorch_faster is the whole rule.
-  return a.is_cuda() ? cuda_gemm_reason(plan) : "";
+  return switch_route(product_place(a[0], b[0].t(), c10::nullopt, precision), a, precision,
+                      "at::bmm (one batched call)");
 }
 
 }  // namespace
@@ -119,11 +98,7 @@ std::string bmm_route(const at::Tensor& a, const at::Tensor& b, c10::string_view
   const std::string why = bmm_rejects(a, b);
   if (!why.empty()) return why;
   if (a.numel() == 0 || b.numel() == 0) return "an empty product";
-  try {
-    return route_of_batch(a, b, precision);
-  } catch (const c10::Error& e) {  // e.g. "gemmfuse unsupported: ..." from the planner
-    return e.what_without_backtrace();
-  }
+  return route_of_batch(a, b, precision);  // never throws (product_place)
 }
 
 }  // namespace gemmfuse::bindings

@@ -16,11 +16,8 @@
 #include <sstream>
 #include <vector>
 
-#ifdef GEMMFUSE_WITH_CUDA
-#include "cuda_executor.h"
-#endif
 #include "batched_linear.h"
-#include "plan_cache.h"
+#include "product_route.h"
 #include "run_call.h"
 
 namespace gemmfuse::bindings {
@@ -172,19 +169,14 @@ struct Route {
 // fp32 (no TF32) whatever torch.backends.cuda.matmul.allow_tf32 says.
 Route route_product(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& b,
                     c10::string_view precision) {
-  try {
-    const Plan& plan = plan_for(linear_spec(w, b), x, w, b, {}, {}, precision);
-    if (!plan.pytorch_faster.empty()) return {false, "at::mm (" + plan.pytorch_faster + ")"};
-#ifdef GEMMFUSE_WITH_CUDA
-    if (x.is_cuda())
-      return {true, CudaExecutor::gemm_on_split_kernel(plan)
-                        ? "gemmfuse (the split kernel)"
-                        : "gemmfuse (cuBLAS or the small-M kernel, in fp32 without TF32)"};
-#endif
-    return {true, "gemmfuse (the CPU executor: PyTorch's BLAS)"};
-  } catch (const c10::Error& e) {  // e.g. "gemmfuse unsupported: ..." from the planner
-    return {false, std::string("at::mm (") + e.what_without_backtrace() + ")"};
+  const ProductPlace p = product_place(x, w, b, precision);
+  switch (p.where) {
+    case ProductPlace::Where::PyTorch: return {false, "at::mm (" + p.why + ")"};
+    case ProductPlace::Where::SplitKernel: return {true, "gemmfuse (the split kernel)"};
+    case ProductPlace::Where::OtherGemm: break;
   }
+  return {true, x.is_cuda() ? "gemmfuse (cuBLAS or the small-M kernel, in fp32 without TF32)"
+                            : "gemmfuse (the CPU executor: PyTorch's BLAS)"};
 }
 
 // The chunk loop's three products on one device (RunOn: run_on_cpu, run_on_cuda), each on

@@ -9,6 +9,8 @@
 //   bmm       a batch of products a[i] @ b[i], each one `linear` with keep_weight=False
 //             (batched_linear.cpp; gemmfuse.fp32_matmul's bmm and baddbmm)
 //   bmm_route "" where gemmfuse should run such a batch, else why PyTorch's at::bmm runs it
+//   mm_route  "" where gemmfuse should run a @ b (+ bias), else why PyTorch's mm runs it
+//             (product_route.cpp: both routes and the LM head's products share its rule)
 //   linear_cross_entropy  F.cross_entropy(F.linear(x, W, b), target) in chunks of rows, without
 //             the [M, V] logits, and with with_grads (mean, sum) the gradients for a unit
 //             grad_output, from the same loop (linear_cross_entropy.cpp; gemmfuse.lm_head)
@@ -36,6 +38,7 @@
 #include "linear_cross_entropy.h"
 #include "gemmfuse/backward.h"
 #include "plan_cache.h"
+#include "product_route.h"
 #include "run_call.h"
 
 namespace gemmfuse::bindings {
@@ -199,6 +202,7 @@ TORCH_LIBRARY(gemmfuse, m) {
         "-> Tensor");
   m.def("bmm(Tensor a, Tensor b, str precision) -> Tensor");
   m.def("bmm_route(Tensor a, Tensor b, str precision) -> str", &bmm_route);
+  m.def("mm_route(Tensor a, Tensor b, Tensor? bias, str precision) -> str", &mm_route);
   m.def(
       "linear_cross_entropy(Tensor x, Tensor weight, Tensor? bias, Tensor target, "
       "int ignore_index, float label_smoothing, str reduction, str precision, int chunk_rows, "

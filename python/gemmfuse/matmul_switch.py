@@ -5,24 +5,28 @@
 
 Inside it, every 2-D fp32 ``mm`` and ``addmm`` (what ``nn.Linear``, ``F.linear``, ``@`` and
 ``torch.matmul`` on matrices come to at PyTorch's dispatcher, and what their backward
-formulas call) on a chosen device type runs as ``gemmfuse::linear``: a Linear with
-W = bᵀ, whose kernel the C++ planner and executor pick as for a captured chain (on an H100
-the split fp32 kernel where it pays, cuBLAS elsewhere). The switch is a
-``TorchDispatchMode``: it sits below autograd, so the gradients' products run through it
+formulas call) on a chosen device type is a candidate for ``gemmfuse::linear``: a Linear with
+W = bᵀ, whose kernel the C++ planner and executor pick as for a captured chain. The switch is
+a ``TorchDispatchMode``: it sits below autograd, so the gradients' products run through it
 too, and it changes no code. W's preparation (its split parts) is kept per weight version
 where W is a parameter; any other right operand (an activation, a gradient) is prepared for
 its call alone (``keep_weight=False``).
 
 Batched fp32 products, ``bmm`` and ``baddbmm`` (what ``torch.matmul`` and ``@`` with batch
 dimensions on both operands and two-operand ``einsum`` come to, and what bmm's backward
-calls), run as
-``gemmfuse::bmm``: each product one such Linear, prepared for its call alone. C++ decides
-(``gemmfuse::bmm_route``): where each product would not run on the split kernel (on CUDA:
-cuBLAS's GEMM, which ``at::bmm`` runs as one batched call), PyTorch runs the batch.
+calls), are candidates for ``gemmfuse::bmm``: each product one such Linear, prepared for its
+call alone.
+
+Which way a candidate runs: C++ decides first (``gemmfuse::mm_route``, ``gemmfuse::bmm_route``,
+product_route.cpp): gemmfuse where the product runs on the split kernel; PyTorch's own call
+where gemmfuse would run cuBLAS's GEMM or its small-M kernel, unless PyTorch's GEMM is set to
+TF32 (fp32's promise keeps it on gemmfuse's fp32 cuBLAS call then). Then, on a GPU, the first
+call of each signature (shapes, strides, precision, whether W is a kept parameter) times both
+ways (route_timer) and the faster runs from then on.
 
 What it does not take runs as PyTorch runs it, counted with the reason (``counts()``):
 other dtypes, ``addmm`` and ``baddbmm`` with ``beta`` or ``alpha`` other than 1, an
-``addmm`` bias that is not one row, batches of products too small for the split kernel
+``addmm`` bias that is not one row, products off the split kernel or timed slower there
 (CUDA), empty products.
 """
 from __future__ import annotations
@@ -33,8 +37,8 @@ from collections import Counter
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from . import _lib
-from .runtime import PRECISIONS, _watch_optimizer_steps
+from . import _lib, route_timer
+from .runtime import PRECISIONS, _watch_optimizer_steps, always_fuse
 
 aten = torch.ops.aten
 FUSED = "gemmfuse"
@@ -103,10 +107,49 @@ def _linear(a, b, bias, precision):
     return _lib.ops().linear(a.contiguous(), w, bias, precision, keep)
 
 
+# Where gemmfuse's way and PyTorch's were timed at a signature: "" (gemmfuse) or why PyTorch.
+_timed: dict = {}
+_PLAIN = (torch.Tensor, torch.nn.Parameter)  # not fake (torch.compile's tracing) or subclassed
+
+
+def _signature(func, precision, *tensors) -> tuple:
+    return (func, precision) + tuple(
+        (t.device, t.shape, t.stride()) if t is not None else None for t in tensors)
+
+
+def _timed_choice(key, ours, theirs, x) -> str:
+    """'' where gemmfuse's way (`ours`) timed at least as fast as PyTorch's (`theirs`) at this
+    signature, else why PyTorch runs it: timed once per signature (route_timer: by default on
+    CUDA), kept for the process. Untimed, '': other devices, fake tensors, CUDA graph capture,
+    GEMMFUSE_ALWAYS_FUSE=1."""
+    if (type(x) not in _PLAIN or not route_timer.timed_routes_on(x.device) or always_fuse()
+            or (x.is_cuda and torch.cuda.is_current_stream_capturing())):
+        return ""
+    got = _timed.get(key)
+    if got is None:
+        ours_ms, theirs_ms = route_timer.timer(ours, x.device), route_timer.timer(theirs, x.device)
+        got = "" if ours_ms <= theirs_ms else (
+            f"PyTorch timed faster at this shape ({theirs_ms:.3f} ms against gemmfuse's "
+            f"{ours_ms:.3f} ms)")
+        _timed[key] = got
+    return got
+
+
+def _product(mode, func, args, kwargs, a, b, bias):
+    """a @ b (+ bias) on gemmfuse where C++'s mm_route sends it there and, on a GPU, it timed
+    faster at this signature (a kept W's preparation, a parameter's, is part of it); else
+    (None, why)."""
+    ours = lambda: _linear(a, b, bias, mode.precision)  # noqa: E731
+    key = _signature(func, mode.precision, a, b, bias) + (_is_parameter_transpose(b),)
+    why = (_lib.ops().mm_route(a, b, bias, mode.precision)
+           or _timed_choice(key, ours, lambda: func(*args, **kwargs), a))
+    return (None, why) if why else (ours(), "")
+
+
 def _mm(mode, args, kwargs):
     a, b = args[0], args[1]
     why = _declines(a, b, mode.devices)
-    return (None, why) if why else (_linear(a, b, None, mode.precision), "")
+    return (None, why) if why else _product(mode, aten.mm.default, args, kwargs, a, b, None)
 
 
 def _addmm(mode, args, kwargs):
@@ -120,7 +163,7 @@ def _addmm(mode, args, kwargs):
         why = "addmm's added term is not one fp32 row of the output's width"
     if why:
         return None, why
-    return _linear(a, b, bias.reshape(-1).contiguous(), mode.precision), ""
+    return _product(mode, aten.addmm.default, args, kwargs, a, b, bias.reshape(-1).contiguous())
 
 
 def _batch_declines(a, b, devices) -> str:
@@ -139,10 +182,22 @@ def _route(a, b, precision) -> str:
     return _lib.ops().bmm_route(a, b, precision)
 
 
+def _batch(mode, func, args, kwargs, a, b, ours):
+    """`ours` (the batch on gemmfuse) where C++'s bmm_route sends it there and, on a GPU, it
+    timed faster at this signature; else (None, why)."""
+    why = _route(a, b, mode.precision) or _timed_choice(
+        _signature(func, mode.precision, *[t for t in args if isinstance(t, torch.Tensor)]),
+        ours, lambda: func(*args, **kwargs), a)
+    return (None, why) if why else (ours(), "")
+
+
 def _bmm(mode, args, kwargs):
     a, b = args[0], args[1]
-    why = _batch_declines(a, b, mode.devices) or _route(a, b, mode.precision)
-    return (None, why) if why else (_lib.ops().bmm(a, b, mode.precision), "")
+    why = _batch_declines(a, b, mode.devices)
+    if why:
+        return None, why
+    return _batch(mode, aten.bmm.default, args, kwargs, a, b,
+                  lambda: _lib.ops().bmm(a, b, mode.precision))
 
 
 def _adds_to_batch(added, a, b) -> bool:
@@ -163,10 +218,10 @@ def _baddbmm(mode, args, kwargs):
         why = "baddbmm with beta or alpha other than 1"
     if not why and not _adds_to_batch(added, a, b):
         why = "baddbmm's added term is not fp32 broadcasting to the product's shape"
-    why = why or _route(a, b, mode.precision)
     if why:
         return None, why
-    return torch.add(added, _lib.ops().bmm(a, b, mode.precision)), ""
+    return _batch(mode, aten.baddbmm.default, args, kwargs, a, b,
+                  lambda: torch.add(added, _lib.ops().bmm(a, b, mode.precision)))
 
 
 _HANDLERS = {aten.mm.default: _mm, aten.addmm.default: _addmm,

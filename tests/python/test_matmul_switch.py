@@ -90,6 +90,9 @@ def test_a_kept_weight_is_keyed_on_the_parameter(monkeypatch):
     real, seen = _lib.ops(), []
 
     class Spy:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
         def linear(self, x, w, bias, precision, keep):
             seen.append((w._version, keep, w.data_ptr(), tuple(w.shape)))
             return real.linear(x, w, bias, precision, keep)
@@ -231,7 +234,8 @@ def test_batched_product_trains_through_the_switch(dev):
 
 
 @pytest.mark.parametrize("dev", DEVICES)
-def test_batches_it_does_not_take_run_as_pytorch(dev):
+def test_batches_it_does_not_take_run_as_pytorch(dev, monkeypatch):
+    monkeypatch.setenv("GEMMFUSE_ALWAYS_FUSE", "0")  # the CUDA case: route as users get it
     torch.manual_seed(5)
     a, b, c = (torch.randn(3, 8, 16, device=dev), torch.randn(3, 16, 4, device=dev),
                torch.randn(8, 4, device=dev))
@@ -245,7 +249,7 @@ def test_batches_it_does_not_take_run_as_pytorch(dev):
         (lambda: torch.baddbmm(c, a[:, :, :0], b[:, :0]), "an empty product"),
     ]
     if dev == "cuda":  # products this small run on cuBLAS: at::bmm runs them as one call
-        cases.append((lambda: torch.bmm(a, b), "cuBLAS's fp32 GEMM"))
+        cases.append((lambda: torch.bmm(a, b), "not on the split kernel"))
     for fn, why in cases:
         matmul_switch.reset_counts()
         with gemmfuse.fp32_matmul(devices=(dev,)), torch.no_grad():
@@ -277,6 +281,18 @@ def test_bmm_route_and_checks():
             ops.bmm(x, y, "fp32")
     out = ops.bmm(a.to("meta"), b.to("meta"), "fp32")
     assert out.device.type == "meta" and out.shape == (2, 5, 3)
+
+
+def test_mm_route_gives_reasons_and_never_raises():
+    """mm_route on the CPU: a product the planner takes runs on gemmfuse (the CPU executor is
+    the reference path); shapes that cannot be multiplied and empty products get reasons."""
+    ops = gemmfuse._lib.ops()
+    a, b, bias = torch.randn(5, 7), torch.randn(7, 3), torch.randn(3)
+    assert ops.mm_route(a, b, None, "fp32") == "" and ops.mm_route(a, b, bias, "fast") == ""
+    assert ops.mm_route(a, b[:6], None, "fp32") == "not a matrix product of matching shapes"
+    assert ops.mm_route(a[None], b, None, "fp32") == "not a matrix product of matching shapes"
+    assert ops.mm_route(a[:0], b, None, "fp32") == "an empty product"
+    assert ops.mm_route(a[:, :0], b[:0], None, "fp32") == "an empty product"
 
 
 @pytest.mark.parametrize("m, n", [(16, 8), (24, 20)])
@@ -337,3 +353,52 @@ def test_right_operands_that_change_keep_no_preparation():
         torch.cuda.synchronize()
     grown = torch.cuda.memory_allocated() - before
     assert grown < 8 * 2 ** 20, grown  # a kept preparation: W's fp16 parts, 16 MiB each
+
+
+def test_each_signature_is_timed_once_and_the_faster_way_runs(monkeypatch):
+    """Where C++'s route sends a product to gemmfuse, the first call of each signature times
+    gemmfuse's way and PyTorch's (here a stand-in timer, the CPU opted in as a GPU is by
+    default) and the faster runs from then on, counted with the times; a parameter's product
+    (its W kept) is a signature apart from a plain tensor's of the same shape."""
+    monkeypatch.setenv("GEMMFUSE_TIMED_ROUTES", "1")
+    monkeypatch.setenv("GEMMFUSE_ALWAYS_FUSE", "0")
+    monkeypatch.setattr(matmul_switch, "_timed", {})
+    times = []
+    monkeypatch.setattr(matmul_switch.route_timer, "timer", lambda fn, dev: (fn(), times.pop(0))[1])
+    torch.manual_seed(6)
+    a, b = torch.randn(24, 40), torch.randn(40, 16)
+    times[:] = [2.0, 1.0]  # gemmfuse's, then PyTorch's
+    with gemmfuse.fp32_matmul(devices=("cpu",)), torch.no_grad():
+        got = [a @ b for _ in range(3)]
+    slower = "PyTorch: PyTorch timed faster at this shape (1.000 ms against gemmfuse's 2.000 ms)"
+    assert gemmfuse.fp32_matmul_counts() == {slower: 3} and times == []
+    assert all(torch.equal(g, torch.mm(a, b)) for g in got)
+
+    lin = nn.Linear(40, 16)
+    plain = lin.weight.detach().clone()
+    times[:] = [1.0, 3.0, 5.0, 1.0, 2.0, 4.0]  # the Linear's, the batch's, the plain W's
+    matmul_switch.reset_counts()
+    with gemmfuse.fp32_matmul(devices=("cpu",)), torch.no_grad():
+        for _ in range(2):
+            y = lin(a)
+            z = torch.bmm(a[None], b[None])
+            torch.addmm(lin.bias, a, plain.t())
+    assert times == []
+    assert gemmfuse.fp32_matmul_counts() == {
+        "gemmfuse": 4,
+        "PyTorch: PyTorch timed faster at this shape (1.000 ms against gemmfuse's 5.000 ms)": 2}
+    want = torch.addmm(lin.bias.double(), a.double(), lin.weight.double().t())
+    assert rel(y, want) < 1e-6 and torch.equal(z, torch.bmm(a[None], b[None]))
+
+
+def test_products_are_not_timed_where_routes_are_untimed(monkeypatch):
+    """On the CPU by default (GEMMFUSE_TIMED_ROUTES unset) C++'s route alone decides."""
+    monkeypatch.delenv("GEMMFUSE_TIMED_ROUTES", raising=False)
+
+    def timer(fn, dev):
+        raise AssertionError("timed")
+
+    monkeypatch.setattr(matmul_switch.route_timer, "timer", timer)
+    with gemmfuse.fp32_matmul(devices=("cpu",)), torch.no_grad():
+        torch.randn(8, 8) @ torch.randn(8, 8)
+    assert gemmfuse.fp32_matmul_counts() == {"gemmfuse": 1}

@@ -39,6 +39,9 @@ class ZooModel:
     build: Callable
     batches: dict = field(default_factory=dict)
     note: str = ""
+    # The large kind's estimated eager fp32 training step on an H100 stays under this (count's
+    # estimate): the zoo's models fill a GPU within ~50 ms; a whole model may take longer.
+    budget_ms: float = 50.0
 
 
 # ------------------------------------------------------------------------------ plumbing
@@ -79,8 +82,8 @@ def _build(make, batches, kind, device="cpu", dtype=torch.float32):
     return model, make_inputs, loss_fn
 
 
-def _entry(name, make, batches, note):
-    return ZooModel(name, functools.partial(_build, make, batches), batches, note)
+def _entry(name, make, batches, note, budget_ms=50.0):
+    return ZooModel(name, functools.partial(_build, make, batches), batches, note, budget_ms)
 
 
 def _randn(g, *shape, scale=1.0):
@@ -158,6 +161,41 @@ def _gpt2(c):
     b, t, d = c["batch"], c["seq"], c["dim"]
     return (GPT2Block(d, c["heads"]), lambda g: (_randn(g, b, t, d),),
             lambda g: _randn(g, b, t, d), _mse)
+
+
+class GPT2(nn.Module):
+    """GPT-2 (nanoGPT's): token and learned position embeddings, pre-LN GPT2Blocks, a final
+    LayerNorm and the LM head tied to the token embedding (no bias); the forward returns the
+    cross-entropy of the next-token targets. Weights drawn as GPT-2's: N(0, 0.02), biases 0."""
+
+    def __init__(self, vocab, ctx, dim, heads, layers):
+        super().__init__()
+        self.wte, self.wpe = nn.Embedding(vocab, dim), nn.Embedding(ctx, dim)
+        self.h = nn.ModuleList(GPT2Block(dim, heads) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(dim)
+        self.lm_head = nn.Linear(dim, vocab, bias=False)
+        self.lm_head.weight = self.wte.weight
+        for m in self.modules():
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(m.weight, std=0.02)
+            if isinstance(m, nn.Linear) and m.bias is not None:
+                nn.init.zeros_(m.bias)
+
+    def forward(self, idx, targets):
+        x = self.wte(idx) + self.wpe(torch.arange(idx.size(1), device=idx.device))
+        for block in self.h:
+            x = block(x)
+        logits = self.lm_head(self.ln_f(x))
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+
+
+def _gpt2_small(c):
+    b, t, v = c["batch"], c["seq"], c["vocab"]
+
+    def inputs(g):
+        return (torch.randint(0, v, (b, t), generator=g), torch.randint(0, v, (b, t), generator=g))
+    return (GPT2(v, c["ctx"], c["dim"], c["heads"], c["layers"]), inputs, None,
+            lambda out, _t: out)
 
 
 class BertLayer(nn.Module):
@@ -449,6 +487,13 @@ ZOO = {z.name: z for z in (
         dict(batch=1, seq=128, dim=768, heads=12), dict(batch=16, seq=1024)),
         "one GPT-2-small block (768 wide, 12 heads, causal SDPA, GELU(tanh) MLP 3072); small: "
         "a 128-token prompt, large: 16 sequences of 1024; MSE loss"),
+    _entry("gpt2-small", _gpt2_small, _kinds(
+        dict(batch=2, seq=8, vocab=64, ctx=16, dim=32, heads=2, layers=2),
+        dict(batch=1, seq=128, vocab=50257, ctx=1024, dim=768, heads=12, layers=12),
+        dict(batch=8, seq=1024)),
+        "GPT-2-small (124M: 12 blocks as gpt2-block, 768 wide, vocab 50257, 1024 positions, LM "
+        "head tied to the token embedding), next-token cross-entropy; small: a 128-token "
+        "prompt, large: 8 sequences of 1024 (issue 48's training-step shape)", budget_ms=200.0),
     _entry("bert-layer", _bert, _kinds(
         dict(batch=2, seq=8, dim=32, heads=2, ffn=64),
         dict(batch=1, seq=128, dim=768, heads=12, ffn=3072), dict(batch=32, seq=512)),

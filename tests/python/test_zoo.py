@@ -26,8 +26,8 @@ def test_zoo_registry():
 def test_tiny_model_runs_forward_and_backward(name):
     model, make_inputs, loss_fn = ZOO[name].build("tiny")
     a, b = make_inputs(0), make_inputs(1)
-    floats = [t for t in a if t.is_floating_point()]
-    assert floats and all(bool((t != 0).any()) for t in floats)  # random data, not zeros
+    # random data, not zeros or one value (a language model's inputs are token ids alone)
+    assert a and all(bool((t != t.flatten()[0]).any()) for t in a if t.numel() > 1)
     assert all(torch.equal(x, y) for x, y in zip(a, make_inputs(0)))  # a seed is reproducible
     assert not all(torch.equal(x, y) for x, y in zip(a, b))
     ref = copy.deepcopy(model).double()
@@ -57,11 +57,13 @@ def test_tiny_bf16_build():
 @pytest.mark.parametrize("name", NAMES)
 def test_real_shapes_fit_the_budget(name):
     """small is the real widths at a launch-bound batch; large fills an H100 but stays under
-    ~50 ms per eager fp32 training step (3x the forward's FLOPs at 50 TFLOP/s)."""
+    the entry's budget per eager fp32 training step (3x the forward's FLOPs at 50 TFLOP/s;
+    ~50 ms, more for a whole model)."""
     small, large = count(ZOO[name], "small"), count(ZOO[name], "large")
     assert small["params"] == large["params"] > 1e4
     assert 0 < small["flops_forward"] < large["flops_forward"]
-    assert large["flops_forward"] >= 4e9 and large["est_ms_fp32_train_h100"] < 50, large
+    assert large["flops_forward"] >= 4e9
+    assert large["est_ms_fp32_train_h100"] < ZOO[name].budget_ms, large
 
 
 def test_real_shapes_known_figures():

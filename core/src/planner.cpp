@@ -659,6 +659,12 @@ Plan make_plan(const PlanRequest& req) {
       plan.rewrites.push_back(std::string("fast with a GEMM of ") + gflop +
                               " GFLOP: the split's launches and host work would outweigh it, so "
                               "it runs in fp32 (faster there, more accurate)");
+    } else if (plan.K > kFastMaxK) {
+      plan.precision = Precision::FP32;
+      plan.rewrites.push_back("fast with K = " + std::to_string(plan.K) + " > " +
+                              std::to_string(kFastMaxK) +
+                              ": the bf16 split's error grows with K and would pass fast's 1e-4 "
+                              "promise, so the GEMM runs in fp32");
     }
   }
   plan.out_width = plan.chain.output_width();

@@ -303,6 +303,19 @@ TEST(Planner, FastWithLittleWorkRunsTheGemmInFp32) {
   EXPECT_EQ(make_plan(r).precision, Precision::Fast);
 }
 
+// fast's bf16 split GEMM loses accuracy with K (kFastMaxK): a longer sum runs in fp32.
+TEST(Planner, FastWithLongSumsRunsTheGemmInFp32) {
+  PlanRequest r;
+  r.chain = parse_chain("linear in=" + std::to_string(kFastMaxK + 8) + " out=768 bias=0\n");
+  r.precision = Precision::Fast;
+  r.batch_sizes = {1024};
+  const Plan long_k = make_plan(r);
+  EXPECT_EQ(long_k.precision, Precision::FP32);
+  EXPECT_TRUE(contains(long_k.describe(), "fast's 1e-4")) << long_k.describe();
+  r.chain = parse_chain("linear in=" + std::to_string(kFastMaxK) + " out=768 bias=0\n");
+  EXPECT_EQ(make_plan(r).precision, Precision::Fast);
+}
+
 // Where PyTorch's CPU kernels beat the CPU row pass the plan says so (the Python front then
 // runs the call in PyTorch); on CUDA, for arithmetic-only chains and for the GEMV it does not.
 TEST(Planner, CpuRoutesScalarRowOpsToPytorch) {

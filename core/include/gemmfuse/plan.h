@@ -189,6 +189,14 @@ struct Plan {
 // (docs/measurements.md, "Planner rules and the measurements they rest on").
 constexpr double kHostBoundGemmFlops = 1.35e9;
 
+// `fast`'s bf16 split GEMM (cuBLASLt) sums K products on tensor cores with no promotion to
+// fp32 registers, and its error grows with K: on an H100, relative 4.4e-6 up to K = 1024,
+// 1.0e-5 at 8192, 1.9e-5 at 16384 and 1.5e-4 at 128256 (the LM head's dx), past fast's 1e-4
+// promise. From this K on, fast runs its GEMM in fp32 (the f16x3 kernel, which promotes every
+// 64 of K): about a third of the way to the promise at this K
+// (docs/measurements.md, "Planner rules and the measurements they rest on").
+constexpr int64_t kFastMaxK = 32768;
+
 // What the planner needs to know beyond the chain.
 struct PlanRequest {
   Chain chain;                                     // as captured

@@ -162,19 +162,17 @@ struct Route {
   std::string why;
 };
 
-// y = x wᵀ on gemmfuse's GEMM wherever its planner takes the product and does not expect
-// PyTorch to be faster (Plan::pytorch_faster); else at::mm (a product the planner refuses,
-// such as one with K = 0). Unlike gemmfuse::bmm's rule, a product whose plan runs on cuBLAS's
-// SGEMM stays with gemmfuse: there is no batched call to lose to, and gemmfuse's SGEMM keeps
-// fp32 (no TF32) whatever torch.backends.cuda.matmul.allow_tf32 says.
+// y = x wᵀ on gemmfuse's GEMM where the matmul switch's rule would run it there (product_route.h:
+// the split kernel; on the CPU the CPU executor); else PyTorch's own at::mm, the call eager's
+// F.linear and its backward make (a product the planner refuses, such as one with K = 0, or one
+// off the split kernel on CUDA, unless PyTorch's GEMM is set to TF32: then gemmfuse's cuBLAS
+// call, which keeps fp32).
 Route route_product(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& b,
                     c10::string_view precision) {
   const ProductPlace p = product_place(x, w, b, precision);
-  switch (p.where) {
-    case ProductPlace::Where::PyTorch: return {false, "at::mm (" + p.why + ")"};
-    case ProductPlace::Where::SplitKernel: return {true, "gemmfuse (the split kernel)"};
-    case ProductPlace::Where::OtherGemm: break;
-  }
+  const std::string why = switch_route(p, x, precision, "at::mm");
+  if (!why.empty()) return {false, "at::mm (" + why + ")"};
+  if (p.where == ProductPlace::Where::SplitKernel) return {true, "gemmfuse (the split kernel)"};
   return {true, x.is_cuda() ? "gemmfuse (cuBLAS or the small-M kernel, in fp32 without TF32)"
                             : "gemmfuse (the CPU executor: PyTorch's BLAS)"};
 }

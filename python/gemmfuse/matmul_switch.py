@@ -139,10 +139,12 @@ def _product(mode, func, args, kwargs, a, b, bias):
     """a @ b (+ bias) on gemmfuse where C++'s mm_route sends it there and, on a GPU, it timed
     faster at this signature (a kept W's preparation, a parameter's, is part of it); else
     (None, why)."""
+    why = _lib.ops().mm_route(a, b, bias, mode.precision)
+    if why:
+        return None, why
     ours = lambda: _linear(a, b, bias, mode.precision)  # noqa: E731
     key = _signature(func, mode.precision, a, b, bias) + (_is_parameter_transpose(b),)
-    why = (_lib.ops().mm_route(a, b, bias, mode.precision)
-           or _timed_choice(key, ours, lambda: func(*args, **kwargs), a))
+    why = _timed_choice(key, ours, lambda: func(*args, **kwargs), a)
     return (None, why) if why else (ours(), "")
 
 

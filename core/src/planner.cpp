@@ -601,6 +601,42 @@ std::string cpu_pytorch_faster(const Plan& plan) {
   return "";
 }
 
+// Why `fast` (fp32 data) runs this plan's GEMM in fp32 instead, or "".
+// `fast` splits x and W into bf16 parts to run the GEMM on tensor cores. With few rows the
+// GEMM is bound by reading W once, which the split makes larger, and fp32 is then as fast
+// or faster and more accurate; with little work in all (req.fast_min_flops) the split path is
+// bound by its launches; with a long sum (kFastMaxK) its error passes fast's promise.
+// Training with `fast`: the derivatives of clamps, max, ReLU-like and other piecewise ops
+// switch on the forward's values, so a value within fast's GEMM error of a kink takes the
+// other branch's derivative, and the gradient's error grows far past fp32's. fp32's GEMM
+// holds them; on sm90 it runs at about fast's speed.
+// (docs/measurements.md, "Planner rules and the measurements they rest on").
+std::string fast_runs_in_fp32(const Plan& plan, const PlanRequest& req) {
+  if (req.for_training)
+    return "fast while training: the GEMMs run in fp32, since derivatives of piecewise ops "
+           "(clamp, max, ReLU-like) switch on the forward's values and fast's GEMM error would "
+           "flip some of them";
+  if (plan.prep.column_sums) return "";
+  const int64_t M = plan.M;
+  const double flops = 2.0 * double(M) * double(plan.N) * double(plan.K);
+  if (M <= req.fast_min_rows)
+    return "fast with M = " + std::to_string(M) + " <= " + std::to_string(req.fast_min_rows) +
+           " rows: fp32's GEMM is as fast or faster there (bound by reading W, or split-K on the "
+           "f16x3 kernel) and more accurate";
+  if (flops < req.fast_min_flops) {
+    char gflop[32];
+    std::snprintf(gflop, sizeof gflop, "%.2f", flops * 1e-9);
+    return std::string("fast with a GEMM of ") + gflop +
+           " GFLOP: the split's launches and host work would outweigh it, so it runs in fp32 "
+           "(faster there, more accurate)";
+  }
+  if (plan.K > kFastMaxK)
+    return "fast with K = " + std::to_string(plan.K) + " > " + std::to_string(kFastMaxK) +
+           ": the bf16 split's error grows with K and would pass fast's 1e-4 promise, so the "
+           "GEMM runs in fp32";
+  return "";
+}
+
 }  // namespace
 
 Plan make_plan(const PlanRequest& req) {
@@ -628,43 +664,11 @@ Plan make_plan(const PlanRequest& req) {
   plan.for_training = req.for_training;
   plan.rewrites = req.simplify ? simplify(plan.chain, plan.prep, req.for_training)
                                : drop_identity_dropout(plan.chain);
-  // `fast` splits x and W into bf16 parts to run the GEMM on tensor cores. With few rows the
-  // GEMM is bound by reading W once, which the split makes larger, and fp32 is then as fast
-  // or faster and more accurate
-  // (docs/measurements.md, "Planner rules and the measurements they rest on").
-  // With little work in all (req.fast_min_flops) the split path is bound by its launches.
-  // Training with `fast`: the derivatives of clamps, max, ReLU-like and other piecewise ops
-  // switch on the forward's values, so a value within fast's GEMM error of a kink takes the
-  // other branch's derivative, and the gradient's error grows far past fp32's
-  // (docs/measurements.md, "Planner rules and the measurements they rest on"). fp32's GEMM
-  // holds them; on sm90 it runs at about fast's speed.
-  if (plan.precision == Precision::Fast && plan.dtype == DType::F32 && req.for_training) {
-    plan.precision = Precision::FP32;
-    plan.rewrites.push_back("fast while training: the GEMMs run in fp32, since derivatives of "
-                            "piecewise ops (clamp, max, ReLU-like) switch on the forward's values "
-                            "and fast's GEMM error would flip some of them");
-  }
-  if (plan.precision == Precision::Fast && plan.dtype == DType::F32 && !plan.prep.column_sums) {
-    const double flops = 2.0 * double(M) * double(plan.N) * double(plan.K);
-    if (M <= req.fast_min_rows) {
+  if (plan.precision == Precision::Fast && plan.dtype == DType::F32) {
+    std::string why = fast_runs_in_fp32(plan, req);
+    if (!why.empty()) {
       plan.precision = Precision::FP32;
-      plan.rewrites.push_back("fast with M = " + std::to_string(M) + " <= " +
-                              std::to_string(req.fast_min_rows) +
-                              " rows: fp32's GEMM is as fast or faster there (bound by reading "
-                              "W, or split-K on the f16x3 kernel) and more accurate");
-    } else if (flops < req.fast_min_flops) {
-      plan.precision = Precision::FP32;
-      char gflop[32];
-      std::snprintf(gflop, sizeof gflop, "%.2f", flops * 1e-9);
-      plan.rewrites.push_back(std::string("fast with a GEMM of ") + gflop +
-                              " GFLOP: the split's launches and host work would outweigh it, so "
-                              "it runs in fp32 (faster there, more accurate)");
-    } else if (plan.K > kFastMaxK) {
-      plan.precision = Precision::FP32;
-      plan.rewrites.push_back("fast with K = " + std::to_string(plan.K) + " > " +
-                              std::to_string(kFastMaxK) +
-                              ": the bf16 split's error grows with K and would pass fast's 1e-4 "
-                              "promise, so the GEMM runs in fp32");
+      plan.rewrites.push_back(std::move(why));
     }
   }
   plan.out_width = plan.chain.output_width();

@@ -120,12 +120,13 @@ def _signature(func, precision, *tensors) -> tuple:
 def _timed_choice(key, ours, theirs, x) -> str:
     """'' where gemmfuse's way (`ours`) timed at least as fast as PyTorch's (`theirs`) at this
     signature, else why PyTorch runs it: timed once per signature (route_timer: by default on
-    CUDA), kept for the process. Untimed, '': other devices, fake tensors, CUDA graph capture,
-    GEMMFUSE_ALWAYS_FUSE=1."""
-    if (type(x) not in _PLAIN or not route_timer.timed_routes_on(x.device) or always_fuse()
-            or (x.is_cuda and torch.cuda.is_current_stream_capturing())):
+    CUDA), kept for the process; a kept choice holds in CUDA graph capture too. Untimed, '':
+    other devices, fake tensors, GEMMFUSE_ALWAYS_FUSE=1, and a signature first met in capture."""
+    if type(x) not in _PLAIN or not route_timer.timed_routes_on(x.device) or always_fuse():
         return ""
     got = _timed.get(key)
+    if got is None and x.is_cuda and torch.cuda.is_current_stream_capturing():
+        return ""
     if got is None:
         ours_ms, theirs_ms = route_timer.timer(ours, x.device), route_timer.timer(theirs, x.device)
         got = "" if ours_ms <= theirs_ms else (

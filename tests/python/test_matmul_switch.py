@@ -402,3 +402,28 @@ def test_products_are_not_timed_where_routes_are_untimed(monkeypatch):
     with gemmfuse.fp32_matmul(devices=("cpu",)), torch.no_grad():
         torch.randn(8, 8) @ torch.randn(8, 8)
     assert gemmfuse.fp32_matmul_counts() == {"gemmfuse": 1}
+
+
+@pytest.mark.skipif(not HAVE_CUDA, reason="CUDA graph capture needs a GPU")
+def test_a_timed_choice_holds_in_cuda_graph_capture(monkeypatch):
+    """A signature timed before capture keeps its choice inside torch.cuda.graph (where no
+    timing can run): here the stand-in timer made PyTorch's mm the faster."""
+    monkeypatch.setenv("GEMMFUSE_TIMED_ROUTES", "1")
+    monkeypatch.setenv("GEMMFUSE_ALWAYS_FUSE", "0")
+    monkeypatch.setattr(matmul_switch, "_timed", {})
+    times = [2.0, 1.0]
+    monkeypatch.setattr(matmul_switch.route_timer, "timer", lambda fn, dev: (fn(), times.pop(0))[1])
+    a, b = torch.randn(2048, 2048, device="cuda"), torch.randn(2048, 2048, device="cuda")
+    mode = gemmfuse.fp32_matmul()
+    with mode, torch.no_grad():
+        a @ b  # timed here, unless C++'s route already sends it to PyTorch
+    timed = times == []
+    matmul_switch.reset_counts()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph), mode, torch.no_grad():
+        y = a @ b
+    graph.replay()
+    torch.cuda.synchronize()
+    (where,) = gemmfuse.fp32_matmul_counts()
+    assert where.startswith("PyTorch: ") and (not timed or "timed faster" in where), where
+    assert rel(y, a.double() @ b.double()) < 1e-5

@@ -59,12 +59,12 @@ def gemmfuse_backend(gm: fx.GraphModule, example_inputs, options=None, mode=None
     original = _graph_copy(gm) if inductor and _whole_timed(gm, example_inputs, mode, options) else None
     if not _lib.available():
         report.rejected.append(("*", "the gemmfuse operator library is not available"))
-    elif inductor:
-        fuse_lm_heads(gm, precision, report)
-        _fuse_for_inductor(gm, example_inputs, precision, report, rest)
     else:
-        fuse_lm_heads(gm, precision, report)
-        _fuse_with_runtimes(gm, example_inputs, precision, report)
+        fuse_lm_heads(gm, precision, report)  # first: the chain finder must not see their Linears
+        if inductor:
+            _fuse_for_inductor(gm, example_inputs, precision, report, rest)
+        else:
+            _fuse_with_runtimes(gm, example_inputs, precision, report)
     if rest is None:
         gm._gemmfuse = report
         report.graph = weakref.ref(gm)

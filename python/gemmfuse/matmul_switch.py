@@ -96,13 +96,13 @@ def _is_parameter_transpose(b) -> bool:
             and b.t().data_ptr() == w.data_ptr() and b.t().shape == w.shape)
 
 
-def _linear(a, b, bias, precision):
+def _linear(a, b, bias, precision, keep):
     """a @ b (+ bias) as gemmfuse's Linear: x = a, W = bᵀ ([N, K], contiguous: a weight that
     F.linear passed transposed is already), one row of bias. W's preparation is kept only
-    where W is a parameter (the executor keeps one per weight; a right operand that changes
-    every call would add one each call). A kept one is keyed on the parameter itself: a view
-    made here, below autograd, has a version counter of its own that no update bumps."""
-    keep = _is_parameter_transpose(b)
+    where W is a parameter (`keep`: _is_parameter_transpose(b); the executor keeps one per
+    weight, and a right operand that changes every call would add one each call). A kept one
+    is keyed on the parameter itself: a view made here, below autograd, has a version counter
+    of its own that no update bumps."""
     w = b._base if keep else b.t().contiguous()
     return _lib.ops().linear(a.contiguous(), w, bias, precision, keep)
 
@@ -143,8 +143,9 @@ def _product(mode, func, args, kwargs, a, b, bias):
     why = _lib.ops().mm_route(a, b, bias, mode.precision)
     if why:
         return None, why
-    ours = lambda: _linear(a, b, bias, mode.precision)  # noqa: E731
-    key = _signature(func, mode.precision, a, b, bias) + (_is_parameter_transpose(b),)
+    keep = _is_parameter_transpose(b)
+    ours = lambda: _linear(a, b, bias, mode.precision, keep)  # noqa: E731
+    key = _signature(func, mode.precision, a, b, bias) + (keep,)
     why = _timed_choice(key, ours, lambda: func(*args, **kwargs), a)
     return (None, why) if why else (ours(), "")
 

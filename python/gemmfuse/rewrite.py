@@ -3,6 +3,8 @@
 original nodes."""
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 from typing import Any
 
@@ -279,9 +281,7 @@ def rewrite_lm_head(gm: fx.GraphModule, match, precision: str) -> fx.Node:
         if xinf.rank != 2:
             k = match.head.in_features
             x = g.call_method("reshape", (x, -1, k))
-            rows = 1
-            for d in xinf.shape[:-1]:
-                rows *= d
+            rows = math.prod(xinf.shape[:-1])
             x.meta["gemmfuse_info"] = TInfo((rows, k), xinf.dtype, xinf.device, xinf.requires_grad)
         new = g.call_function(linear_cross_entropy, (x, w, match.target),
                               dict(bias=b, **match.options, precision=precision))

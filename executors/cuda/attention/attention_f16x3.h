@@ -1,0 +1,40 @@
+// fp32 attention on fp16 tensor cores, forward (issue 48, item 3; first cut, unrun on a GPU):
+//   O = softmax(Q Kᵀ · scale [+ causal mask]) V,  LSE = log Σ_j exp(s_ij)
+// for Q, K, V fp32 [BH, S, D] (D = 64 or 128), each of the two products on split fp16 parts as
+// the f16x3 GEMM computes one (gemm_f16x3.h): Q's and K's rows and V's columns scaled by a
+// power of two and split into a high part and a low part 2^11 larger, the product
+// hi·hi + 2^-11 (hi·lo + lo·hi) in fp32; P (in [0, 1]) split without a scale. The softmax is
+// FlashAttention-2's online one in fp32, each CTA 64 query rows over tiles of 64 keys, so no
+// [S, S] matrix exists. bench/micro/attention_split_study.py: this method's error against
+// float64 stays within 1–3% of 3xTF32's (eager fp32 SDPA's on an H100).
+// Not yet carried: NaN and infinities in Q, K, V (the split has no fix-up here), dropout,
+// masks other than causal, S_q != S_k. The backward is PyTorch's for now.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace gemmfuse::cuda {
+
+struct AttentionF16x3 {
+  int64_t BH = 0, S = 0;       // batch x heads, sequence length (queries and keys)
+  int D = 0;                   // head dim: 64 or 128
+  const float* q = nullptr;    // [BH, S, D], contiguous
+  const float* k = nullptr;
+  const float* v = nullptr;
+  float* o = nullptr;          // [BH, S, D]
+  float* lse = nullptr;        // [BH, S] (natural log), or null
+  float scale = 0.f;           // the scores' scale (PyTorch's default: D^-1/2)
+  bool causal = false;
+  void* workspace = nullptr;   // attention_f16x3_workspace_bytes(BH, S, D) bytes
+};
+
+// Whether the kernel takes this head dim ("" ) or why not.
+const char* attention_f16x3_unfit(int D);
+size_t attention_f16x3_workspace_bytes(int64_t BH, int64_t S, int D);
+// Enqueues the splits and the attention kernel on `stream`.
+void launch_attention_f16x3(const AttentionF16x3& a, cudaStream_t stream);
+
+}  // namespace gemmfuse::cuda

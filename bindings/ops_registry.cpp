@@ -9,6 +9,9 @@
 //   bmm       a batch of products a[i] @ b[i], each one `linear` with keep_weight=False
 //             (batched_linear.cpp; gemmfuse.fp32_matmul's bmm and baddbmm)
 //   bmm_route "" where gemmfuse should run such a batch, else why PyTorch's at::bmm runs it
+//   sdpa_f16x3 fp32 attention's forward on split fp16 products, with the outputs of PyTorch's
+//             memory-efficient attention (attention.cpp; gemmfuse.fp32_matmul); sdpa_f16x3_route
+//             says where it takes its operands
 //   mm_route  "" where gemmfuse should run a @ b (+ bias), else why PyTorch's mm runs it
 //             (product_route.cpp: both routes and the LM head's products share its rule)
 //   linear_cross_entropy  F.cross_entropy(F.linear(x, W, b), target) in chunks of rows, without
@@ -34,6 +37,7 @@
 
 #include "cuda_executor.h"
 #endif
+#include "attention.h"
 #include "batched_linear.h"
 #include "linear_cross_entropy.h"
 #include "gemmfuse/backward.h"
@@ -203,6 +207,9 @@ TORCH_LIBRARY(gemmfuse, m) {
   m.def("bmm(Tensor a, Tensor b, str precision) -> Tensor");
   m.def("bmm_route(Tensor a, Tensor b, str precision) -> str", &bmm_route);
   m.def("mm_route(Tensor a, Tensor b, Tensor? bias, str precision) -> str", &mm_route);
+  m.def("sdpa_f16x3(Tensor q, Tensor k, Tensor v, bool is_causal, float scale) "
+        "-> (Tensor out, Tensor lse)");
+  m.def("sdpa_f16x3_route(Tensor q, Tensor k, Tensor v) -> str", &sdpa_f16x3_route);
   m.def(
       "linear_cross_entropy(Tensor x, Tensor weight, Tensor? bias, Tensor target, "
       "int ignore_index, float label_smoothing, str reduction, str precision, int chunk_rows, "
@@ -248,6 +255,7 @@ TORCH_LIBRARY_IMPL(gemmfuse, Meta, m) {
 #ifdef GEMMFUSE_WITH_CUDA
 TORCH_LIBRARY_IMPL(gemmfuse, CUDA, m) {
   m.impl("run", &run_cuda);
+  m.impl("sdpa_f16x3", &sdpa_f16x3);
   m.impl("stateless", &stateless<&run_cuda>);
   m.impl("linear", &linear_on<&run_on_cuda>);
   m.impl("bmm", &bmm_cuda);

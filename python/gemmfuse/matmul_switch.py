@@ -37,7 +37,7 @@ from collections import Counter
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from . import _lib, route_timer
+from . import _lib, attention_switch, route_timer
 from .runtime import PRECISIONS, _watch_optimizer_steps, always_fuse
 
 aten = torch.ops.aten
@@ -228,7 +228,9 @@ def _baddbmm(mode, args, kwargs):
                   lambda: torch.add(added, _lib.ops().bmm(a, b, mode.precision)))
 
 
-_HANDLERS = {aten.mm.default: _mm, aten.addmm.default: _addmm,
+_HANDLERS = {aten._scaled_dot_product_efficient_attention.default:
+             attention_switch.efficient_attention,
+             aten.mm.default: _mm, aten.addmm.default: _addmm,
              aten.bmm.default: _bmm, aten.baddbmm.default: _baddbmm}
 
 

@@ -1,0 +1,54 @@
+#include "attention.h"
+
+#include <sstream>
+
+#ifdef GEMMFUSE_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include "attention_f16x3.h"
+#endif
+
+namespace gemmfuse::bindings {
+
+std::string sdpa_f16x3_route(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  std::ostringstream os;
+  if (q.dim() != 4 || k.sizes() != q.sizes() || v.sizes() != q.sizes())
+    os << "q, k and v of one shape [B, H, S, D] (self-attention), got " << q.sizes() << ", "
+       << k.sizes() << " and " << v.sizes();
+  else if (q.scalar_type() != at::kFloat || k.scalar_type() != at::kFloat ||
+           v.scalar_type() != at::kFloat)
+    os << "fp32 q, k and v, got " << q.scalar_type();
+  else if (!q.is_cuda() || k.device() != q.device() || v.device() != q.device())
+    os << "q, k and v on one CUDA device";
+  else if (q.size(3) != 64 && q.size(3) != 128)
+    os << "head dim " << q.size(3) << " (the kernel takes 64 and 128)";
+  return os.str();
+}
+
+#ifdef GEMMFUSE_WITH_CUDA
+std::tuple<at::Tensor, at::Tensor> sdpa_f16x3(const at::Tensor& q, const at::Tensor& k,
+                                              const at::Tensor& v, bool is_causal, double scale) {
+  const std::string why = sdpa_f16x3_route(q, k, v);
+  TORCH_CHECK(why.empty(), "gemmfuse::sdpa_f16x3: expected ", why);
+  c10::cuda::CUDAGuard guard(q.device());
+  const int64_t B = q.size(0), H = q.size(1), S = q.size(2), D = q.size(3);
+  const at::Tensor qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous();
+  at::Tensor out = at::empty({B, H, S, D}, q.options());
+  at::Tensor lse = at::zeros({B, H, (S + 31) / 32 * 32}, q.options());
+  at::Tensor lse_rows = at::empty({B, H, S}, q.options());
+  at::Tensor ws = at::empty(
+      {static_cast<int64_t>(cuda::attention_f16x3_workspace_bytes(B * H, S, static_cast<int>(D)))},
+      q.options().dtype(at::kByte));
+  cuda::AttentionF16x3 a;
+  a.BH = B * H, a.S = S, a.D = static_cast<int>(D);
+  a.q = qc.data_ptr<float>(), a.k = kc.data_ptr<float>(), a.v = vc.data_ptr<float>();
+  a.o = out.data_ptr<float>(), a.lse = lse_rows.data_ptr<float>();
+  a.scale = static_cast<float>(scale), a.causal = is_causal, a.workspace = ws.data_ptr();
+  cuda::launch_attention_f16x3(a, at::cuda::getCurrentCUDAStream());
+  lse.narrow(2, 0, S).copy_(lse_rows);
+  return {out, lse};
+}
+#endif
+
+}  // namespace gemmfuse::bindings

@@ -1,0 +1,24 @@
+// gemmfuse::sdpa_f16x3: fp32 attention's forward on split fp16 products (CUDA; executors/cuda/
+// attention/attention_f16x3.h), with the outputs of PyTorch's memory-efficient attention
+// (aten._scaled_dot_product_efficient_attention), so that gemmfuse.fp32_matmul can run that
+// op's forward while PyTorch's backward, which recomputes P from Q, K and the LSE, stays.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <string>
+#include <tuple>
+
+namespace gemmfuse::bindings {
+
+// "" where sdpa_f16x3 takes q, k, v [B, H, S, D] (fp32, CUDA, one device, D 64 or 128, the
+// same S for queries and keys), else why not.
+std::string sdpa_f16x3_route(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
+
+#ifdef GEMMFUSE_WITH_CUDA
+// (out [B, H, S, D], lse [B, H, S rounded up to 32]: log Σ_j exp(s_ij), the padding 0).
+std::tuple<at::Tensor, at::Tensor> sdpa_f16x3(const at::Tensor& q, const at::Tensor& k,
+                                              const at::Tensor& v, bool is_causal, double scale);
+#endif
+
+}  // namespace gemmfuse::bindings

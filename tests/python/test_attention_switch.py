@@ -1,0 +1,63 @@
+"""fp32 attention inside gemmfuse.fp32_matmul() (attention_switch.py): the forward of PyTorch's
+memory-efficient attention on gemmfuse's split-product kernel, PyTorch's backward reading its
+LSE; output and gradients against float64 within 1.25x eager fp32's error; what the kernel
+does not take runs as PyTorch runs it, with the reason."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import gemmfuse
+from gemmfuse import matmul_switch
+from conftest import HAVE_CUDA, needs_lib
+
+pytestmark = [needs_lib, pytest.mark.skipif(not HAVE_CUDA, reason="the kernel is CUDA's")]
+
+
+def rel(a, b):
+    return float((a.double() - b).norm() / b.norm())
+
+
+@pytest.fixture(autouse=True)
+def fresh_counts():
+    matmul_switch.reset_counts()
+
+
+def qkv(shape, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return [torch.randn(shape, device="cuda", generator=g).requires_grad_() for _ in range(3)]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", [(2, 3, 200, 64), (1, 2, 130, 128)])
+def test_sdpa_forward_on_gemmfuse_and_gradients_as_eager(shape, causal):
+    q, k, v = qkv(shape, 1)
+    go = torch.randn(shape, device="cuda")
+    with gemmfuse.fp32_matmul():
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        grads = torch.autograd.grad(out, (q, k, v), go)
+    assert gemmfuse.fp32_matmul_counts().get("gemmfuse", 0) >= 1, gemmfuse.fp32_matmul_counts()
+    eager = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    eager_grads = torch.autograd.grad(eager, (q, k, v), go)
+    d = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
+        ref = F.scaled_dot_product_attention(*d, is_causal=causal)
+    ref_grads = torch.autograd.grad(ref, d, go.double())
+    for got, eag, want in [(out, eager, ref)] + list(zip(grads, eager_grads, ref_grads)):
+        assert rel(got.detach(), want) <= 1.25 * rel(eag.detach(), want) + 1e-7
+
+
+def test_what_the_kernel_does_not_take_runs_as_pytorch():
+    q, k, v = qkv((1, 2, 64, 64), 2)
+    mask = torch.randn(64, 64, device="cuda")
+    small = [t[..., :32] for t in (q, k, v)]
+    cases = [(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask), "attention mask"),
+             (lambda: F.scaled_dot_product_attention(*small), "head dim 32")]
+    for fn, why in cases:
+        matmul_switch.reset_counts()
+        with gemmfuse.fp32_matmul(), torch.no_grad():
+            got = fn()
+        with torch.no_grad():
+            want = fn()
+        assert torch.allclose(got, want, rtol=0, atol=0)
+        counts = gemmfuse.fp32_matmul_counts()
+        assert any(why in where for where in counts), counts

@@ -49,6 +49,46 @@ std::tuple<at::Tensor, at::Tensor> sdpa_f16x3(const at::Tensor& q, const at::Ten
   lse.narrow(2, 0, S).copy_(lse_rows);
   return {out, lse};
 }
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> sdpa_f16x3_backward(
+    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const at::Tensor& out, const at::Tensor& lse, bool is_causal, double scale) {
+  const std::string why = sdpa_f16x3_backward_route(grad_out, q, k, v, out, lse);
+  TORCH_CHECK(why.empty(), "gemmfuse::sdpa_f16x3_backward: expected ", why);
+  c10::cuda::CUDAGuard guard(q.device());
+  const int64_t B = q.size(0), H = q.size(1), S = q.size(2), D = q.size(3);
+  const at::Tensor qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous(),
+                   oc = out.contiguous(), gc = grad_out.contiguous(), lc = lse.contiguous();
+  at::Tensor dq = at::empty_like(qc), dk = at::empty_like(kc), dv = at::empty_like(vc);
+  at::Tensor ws = at::empty({static_cast<int64_t>(cuda::attention_f16x3_backward_workspace_bytes(
+                                B * H, S, static_cast<int>(D)))},
+                            q.options().dtype(at::kByte));
+  cuda::AttentionF16x3Backward a;
+  a.BH = B * H, a.S = S, a.D = static_cast<int>(D), a.causal = is_causal;
+  a.scale = static_cast<float>(scale);
+  a.q = qc.data_ptr<float>(), a.k = kc.data_ptr<float>(), a.v = vc.data_ptr<float>();
+  a.o = oc.data_ptr<float>(), a.dout = gc.data_ptr<float>();
+  a.lse = lc.data_ptr<float>(), a.lse_stride = lc.size(2);
+  a.dq = dq.data_ptr<float>(), a.dk = dk.data_ptr<float>(), a.dv = dv.data_ptr<float>();
+  a.workspace = ws.data_ptr();
+  cuda::launch_attention_f16x3_backward(a, at::cuda::getCurrentCUDAStream());
+  return {dq, dk, dv};
+}
 #endif
+
+std::string sdpa_f16x3_backward_route(const at::Tensor& grad_out, const at::Tensor& q,
+                                      const at::Tensor& k, const at::Tensor& v,
+                                      const at::Tensor& out, const at::Tensor& lse) {
+  std::string why = sdpa_f16x3_route(q, k, v);
+  if (!why.empty()) return why;
+  if (q.size(3) != 64) return "head dim " + std::to_string(q.size(3)) + " (the backward takes 64)";
+  if (grad_out.sizes() != q.sizes() || out.sizes() != q.sizes() ||
+      grad_out.scalar_type() != at::kFloat || out.scalar_type() != at::kFloat)
+    return "grad_out and out of q's shape and dtype";
+  if (lse.dim() != 3 || lse.size(0) != q.size(0) || lse.size(1) != q.size(1) ||
+      lse.size(2) < q.size(2) || lse.scalar_type() != at::kFloat)
+    return "a log-sum-exp of [B, H, at least S] in fp32";
+  return "";
+}
 
 }  // namespace gemmfuse::bindings

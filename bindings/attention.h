@@ -19,6 +19,17 @@ std::string sdpa_f16x3_route(const at::Tensor& q, const at::Tensor& k, const at:
 // (out [B, H, S, D], lse [B, H, S rounded up to 32]: log Σ_j exp(s_ij), the padding 0).
 std::tuple<at::Tensor, at::Tensor> sdpa_f16x3(const at::Tensor& q, const at::Tensor& k,
                                               const at::Tensor& v, bool is_causal, double scale);
+
+// (dq, dk, dv) from grad_out, the forward's operands, out and lse (sdpa_f16x3's, or PyTorch's
+// memory-efficient attention's: the same LSE), head dim 64.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> sdpa_f16x3_backward(
+    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const at::Tensor& out, const at::Tensor& lse, bool is_causal, double scale);
 #endif
+
+// "" where sdpa_f16x3_backward takes these operands, else why not.
+std::string sdpa_f16x3_backward_route(const at::Tensor& grad_out, const at::Tensor& q,
+                                      const at::Tensor& k, const at::Tensor& v,
+                                      const at::Tensor& out, const at::Tensor& lse);
 
 }  // namespace gemmfuse::bindings

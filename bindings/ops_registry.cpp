@@ -11,7 +11,8 @@
 //   bmm_route "" where gemmfuse should run such a batch, else why PyTorch's at::bmm runs it
 //   sdpa_f16x3 fp32 attention's forward on split fp16 products, with the outputs of PyTorch's
 //             memory-efficient attention (attention.cpp; gemmfuse.fp32_matmul); sdpa_f16x3_route
-//             says where it takes its operands
+//             says where it takes its operands; sdpa_f16x3_backward (and its route) the
+//             gradients, from that op's outputs or PyTorch's
 //   mm_route  "" where gemmfuse should run a @ b (+ bias), else why PyTorch's mm runs it
 //             (product_route.cpp: both routes and the LM head's products share its rule)
 //   linear_cross_entropy  F.cross_entropy(F.linear(x, W, b), target) in chunks of rows, without
@@ -210,6 +211,10 @@ TORCH_LIBRARY(gemmfuse, m) {
   m.def("sdpa_f16x3(Tensor q, Tensor k, Tensor v, bool is_causal, float scale) "
         "-> (Tensor out, Tensor lse)");
   m.def("sdpa_f16x3_route(Tensor q, Tensor k, Tensor v) -> str", &sdpa_f16x3_route);
+  m.def("sdpa_f16x3_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, "
+        "Tensor lse, bool is_causal, float scale) -> (Tensor dq, Tensor dk, Tensor dv)");
+  m.def("sdpa_f16x3_backward_route(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, "
+        "Tensor lse) -> str", &sdpa_f16x3_backward_route);
   m.def(
       "linear_cross_entropy(Tensor x, Tensor weight, Tensor? bias, Tensor target, "
       "int ignore_index, float label_smoothing, str reduction, str precision, int chunk_rows, "
@@ -256,6 +261,7 @@ TORCH_LIBRARY_IMPL(gemmfuse, Meta, m) {
 TORCH_LIBRARY_IMPL(gemmfuse, CUDA, m) {
   m.impl("run", &run_cuda);
   m.impl("sdpa_f16x3", &sdpa_f16x3);
+  m.impl("sdpa_f16x3_backward", &sdpa_f16x3_backward);
   m.impl("stateless", &stateless<&run_cuda>);
   m.impl("linear", &linear_on<&run_on_cuda>);
   m.impl("bmm", &bmm_cuda);

@@ -1,10 +1,10 @@
-"""fp32 attention inside ``gemmfuse.fp32_matmul()``: the forward of PyTorch's memory-efficient
-attention (``aten._scaled_dot_product_efficient_attention``, what ``F.scaled_dot_product_
-attention`` runs for fp32 CUDA tensors) on split fp16 products (``gemmfuse::sdpa_f16x3``). It
-returns that op's outputs, the log-sum-exp in its layout, so PyTorch's backward, which
-recomputes the probabilities from Q, K and the LSE, runs unchanged. What the kernel does not
-take yet runs as PyTorch runs it, with the reason: an attention mask, dropout, queries and
-keys of different lengths, head dims other than 64 and 128."""
+"""fp32 attention inside ``gemmfuse.fp32_matmul()``: PyTorch's memory-efficient attention
+(``aten._scaled_dot_product_efficient_attention`` and its backward op, what
+``F.scaled_dot_product_attention`` runs for fp32 CUDA tensors) on split fp16 products
+(``gemmfuse::sdpa_f16x3``, ``gemmfuse::sdpa_f16x3_backward``). The forward returns that op's
+outputs, the log-sum-exp in its layout, so either backward reads either forward's. What the
+kernels do not take yet runs as PyTorch runs it, with the reason: an attention mask, dropout,
+queries and keys of different lengths, head dims other than 64 and 128 (the backward: 64)."""
 from __future__ import annotations
 
 import torch
@@ -24,14 +24,7 @@ def efficient_attention(mode, args, kwargs):
     dropout = _arg(args, kwargs, 5, "dropout_p", 0.0)
     causal = _arg(args, kwargs, 6, "is_causal", False)
     scale = kwargs.get("scale")
-    why = ("" if q.device.type in mode.devices else f"attention on {q.device.type}")
-    if not why and mode.precision == "tf32":
-        why = "tf32 precision (PyTorch's kernel is as fast and as accurate)"
-    if not why and bias is not None:
-        why = "an attention mask (not yet on gemmfuse's kernel)"
-    if not why and dropout:
-        why = "dropout (not yet on gemmfuse's kernel)"
-    why = why or _lib.ops().sdpa_f16x3_route(q, k, v)
+    why = _declines(mode, q, bias, dropout) or _lib.ops().sdpa_f16x3_route(q, k, v)
     if why:
         return None, why
     out, lse = _lib.ops().sdpa_f16x3(q, k, v, bool(causal),
@@ -41,3 +34,30 @@ def efficient_attention(mode, args, kwargs):
     # No dropout: PyTorch's op returns empty CPU scalars for its RNG state then.
     seed, offset = torch.empty((), dtype=torch.long), torch.empty((), dtype=torch.long)
     return (out, lse, seed, offset), ""
+
+
+def _declines(mode, q, bias, dropout) -> str:
+    why = "" if q.device.type in mode.devices else f"attention on {q.device.type}"
+    if not why and mode.precision == "tf32":
+        why = "tf32 precision (PyTorch's kernel is as fast and as accurate)"
+    if not why and bias is not None:
+        why = "an attention mask (not yet on gemmfuse's kernel)"
+    if not why and dropout:
+        why = "dropout (not yet on gemmfuse's kernel)"
+    return why
+
+
+def efficient_attention_backward(mode, args, kwargs):
+    """The mode's handler for the backward op: ((dq, dk, dv, None), "") where gemmfuse runs
+    it, else (None, why)."""
+    go, q, k, v, bias, out, lse = args[:7]
+    dropout = _arg(args, kwargs, 9, "dropout_p", 0.0)
+    causal = _arg(args, kwargs, 11, "is_causal", False)
+    scale = kwargs.get("scale")
+    why = _declines(mode, q, bias, dropout) or _lib.ops().sdpa_f16x3_backward_route(
+        go, q, k, v, out, lse)
+    if why:
+        return None, why
+    dq, dk, dv = _lib.ops().sdpa_f16x3_backward(
+        go, q, k, v, out, lse, bool(causal), float(scale) if scale is not None else q.shape[-1] ** -0.5)
+    return (dq, dk, dv, None), ""

@@ -230,6 +230,8 @@ def _baddbmm(mode, args, kwargs):
 
 _HANDLERS = {aten._scaled_dot_product_efficient_attention.default:
              attention_switch.efficient_attention,
+             aten._scaled_dot_product_efficient_attention_backward.default:
+             attention_switch.efficient_attention_backward,
              aten.mm.default: _mm, aten.addmm.default: _addmm,
              aten.bmm.default: _bmm, aten.baddbmm.default: _baddbmm}
 

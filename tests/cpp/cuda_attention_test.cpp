@@ -98,6 +98,99 @@ void check(int64_t BH, int64_t S, int D, bool causal) {
   EXPECT_LE(lse_worst, 1e-5);
 }
 
+// The backward's formulas for one head in T: dV = Pᵀ dO, dP = dO Vᵀ, δ = rowsum(dO ∘ O),
+// dS = P ∘ (dP − δ), dQ = dS K s, dK = dSᵀ Q s; P from the forward's formulas in T.
+template <class T>
+void reference_grads(const float* q, const float* k, const float* v, const float* go, int64_t S,
+                     int D, double scale, bool causal, std::vector<T>& dq, std::vector<T>& dk,
+                     std::vector<T>& dv) {
+  std::vector<T> o, lse;
+  reference<T>(q, k, v, S, D, scale, causal, o, lse);
+  dq.assign(S * D, T(0)), dk.assign(S * D, T(0)), dv.assign(S * D, T(0));
+  std::vector<T> p(S), dp(S);
+  for (int64_t i = 0; i < S; ++i) {
+    T delta = 0;
+    for (int d = 0; d < D; ++d) delta += T(go[i * D + d]) * o[i * D + d];
+    for (int64_t j = 0; j < S; ++j) {
+      T dot = 0, dpj = 0;
+      for (int d = 0; d < D; ++d) dot += T(q[i * D + d]) * T(k[j * D + d]);
+      for (int d = 0; d < D; ++d) dpj += T(go[i * D + d]) * T(v[j * D + d]);
+      p[j] = (causal && j > i) ? T(0) : std::exp(dot * T(scale) - lse[i]);
+      dp[j] = p[j] * (dpj - delta);  // dS
+    }
+    for (int64_t j = 0; j < S; ++j)
+      for (int d = 0; d < D; ++d) {
+        dv[j * D + d] += p[j] * T(go[i * D + d]);
+        dq[i * D + d] += dp[j] * T(k[j * D + d]) * T(scale);
+        dk[j * D + d] += dp[j] * T(q[i * D + d]) * T(scale);
+      }
+  }
+}
+
+// Relative norm-wise error of got against want over all heads, and a plain fp32's.
+struct GradCheck {
+  double err = 0, err32 = 0, norm = 0;
+  void add(double got, double want, double f32) {
+    err += (got - want) * (got - want), err32 += (f32 - want) * (f32 - want), norm += want * want;
+  }
+  double rel() const { return std::sqrt(err / norm); }
+  double rel32() const { return std::sqrt(err32 / norm); }
+};
+
+void check_backward(int64_t BH, int64_t S, bool causal, float grad_scale) {
+  constexpr int D = 64;
+  std::mt19937_64 rng(seed_for("attention backward"));
+  std::normal_distribution<float> nd(0.f, 1.f);
+  const int64_t n = BH * S * D, ls = (S + 31) / 32 * 32;
+  std::vector<float> q(n), k(n), v(n), go(n), o(n), lse(BH * ls, 0.f);
+  for (auto* t : {&q, &k, &v, &go})
+    for (float& e : *t) e = nd(rng);
+  for (float& e : go) e *= grad_scale;
+  const double scale = 1.0 / std::sqrt(double(D));
+  for (int64_t h = 0; h < BH; ++h) {  // O and LSE from float64, so that only the backward errs
+    std::vector<double> oh, lh;
+    reference<double>(&q[h * S * D], &k[h * S * D], &v[h * S * D], S, D, scale, causal, oh, lh);
+    for (int64_t i = 0; i < S * D; ++i) o[h * S * D + i] = static_cast<float>(oh[i]);
+    for (int64_t i = 0; i < S; ++i) lse[h * ls + i] = static_cast<float>(lh[i]);
+  }
+  DevMem dq_(n * 4), dk_(n * 4), dv_(n * 4), dgo(n * 4), dout(n * 4), dlse(BH * ls * 4),
+      gq(n * 4), gk(n * 4), gv(n * 4),
+      ws(gemmfuse::cuda::attention_f16x3_backward_workspace_bytes(BH, S, D));
+  for (auto [dst, src] : {std::pair{&dq_, &q}, {&dk_, &k}, {&dv_, &v}, {&dgo, &go}, {&dout, &o}})
+    CK(cudaMemcpy(dst->p, src->data(), n * 4, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(dlse.p, lse.data(), BH * ls * 4, cudaMemcpyHostToDevice));
+  gemmfuse::cuda::AttentionF16x3Backward a;
+  a.BH = BH, a.S = S, a.D = D, a.causal = causal, a.scale = static_cast<float>(scale);
+  a.q = static_cast<float*>(dq_.p), a.k = static_cast<float*>(dk_.p), a.v = static_cast<float*>(dv_.p);
+  a.o = static_cast<float*>(dout.p), a.dout = static_cast<float*>(dgo.p);
+  a.lse = static_cast<float*>(dlse.p), a.lse_stride = ls;
+  a.dq = static_cast<float*>(gq.p), a.dk = static_cast<float*>(gk.p), a.dv = static_cast<float*>(gv.p);
+  a.workspace = ws.p;
+  gemmfuse::cuda::launch_attention_f16x3_backward(a, nullptr);
+  CK(cudaDeviceSynchronize());
+  std::vector<float> got[3] = {std::vector<float>(n), std::vector<float>(n), std::vector<float>(n)};
+  CK(cudaMemcpy(got[0].data(), gq.p, n * 4, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(got[1].data(), gk.p, n * 4, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(got[2].data(), gv.p, n * 4, cudaMemcpyDeviceToHost));
+  GradCheck checks[3];
+  for (int64_t h = 0; h < BH; ++h) {
+    const int64_t off = h * S * D;
+    std::vector<double> w[3];
+    std::vector<float> f[3];
+    reference_grads<double>(&q[off], &k[off], &v[off], &go[off], S, D, scale, causal, w[0], w[1], w[2]);
+    reference_grads<float>(&q[off], &k[off], &v[off], &go[off], S, D, scale, causal, f[0], f[1], f[2]);
+    for (int g = 0; g < 3; ++g)
+      for (int64_t i = 0; i < S * D; ++i) {
+        ASSERT_TRUE(std::isfinite(got[g][off + i])) << "gradient " << g << " head " << h;
+        checks[g].add(got[g][off + i], w[g][i], f[g][i]);
+      }
+  }
+  const char* names[3] = {"dQ", "dK", "dV"};
+  for (int g = 0; g < 3; ++g)
+    EXPECT_LE(checks[g].rel(), 1.5 * checks[g].rel32() + 1e-7)
+        << names[g] << ": f16x3 " << checks[g].rel() << ", plain fp32 " << checks[g].rel32();
+}
+
 #define SKIP_WITHOUT_SM80()                                                                 \
   do {                                                                                     \
     SKIP_WITHOUT_GPU();                                                                    \
@@ -124,6 +217,18 @@ TEST(CudaAttention, OneTileAndManyTiles) {
   check(1, 64, 64, false);
   check(1, 1, 64, true);
   check(2, 512, 64, true);
+}
+
+TEST(CudaAttention, BackwardAgainstFloat64) {
+  SKIP_WITHOUT_SM80();
+  check_backward(2, 100, false, 1.f);
+  check_backward(2, 130, true, 1.f);
+  check_backward(1, 64, true, 1.f);
+}
+
+TEST(CudaAttention, BackwardWithTrainingSizedGradients) {
+  SKIP_WITHOUT_SM80();
+  check_backward(2, 150, true, 1e-6f);  // dS far below fp16's normals without its scale
 }
 
 }  // namespace

@@ -7,32 +7,16 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "attention_tiles.cuh"
 #include "cuda_check.h"
 
 namespace gemmfuse::cuda {
 namespace {
 
-constexpr int kRows = 64;        // query rows per CTA (16 per warp)
-constexpr int kKeys = 64;        // keys per tile
-constexpr int kThreads = 128;
-constexpr int kPad = 8;          // halves of padding per shared row (bank spread, 16-byte rows)
-constexpr float kSmall = 0x1p-11f;
+using namespace attention;
+constexpr int kRows = kTile, kKeys = kTile;
 
-// ---- the splits: v 2^e = hi + 2^-11 lo, e putting the largest magnitude just under 2^15 ----
-__device__ __forceinline__ int split_exponent(float amax) {
-  if (!(amax > 0.f) || !isfinite(amax)) return 0;
-  int e;
-  frexpf(amax, &e);  // amax = f 2^e, f in [0.5, 1)
-  return 15 - e;
-}
-
-__device__ __forceinline__ void split_one(float v, int e, __half* hi, __half* lo) {
-  const float s = ldexpf(v, e);
-  const __half h = __float2half_rn(s);
-  *hi = h;
-  *lo = __float2half_rn((s - __half2float(h)) * 2048.f);
-}
-
+// ---- the splits: v 2^e = hi + 2^-11 lo (attention_tiles.cuh) --------------------------------
 // A warp per row of x [R, D]: its exponent (over the row) and parts.
 __global__ void split_rows_kernel(const float* x, int64_t R, int D, __half* hi, __half* lo,
                                   float* exps) {
@@ -64,31 +48,6 @@ __global__ void split_columns_kernel(const float* v, int64_t S, int D, __half* h
 }
 
 // ---- the attention kernel -----------------------------------------------------------------
-__device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ uint32_t pair(const __half* p) {
-  return *reinterpret_cast<const uint32_t*>(p);
-}
-
-__device__ __forceinline__ uint32_t pack(__half a, __half b) {
-  const __half2 h = __halves2half2(a, b);
-  return *reinterpret_cast<const uint32_t*>(&h);
-}
-
-// p's high and low parts for two neighbouring columns, as one A-fragment register each.
-__device__ __forceinline__ void split_pair(float p0, float p1, uint32_t& hi, uint32_t& lo) {
-  const __half h0 = __float2half_rn(p0), h1 = __float2half_rn(p1);
-  hi = pack(h0, h1);
-  lo = pack(__float2half_rn((p0 - __half2float(h0)) * 2048.f),
-            __float2half_rn((p1 - __half2float(h1)) * 2048.f));
-}
-
 template <int D>
 struct Shared {
   static constexpr int kQ = D + kPad, kV = kKeys + kPad;
@@ -102,110 +61,6 @@ struct Parts {
   const __half *qh, *ql, *kh, *kl, *vh, *vl;
   const float *eq, *ek, *ev;
 };
-
-// Rows [r0, r0 + n) of a [rows, D] part into a shared [n][D + kPad] tile, zeros past `rows`.
-template <int D>
-__device__ void load_rows(const __half* src, int64_t r0, int64_t rows, __half (*dst)[D + kPad]) {
-  for (int i = threadIdx.x; i < kRows * D / 8; i += kThreads) {
-    const int r = i / (D / 8), c = (i % (D / 8)) * 8;
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (r0 + r < rows) v = *reinterpret_cast<const uint4*>(src + (r0 + r) * D + c);
-    *reinterpret_cast<uint4*>(&dst[r][c]) = v;
-  }
-}
-
-// Keys [k0, k0 + kKeys) of V's part, transposed into [D][kKeys + kPad], zeros past S.
-template <int D>
-__device__ void load_v(const __half* src, int64_t k0, int64_t S, __half (*dst)[kKeys + kPad]) {
-  for (int i = threadIdx.x; i < kKeys * D; i += kThreads) {
-    const int key = i / D, d = i % D;
-    dst[d][key] = k0 + key < S ? src[(k0 + key) * D + d] : __float2half(0.f);
-  }
-}
-
-// s (a warp's 16 x 64 tile) = Q Kᵀ on the parts: the small products, then the large one.
-template <int D>
-__device__ void scores(const Shared<D>& sm, int w, int g, int t, float (&s)[8][4]) {
-  const int ra = 16 * w + g, rb = ra + 8;
-#pragma unroll
-  for (int n = 0; n < 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
-#pragma unroll
-  for (int pass = 0; pass < 2; ++pass) {
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      const int c = 16 * kk + 2 * t;
-      const uint32_t ah[4] = {pair(&sm.qh[ra][c]), pair(&sm.qh[rb][c]), pair(&sm.qh[ra][c + 8]),
-                              pair(&sm.qh[rb][c + 8])};
-      const uint32_t al[4] = {pair(&sm.ql[ra][c]), pair(&sm.ql[rb][c]), pair(&sm.ql[ra][c + 8]),
-                              pair(&sm.ql[rb][c + 8])};
-#pragma unroll
-      for (int n = 0; n < 8; ++n) {
-        const int key = 8 * n + g;
-        if (pass == 0) {
-          mma(s[n], ah, pair(&sm.kl[key][c]), pair(&sm.kl[key][c + 8]));
-          mma(s[n], al, pair(&sm.kh[key][c]), pair(&sm.kh[key][c + 8]));
-        } else {
-          mma(s[n], ah, pair(&sm.kh[key][c]), pair(&sm.kh[key][c + 8]));
-        }
-      }
-    }
-    if (pass == 0)
-#pragma unroll
-      for (int n = 0; n < 8; ++n)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) s[n][i] *= kSmall;
-  }
-}
-
-// o += P V on the parts (P in registers as A fragments), the small products through o 2^11.
-template <int D>
-__device__ void accumulate(const Shared<D>& sm, int g, int t, const float (&p)[8][4],
-                           float (&o)[D / 8][4]) {
-  uint32_t ph[4][4], pl[4][4];
-#pragma unroll
-  for (int kk = 0; kk < 4; ++kk) {
-    split_pair(p[2 * kk][0], p[2 * kk][1], ph[kk][0], pl[kk][0]);
-    split_pair(p[2 * kk][2], p[2 * kk][3], ph[kk][1], pl[kk][1]);
-    split_pair(p[2 * kk + 1][0], p[2 * kk + 1][1], ph[kk][2], pl[kk][2]);
-    split_pair(p[2 * kk + 1][2], p[2 * kk + 1][3], ph[kk][3], pl[kk][3]);
-  }
-#pragma unroll
-  for (int n = 0; n < D / 8; ++n)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) o[n][i] *= 2048.f;
-#pragma unroll
-  for (int kk = 0; kk < 4; ++kk) {
-    const int c = 16 * kk + 2 * t;
-#pragma unroll
-    for (int n = 0; n < D / 8; ++n) {
-      const int d = 8 * n + g;
-      mma(o[n], ph[kk], pair(&sm.vl[d][c]), pair(&sm.vl[d][c + 8]));
-      mma(o[n], pl[kk], pair(&sm.vh[d][c]), pair(&sm.vh[d][c + 8]));
-    }
-  }
-#pragma unroll
-  for (int n = 0; n < D / 8; ++n)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) o[n][i] *= kSmall;
-#pragma unroll
-  for (int kk = 0; kk < 4; ++kk) {
-    const int c = 16 * kk + 2 * t;
-#pragma unroll
-    for (int n = 0; n < D / 8; ++n) {
-      const int d = 8 * n + g;
-      mma(o[n], ph[kk], pair(&sm.vh[d][c]), pair(&sm.vh[d][c + 8]));
-    }
-  }
-}
-
-__device__ __forceinline__ float quad_max(float v) {
-  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
-  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
-}
-__device__ __forceinline__ float quad_sum(float v) {
-  v += __shfl_xor_sync(0xffffffffu, v, 1);
-  return v + __shfl_xor_sync(0xffffffffu, v, 2);
-}
 
 // One query row's running softmax state (per thread: its share of the row's columns).
 struct RowState {
@@ -268,13 +123,14 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionF16x3 a, P
     __syncthreads();  // the previous tile's readers are done
     load_rows<D>(pt.kh + head * D, k0, a.S, sm.kh);
     load_rows<D>(pt.kl + head * D, k0, a.S, sm.kl);
-    load_v<D>(pt.vh + head * D, k0, a.S, sm.vh);
-    load_v<D>(pt.vl + head * D, k0, a.S, sm.vl);
+    load_transposed<D>(pt.vh + head * D, k0, a.S, sm.vh);
+    load_transposed<D>(pt.vl + head * D, k0, a.S, sm.vl);
     for (int i = threadIdx.x; i < kKeys; i += kThreads)
       sm.ek[i] = k0 + i < a.S ? pt.ek[head + k0 + i] : 0.f;
     __syncthreads();
-    float s[8][4];
-    scores<D>(sm, w, g, t, s);
+    float s[8][4];  // S = Q Kᵀ for the warp's 16 rows and the tile's 64 keys
+    product3_rows<D, 8>(s, &sm.qh[16 * w][0], &sm.ql[16 * w][0], Shared<D>::kQ, &sm.kh[0][0],
+                        &sm.kl[0][0], Shared<D>::kQ, g, t);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const float corr = softmax_step(s, h, eq[h], sm.ek, scale_log2, row[h], k0, a.S, a.causal,
@@ -282,7 +138,9 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionF16x3 a, P
 #pragma unroll
       for (int n = 0; n < D / 8; ++n) o[n][2 * h] *= corr, o[n][2 * h + 1] *= corr;
     }
-    accumulate<D>(sm, g, t, s, o);
+    uint32_t ph[4][4], pl[4][4];  // P's parts, unscaled (P is in [0, 1])
+    to_a_parts<4>(s, 1.f, ph, pl);
+    accumulate3_regs<4, D / 8>(o, ph, pl, &sm.vh[0][0], &sm.vl[0][0], Shared<D>::kV, g, t);
   }
 #pragma unroll
   for (int h = 0; h < 2; ++h) {

@@ -8,7 +8,7 @@
 // [S, S] matrix exists. bench/micro/attention_split_study.py: this method's error against
 // float64 stays within 1–3% of 3xTF32's (eager fp32 SDPA's on an H100).
 // Not yet carried: NaN and infinities in Q, K, V (the split has no fix-up here), dropout,
-// masks other than causal, S_q != S_k. The backward is PyTorch's for now.
+// masks other than causal, S_q != S_k. The backward (attention_f16x3_backward.cu) takes D = 64.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -36,5 +36,29 @@ const char* attention_f16x3_unfit(int D);
 size_t attention_f16x3_workspace_bytes(int64_t BH, int64_t S, int D);
 // Enqueues the splits and the attention kernel on `stream`.
 void launch_attention_f16x3(const AttentionF16x3& a, cudaStream_t stream);
+
+// The backward: dQ, dK, dV from dO, the forward's O and LSE (PyTorch's memory-efficient
+// attention's too: the same log Σ exp of the scaled scores).
+struct AttentionF16x3Backward {
+  int64_t BH = 0, S = 0;
+  int D = 0;                      // 64
+  const float* q = nullptr;       // [BH, S, D], contiguous, as dout, o, dq, dk, dv
+  const float* k = nullptr;
+  const float* v = nullptr;
+  const float* o = nullptr;
+  const float* dout = nullptr;
+  const float* lse = nullptr;     // [BH, lse_stride], the first S of each row read
+  int64_t lse_stride = 0;
+  float* dq = nullptr;            // zeroed, then accumulated (atomics)
+  float* dk = nullptr;
+  float* dv = nullptr;
+  float scale = 0.f;
+  bool causal = false;
+  void* workspace = nullptr;      // attention_f16x3_backward_workspace_bytes(BH, S, D) bytes
+};
+
+const char* attention_f16x3_backward_unfit(int D);
+size_t attention_f16x3_backward_workspace_bytes(int64_t BH, int64_t S, int D);
+void launch_attention_f16x3_backward(const AttentionF16x3Backward& a, cudaStream_t stream);
 
 }  // namespace gemmfuse::cuda

@@ -1,0 +1,283 @@
+// The backward of fp32 attention on split fp16 products (attention_f16x3.h), FlashAttention-2's
+// order: a CTA per 64 keys (a warp per 16 of them) loops over the query tiles, recomputes
+// Sᵀ = K Qᵀ and Pᵀ = exp(Sᵀ − LSE), and accumulates
+//   dV += Pᵀ dO,   dPᵀ = V dOᵀ,   dSᵀ = Pᵀ ∘ (dPᵀ − δ),   dK += dSᵀ Q,   dQ += dS K (atomics)
+// with δ_q = Σ_d dO·O. Q, K, V and dO each contract along both of their dims here, so each is
+// split with one exponent per head; dS with one per head taken from |dS| ≤ 2 D max|dO| max|V|
+// (bench/micro/attention_split_study.py: unscaled, training-sized gradients underflow fp16).
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <stdexcept>
+
+#include "attention_f16x3.h"
+#include "attention_tiles.cuh"
+#include "cuda_check.h"
+
+namespace gemmfuse::cuda {
+namespace {
+
+using namespace attention;
+constexpr int kD = 64;  // the head dim this kernel takes
+constexpr int kL = kTile + kPad;
+constexpr float kLog2e = 1.4426950408889634f;
+
+// Each head's largest magnitude of x [BH, n]: a CTA per head.
+__global__ void head_amax_kernel(const float* x, int64_t n, float* amax) {
+  __shared__ float red[kThreads / 32];
+  const float* h = x + static_cast<int64_t>(blockIdx.x) * n;
+  float m = 0.f;
+  for (int64_t i = threadIdx.x; i < n; i += kThreads) m = fmaxf(m, fabsf(h[i]));
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x / 32] = m;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kThreads / 32; ++w) m = fmaxf(m, red[w]);
+    amax[blockIdx.x] = fmaxf(m, red[0]);
+  }
+}
+
+// x [BH, n] into parts with its head's exponent.
+__global__ void split_head_kernel(const float* x, int64_t n, int64_t total, const float* amax,
+                                  __half* hi, __half* lo) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < total) split_one(x[i], split_exponent(amax[i / n]), hi + i, lo + i);
+}
+
+// δ_r = Σ_d dO_rd O_rd, a warp per row (fp64 sum).
+__global__ void delta_kernel(const float* dout, const float* o, int64_t R, float* delta) {
+  const int64_t r = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x & 31;
+  if (r >= R) return;
+  double s = 0;
+  for (int d = lane; d < kD; d += 32) s += static_cast<double>(dout[r * kD + d]) * o[r * kD + d];
+  for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+  if (lane == 0) delta[r] = static_cast<float>(s);
+}
+
+struct Parts {
+  const __half *qh, *ql, *kh, *kl, *vh, *vl, *dh, *dl;  // dh, dl: dO's
+  const float *amax;   // [4][BH]: Q's, K's, V's, dO's largest magnitude per head
+  const float *delta;  // [BH S]
+};
+
+struct Shared {
+  __half kh[kTile][kL], kl[kTile][kL], kth[kD][kL], ktl[kD][kL], vh[kTile][kL], vl[kTile][kL];
+  __half qh[kTile][kL], ql[kTile][kL], qth[kD][kL], qtl[kD][kL];
+  __half doh[kTile][kL], dol[kTile][kL], doth[kD][kL], dotl[kD][kL];
+  __half dsh[kTile][kL], dsl[kTile][kL];  // dS [query][key], scaled, for dQ's A
+  float lse[kTile], delta[kTile];
+};
+
+// The per-head exponents the kernel undoes.
+struct Exps {
+  int q, k, v, o, ds;
+};
+
+__device__ Exps head_exps(const float* amax, int64_t BH, int64_t bh) {
+  Exps e;
+  e.q = split_exponent(amax[bh]);
+  e.k = split_exponent(amax[BH + bh]);
+  e.v = split_exponent(amax[2 * BH + bh]);
+  e.o = split_exponent(amax[3 * BH + bh]);
+  e.ds = split_exponent(2.f * kD * amax[3 * BH + bh] * amax[2 * BH + bh]);
+  return e;
+}
+
+// The query tile's operands into shared memory.
+__device__ void load_query_tile(Shared& sm, const Parts& pt, const AttentionF16x3Backward& a,
+                                int64_t head, int64_t bh, int64_t q0) {
+  const int64_t off = head * kD;
+  load_rows<kD>(pt.qh + off, q0, a.S, sm.qh);
+  load_rows<kD>(pt.ql + off, q0, a.S, sm.ql);
+  load_transposed<kD>(pt.qh + off, q0, a.S, sm.qth);
+  load_transposed<kD>(pt.ql + off, q0, a.S, sm.qtl);
+  load_rows<kD>(pt.dh + off, q0, a.S, sm.doh);
+  load_rows<kD>(pt.dl + off, q0, a.S, sm.dol);
+  load_transposed<kD>(pt.dh + off, q0, a.S, sm.doth);
+  load_transposed<kD>(pt.dl + off, q0, a.S, sm.dotl);
+  for (int i = threadIdx.x; i < kTile; i += kThreads) {
+    const bool in = q0 + i < a.S;
+    sm.lse[i] = in ? a.lse[bh * a.lse_stride + q0 + i] * kLog2e : 0.f;
+    sm.delta[i] = in ? pt.delta[head + q0 + i] : 0.f;
+  }
+}
+
+// Pᵀ in place of Sᵀ (the warp's keys x the tile's queries): unscaled, exponentiated against
+// each query's LSE, masked (keys or queries past S; causal).
+__device__ void probabilities(float (&s)[8][4], const Shared& sm, const AttentionF16x3Backward& a,
+                              const Exps& e, int64_t key0, int64_t q0, int g, int t) {
+  const float mul = a.scale * kLog2e;
+#pragma unroll
+  for (int n = 0; n < 8; ++n)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int64_t key = key0 + g + 8 * (i >> 1);
+      const int ql = 8 * n + 2 * t + (i & 1);
+      const int64_t q = q0 + ql;
+      const float s2 = ldexpf(s[n][i], -(e.q + e.k)) * mul;
+      const bool masked = key >= a.S || q >= a.S || (a.causal && key > q);
+      s[n][i] = masked ? 0.f : exp2f(s2 - sm.lse[ql]);
+    }
+}
+
+// dSᵀ = Pᵀ ∘ (dPᵀ − δ), times 2^e.ds (its split's scale), into dp.
+__device__ void score_grads(float (&dp)[8][4], const float (&p)[8][4], const Shared& sm,
+                            const Exps& e, int t) {
+#pragma unroll
+  for (int n = 0; n < 8; ++n)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float dpv = ldexpf(dp[n][i], -(e.v + e.o));
+      dp[n][i] = ldexpf(p[n][i] * (dpv - sm.delta[8 * n + 2 * t + (i & 1)]), e.ds);
+    }
+}
+
+// The warp's dSᵀ (scaled) into shared dS [query][key] parts, for dQ.
+__device__ void store_ds(Shared& sm, const float (&ds)[8][4], int w, int g, int t) {
+#pragma unroll
+  for (int n = 0; n < 8; ++n)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int key = 16 * w + g + 8 * (i >> 1), ql = 8 * n + 2 * t + (i & 1);
+      split_one(ds[n][i], 0, &sm.dsh[ql][key], &sm.dsl[ql][key]);
+    }
+}
+
+// dQ's share of this key tile for the warp's 16 queries, added to dq with atomics.
+__device__ void add_dq(const Shared& sm, const AttentionF16x3Backward& a, const Exps& e,
+                       int64_t head, int64_t q0, int w, int g, int t) {
+  float c[kD / 8][4];
+  product3_rows<kTile, kD / 8>(c, &sm.dsh[16 * w][0], &sm.dsl[16 * w][0], kL, &sm.kth[0][0],
+                               &sm.ktl[0][0], kL, g, t);
+#pragma unroll
+  for (int n = 0; n < kD / 8; ++n)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int64_t q = q0 + 16 * w + g + 8 * (i >> 1);
+      if (q < a.S)
+        atomicAdd(a.dq + (head + q) * kD + 8 * n + 2 * t + (i & 1),
+                  ldexpf(c[n][i], -(e.ds + e.k)) * a.scale);
+    }
+}
+
+// The warp's rows of dK and dV (its 16 keys), unscaled.
+__device__ void store_key_grads(const AttentionF16x3Backward& a, const float (&dk)[kD / 8][4],
+                                const float (&dv)[kD / 8][4], const Exps& e, int64_t head,
+                                int64_t key0, int g, int t) {
+#pragma unroll
+  for (int n = 0; n < kD / 8; ++n)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int64_t key = key0 + g + 8 * (i >> 1);
+      if (key >= a.S) continue;
+      const int64_t at = (head + key) * kD + 8 * n + 2 * t + (i & 1);
+      a.dk[at] = ldexpf(dk[n][i], -(e.ds + e.q)) * a.scale;
+      a.dv[at] = ldexpf(dv[n][i], -e.o);
+    }
+}
+
+__global__ void __launch_bounds__(kThreads) attention_backward_kernel(AttentionF16x3Backward a,
+                                                                      Parts pt) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  Shared& sm = *reinterpret_cast<Shared*>(smem_raw);
+  const int64_t bh = blockIdx.y, k0 = static_cast<int64_t>(blockIdx.x) * kTile, head = bh * a.S;
+  const int w = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const Exps e = head_exps(pt.amax, a.BH, bh);
+  load_rows<kD>(pt.kh + head * kD, k0, a.S, sm.kh);
+  load_rows<kD>(pt.kl + head * kD, k0, a.S, sm.kl);
+  load_transposed<kD>(pt.kh + head * kD, k0, a.S, sm.kth);
+  load_transposed<kD>(pt.kl + head * kD, k0, a.S, sm.ktl);
+  load_rows<kD>(pt.vh + head * kD, k0, a.S, sm.vh);
+  load_rows<kD>(pt.vl + head * kD, k0, a.S, sm.vl);
+  const int64_t key0 = k0 + 16 * w;  // the warp's first key
+  float dk[kD / 8][4] = {}, dv[kD / 8][4] = {};
+  for (int64_t q0 = a.causal ? k0 : 0; q0 < a.S; q0 += kTile) {
+    __syncthreads();  // the previous tile's readers are done (dS included)
+    load_query_tile(sm, pt, a, head, bh, q0);
+    __syncthreads();
+    float p[8][4], dp[8][4];
+    product3_rows<kD, 8>(p, &sm.kh[16 * w][0], &sm.kl[16 * w][0], kL, &sm.qh[0][0], &sm.ql[0][0],
+                         kL, g, t);
+    probabilities(p, sm, a, e, key0, q0, g, t);
+    uint32_t xh[4][4], xl[4][4];
+    to_a_parts<4>(p, 1.f, xh, xl);
+    accumulate3_regs<4, kD / 8>(dv, xh, xl, &sm.doth[0][0], &sm.dotl[0][0], kL, g, t);
+    product3_rows<kD, 8>(dp, &sm.vh[16 * w][0], &sm.vl[16 * w][0], kL, &sm.doh[0][0],
+                         &sm.dol[0][0], kL, g, t);
+    score_grads(dp, p, sm, e, t);
+    to_a_parts<4>(dp, 1.f, xh, xl);
+    accumulate3_regs<4, kD / 8>(dk, xh, xl, &sm.qth[0][0], &sm.qtl[0][0], kL, g, t);
+    store_ds(sm, dp, w, g, t);
+    __syncthreads();
+    add_dq(sm, a, e, head, q0, w, g, t);
+  }
+  store_key_grads(a, dk, dv, e, head, key0, g, t);
+}
+
+// The workspace: Q's, K's, V's and dO's parts [2][BH S D] fp16, the heads' largest
+// magnitudes [4][BH], δ [BH S].
+struct Layout {
+  size_t parts, amax, delta, total;
+  Layout(int64_t BH, int64_t S) {
+    const size_t n = static_cast<size_t>(BH) * S * kD;
+    parts = 2 * n * sizeof(__half);
+    amax = 4 * parts;
+    delta = amax + 4 * static_cast<size_t>(BH) * sizeof(float);
+    total = delta + static_cast<size_t>(BH) * S * sizeof(float);
+  }
+};
+
+void opt_in_shared(int bytes) {
+  static std::atomic<uint64_t> opted{0};  // a bit per device id (< 64)
+  int dev = 0;
+  GF_CUDA_CHECK(cudaGetDevice(&dev));
+  const uint64_t bit = dev < 64 ? uint64_t(1) << dev : 0;
+  if (opted.load() & bit) return;
+  GF_CUDA_CHECK(cudaFuncSetAttribute(attention_backward_kernel,
+                                     cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  opted.fetch_or(bit);
+}
+
+}  // namespace
+
+const char* attention_f16x3_backward_unfit(int D) {
+  return D == kD ? nullptr : "the backward takes head dim 64";
+}
+
+size_t attention_f16x3_backward_workspace_bytes(int64_t BH, int64_t S, int D) {
+  (void)D;
+  return Layout(BH, S).total;
+}
+
+void launch_attention_f16x3_backward(const AttentionF16x3Backward& a, cudaStream_t stream) {
+  if (attention_f16x3_backward_unfit(a.D)) throw std::logic_error(attention_f16x3_backward_unfit(a.D));
+  if (a.BH == 0 || a.S == 0) return;
+  const Layout L(a.BH, a.S);
+  auto* ws = static_cast<unsigned char*>(a.workspace);
+  const int64_t n = a.S * kD, total = a.BH * n;
+  auto part = [&](int i) { return reinterpret_cast<__half*>(ws + i * L.parts); };
+  auto* amax = reinterpret_cast<float*>(ws + L.amax);
+  auto* delta = reinterpret_cast<float*>(ws + L.delta);
+  const float* src[4] = {a.q, a.k, a.v, a.dout};
+  const unsigned blocks = static_cast<unsigned>((total + 255) / 256);
+  for (int i = 0; i < 4; ++i) {
+    head_amax_kernel<<<static_cast<unsigned>(a.BH), kThreads, 0, stream>>>(src[i], n, amax + i * a.BH);
+    split_head_kernel<<<blocks, 256, 0, stream>>>(src[i], n, total, amax + i * a.BH, part(i),
+                                                  part(i) + total);
+  }
+  const int64_t rows = a.BH * a.S;
+  delta_kernel<<<static_cast<unsigned>((rows * 32 + 255) / 256), 256, 0, stream>>>(a.dout, a.o, rows, delta);
+  GF_LAUNCH_CHECK();
+  GF_CUDA_CHECK(cudaMemsetAsync(a.dq, 0, total * sizeof(float), stream));
+  const Parts pt{part(0), part(0) + total, part(1), part(1) + total, part(2), part(2) + total,
+                 part(3), part(3) + total, amax, delta};
+  opt_in_shared(sizeof(Shared));
+  const dim3 grid(static_cast<unsigned>((a.S + kTile - 1) / kTile), static_cast<unsigned>(a.BH));
+  attention_backward_kernel<<<grid, kThreads, sizeof(Shared), stream>>>(a, pt);
+  GF_LAUNCH_CHECK();
+}
+
+}  // namespace gemmfuse::cuda

@@ -1,0 +1,180 @@
+// The pieces the attention kernels share (attention_f16x3.cu, attention_f16x3_backward.cu):
+// the split of a value into fp16 parts, tiles of parts in shared memory, and warp-level
+// products of split operands with mma.sync m16n8k16 (fp16 in, fp32 accumulate).
+//
+// A warp's product covers 16 rows of A: lane (g = lane / 4, t = lane % 4) holds, of each
+// 16 x 8 output tile n, c[n][0..1] at row g, columns 8n + 2t and 8n + 2t + 1, and c[n][2..3]
+// at row g + 8 (PTX's m16n8k16 fragment layout). A is read from shared rows (k along a row)
+// or from registers (a previous product's output, as FlashAttention-2 keeps P); B is read as
+// B[k][n] = b[n][k] from shared rows of b, so pairs of neighbouring k are one 32-bit load.
+//
+// A product of split operands is hi·hi + 2^-11 (hi·lo + lo·hi) (the lo parts 2^11 too large):
+// the two small products first, then the accumulator times 2^-11, then the large one; into
+// an accumulator that already holds a sum, that sum is first multiplied by 2^11 (powers of
+// two are exact: the small products reach it with one rounding, as from their own).
+#pragma once
+
+#include <cuda_fp16.h>
+
+#include <cmath>
+#include <cstdint>
+
+namespace gemmfuse::cuda::attention {
+
+constexpr int kTile = 64;       // query rows and keys per tile
+constexpr int kThreads = 128;   // 4 warps, 16 rows each
+constexpr int kPad = 8;         // halves of padding per shared row (bank spread, 16-byte rows)
+constexpr float kSmall = 0x1p-11f;
+
+// The exponent e that puts amax 2^e just under 2^15 (0 for 0 and non-finite amax).
+__device__ __forceinline__ int split_exponent(float amax) {
+  if (!(amax > 0.f) || !isfinite(amax)) return 0;
+  int e;
+  frexpf(amax, &e);  // amax = f 2^e, f in [0.5, 1)
+  return 15 - e;
+}
+
+__device__ __forceinline__ void split_one(float v, int e, __half* hi, __half* lo) {
+  const float s = ldexpf(v, e);
+  const __half h = __float2half_rn(s);
+  *hi = h;
+  *lo = __float2half_rn((s - __half2float(h)) * 2048.f);
+}
+
+__device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t pair(const __half* p) {
+  return *reinterpret_cast<const uint32_t*>(p);
+}
+
+__device__ __forceinline__ uint32_t pack(__half a, __half b) {
+  const __half2 h = __halves2half2(a, b);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+// Two neighbouring values' high and low parts, as one A-fragment register each.
+__device__ __forceinline__ void split_pair(float p0, float p1, uint32_t& hi, uint32_t& lo) {
+  const __half h0 = __float2half_rn(p0), h1 = __float2half_rn(p1);
+  hi = pack(h0, h1);
+  lo = pack(__float2half_rn((p0 - __half2float(h0)) * 2048.f),
+            __float2half_rn((p1 - __half2float(h1)) * 2048.f));
+}
+
+__device__ __forceinline__ float quad_max(float v) {
+  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+__device__ __forceinline__ float quad_sum(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
+// Rows [r0, r0 + kTile) of a [rows, D] part into a shared [kTile][D + kPad] tile, zeros past
+// `rows`. The CTA's threads together.
+template <int D>
+__device__ void load_rows(const __half* src, int64_t r0, int64_t rows, __half (*dst)[D + kPad]) {
+  for (int i = threadIdx.x; i < kTile * D / 8; i += kThreads) {
+    const int r = i / (D / 8), c = (i % (D / 8)) * 8;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (r0 + r < rows) v = *reinterpret_cast<const uint4*>(src + (r0 + r) * D + c);
+    *reinterpret_cast<uint4*>(&dst[r][c]) = v;
+  }
+}
+
+// The same rows transposed into [D][kTile + kPad] (so that pairs along the rows are loads).
+template <int D>
+__device__ void load_transposed(const __half* src, int64_t r0, int64_t rows,
+                                __half (*dst)[kTile + kPad]) {
+  for (int i = threadIdx.x; i < kTile * D; i += kThreads) {
+    const int r = i / D, d = i % D;
+    dst[d][r] = r0 + r < rows ? src[(r0 + r) * D + d] : __float2half(0.f);
+  }
+}
+
+// c[n] += A B for NT output tiles of 8 columns: A the warp's 16 rows from `a` (rows lda
+// halves apart, K columns), B[k][n] = b[n][k] (rows of b ldb halves apart).
+template <int K, int NT>
+__device__ __forceinline__ void mma_rows(float (&c)[NT][4], const __half* a, int lda,
+                                         const __half* b, int ldb, int g, int t) {
+#pragma unroll
+  for (int kk = 0; kk < K / 16; ++kk) {
+    const int k = 16 * kk + 2 * t;
+    const uint32_t af[4] = {pair(a + g * lda + k), pair(a + (g + 8) * lda + k),
+                            pair(a + g * lda + k + 8), pair(a + (g + 8) * lda + k + 8)};
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+      const __half* bn = b + (8 * n + g) * ldb + k;
+      mma(c[n], af, pair(bn), pair(bn + 8));
+    }
+  }
+}
+
+// c[n] += A B with A in registers: a[kk] the A fragment of k-step kk.
+template <int KT, int NT>
+__device__ __forceinline__ void mma_regs(float (&c)[NT][4], const uint32_t (&a)[KT][4],
+                                         const __half* b, int ldb, int g, int t) {
+#pragma unroll
+  for (int kk = 0; kk < KT; ++kk) {
+    const int k = 16 * kk + 2 * t;
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+      const __half* bn = b + (8 * n + g) * ldb + k;
+      mma(c[n], a[kk], pair(bn), pair(bn + 8));
+    }
+  }
+}
+
+template <int NT>
+__device__ __forceinline__ void scale_all(float (&c)[NT][4], float f) {
+#pragma unroll
+  for (int n = 0; n < NT; ++n)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) c[n][i] *= f;
+}
+
+// c = A B on split operands, both from shared rows (a fresh accumulator).
+template <int K, int NT>
+__device__ __forceinline__ void product3_rows(float (&c)[NT][4], const __half* ah,
+                                              const __half* al, int lda, const __half* bh,
+                                              const __half* bl, int ldb, int g, int t) {
+#pragma unroll
+  for (int n = 0; n < NT; ++n) c[n][0] = c[n][1] = c[n][2] = c[n][3] = 0.f;
+  mma_rows<K>(c, ah, lda, bl, ldb, g, t);
+  mma_rows<K>(c, al, lda, bh, ldb, g, t);
+  scale_all(c, kSmall);
+  mma_rows<K>(c, ah, lda, bh, ldb, g, t);
+}
+
+// A's k-step fragments from a previous product's output x (KT k-steps of 16 columns: 2 KT
+// output tiles), each value times `mul`, split into parts.
+template <int KT>
+__device__ __forceinline__ void to_a_parts(const float (&x)[2 * KT][4], float mul,
+                                           uint32_t (&hi)[KT][4], uint32_t (&lo)[KT][4]) {
+#pragma unroll
+  for (int kk = 0; kk < KT; ++kk) {
+    split_pair(x[2 * kk][0] * mul, x[2 * kk][1] * mul, hi[kk][0], lo[kk][0]);
+    split_pair(x[2 * kk][2] * mul, x[2 * kk][3] * mul, hi[kk][1], lo[kk][1]);
+    split_pair(x[2 * kk + 1][0] * mul, x[2 * kk + 1][1] * mul, hi[kk][2], lo[kk][2]);
+    split_pair(x[2 * kk + 1][2] * mul, x[2 * kk + 1][3] * mul, hi[kk][3], lo[kk][3]);
+  }
+}
+
+// c += A B on split operands, A in registers, into an accumulator holding a sum.
+template <int KT, int NT>
+__device__ __forceinline__ void accumulate3_regs(float (&c)[NT][4], const uint32_t (&ah)[KT][4],
+                                                 const uint32_t (&al)[KT][4], const __half* bh,
+                                                 const __half* bl, int ldb, int g, int t) {
+  scale_all(c, 2048.f);
+  mma_regs<KT>(c, ah, bl, ldb, g, t);
+  mma_regs<KT>(c, al, bh, ldb, g, t);
+  scale_all(c, kSmall);
+  mma_regs<KT>(c, ah, bh, ldb, g, t);
+}
+
+}  // namespace gemmfuse::cuda::attention

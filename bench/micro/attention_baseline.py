@@ -1,7 +1,7 @@
 """What an fp32 attention kernel must beat (issue 48, item 3: fwd+bwd >= 3x eager fp32 SDPA):
 PyTorch's SDPA in fp32 by backend (the default pick, the memory-efficient kernel with its 3xTF32
-products, the math path on cuBLAS SGEMM), torch.compile of it, and bf16 flash as the tensor
-cores' reference, forward and forward + backward, with their TFLOP/s (the four products of the
+products, the math path on cuBLAS SGEMM), torch.compile of it, bf16 flash as the tensor
+cores' reference, and gemmfuse's split-product kernel (through ``gemmfuse.fp32_matmul()``), forward and forward + backward, with their TFLOP/s (the four products of the
 forward, 4·B·H·S²·d, halved for causal; the backward 2.5× the forward's) and the forward's error
 against float64.
 
@@ -16,6 +16,16 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+try:
+    import gemmfuse
+except ImportError:  # the baseline alone
+    gemmfuse = None
+
+
+def _count_delta(before, after):
+    """Which way the switch's calls went while timing (gemmfuse's kernel or PyTorch's, with why)."""
+    return {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
+
 DEFAULT_SHAPES = ["8x12x1024x64", "8x12x1024x128", "4x12x4096x64", "8x12x512x64"]
 VARIANTS = {
     "fp32 default": (torch.float32, None),
@@ -23,6 +33,7 @@ VARIANTS = {
     "fp32 math": (torch.float32, SDPBackend.MATH),
     "fp32 compile": (torch.float32, "compile"),
     "bf16 flash": (torch.bfloat16, SDPBackend.FLASH_ATTENTION),
+    "gemmfuse fp32": (torch.float32, "gemmfuse"),
 }
 
 
@@ -58,6 +69,8 @@ def run(shape, causal, dev):
         if dev.type != "cuda" and (backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION)
                                    or dtype != torch.float32):
             continue
+        if backend == "gemmfuse" and gemmfuse is None:
+            continue
         a = [t.to(dtype).requires_grad_() for t in (q, k, v)]
         sdpa = F.scaled_dot_product_attention
         fn = torch.compile(sdpa) if backend == "compile" else sdpa
@@ -65,21 +78,31 @@ def run(shape, causal, dev):
         def fwd():
             if backend in (None, "compile"):
                 return fn(*a, is_causal=causal)
+            if backend == "gemmfuse":  # the backward runs inside the switch too (fwd_bwd)
+                with gemmfuse.fp32_matmul():
+                    return fn(*a, is_causal=causal)
             with sdpa_kernel(backend):
                 return fn(*a, is_causal=causal)
 
         def fwd_bwd():
+            if backend == "gemmfuse":
+                with gemmfuse.fp32_matmul():
+                    return torch.autograd.grad(fwd(), a, go.to(dtype))
             return torch.autograd.grad(fwd(), a, go.to(dtype))
         try:
             with torch.no_grad():
                 err = float((fwd().double() - ref).norm() / ref.norm())
+                counts_before = dict(gemmfuse.fp32_matmul_counts()) if backend == "gemmfuse" else {}
                 f_ms = ms(fwd, dev)
             t_ms = ms(fwd_bwd, dev)
         except Exception as e:  # a backend that declines the shape or dtype
             print(f"  {name:16s} {type(e).__name__}: {str(e).splitlines()[0][:90]}")
             continue
+        ran = ""
+        if backend == "gemmfuse":
+            ran = f"   ran: {_count_delta(counts_before, gemmfuse.fp32_matmul_counts())}"
         print(f"  {name:16s} fwd {f_ms:8.3f} ms {flops / f_ms / 1e9:7.1f} TFLOP/s   fwd+bwd "
-              f"{t_ms:8.3f} ms {3.5 * flops / t_ms / 1e9:7.1f} TFLOP/s   fwd err {err:.1e}")
+              f"{t_ms:8.3f} ms {3.5 * flops / t_ms / 1e9:7.1f} TFLOP/s   fwd err {err:.1e}{ran}")
 
 
 def main(argv=None):

@@ -11,6 +11,16 @@
 
 namespace gemmfuse::bindings {
 
+// Why the forward kernel does not take head dim D (null: it does).
+static const char* cuda_unfit(int64_t D) {
+#ifdef GEMMFUSE_WITH_CUDA
+  return cuda::attention_f16x3_unfit(static_cast<int>(D));
+#else
+  (void)D;
+  return "this build has no CUDA executor";
+#endif
+}
+
 std::string sdpa_f16x3_route(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
   std::ostringstream os;
   if (q.dim() != 4 || k.sizes() != q.sizes() || v.sizes() != q.sizes())
@@ -21,9 +31,26 @@ std::string sdpa_f16x3_route(const at::Tensor& q, const at::Tensor& k, const at:
     os << "fp32 q, k and v, got " << q.scalar_type();
   else if (!q.is_cuda() || k.device() != q.device() || v.device() != q.device())
     os << "q, k and v on one CUDA device";
-  else if (q.size(3) != 64 && q.size(3) != 128)
-    os << "head dim " << q.size(3) << " (the kernel takes 64 and 128)";
+  else if (const char* unfit = cuda_unfit(q.size(3)))
+    os << "head dim " << q.size(3) << " (" << unfit << ")";
   return os.str();
+}
+
+// The log-sum-exp's rows: S rounded up to 32, as PyTorch's memory-efficient attention pads them.
+static int64_t lse_columns(int64_t S) { return (S + 31) / 32 * 32; }
+
+std::tuple<at::Tensor, at::Tensor> sdpa_f16x3_meta(const at::Tensor& q, const at::Tensor&,
+                                                   const at::Tensor&, bool, double) {
+  TORCH_CHECK(q.dim() == 4, "gemmfuse::sdpa_f16x3: expected q of [B, H, S, D], got ", q.sizes());
+  return {at::empty(q.sizes(), q.options()),
+          at::empty({q.size(0), q.size(1), lse_columns(q.size(2))}, q.options())};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> sdpa_f16x3_backward_meta(
+    const at::Tensor&, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const at::Tensor&, const at::Tensor&, bool, double) {
+  return {at::empty(q.sizes(), q.options()), at::empty(k.sizes(), k.options()),
+          at::empty(v.sizes(), v.options())};
 }
 
 #ifdef GEMMFUSE_WITH_CUDA
@@ -35,7 +62,7 @@ std::tuple<at::Tensor, at::Tensor> sdpa_f16x3(const at::Tensor& q, const at::Ten
   const int64_t B = q.size(0), H = q.size(1), S = q.size(2), D = q.size(3);
   const at::Tensor qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous();
   at::Tensor out = at::empty({B, H, S, D}, q.options());
-  at::Tensor lse = at::zeros({B, H, (S + 31) / 32 * 32}, q.options());
+  at::Tensor lse = at::zeros({B, H, lse_columns(S)}, q.options());
   at::Tensor lse_rows = at::empty({B, H, S}, q.options());
   at::Tensor ws = at::empty(
       {static_cast<int64_t>(cuda::attention_f16x3_workspace_bytes(B * H, S, static_cast<int>(D)))},

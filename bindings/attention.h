@@ -11,7 +11,7 @@
 
 namespace gemmfuse::bindings {
 
-// "" where sdpa_f16x3 takes q, k, v [B, H, S, D] (fp32, CUDA, one device, D 64 or 128, the
+// "" where sdpa_f16x3 takes q, k, v [B, H, S, D] (fp32, CUDA, one device, D 64, 96 or 128, the
 // same S for queries and keys), else why not.
 std::string sdpa_f16x3_route(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
 
@@ -26,6 +26,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> sdpa_f16x3_backward(
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const at::Tensor& out, const at::Tensor& lse, bool is_causal, double scale);
 #endif
+
+// The outputs' shapes and dtypes alone (the Meta kernels: fake tensors, torch.compile's tracing).
+std::tuple<at::Tensor, at::Tensor> sdpa_f16x3_meta(const at::Tensor& q, const at::Tensor& k,
+                                                   const at::Tensor& v, bool is_causal, double scale);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> sdpa_f16x3_backward_meta(
+    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const at::Tensor& out, const at::Tensor& lse, bool is_causal, double scale);
 
 // "" where sdpa_f16x3_backward takes these operands, else why not.
 std::string sdpa_f16x3_backward_route(const at::Tensor& grad_out, const at::Tensor& q,

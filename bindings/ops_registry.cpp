@@ -254,6 +254,8 @@ TORCH_LIBRARY_IMPL(gemmfuse, Meta, m) {
   m.impl("stateless", &stateless<&run_meta>);
   m.impl("linear", &linear_meta);
   m.impl("bmm", &bmm_meta);
+  m.impl("sdpa_f16x3", &sdpa_f16x3_meta);
+  m.impl("sdpa_f16x3_backward", &sdpa_f16x3_backward_meta);
   m.impl("linear_cross_entropy", &linear_cross_entropy_meta);
   m.impl("linear_cross_entropy_backward", &linear_cross_entropy_backward_meta);
 }

@@ -4,7 +4,7 @@
 (``gemmfuse::sdpa_f16x3``, ``gemmfuse::sdpa_f16x3_backward``). The forward returns that op's
 outputs, the log-sum-exp in its layout, so either backward reads either forward's. What the
 kernels do not take yet runs as PyTorch runs it, with the reason: an attention mask, dropout,
-queries and keys of different lengths, head dims other than 64 and 128 (the backward: 64)."""
+queries and keys of different lengths, head dims other than 64, 96 and 128 (the backward: 64)."""
 from __future__ import annotations
 
 import torch

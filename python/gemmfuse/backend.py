@@ -35,8 +35,8 @@ import torch.nn as nn
 from . import _lib, measure
 from .capture import AttrRef, compile_time_numbers, find_chains, node_info, source_key, TInfo
 from .capture.find import _attr_tensor
-from .rewrite import (chain_sources, chain_subgraph, fuse_lm_heads, resolve, rewrite_chain,
-                      rewrite_chain_as_op)
+from .rewrite import (chain_sources, chain_subgraph, fuse_attention, fuse_lm_heads, resolve,
+                      rewrite_chain, rewrite_chain_as_op)
 from .runtime import PRECISIONS, always_fuse, op_arguments
 from .reports import ChainEntry, OptimizeReport, param_signature, remember
 
@@ -61,6 +61,7 @@ def gemmfuse_backend(gm: fx.GraphModule, example_inputs, options=None, mode=None
         report.rejected.append(("*", "the gemmfuse operator library is not available"))
     else:
         fuse_lm_heads(gm, precision, report)  # first: the chain finder must not see their Linears
+        fuse_attention(gm, precision, report, example_inputs)
         if inductor:
             _fuse_for_inductor(gm, example_inputs, precision, report, rest)
         else:
@@ -96,8 +97,10 @@ def _whole_timed(gm, example_inputs, mode, options) -> bool:
 
 
 def _fused_work(report) -> list:
-    """The chains and LM heads the graph runs fused (what the whole-graph timing weighs)."""
-    return [e for e in report.entries if e.status == "fused"] + report.fused_lm_heads()
+    """The chains, LM heads and attention calls the graph runs on gemmfuse (what the
+    whole-graph timing weighs)."""
+    return ([e for e in report.entries if e.status == "fused"] + report.fused_lm_heads()
+            + report.fused_attention())
 
 
 def _graph_copy(gm: fx.GraphModule) -> fx.GraphModule:

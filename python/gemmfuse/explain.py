@@ -102,7 +102,8 @@ def explain_text(module) -> str:
             out.append(f"  {name}: {reason}")
     out.extend(_product_lines(rep))
     out.extend(_lm_head_lines(rep))
-    if not rep.entries and not rep.rejected and not rep.units and not rep.lm_heads:
+    out.extend(_attention_lines(rep))
+    if not (rep.entries or rep.rejected or rep.units or rep.lm_heads or rep.attention):
         out.append("  (no Linear found)")
     out.extend(_fsdp_lines(module, rep))
     return "\n".join(out) + "\n"
@@ -134,6 +135,21 @@ def _lm_head_lines(rep) -> list:
         out += ["", f"LM head + cross-entropy: {where} fused (gemmfuse.linear_cross_entropy, "
                     f"without the [M, V] logits; {plan[0]})"]
         out.extend("  " + line for line in plan[1:])
+    return out
+
+
+def _attention_lines(rep) -> list:
+    """The attention calls: on gemmfuse's split-product attention kernels, or why not."""
+    out, left = [], "left to Inductor" if rep.flavor == "inductor" else "left to PyTorch"
+    for a in rep.attention:
+        shape = "x".join(str(d) for d in a.shape) if a.shape else "?"
+        where = f"{a.node} [{shape}]{' causal' if a.is_causal else ''} ({a.form})"
+        if a.status == "fused":
+            out += ["", f"attention: {where} on gemmfuse's fp32 attention kernels "
+                        "(gemmfuse.attention.scaled_dot_product_attention: split fp16 products, "
+                        "forward and, for head dim 64, backward)"]
+        else:
+            out += ["", f"attention: {where} {left}: {a.reason}"]
     return out
 
 

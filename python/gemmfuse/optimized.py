@@ -18,7 +18,7 @@ from . import _lib, direct, fsdp, measure, route_timer, tensor_parallel
 from .capture import CaptureReport, InfoProp, find_chains
 from .capture.parallel import capture_reason
 from .reports import ChainEntry, OptimizeReport, compiled_graphs
-from .rewrite import example_tensor, fuse_lm_heads, rewrite_chain
+from .rewrite import example_tensor, fuse_attention, fuse_lm_heads, rewrite_chain
 from .snapshot import ModuleState
 from .runtime import PRECISIONS, _run_chain, always_fuse
 from .watch import AttributeWatch
@@ -302,7 +302,7 @@ def _whole_timed_device(opt: nn.Module, model: nn.Module, example_inputs: tuple)
         return None
     if isinstance(opt, GemmfuseModule) and not runtimes(opt):
         rep = getattr(opt, "_gemmfuse", None)
-        if rep is None or not rep.fused_lm_heads():
+        if rep is None or not (rep.fused_lm_heads() or rep.fused_attention()):
             return None
     return None if tensor_parallel.has_dtensor_params(model) else device
 
@@ -379,6 +379,7 @@ def _capture(gm: GemmfuseModule, model: nn.Module, example_inputs: tuple, precis
     report = OptimizeReport(precision=precision, flavor="fx")
     report.units = list(units or ())
     fuse_lm_heads(gm, precision, report)  # first: the chain finder must not see their Linears
+    fuse_attention(gm, precision, report)
     cap: CaptureReport = find_chains(gm, "fx", check=_lib.check)
     report.rejected += cap.rejected
     report.products = list(cap.products)

@@ -35,6 +35,7 @@ class OptimizeReport:
     rejected: list = field(default_factory=list)  # (linear node, reason): not captured at all
     products: list = field(default_factory=list)  # (node, form): products of two activations
     lm_heads: list = field(default_factory=list)  # capture/lm_head.py's LMHead, fused or not
+    attention: list = field(default_factory=list)  # capture/attention.py's AttentionSite
     # dynamo flavour: weak references to the rewritten graph and to the parameters it reads
     # (compiled_graphs finds a compiled module's graphs by them).
     graph: Any = None
@@ -55,6 +56,10 @@ class OptimizeReport:
     def fused_lm_heads(self) -> list:
         """The LM heads the graph runs as linear_cross_entropy calls."""
         return [h for h in self.lm_heads if h.status == "fused"]
+
+    def fused_attention(self) -> list:
+        """The attention calls the graph runs on gemmfuse's attention kernels."""
+        return [a for a in self.attention if a.status == "fused"]
 
 
 # The torch.compile backend's most recent compilations, newest last.

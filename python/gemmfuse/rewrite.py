@@ -333,3 +333,63 @@ def _fuse_heads(gm: fx.GraphModule, precision: str) -> list:
         rewrite_lm_head(gm, match, precision)
         head.status = "fused"
     return heads
+
+
+def fuse_attention(gm: fx.GraphModule, precision: str, report, example_inputs=()) -> None:
+    """Every SDPA call of gm that gemmfuse's attention kernels take (capture/attention.py)
+    and that, on a GPU, timed faster there, rewritten into a
+    ``gemmfuse.attention.scaled_dot_product_attention`` call; the AttentionSite entries (fused
+    or with the reason) in report.attention. `example_inputs`: a dynamo graph's (a causal mask
+    may be one of the module's buffers). An error while matching is a reason in
+    report.rejected, never an error where PyTorch alone works."""
+    from . import attention
+    from .capture.attention import find_attention
+    sites: list = []
+    try:
+        for site, match in find_attention(gm, example_inputs):
+            sites.append(site)
+            if match is None:
+                continue
+            inf = node_info(match.q)
+            shape = [torch.fx.experimental.symbolic_shapes.size_hint(d) for d in site.shape]
+            training = any(getattr(node_info(t), "requires_grad", False)
+                           for t in (match.q, match.k, match.v))
+            site.reason = attention.choice(shape, inf.device, site.is_causal, match.scale,
+                                           training, precision)
+            if not site.reason:
+                _rewrite_attention(match)
+                site.status = "fused"
+    except Exception as e:  # noqa: BLE001
+        report.rejected.append(("attention", f"not matched after an error: {type(e).__name__}: {e}"[:300]))
+    report.attention = sites
+    if any(s.status == "fused" for s in sites):
+        gm.recompile()
+
+
+def _rewrite_attention(match) -> None:
+    """The SDPA call retargeted, or written-out attention's last product replaced by one call
+    and its steps (and a mask only they read) erased."""
+    from .attention import scaled_dot_product_attention
+    node, kwargs = match.node, {"is_causal": match.site.is_causal, "scale": match.scale}
+    if not match.erase:
+        node.target, node.args, node.kwargs = scaled_dot_product_attention, (match.q, match.k, match.v), kwargs
+        return
+    g = node.graph
+    with g.inserting_before(node):
+        new = g.call_function(scaled_dot_product_attention, (match.q, match.k, match.v), kwargs)
+    new.meta.update({k: v for k, v in node.meta.items()
+                     if k in ("gemmfuse_info", "example_value", "val", "tensor_meta", "stack_trace")})
+    node.replace_all_uses_with(new)
+    _erase_unused([node, *match.erase])
+
+
+def _erase_unused(nodes: list) -> None:
+    """Erase each node no longer read, then what only it read (not graph inputs or attributes)."""
+    todo = list(nodes)
+    while todo:
+        n = todo.pop(0)
+        if n.users or n.op in ("placeholder", "get_attr", "output") or n.graph is None:
+            continue
+        inputs = n.all_input_nodes
+        n.graph.erase_node(n)
+        todo.extend(inputs)

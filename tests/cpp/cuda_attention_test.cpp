@@ -1,7 +1,7 @@
 // fp32 attention on split fp16 products (executors/cuda/attention/attention_f16x3.h) against a
 // float64 reference: fresh random Q, K, V per test (seed printed; GEMMFUSE_SEED=<n> repeats
-// one), output and LSE poisoned with NaN, S not a multiple of the 64-row tiles, D = 64 and
-// 128, causal or not. The norm-wise error must stay within 1.5x a plain fp32 computation's
+// one), output and LSE poisoned with NaN, S not a multiple of the 64-row tiles, D = 64, 96
+// and 128, causal or not. The norm-wise error must stay within 1.5x a plain fp32 computation's
 // (the same formulas in float on the host) and every element within 1e-5 of the output's
 // largest magnitude.
 #include <cuda_runtime.h>
@@ -204,12 +204,14 @@ TEST(CudaAttention, FullAgainstFloat64) {
   SKIP_WITHOUT_SM80();
   check(3, 100, 64, false);
   check(2, 130, 128, false);
+  check(2, 77, 96, false);
 }
 
 TEST(CudaAttention, CausalAgainstFloat64) {
   SKIP_WITHOUT_SM80();
   check(3, 100, 64, true);
   check(2, 193, 128, true);
+  check(1, 150, 96, true);
 }
 
 TEST(CudaAttention, OneTileAndManyTiles) {

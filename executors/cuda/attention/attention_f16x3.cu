@@ -193,7 +193,7 @@ void launch_kernel(const AttentionF16x3& a, const Parts& p, cudaStream_t stream)
 }  // namespace
 
 const char* attention_f16x3_unfit(int D) {
-  return D == 64 || D == 128 ? nullptr : "head dim must be 64 or 128";
+  return D == 64 || D == 96 || D == 128 ? nullptr : "head dim must be 64, 96 or 128";
 }
 
 size_t attention_f16x3_workspace_bytes(int64_t BH, int64_t S, int D) {
@@ -219,6 +219,8 @@ void launch_attention_f16x3(const AttentionF16x3& a, cudaStream_t stream) {
                 exps(L.exps_q), exps(L.exps_k), exps(L.exps_v)};
   if (a.D == 64)
     launch_kernel<64>(a, p, stream);
+  else if (a.D == 96)
+    launch_kernel<96>(a, p, stream);
   else
     launch_kernel<128>(a, p, stream);
 }

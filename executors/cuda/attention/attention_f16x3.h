@@ -1,6 +1,6 @@
 // fp32 attention on fp16 tensor cores, forward (issue 48, item 3; first cut, unrun on a GPU):
 //   O = softmax(Q Kᵀ · scale [+ causal mask]) V,  LSE = log Σ_j exp(s_ij)
-// for Q, K, V fp32 [BH, S, D] (D = 64 or 128), each of the two products on split fp16 parts as
+// for Q, K, V fp32 [BH, S, D] (D = 64, 96 or 128), each of the two products on split fp16 parts as
 // the f16x3 GEMM computes one (gemm_f16x3.h): Q's and K's rows and V's columns scaled by a
 // power of two and split into a high part and a low part 2^11 larger, the product
 // hi·hi + 2^-11 (hi·lo + lo·hi) in fp32; P (in [0, 1]) split without a scale. The softmax is
@@ -20,7 +20,7 @@ namespace gemmfuse::cuda {
 
 struct AttentionF16x3 {
   int64_t BH = 0, S = 0;       // batch x heads, sequence length (queries and keys)
-  int D = 0;                   // head dim: 64 or 128
+  int D = 0;                   // head dim: 64, 96 or 128
   const float* q = nullptr;    // [BH, S, D], contiguous
   const float* k = nullptr;
   const float* v = nullptr;

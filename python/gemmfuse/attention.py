@@ -1,0 +1,126 @@
+"""fp32 attention in captured graphs: ``F.scaled_dot_product_attention(q, k, v, is_causal=...,
+scale=...)`` (no mask, no dropout) as one differentiable call on gemmfuse's split-product
+kernels (``gemmfuse::sdpa_f16x3`` and its backward), which optimize() and the torch.compile
+backend put in place of the model's own call (capture/attention.py finds them).
+
+Each direction runs where C++'s route takes its operands (fp32 CUDA [B, H, S, D], one S for
+queries and keys, D 64, 96 or 128; the backward D 64), else as PyTorch's memory-efficient
+attention runs it: both write the same log-sum-exp, so either backward reads either forward's.
+Elsewhere (the CPU, other dtypes, no operator library) PyTorch's own SDPA runs the call.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from . import _lib
+
+aten = torch.ops.aten
+
+
+def forward_route(q, k, v) -> str:
+    """'' where gemmfuse's forward kernel takes q, k, v, else why PyTorch's runs."""
+    if not _lib.available():
+        return "the gemmfuse operator library is not available"
+    return _lib.ops().sdpa_f16x3_route(q, k, v)
+
+
+def _backward_route(go, q, k, v, out, lse) -> str:
+    return _lib.ops().sdpa_f16x3_backward_route(go, q, k, v, out, lse)
+
+
+class _Attention(torch.autograd.Function):
+    """softmax(q kᵀ · scale [+ causal mask]) v for fp32 CUDA q, k, v [B, H, S, D]."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, is_causal, scale):
+        if forward_route(q, k, v):
+            out, lse, _, _ = aten._scaled_dot_product_efficient_attention(
+                q, k, v, None, True, 0.0, is_causal, scale=scale)
+        else:
+            out, lse = torch.ops.gemmfuse.sdpa_f16x3(q, k, v, is_causal, scale)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.is_causal, ctx.scale = is_causal, scale
+        return out
+
+    @staticmethod
+    def backward(ctx, go):
+        q, k, v, out, lse = ctx.saved_tensors
+        go = go.contiguous()
+        if _backward_route(go, q, k, v, out, lse):
+            empty = torch.empty((), dtype=torch.long)  # no dropout: no RNG state to pass
+            dq, dk, dv, _ = aten._scaled_dot_product_efficient_attention_backward(
+                go, q, k, v, None, out, lse, empty, empty, 0.0, [True, True, True, False],
+                ctx.is_causal, scale=ctx.scale)
+        else:
+            dq, dk, dv = torch.ops.gemmfuse.sdpa_f16x3_backward(go, q, k, v, out, lse,
+                                                                ctx.is_causal, ctx.scale)
+        return dq, dk, dv, None, None
+
+
+def runs_on_gemmfuse(q, k, v) -> bool:
+    """Whether scaled_dot_product_attention takes this call to gemmfuse's kernels (what PyTorch
+    runs otherwise is its own SDPA, the model's call as it was)."""
+    return (all(isinstance(t, torch.Tensor) and t.is_cuda and t.dtype == torch.float32
+                for t in (q, k, v))
+            and _lib.available() and not forward_route(q, k, v))
+
+
+def scaled_dot_product_attention(q, k, v, is_causal: bool = False, scale: float | None = None):
+    """``F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale)`` with both
+    products of the forward and of the backward on split fp16 tensor-core products where the
+    kernels take the call (fp32 CUDA q, k, v [B, H, S, D], D 64, 96 or 128); else PyTorch's SDPA."""
+    if not runs_on_gemmfuse(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale)
+    s = float(scale) if scale is not None else q.shape[-1] ** -0.5
+    return _Attention.apply(q, k, v, bool(is_causal), s)
+
+
+_timed: dict = {}  # (shape, device, causal, training) -> '' or why PyTorch's SDPA runs
+
+
+def _random_operands(shape, device, training):
+    g = torch.Generator(device=device).manual_seed(0)
+    return [torch.randn(shape, device=device, generator=g).requires_grad_(training)
+            for _ in range(4)]
+
+
+def timed_choice(shape, device, is_causal: bool, scale, training: bool) -> str:
+    """'' where gemmfuse's attention timed at least as fast as PyTorch's SDPA for q, k, v of
+    `shape` on `device` (the forward, and the backward where the graph trains), else why PyTorch
+    runs the call. Timed once per signature (route_timer: by default on CUDA); untimed ('')
+    elsewhere and under GEMMFUSE_ALWAYS_FUSE=1."""
+    from . import route_timer
+    from .runtime import always_fuse
+    if not route_timer.timed_routes_on(device) or always_fuse():
+        return ""
+    key = (tuple(shape), device, bool(is_causal), scale, bool(training))
+    if key not in _timed:
+        q, k, v, go = _random_operands(shape, device, training)
+
+        def call(fn):
+            def run():
+                out = fn(q, k, v, is_causal=is_causal, scale=scale)
+                return torch.autograd.grad(out, (q, k, v), go) if training else out
+            return run
+        with torch.set_grad_enabled(training):
+            ours = route_timer.timer(call(scaled_dot_product_attention), device)
+            theirs = route_timer.timer(call(F.scaled_dot_product_attention), device)
+        _timed[key] = "" if ours <= theirs else (
+            f"PyTorch's SDPA timed faster at this shape ({theirs:.3f} ms against gemmfuse's "
+            f"{ours:.3f} ms{', forward and backward' if training else ''})")
+    return _timed[key]
+
+
+def choice(shape, device, is_causal: bool, scale, training: bool, precision: str) -> str:
+    """'' where a captured SDPA call of q, k, v of `shape` runs as scaled_dot_product_attention
+    here, else why the model's own call stays: the precision, the device, the kernels' route,
+    then (on a GPU) the timing."""
+    from .runtime import always_fuse
+    if precision == "tf32":
+        return "tf32 precision (PyTorch's SDPA is as fast and as accurate)"
+    if device.type != "cuda":
+        return "" if always_fuse() else f"attention on {device.type} (gemmfuse's kernels are CUDA's)"
+    q = torch.empty(shape, device=device)
+    why = forward_route(q, q, q)
+    return why or timed_choice(shape, device, is_causal, scale, training)

@@ -1,0 +1,129 @@
+"""Attention that gemmfuse's fp32 attention kernels can take, found in a graph (optimize()'s
+"fx" flavour and dynamo's): ``F.scaled_dot_product_attention(q, k, v, ...)`` with no attention
+mask, no dropout (a constant 0), no grouped-query heads, ``is_causal`` and ``scale``
+constants; and attention written out (written_attention.py: q @ kᵀ, a scale, a causal mask,
+softmax, @ v). Both need fp32 q, k, v of one shape [B, H, S, D]. The rest stay the model's own
+calls, with the reason (explain shows both)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+import torch.fx as fx
+import torch.nn.functional as F
+
+from .chain import Unsupported, bind
+from .values import TInfo, node_info
+from .written_attention import is_softmax_last, match_written
+
+_SDPA_ARGS = ["query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa"]
+_SDPA_DEFAULTS = {"attn_mask": None, "dropout_p": 0.0, "is_causal": False, "scale": None,
+                  "enable_gqa": False}
+
+
+@dataclass
+class AttentionSite:
+    """One attention call of the model: taken by gemmfuse ("fused") or why not."""
+    node: str                    # the call's node name
+    form: str                    # how the model wrote it
+    shape: tuple = ()            # q's [B, H, S, D]
+    is_causal: bool = False
+    status: str = "pytorch"      # "fused" | "pytorch"
+    reason: str = ""
+
+
+@dataclass
+class AttentionMatch:
+    site: AttentionSite
+    node: fx.Node
+    q: fx.Node
+    k: fx.Node
+    v: fx.Node
+    scale: Optional[float]
+    erase: list = field(default_factory=list)  # written-out attention: its nodes, last first
+
+
+def find_attention(gm: fx.GraphModule, example_inputs=()) -> list:
+    """[(AttentionSite, AttentionMatch or None)] for every SDPA call and written-out attention
+    in gm, in graph order; the match is None where it is not taken (AttentionSite.reason says
+    why). `example_inputs`: a dynamo graph's, for masks held in the module's buffers."""
+    out, state = [], None
+    for node in list(gm.graph.nodes):
+        if node.op == "call_function" and node.target is F.scaled_dot_product_attention:
+            out.append(_match_sdpa(node))
+        elif is_softmax_last(node):
+            state = _module_state(gm, example_inputs) if state is None else state
+            found = _match_written(gm, node, state)
+            if found is not None:
+                out.append(found)
+    return out
+
+
+def _module_state(gm: fx.GraphModule, example_inputs) -> dict:
+    """A dynamo graph's placeholders that are the module's buffers or parameters (their
+    sources say so), with their example values."""
+    out = {}
+    for node, v in zip((n for n in gm.graph.nodes if n.op == "placeholder"), example_inputs):
+        arg = node.meta.get("grapharg")
+        name = str(getattr(getattr(arg, "source", None), "name", ""))
+        if "._buffers[" in name or "._parameters[" in name:
+            out[node] = v
+    return out
+
+
+def _match_written(gm: fx.GraphModule, softmax: fx.Node, state: dict):
+    """(site, match or None) for written-out attention around `softmax`, or None."""
+    site = AttentionSite(softmax.name, "written out: q @ kᵀ, softmax, @ v")
+    try:
+        m = match_written(gm, softmax, state)
+        if m is None:
+            return None
+        site.node = m["out"].name
+        site.shape, site.is_causal = _operand_shape(m["q"], m["k"], m["v"]), m["is_causal"]
+    except Unsupported as e:
+        site.reason = str(e)
+        return site, None
+    return site, AttentionMatch(site, m["out"], m["q"], m["k"], m["v"], m["scale"],
+                                m["nodes"] + [m["kt"]])
+
+
+def _match_sdpa(node: fx.Node):
+    site = AttentionSite(node.name, "F.scaled_dot_product_attention")
+    try:
+        args = bind(node, _SDPA_ARGS, dict(_SDPA_DEFAULTS))
+        _check_sdpa_args(args)
+        q, k, v = args["query"], args["key"], args["value"]
+        site.shape, site.is_causal = _operand_shape(q, k, v), bool(args["is_causal"])
+    except Unsupported as e:
+        site.reason = str(e)
+        return site, None
+    return site, AttentionMatch(site, node, q, k, v, args["scale"])
+
+
+def _check_sdpa_args(a: dict) -> None:
+    """Raise Unsupported for arguments the kernels do not take, or that are not constants."""
+    if a["attn_mask"] is not None:
+        raise Unsupported("an attention mask (the kernels take none yet)")
+    if not isinstance(a["dropout_p"], (int, float)) or a["dropout_p"] != 0:
+        raise Unsupported(f"dropout_p {a['dropout_p']!r} (the kernels take a constant 0)")
+    if a["enable_gqa"] is not False:
+        raise Unsupported("enable_gqa (grouped-query heads)")
+    if not isinstance(a["is_causal"], bool):
+        raise Unsupported(f"is_causal {a['is_causal']!r} is not a constant bool")
+    s = a["scale"]
+    if s is not None and (isinstance(s, bool) or not isinstance(s, (int, float))):
+        raise Unsupported(f"scale {s!r} is not a constant number")
+
+
+def _operand_shape(q, k, v) -> tuple:
+    """q's shape where q, k and v are fp32 graph values of one 4-D shape, else raise."""
+    infos = [node_info(t) for t in (q, k, v)]
+    if not all(isinstance(i, TInfo) for i in infos):
+        raise Unsupported("q, k or v has no known shape")
+    if any(i.dtype != torch.float32 for i in infos):
+        raise Unsupported(f"q, k, v of {infos[0].dtype}, not fp32 (gemmfuse's attention is fp32's)")
+    if infos[0].rank != 4 or any(i.shape != infos[0].shape for i in infos):
+        raise Unsupported("q, k and v not of one shape [B, H, S, D] "
+                          f"({', '.join(str(tuple(i.shape)) for i in infos)})")
+    return tuple(infos[0].shape)

@@ -1,0 +1,176 @@
+"""SDPA calls in captured models (capture/attention.py, gemmfuse.attention): optimize() and
+torch.compile(backend="gemmfuse") put gemmfuse.attention.scaled_dot_product_attention in place
+of F.scaled_dot_product_attention where the kernels take the call, explain says so, and the
+output and every gradient are within 1.25x eager fp32's error against float64. Calls the
+kernels do not take (a mask, dropout, another dtype, the CPU without GEMMFUSE_ALWAYS_FUSE)
+stay the model's own, with the reason. On the CPU the rewritten call runs PyTorch's SDPA (the
+kernels are CUDA's), so there the tests check the rewrite; on a GPU, the kernels' numbers."""
+import copy
+import math
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.fx as fx
+import torch.nn.functional as F
+
+import gemmfuse
+from gemmfuse import reports
+from gemmfuse.attention import scaled_dot_product_attention
+from conftest import HAVE_CUDA, needs_lib
+
+pytestmark = [needs_lib, pytest.mark.usefixtures("fresh_dynamo")]
+DEVICES = ["cpu"] + (["cuda"] if HAVE_CUDA else [])
+SLACK = 1e-7
+
+
+class Block(nn.Module):
+    """A causal self-attention block as GPT-2 writes it (qkv Linear, SDPA, projection)."""
+
+    def __init__(self, d=128, heads=2, mask_T=0, **sdpa_kw):
+        super().__init__()
+        self.d, self.heads, self.sdpa_kw = d, heads, sdpa_kw
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.mask = torch.randn(mask_T, mask_T) > 0 if mask_T else None
+
+    def forward(self, x):  # torch.fx traces it (optimize()'s fx flavour)
+        B, T, d, h = x.shape[0], x.shape[1], self.d, self.heads
+        qkv = self.qkv(x).view(B, T, 3, h, d // h).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], attn_mask=self.mask,
+                                           **self.sdpa_kw)
+        return self.proj(y.transpose(1, 2).reshape(B, T, d))
+
+
+class WrittenOut(nn.Module):
+    """minGPT's attention (bench/models.py's CausalSelfAttention): scores, a scale, the causal
+    mask from a buffer, softmax, dropout of p = 0, @ v; dynamo captures it (x.size())."""
+
+    def __init__(self, d=128, heads=2, T=96, mask="causal", scale=True):
+        super().__init__()
+        self.d, self.heads, self.scale = d, heads, scale
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.drop = nn.Dropout(0.0)
+        m = torch.tril(torch.ones(T, T)) if mask == "causal" else (torch.rand(T, T) > 0.2).float()
+        self.register_buffer("bias", m.view(1, 1, T, T), persistent=False)
+
+    def forward(self, x):
+        B, T, C = x.size()
+        q, k, v = self.qkv(x).split(self.d, dim=2)
+        q, k, v = (t.view(B, T, self.heads, C // self.heads).transpose(1, 2) for t in (q, k, v))
+        att = q @ k.transpose(-2, -1)
+        if self.scale:
+            att = att * (1.0 / math.sqrt(k.size(-1)))
+        att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf"))
+        att = self.drop(F.softmax(att, dim=-1))
+        return self.proj((att @ v).transpose(1, 2).contiguous().view(B, T, C))
+
+
+def rel(a, b):
+    return float((a.double() - b.double()).norm() / b.double().norm())
+
+
+def outputs_and_grads(module, x):
+    for p in module.parameters():
+        p.grad = None
+    xg = x.detach().clone().requires_grad_()
+    y = module(xg)
+    y.backward(torch.randn(y.shape, generator=torch.Generator().manual_seed(7)).to(y))
+    return [y.detach(), xg.grad] + [p.grad for p in module.parameters()]
+
+
+def assert_as_eager(model, opt, x):
+    """opt's output and gradients against eager fp32's and a float64 copy's."""
+    got = outputs_and_grads(opt, x)
+    m64 = copy.deepcopy(model).double()
+    ref64 = outputs_and_grads(m64, x.double())
+    ref32 = outputs_and_grads(copy.deepcopy(model), x)
+    for i, (g, e, w) in enumerate(zip(got, ref32, ref64)):
+        assert rel(g, w) <= 1.25 * rel(e, w) + SLACK, (i, rel(g, w), rel(e, w))
+
+
+def attention_nodes(opt) -> list:
+    """The gemmfuse attention calls of an optimized module's graph (fx) or graphs (dynamo)."""
+    graphs = [opt] if isinstance(opt, fx.GraphModule) else reports.compiled_graphs(opt)
+    return [n for gm in graphs for n in gm.graph.nodes if n.target is scaled_dot_product_attention]
+
+
+def model_and_input(dev, d=128, heads=2, T=96, seed=0, **kw):
+    torch.manual_seed(seed)
+    return Block(d, heads, **kw).to(dev), torch.randn(2, T, d, device=dev)
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+@pytest.mark.parametrize("kw", [{"is_causal": True}, {}, {"is_causal": True, "scale": 0.2}])
+def test_optimize_takes_sdpa(dev, kw):
+    model, x = model_and_input(dev, **kw)
+    opt = gemmfuse.optimize(model, (x,))
+    assert len(attention_nodes(opt)) == 1
+    assert_as_eager(model, opt, x)
+    text = gemmfuse.explain(opt, print_it=False)
+    causal = " causal" if kw.get("is_causal") else ""
+    assert f"attention: scaled_dot_product_attention [2x2x96x64]{causal} " \
+           "(F.scaled_dot_product_attention) on gemmfuse's fp32 attention kernels" in text, text
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+@pytest.mark.parametrize("kw", [{}, {"fullgraph": True}, {"options": {"inductor": False}}])
+def test_backend_takes_sdpa(dev, kw):
+    model, x = model_and_input(dev, is_causal=True)
+    compiled = torch.compile(model, backend="gemmfuse", **kw)
+    assert_as_eager(model, compiled, x)
+    assert len(attention_nodes(compiled)) >= 1
+    assert "on gemmfuse's fp32 attention kernels" in gemmfuse.explain(compiled, print_it=False)
+
+
+@pytest.mark.parametrize("kw,why", [
+    ({"mask_T": 96}, "an attention mask"),
+    ({"dropout_p": 0.1}, "dropout_p 0.1"),
+])
+def test_calls_not_taken_keep_the_models_call(kw, why):
+    model, x = model_and_input("cpu", **kw)
+    opt = gemmfuse.optimize(model, (x,))
+    assert not attention_nodes(opt)
+    text = gemmfuse.explain(opt, print_it=False)
+    assert "left to PyTorch: " + why in text, text
+
+
+def test_bf16_and_the_cpu_keep_the_models_call(monkeypatch):
+    model, x = model_and_input("cpu")
+    opt = gemmfuse.optimize(copy.deepcopy(model).bfloat16(), (x.bfloat16(),))
+    assert "left to PyTorch: q, k, v of torch.bfloat16, not fp32" in gemmfuse.explain(opt, print_it=False)
+    monkeypatch.setenv("GEMMFUSE_ALWAYS_FUSE", "0")
+    opt = gemmfuse.optimize(model, (x,))
+    assert not attention_nodes(opt)
+    assert "left to PyTorch: attention on cpu" in gemmfuse.explain(opt, print_it=False)
+
+
+def test_tf32_precision_keeps_the_models_call():
+    model, x = model_and_input("cpu")
+    opt = gemmfuse.optimize(model, (x,), precision="tf32")
+    assert not attention_nodes(opt)
+    assert "left to PyTorch: tf32 precision" in gemmfuse.explain(opt, print_it=False)
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+@pytest.mark.parametrize("scale", [True, False])
+def test_written_out_causal_attention_taken(dev, scale):
+    torch.manual_seed(0)
+    model, x = WrittenOut(scale=scale).to(dev), torch.randn(2, 96, 128, device=dev)
+    for make in (lambda m: gemmfuse.optimize(m, (x,)), lambda m: torch.compile(m, backend="gemmfuse")):
+        model = copy.deepcopy(model)
+        opt = make(model)
+        assert_as_eager(model, opt, x)
+        nodes = attention_nodes(opt)  # one per graph dynamo made (inference, training)
+        assert nodes and all(n.kwargs == {"is_causal": True, "scale": 64 ** -0.5 if scale else 1.0}
+                             for n in nodes)
+        text = gemmfuse.explain(opt, print_it=False)
+        assert "causal (written out: q @ kᵀ, softmax, @ v) on gemmfuse's fp32 attention" in text, text
+
+
+def test_written_out_other_mask_not_taken():
+    torch.manual_seed(0)
+    model, x = WrittenOut(mask="random"), torch.randn(2, 96, 128)
+    opt = torch.compile(model, backend="gemmfuse")
+    assert_as_eager(model, opt, x)
+    assert not attention_nodes(opt)
+    assert "left to Inductor: a mask that is not causal" in gemmfuse.explain(opt, print_it=False)

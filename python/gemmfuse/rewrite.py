@@ -385,11 +385,12 @@ def _rewrite_attention(match) -> None:
 
 def _erase_unused(nodes: list) -> None:
     """Erase each node no longer read, then what only it read (not graph inputs or attributes)."""
-    todo = list(nodes)
+    todo, erased = list(nodes), set()
     while todo:
         n = todo.pop(0)
-        if n.users or n.op in ("placeholder", "get_attr", "output") or n.graph is None:
+        if n in erased or n.users or n.op in ("placeholder", "get_attr", "output"):
             continue
+        erased.add(n)
         inputs = n.all_input_nodes
         n.graph.erase_node(n)
         todo.extend(inputs)

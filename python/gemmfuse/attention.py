@@ -76,9 +76,6 @@ def scaled_dot_product_attention(q, k, v, is_causal: bool = False, scale: float 
     return _Attention.apply(q, k, v, bool(is_causal), s)
 
 
-_timed: dict = {}  # (shape, device, causal, training) -> '' or why PyTorch's SDPA runs
-
-
 def _random_operands(shape, device, training):
     g = torch.Generator(device=device).manual_seed(0)
     return [torch.randn(shape, device=device, generator=g).requires_grad_(training)
@@ -88,28 +85,22 @@ def _random_operands(shape, device, training):
 def timed_choice(shape, device, is_causal: bool, scale, training: bool) -> str:
     """'' where gemmfuse's attention timed at least as fast as PyTorch's SDPA for q, k, v of
     `shape` on `device` (the forward, and the backward where the graph trains), else why PyTorch
-    runs the call. Timed once per signature (route_timer: by default on CUDA); untimed ('')
-    elsewhere and under GEMMFUSE_ALWAYS_FUSE=1."""
+    runs the call (route_timer.timed_choice: once per signature, on fresh random operands)."""
     from . import route_timer
-    from .runtime import always_fuse
-    if not route_timer.timed_routes_on(device) or always_fuse():
+    if not route_timer.timed_routes_on(device):
         return ""
-    key = (tuple(shape), device, bool(is_causal), scale, bool(training))
-    if key not in _timed:
-        q, k, v, go = _random_operands(shape, device, training)
+    q, k, v, go = _random_operands(shape, device, training)
 
-        def call(fn):
-            def run():
+    def call(fn):
+        def run():
+            with torch.set_grad_enabled(training):
                 out = fn(q, k, v, is_causal=is_causal, scale=scale)
                 return torch.autograd.grad(out, (q, k, v), go) if training else out
-            return run
-        with torch.set_grad_enabled(training):
-            ours = route_timer.timer(call(scaled_dot_product_attention), device)
-            theirs = route_timer.timer(call(F.scaled_dot_product_attention), device)
-        _timed[key] = "" if ours <= theirs else (
-            f"PyTorch's SDPA timed faster at this shape ({theirs:.3f} ms against gemmfuse's "
-            f"{ours:.3f} ms{', forward and backward' if training else ''})")
-    return _timed[key]
+        return run
+    key = ("captured sdpa", tuple(shape), device, bool(is_causal), scale, bool(training))
+    why = route_timer.timed_choice(key, call(scaled_dot_product_attention),
+                                   call(F.scaled_dot_product_attention), q)
+    return why + (" (forward and backward)" if why and training else "")
 
 
 def choice(shape, device, is_causal: bool, scale, training: bool, precision: str) -> str:

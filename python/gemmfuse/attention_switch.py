@@ -4,12 +4,16 @@
 (``gemmfuse::sdpa_f16x3``, ``gemmfuse::sdpa_f16x3_backward``). The forward returns that op's
 outputs, the log-sum-exp in its layout, so either backward reads either forward's. What the
 kernels do not take yet runs as PyTorch runs it, with the reason: an attention mask, dropout,
-queries and keys of different lengths, head dims other than 64, 96 and 128 (the backward: 64)."""
+queries and keys of different lengths, head dims other than 64, 96 and 128 (the backward: 64).
+Each direction is timed against PyTorch's op once per signature on a GPU
+(route_timer.timed_choice), and the faster one runs."""
 from __future__ import annotations
 
 import torch
 
-from . import _lib
+from . import _lib, route_timer
+
+aten = torch.ops.aten
 
 
 def _arg(args, kwargs, i, name, default):
@@ -24,11 +28,14 @@ def efficient_attention(mode, args, kwargs):
     dropout = _arg(args, kwargs, 5, "dropout_p", 0.0)
     causal = _arg(args, kwargs, 6, "is_causal", False)
     scale = kwargs.get("scale")
+    s = float(scale) if scale is not None else q.shape[-1] ** -0.5
     why = _declines(mode, q, bias, dropout) or _lib.ops().sdpa_f16x3_route(q, k, v)
+    ours = lambda: _lib.ops().sdpa_f16x3(q, k, v, bool(causal), s)  # noqa: E731
+    theirs = lambda: aten._scaled_dot_product_efficient_attention(*args, **kwargs)  # noqa: E731
+    why = why or route_timer.timed_choice(_key("forward", q, causal, s), ours, theirs, q)
     if why:
         return None, why
-    out, lse = _lib.ops().sdpa_f16x3(q, k, v, bool(causal),
-                                     float(scale) if scale is not None else q.shape[-1] ** -0.5)
+    out, lse = ours()
     if not compute_lse:
         lse = lse.new_empty((q.shape[0], q.shape[1], 0))
     # No dropout: PyTorch's op returns empty CPU scalars for its RNG state then.
@@ -54,10 +61,18 @@ def efficient_attention_backward(mode, args, kwargs):
     dropout = _arg(args, kwargs, 9, "dropout_p", 0.0)
     causal = _arg(args, kwargs, 11, "is_causal", False)
     scale = kwargs.get("scale")
+    s = float(scale) if scale is not None else q.shape[-1] ** -0.5
     why = _declines(mode, q, bias, dropout) or _lib.ops().sdpa_f16x3_backward_route(
         go, q, k, v, out, lse)
+    ours = lambda: _lib.ops().sdpa_f16x3_backward(go, q, k, v, out, lse, bool(causal), s)  # noqa: E731
+    theirs = lambda: aten._scaled_dot_product_efficient_attention_backward(*args, **kwargs)  # noqa: E731
+    why = why or route_timer.timed_choice(_key("backward", q, causal, s), ours, theirs, q)
     if why:
         return None, why
-    dq, dk, dv = _lib.ops().sdpa_f16x3_backward(
-        go, q, k, v, out, lse, bool(causal), float(scale) if scale is not None else q.shape[-1] ** -0.5)
+    dq, dk, dv = ours()
     return (dq, dk, dv, None), ""
+
+
+def _key(direction, q, causal, scale) -> tuple:
+    """A timed choice's signature: the direction, q's device, shape and strides, the mask."""
+    return ("sdpa", direction, q.device, q.shape, q.stride(), bool(causal), scale)

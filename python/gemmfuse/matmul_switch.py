@@ -38,7 +38,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from . import _lib, attention_switch, route_timer
-from .runtime import PRECISIONS, _watch_optimizer_steps, always_fuse
+from .runtime import PRECISIONS, _watch_optimizer_steps
 
 aten = torch.ops.aten
 FUSED = "gemmfuse"
@@ -107,33 +107,9 @@ def _linear(a, b, bias, precision, keep):
     return _lib.ops().linear(a.contiguous(), w, bias, precision, keep)
 
 
-# Where gemmfuse's way and PyTorch's were timed at a signature: "" (gemmfuse) or why PyTorch.
-_timed: dict = {}
-_PLAIN = (torch.Tensor, torch.nn.Parameter)  # not fake (torch.compile's tracing) or subclassed
-
-
 def _signature(func, precision, *tensors) -> tuple:
     return (func, precision) + tuple(
         (t.device, t.shape, t.stride()) if t is not None else None for t in tensors)
-
-
-def _timed_choice(key, ours, theirs, x) -> str:
-    """'' where gemmfuse's way (`ours`) timed at least as fast as PyTorch's (`theirs`) at this
-    signature, else why PyTorch runs it: timed once per signature (route_timer: by default on
-    CUDA), kept for the process; a kept choice holds in CUDA graph capture too. Untimed, '':
-    other devices, fake tensors, GEMMFUSE_ALWAYS_FUSE=1, and a signature first met in capture."""
-    if type(x) not in _PLAIN or not route_timer.timed_routes_on(x.device) or always_fuse():
-        return ""
-    got = _timed.get(key)
-    if got is None and x.is_cuda and torch.cuda.is_current_stream_capturing():
-        return ""
-    if got is None:
-        ours_ms, theirs_ms = route_timer.timer(ours, x.device), route_timer.timer(theirs, x.device)
-        got = "" if ours_ms <= theirs_ms else (
-            f"PyTorch timed faster at this shape ({theirs_ms:.3f} ms against gemmfuse's "
-            f"{ours_ms:.3f} ms)")
-        _timed[key] = got
-    return got
 
 
 def _product(mode, func, args, kwargs, a, b, bias):
@@ -146,7 +122,7 @@ def _product(mode, func, args, kwargs, a, b, bias):
     keep = _is_parameter_transpose(b)
     ours = lambda: _linear(a, b, bias, mode.precision, keep)  # noqa: E731
     key = _signature(func, mode.precision, a, b, bias) + (keep,)
-    why = _timed_choice(key, ours, lambda: func(*args, **kwargs), a)
+    why = route_timer.timed_choice(key, ours, lambda: func(*args, **kwargs), a)
     return (None, why) if why else (ours(), "")
 
 
@@ -189,7 +165,7 @@ def _route(a, b, precision) -> str:
 def _batch(mode, func, args, kwargs, a, b, ours):
     """`ours` (the batch on gemmfuse) where C++'s bmm_route sends it there and, on a GPU, it
     timed faster at this signature; else (None, why)."""
-    why = _route(a, b, mode.precision) or _timed_choice(
+    why = _route(a, b, mode.precision) or route_timer.timed_choice(
         _signature(func, mode.precision, *[t for t in args if isinstance(t, torch.Tensor)]),
         ours, lambda: func(*args, **kwargs), a)
     return (None, why) if why else (ours(), "")

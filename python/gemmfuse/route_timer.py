@@ -104,3 +104,29 @@ def _cuda_batches(fn, per: int, runs: int) -> list:
 
 
 timer: Callable[[Callable[[], object], torch.device], float] = median_ms
+
+
+# Where gemmfuse's way and PyTorch's were timed at a signature: "" (gemmfuse) or why PyTorch.
+_timed: dict = {}
+_PLAIN = (torch.Tensor, torch.nn.Parameter)  # not fake (torch.compile's tracing) or subclassed
+
+
+def timed_choice(key, ours: Callable[[], object], theirs: Callable[[], object], x) -> str:
+    """'' where gemmfuse's way (`ours`) timed at least as fast as PyTorch's (`theirs`) at this
+    signature (`key`), else why PyTorch runs it: timed once per signature with `timer`, kept
+    for the process; a kept choice holds in CUDA graph capture too. Untimed, '': where routes
+    are untimed on x's device, fake tensors, GEMMFUSE_ALWAYS_FUSE=1, and a signature first met
+    in capture."""
+    from .runtime import always_fuse
+    if type(x) not in _PLAIN or not timed_routes_on(x.device) or always_fuse():
+        return ""
+    got = _timed.get(key)
+    if got is None and x.is_cuda and torch.cuda.is_current_stream_capturing():
+        return ""
+    if got is None:
+        ours_ms, theirs_ms = timer(ours, x.device), timer(theirs, x.device)
+        got = "" if ours_ms <= theirs_ms else (
+            f"PyTorch timed faster at this shape ({theirs_ms:.3f} ms against gemmfuse's "
+            f"{ours_ms:.3f} ms)")
+        _timed[key] = got
+    return got

@@ -6,6 +6,7 @@ kernels do not take (a mask, dropout, another dtype, the CPU without GEMMFUSE_AL
 stay the model's own, with the reason. On the CPU the rewritten call runs PyTorch's SDPA (the
 kernels are CUDA's), so there the tests check the rewrite; on a GPU, the kernels' numbers."""
 import copy
+import itertools
 import math
 
 import pytest
@@ -174,3 +175,19 @@ def test_written_out_other_mask_not_taken():
     assert_as_eager(model, opt, x)
     assert not attention_nodes(opt)
     assert "left to Inductor: a mask that is not causal" in gemmfuse.explain(opt, print_it=False)
+
+
+@pytest.mark.skipif(not HAVE_CUDA, reason="the choice is timed on a GPU")
+def test_a_call_timed_slower_on_gemmfuse_stays_the_models(monkeypatch):
+    """Timed once per shape (a stand-in timer: gemmfuse 2 ms, PyTorch 1 ms, forward and
+    backward, as the parameters need grad): the model's own SDPA call stays, with the reason."""
+    from gemmfuse import route_timer
+    monkeypatch.setenv("GEMMFUSE_ALWAYS_FUSE", "0")
+    monkeypatch.setattr(route_timer, "_timed", {})
+    times = itertools.cycle([2.0, 1.0])  # each choice times gemmfuse's way, then PyTorch's
+    monkeypatch.setattr(route_timer, "timer", lambda fn, dev: (fn(), next(times))[1])
+    model, x = model_and_input("cuda", is_causal=True)
+    opt = gemmfuse.optimize(model, (x,))
+    assert not attention_nodes(opt)
+    assert ("left to PyTorch: PyTorch timed faster at this shape (1.000 ms against gemmfuse's "
+            "2.000 ms) (forward and backward)") in gemmfuse.explain(opt, print_it=False)

@@ -362,7 +362,7 @@ def test_each_signature_is_timed_once_and_the_faster_way_runs(monkeypatch):
     (its W kept) is a signature apart from a plain tensor's of the same shape."""
     monkeypatch.setenv("GEMMFUSE_TIMED_ROUTES", "1")
     monkeypatch.setenv("GEMMFUSE_ALWAYS_FUSE", "0")
-    monkeypatch.setattr(matmul_switch, "_timed", {})
+    monkeypatch.setattr(matmul_switch.route_timer, "_timed", {})
     times = []
     monkeypatch.setattr(matmul_switch.route_timer, "timer", lambda fn, dev: (fn(), times.pop(0))[1])
     torch.manual_seed(6)
@@ -410,7 +410,7 @@ def test_a_timed_choice_holds_in_cuda_graph_capture(monkeypatch):
     timing can run): here the stand-in timer made PyTorch's mm the faster."""
     monkeypatch.setenv("GEMMFUSE_TIMED_ROUTES", "1")
     monkeypatch.setenv("GEMMFUSE_ALWAYS_FUSE", "0")
-    monkeypatch.setattr(matmul_switch, "_timed", {})
+    monkeypatch.setattr(matmul_switch.route_timer, "_timed", {})
     times = [2.0, 1.0]
     monkeypatch.setattr(matmul_switch.route_timer, "timer", lambda fn, dev: (fn(), times.pop(0))[1])
     a, b = torch.randn(2048, 2048, device="cuda"), torch.randn(2048, 2048, device="cuda")

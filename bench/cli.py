@@ -61,6 +61,11 @@ def parser():
         "TF32, torch.compile and gemmfuse.linear_cross_entropy (bench/lm_head.py)"))
     b.add_argument("--lmhead-shapes", type=_list, default=None, help=(
         "with --lmhead: only these shapes, by name (gpt2, gpt2x2, llama, llama3, m256v1000, ...)"))
+    b.add_argument("--attention", action="store_true", help=(
+        "fp32 attention (SDPA), forward and forward + backward: eager, TF32 math, torch.compile "
+        "and gemmfuse's attention kernels (bench/attention.py)"))
+    b.add_argument("--attention-shapes", type=_list, default=None, help=(
+        "with --attention: only these shapes, by name (s1024d64, s1024d64:train, s64d32, ...)"))
     b.add_argument("--sweep", action="store_true",
                    help="also m99's chain at M in 1,16,128,1024,4096 (K=N=8192 on a GPU)")
     b.add_argument("--sweep-m", type=lambda s: [int(x) for x in _list(s)], help="M values")
@@ -120,8 +125,8 @@ def _config(args):
     from .timing import WARMUP_MS
     if (args.rounds is not None and args.rounds < 1) or (args.repeats is not None and args.repeats < 1):
         raise SystemExit("--rounds and --repeats must be at least 1")
-    if args.matmul and args.lmhead:
-        raise SystemExit("--matmul and --lmhead are separate runs: pass one")
+    if sum(map(bool, (args.matmul, args.lmhead, args.attention))) > 1:
+        raise SystemExit("--matmul, --lmhead and --attention are separate runs: pass one")
     warmup_ms = WARMUP_MS if args.warmup_ms is None else args.warmup_ms
     if warmup_ms < 0:
         raise SystemExit("--warmup-ms must not be negative")
@@ -134,6 +139,7 @@ def _config(args):
                  suite=args.suite, suite_only=args.suite_only, train=args.train,
                  matmul=args.matmul, matmul_shapes=args.matmul_shapes,
                  lmhead=args.lmhead, lmhead_shapes=args.lmhead_shapes,
+                 attention=args.attention, attention_shapes=args.attention_shapes,
                  device=args.device, seed=args.seed)
     if args.models:
         cfg.models = args.models

@@ -3,7 +3,8 @@ git); ``--record`` also makes them the device kind's latest record in ``bench/re
 (``<kind>.json``, ``.png``, ``.log``) and adds the run's headline speedups to
 ``bench/results/history.csv``; a suite run (``--suite``) is recorded as ``<kind>-suite.*``, a
 training run as ``<kind>-train.*``, a zoo run (``--zoo``) as ``<kind>-zoo.*``, a matmul run
-(``--matmul``) as ``<kind>-matmul.*``, an LM head run (``--lmhead``) as ``<kind>-lmhead.*``."""
+(``--matmul``) as ``<kind>-matmul.*``, an LM head run (``--lmhead``) as ``<kind>-lmhead.*``, an
+attention run (``--attention``) as ``<kind>-attention.*``."""
 from __future__ import annotations
 
 import csv
@@ -50,8 +51,9 @@ def record(result: dict, paths: list, results_dir: Path = RESULTS_DIR) -> list:
         raise SystemExit(f"--record: {results_dir} is not a folder here; run the bench from the "
                          f"gemmfuse checkout")
     h = result["header"]
-    suite = any(k in h for k in ("suite", "train", "zoo", "matmul", "lmhead"))
-    kind = device_kind(h.get("gpu")) + next((f"-{k}" for k in ("suite", "zoo", "matmul", "lmhead", "train")
+    suite = any(k in h for k in ("suite", "train", "zoo", "matmul", "lmhead", "attention"))
+    kind = device_kind(h.get("gpu")) + next((f"-{k}" for k in ("suite", "zoo", "matmul", "lmhead",
+                                                                 "attention", "train")
                                               if k in h), "")
     written = []
     for p in map(Path, paths):

@@ -54,6 +54,8 @@ class Config:
     matmul_shapes: list | None = None  # None: the device's set (matmul.py)
     lmhead: bool = False         # an LM head + cross-entropy, fwd+bwd (lm_head.py)
     lmhead_shapes: list | None = None  # None: the device's set (lm_head.py)
+    attention: bool = False      # fp32 SDPA, forward and fwd+bwd (attention.py)
+    attention_shapes: list | None = None  # None: the device's set (attention.py)
     suite_only: list | None = None
     device: str = "auto"
     seed: int = 0
@@ -172,7 +174,7 @@ def main_table(records, header):
 
 def per_shape(cfg):
     """(name, module, its run function) of the per-shape bench cfg asks for (--matmul,
-    --lmhead: shapes of their own, no seed M, K, N; the module's summary, table and
+    --lmhead, --attention: shapes of their own, no seed M, K, N; the module's summary, table and
     PLOT_TITLE), or None."""
     if cfg.matmul:
         from . import matmul
@@ -180,6 +182,9 @@ def per_shape(cfg):
     if cfg.lmhead:
         from . import lm_head
         return "lmhead", lm_head, lm_head.run_lmhead
+    if cfg.attention:
+        from . import attention
+        return "attention", attention, attention.run_attention
     return None
 
 
@@ -235,7 +240,7 @@ def run(cfg: Config, console=None):
                         TimeElapsedColumn(), console=console, auto_refresh=False)
     # The SM clock, power and temperature of each record's timed calls (gpu_monitor.py).
     monitor = GpuMonitor.for_device(dev).start() if gpu else None
-    grad = cfg.train or cfg.lmhead  # the benches that time backward calls
+    grad = cfg.train or cfg.lmhead or cfg.attention  # the benches that time backward calls
     try:
         with (contextlib.nullcontext() if grad else torch.no_grad()), progress:
             if cfg.train:

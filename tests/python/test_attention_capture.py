@@ -191,3 +191,32 @@ def test_a_call_timed_slower_on_gemmfuse_stays_the_models(monkeypatch):
     assert not attention_nodes(opt)
     assert ("left to PyTorch: PyTorch timed faster at this shape (1.000 ms against gemmfuse's "
             "2.000 ms) (forward and backward)") in gemmfuse.explain(opt, print_it=False)
+
+
+@pytest.mark.skipif(not HAVE_CUDA, reason="gemmfuse's attention kernels are CUDA's")
+@pytest.mark.parametrize("shape,causal", [((2, 3, 1, 64), True), ((1, 2, 65, 64), False),
+                                          ((0, 2, 64, 64), True), ((2, 2, 100, 96), True),
+                                          ((1, 3, 130, 128), False)])
+def test_the_call_as_eager_at_odd_shapes(shape, causal):
+    """gemmfuse.attention.scaled_dot_product_attention on q, k, v made as models make them
+    ([B, S, H, D] transposed: not contiguous): output and gradients against float64 within
+    1.25x eager fp32's error (head dims 96 and 128: the forward on gemmfuse's kernel, the
+    backward PyTorch's); an empty batch gives empty results, as eager."""
+    g = torch.Generator(device="cuda").manual_seed(sum(shape))
+    B, H, S, D = shape
+    q, k, v = (torch.randn(B, S, H, D, device="cuda", generator=g).transpose(1, 2).requires_grad_()
+               for _ in range(3))
+    go = torch.randn(shape, device="cuda", generator=g)
+    got = scaled_dot_product_attention(q, k, v, is_causal=causal)
+    got_grads = torch.autograd.grad(got, (q, k, v), go)
+    eager = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    eager_grads = torch.autograd.grad(eager, (q, k, v), go)
+    if B == 0:
+        assert got.shape == eager.shape and all(t.numel() == 0 for t in got_grads)
+        return
+    d = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
+        ref = F.scaled_dot_product_attention(*d, is_causal=causal)
+    ref_grads = torch.autograd.grad(ref, d, go.double())
+    for g_, e, w in zip((got, *got_grads), (eager, *eager_grads), (ref, *ref_grads)):
+        assert rel(g_.detach(), w) <= 1.25 * rel(e.detach(), w) + SLACK

@@ -60,9 +60,12 @@ class _Attention(torch.autograd.Function):
 
 def runs_on_gemmfuse(q, k, v) -> bool:
     """Whether scaled_dot_product_attention takes this call to gemmfuse's kernels (what PyTorch
-    runs otherwise is its own SDPA, the model's call as it was)."""
-    return (all(isinstance(t, torch.Tensor) and t.is_cuda and t.dtype == torch.float32
-                for t in (q, k, v))
+    runs otherwise is its own SDPA, the model's call as it was): fp32 CUDA tensors, not
+    DTensors (tensor parallelism shards them: DTensor's own SDPA rule runs them), that the
+    kernels' route takes."""
+    from .tensor_parallel import is_dtensor
+    return (all(isinstance(t, torch.Tensor) and not is_dtensor(t) and t.is_cuda
+                and t.dtype == torch.float32 for t in (q, k, v))
             and _lib.available() and not forward_route(q, k, v))
 
 

@@ -41,9 +41,9 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from .compare import _failed, _tf32, _tick, alternate, collect, errors
+from .compare import _failed, _tf32, _tick, errors
 from . import lm_head, matmul
-from .matmul import run_shapes, table_rows, verdict
+from .matmul import run_shapes, table_rows, time_variants, verdict
 from .models import model_seed
 from .timing import CallTimer, free, sync
 
@@ -216,11 +216,8 @@ def _measure(shape, cfg, dev, progress, tasks, base):
     built = [_build(v, shape, sets, ref, dev, lambda t=tasks[v]: _tick(progress, t))
              for v in variants]
     del ref
-    alternate(built, cfg)
-    rows = collect(variants, built, cfg, progress, tasks)
-    del built, sets
-    if "compile" in variants:
-        torch._dynamo.reset()
+    rows = time_variants(built, variants, cfg, progress, tasks)
+    del sets
     return _finish(rows, shape, base)
 
 

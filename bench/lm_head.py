@@ -54,9 +54,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .compare import _failed, _tf32, _tick, alternate, collect, errors
+from .compare import _failed, _tf32, _tick, errors
 from . import matmul
-from .matmul import run_shapes, table_rows, verdict
+from .matmul import run_shapes, table_rows, time_variants, verdict
 from .models import model_seed
 from .timing import CallTimer, free, sync
 
@@ -280,11 +280,8 @@ def _measure(shape, cfg, dev, progress, tasks, base):
                          f"chunks of {chunk_rows} rows")
     built = [_build(v, sets, ref, dev, lambda t=tasks[v]: _tick(progress, t)) for v in variants]
     del ref
-    alternate(built, cfg)
-    rows = collect(variants, built, cfg, progress, tasks)
-    del built, sets
-    if "compile" in variants:
-        torch._dynamo.reset()
+    rows = time_variants(built, variants, cfg, progress, tasks)
+    del sets
     return _finish(rows, shape, chunk_rows, base)
 
 

@@ -200,8 +200,18 @@ def _measure(shape, cfg, dev, progress, tasks, base):
     built = [_build(v, sets, ref, rows, dev, lambda t=tasks[v]: _tick(progress, t))
              for v in VARIANTS]
     del ref, a, b
+    return _finish(time_variants(built, VARIANTS, cfg, progress, tasks), shape, rows, base)
+
+
+def time_variants(built, variants, cfg, progress, tasks) -> list:
+    """The built variants timed in alternating rounds, their records; Dynamo reset after a
+    compiled variant (its graphs were this shape's alone)."""
     alternate(built, cfg)
-    return _finish(collect(VARIANTS, built, cfg, progress, tasks), shape, rows, base)
+    rows = collect(variants, built, cfg, progress, tasks)
+    built.clear()  # the timers and their inputs go before the next shape's
+    if "compile" in variants:
+        torch._dynamo.reset()
+    return rows
 
 
 def run_shapes(shapes, variants, measure, cfg, dev, progress, base) -> list:

@@ -35,8 +35,8 @@ import torch.nn as nn
 from . import _lib, measure
 from .capture import AttrRef, compile_time_numbers, find_chains, node_info, source_key, TInfo
 from .capture.find import _attr_tensor
-from .rewrite import (chain_sources, chain_subgraph, fuse_attention, fuse_lm_heads, resolve,
-                      rewrite_chain, rewrite_chain_as_op)
+from .rewrite import (chain_sources, chain_subgraph, fuse_attention, fuse_lm_heads,
+                      fuse_products, resolve, rewrite_chain, rewrite_chain_as_op)
 from .runtime import PRECISIONS, always_fuse, op_arguments
 from .reports import ChainEntry, OptimizeReport, param_signature, remember
 
@@ -97,10 +97,10 @@ def _whole_timed(gm, example_inputs, mode, options) -> bool:
 
 
 def _fused_work(report) -> list:
-    """The chains, LM heads and attention calls the graph runs on gemmfuse (what the
+    """The chains, LM heads, attention calls and products the graph runs on gemmfuse (what the
     whole-graph timing weighs)."""
     return ([e for e in report.entries if e.status == "fused"] + report.fused_lm_heads()
-            + report.fused_attention())
+            + report.fused_attention() + [p for p in report.products if p.status == "fused"])
 
 
 def _graph_copy(gm: fx.GraphModule) -> fx.GraphModule:
@@ -156,7 +156,7 @@ def _fuse_with_runtimes(gm, example_inputs, precision, report):
     cap = find_chains(gm, "dynamo", check=_lib.check,
                       numbers=compile_time_numbers(gm, example_inputs))
     report.rejected += cap.rejected  # after the LM heads' (fuse_lm_heads)
-    report.products = list(cap.products)
+    fuse_products(gm, precision, report, cap.products)
     remap: dict = {}
     for chain in cap.chains:
         entry = _entry(chain, chain.spec(()))
@@ -174,7 +174,7 @@ def _fuse_for_inductor(gm, example_inputs, precision, report, rest):
     compiled graph cannot fall back per call, so a chain stops before such a number."""
     cap = find_chains(gm, "dynamo", check=_lib.check)
     report.rejected += cap.rejected  # after the LM heads' (fuse_lm_heads)
-    report.products = list(cap.products)
+    fuse_products(gm, precision, report, cap.products)
     real = {n: v for n, v in zip((n for n in gm.graph.nodes if n.op == "placeholder"), example_inputs)}
     training = torch.is_grad_enabled() and any(
         isinstance(t, torch.Tensor) and t.requires_grad for t in example_inputs)

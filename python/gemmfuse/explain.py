@@ -110,15 +110,18 @@ def explain_text(module) -> str:
 
 
 def _product_lines(rep) -> list:
-    """The matrix products no chain starts at (no weight operand: two activations), where
-    they run, and what would run fp32 ones on gemmfuse's GEMM."""
+    """The matrix products no chain starts at (no weight operand: two activations): on
+    gemmfuse's batched GEMM (and where the backward's products run), or why not."""
     if not rep.products:
         return []
     where = "Inductor" if rep.flavor == "inductor" else "PyTorch"
-    out = ["", f"matrix products left to {where} (no weight operand, so no chain starts there; "
-               f"they run on its GEMM, and fp32 ones inside `with gemmfuse.fp32_matmul():` on "
-               f"gemmfuse's where it pays):"]
-    out.extend(f"  {name}: {form}" for name, form in rep.products)
+    out = ["", "matrix products of two activations (no weight operand, so no chain starts there):"]
+    for p in rep.products:
+        if p.status == "fused":
+            out.append(f"  {p.node}: {p.form} on gemmfuse's GEMM (gemmfuse.products.matmul; "
+                       f"backward: {p.backward})")
+        else:
+            out.append(f"  {p.node}: {p.form} left to {where}: {p.reason}")
     return out
 
 

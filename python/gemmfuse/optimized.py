@@ -18,7 +18,7 @@ from . import _lib, direct, fsdp, measure, route_timer, tensor_parallel
 from .capture import CaptureReport, InfoProp, find_chains
 from .capture.parallel import capture_reason
 from .reports import ChainEntry, OptimizeReport, compiled_graphs
-from .rewrite import example_tensor, fuse_attention, fuse_lm_heads, rewrite_chain
+from .rewrite import example_tensor, fuse_attention, fuse_lm_heads, fuse_products, rewrite_chain
 from .snapshot import ModuleState
 from .runtime import PRECISIONS, _run_chain, always_fuse
 from .watch import AttributeWatch
@@ -382,7 +382,7 @@ def _capture(gm: GemmfuseModule, model: nn.Module, example_inputs: tuple, precis
     fuse_attention(gm, precision, report)
     cap: CaptureReport = find_chains(gm, "fx", check=_lib.check)
     report.rejected += cap.rejected
-    report.products = list(cap.products)
+    fuse_products(gm, precision, report, cap.products)
     remap: dict = {}
     for chain in cap.chains:
         entry = _fuse_chain(gm, chain, precision, remap)

@@ -33,7 +33,7 @@ class OptimizeReport:
     flavor: str
     entries: list = field(default_factory=list)
     rejected: list = field(default_factory=list)  # (linear node, reason): not captured at all
-    products: list = field(default_factory=list)  # (node, form): products of two activations
+    products: list = field(default_factory=list)  # products.ProductSite: two activations
     lm_heads: list = field(default_factory=list)  # capture/lm_head.py's LMHead, fused or not
     attention: list = field(default_factory=list)  # capture/attention.py's AttentionSite
     # dynamo flavour: weak references to the rewritten graph and to the parameters it reads

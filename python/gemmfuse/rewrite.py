@@ -4,6 +4,7 @@ original nodes."""
 from __future__ import annotations
 
 import math
+import operator
 
 from dataclasses import dataclass
 from typing import Any
@@ -394,3 +395,46 @@ def _erase_unused(nodes: list) -> None:
         inputs = n.all_input_nodes
         n.graph.erase_node(n)
         todo.extend(inputs)
+
+
+def fuse_products(gm: fx.GraphModule, precision: str, report, found: list) -> None:
+    """The products of two activations the chain finder saw (`found`: (node name, form)) in
+    report.products as ProductSites: each that gemmfuse's batched product takes, and that on a
+    GPU timed faster there, rewritten into a ``gemmfuse.products.matmul`` call carrying the
+    choices of its three products. Never an error where PyTorch alone works."""
+    from .products import ProductSite
+    nodes = {n.name: n for n in gm.graph.nodes}
+    report.products = [ProductSite(name, form) for name, form in found]
+    for site in report.products:
+        try:
+            _fuse_product(nodes.get(site.node), site, precision)
+        except Exception as e:  # noqa: BLE001
+            site.reason = f"left after an error while choosing: {type(e).__name__}: {e}"[:300]
+    if any(s.status == "fused" for s in report.products):
+        gm.recompile()
+
+
+def _fuse_product(node, site, precision: str) -> None:
+    """One product: its reason, or the rewrite (matmul, bmm, mm; two fp32 operands)."""
+    from . import products
+    is_mm = node is not None and (
+        node.op == "call_function" and node.target in (operator.matmul, torch.matmul, torch.bmm,
+                                                       torch.mm)
+        or node.op == "call_method" and node.target in ("matmul", "__matmul__", "bmm", "mm"))
+    if not is_mm or len(node.args) != 2 or node.kwargs:
+        site.reason = "not a plain product of two tensors (einsum, baddbmm and addmm stay PyTorch's)"
+        return
+    infos = [node_info(t) for t in node.args]
+    if not all(isinstance(i, TInfo) and i.dtype == torch.float32 for i in infos):
+        site.reason = "operands that are not both fp32 with known shapes"
+        return
+    sizes = [[torch.fx.experimental.symbolic_shapes.size_hint(d) for d in i.shape] for i in infos]
+    training = any(i.requires_grad for i in infos)
+    site.reason, ours = products.choice(*sizes, infos[0].device, training, precision)
+    if site.reason:
+        return
+    node.op, node.target = "call_function", products.matmul
+    node.kwargs = {"precision": precision, "ours": ours}
+    site.status = "fused"
+    site.backward = ", ".join(f"{p} on {'gemmfuse' if o else 'PyTorch'}"
+                              for p, o in zip(("dA", "dB"), ours[1:]))

@@ -15,6 +15,12 @@ from typing import Callable
 import torch
 
 
+def always_fuse() -> bool:
+    """GEMMFUSE_ALWAYS_FUSE=1 runs everything the planner takes on gemmfuse, also where PyTorch
+    is expected or timed faster (the CPU tests use it to exercise the CPU executor)."""
+    return os.environ.get("GEMMFUSE_ALWAYS_FUSE") == "1"
+
+
 def timed_routes_on(device: torch.device) -> bool:
     """GEMMFUSE_TIMED_ROUTES=0 turns the timing off, =1 on for every device; by default it is on
     for CUDA. On the CPU the planner's rules route (the CPU GEMM is PyTorch's own BLAS call)."""
@@ -117,7 +123,6 @@ def timed_choice(key, ours: Callable[[], object], theirs: Callable[[], object], 
     for the process; a kept choice holds in CUDA graph capture too. Untimed, '': where routes
     are untimed on x's device, fake tensors, GEMMFUSE_ALWAYS_FUSE=1, and a signature first met
     in capture."""
-    from .runtime import always_fuse
     if type(x) not in _PLAIN or not timed_routes_on(x.device) or always_fuse():
         return ""
     got = _timed.get(key)

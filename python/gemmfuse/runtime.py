@@ -18,17 +18,13 @@ import torch.fx as fx
 
 from . import _lib, direct, fsdp, measure, route_timer, tensor_parallel
 from .direct import global_hooks
+from .route_timer import always_fuse
 
 PRECISIONS = ("fp32", "fast", "tf32")
 _MISS = object()
 _any_autocast = torch._C._is_any_autocast_enabled  # one call for every device type
 _BN_MSG = "Expected more than 1 value per channel when training"
 
-
-def always_fuse() -> bool:
-    """GEMMFUSE_ALWAYS_FUSE=1 runs every chain the planner takes fused, also where it expects
-    PyTorch to be faster (the CPU tests use it to exercise the CPU executor)."""
-    return os.environ.get("GEMMFUSE_ALWAYS_FUSE") == "1"
 
 
 def autocast_on(device_type: str) -> bool:

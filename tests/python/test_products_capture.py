@@ -1,0 +1,76 @@
+"""Products of two activations in captured models (gemmfuse.products): optimize() and the
+torch.compile backend run `a @ b`, torch.matmul, torch.bmm and torch.mm of fp32 activations
+on gemmfuse's batched product where it takes them (the CPU tests: GEMMFUSE_ALWAYS_FUSE=1),
+forward and backward, within 1.25x eager fp32's error against float64; broadcasting batch
+dims and einsum stay PyTorch's, with the reason."""
+import pytest
+import torch
+import torch.fx as fx
+import torch.nn as nn
+
+import gemmfuse
+from gemmfuse import products, reports
+from conftest import HAVE_CUDA, needs_lib
+from test_attention_capture import assert_as_eager
+
+pytestmark = [needs_lib, pytest.mark.usefixtures("fresh_dynamo")]
+DEVICES = ["cpu"] + (["cuda"] if HAVE_CUDA else [])
+
+
+class Mixer(nn.Module):
+    """Linears, then products of activations: a 4-D @, one whose batch dims broadcast, a bmm."""
+
+    def __init__(self, d=64):
+        super().__init__()
+        self.a, self.b = nn.Linear(d, d), nn.Linear(d, d)
+
+    def forward(self, x):  # x [4, 32, 64]
+        a, b = self.a(x), self.b(x)
+        s = a.view(2, -1, 16, 64) @ b.view(2, -1, 64, 16)  # [2, 4, 16, 16]
+        r = s @ s[:1]                                      # batch dims that broadcast
+        t = torch.bmm(r.reshape(-1, 16, 16), a.reshape(-1, 16, 64))
+        return t.reshape(x.shape)
+
+
+def product_nodes(opt) -> list:
+    graphs = [opt] if isinstance(opt, fx.GraphModule) else reports.compiled_graphs(opt)
+    return [n for gm in graphs for n in gm.graph.nodes if n.target is products.matmul]
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+@pytest.mark.parametrize("how", ["optimize", "backend", "backend-runtimes"])
+def test_products_of_activations_on_gemmfuse_as_eager(dev, how):
+    torch.manual_seed(0)
+    model, x = Mixer().to(dev), torch.randn(4, 32, 64, device=dev)
+    if how == "optimize":
+        opt = gemmfuse.optimize(model, (x,))
+    else:
+        opt = torch.compile(model, backend="gemmfuse",
+                            options={"inductor": False} if how == "backend-runtimes" else None)
+    assert_as_eager(model, opt, x)
+    assert len(product_nodes(opt)) >= 2  # the 4-D @ and the bmm (per graph dynamo made)
+    text = gemmfuse.explain(opt, print_it=False)
+    assert "on gemmfuse's GEMM (gemmfuse.products.matmul; backward: dA on gemmfuse, dB on " \
+           "gemmfuse)" in text, text
+    assert "left to " in text and "batch dims that broadcast" in text, text
+
+
+def test_the_call_without_grad_and_at_odd_shapes():
+    """matmul as torch.matmul: 2-D and 5-D operands, no grad, a product of K = 1, an empty
+    batch; operands whose batch dims differ run as torch.matmul."""
+    g = torch.Generator().manual_seed(1)
+    for a_shape, b_shape in [((3, 5), (5, 7)), ((2, 1, 3, 4, 5), (2, 1, 3, 5, 2)),
+                             ((4, 6, 1), (4, 1, 3)), ((0, 3, 4), (0, 4, 2)),
+                             ((2, 3, 4), (4, 5))]:
+        a, b = torch.randn(a_shape, generator=g), torch.randn(b_shape, generator=g)
+        got, want = products.matmul(a, b), torch.matmul(a, b)
+        assert got.shape == want.shape
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_tf32_precision_leaves_products_to_pytorch():
+    torch.manual_seed(0)
+    model, x = Mixer(), torch.randn(4, 32, 64)
+    opt = gemmfuse.optimize(model, (x,), precision="tf32")
+    assert not product_nodes(opt)
+    assert "left to PyTorch: tf32 precision" in gemmfuse.explain(opt, print_it=False)

@@ -118,7 +118,7 @@ def _product_lines(rep) -> list:
     out = ["", "matrix products of two activations (no weight operand, so no chain starts there):"]
     for p in rep.products:
         if p.status == "fused":
-            out.append(f"  {p.node}: {p.form} on gemmfuse's GEMM (gemmfuse.products.matmul; "
+            out.append(f"  {p.node}: {p.form} on gemmfuse's GEMM (gemmfuse.products.{p.call}; "
                        f"backward: {p.backward})")
         else:
             out.append(f"  {p.node}: {p.form} left to {where}: {p.reason}")

@@ -1,8 +1,9 @@
 """Matrix products of two activations in captured graphs (``a @ b``, ``torch.matmul``,
-``torch.bmm``, ``torch.mm``: no weight operand, so no chain starts there) in the graph's
-precision mode: optimize() and the torch.compile backend put ``matmul(a, b, ...)`` in place of
-the model's product where gemmfuse's batched product (``gemmfuse::bmm``) timed faster, and
-explain says which ran and why.
+``torch.bmm``, ``torch.mm``, ``torch.baddbmm``/``addmm``, two-operand ``torch.einsum``: no
+weight operand, so no chain starts there) in the graph's precision mode: optimize() and the
+torch.compile backend put ``matmul(a, b, ...)`` (or ``einsum``, ``baddbmm``, which call it) in
+place of the model's product where gemmfuse's batched product (``gemmfuse::bmm``) timed
+faster, and explain says which ran and why.
 
 Each of the three products (the forward's a @ b, the backward's dA = dC bᵀ and dB = aᵀ dC) is
 chosen once, at capture, for the captured shapes (C++'s bmm_route, then on a GPU the forward
@@ -27,6 +28,7 @@ class ProductSite:
     status: str = "pytorch"
     reason: str = ""
     backward: str = ""  # where the backward's products run, for a fused one
+    call: str = "matmul"  # the gemmfuse.products function that runs a fused one
 
 
 def _bmm(a, b, precision: str, ours: bool):
@@ -68,6 +70,28 @@ def matmul(a, b, precision: str = "fp32", ours=(True, True, True)):
         return torch.matmul(a, b)
     out = _Batched.apply(*batches, precision, tuple(ours))
     return out.reshape(*a.shape[:-1], b.shape[-1])
+
+
+def einsum(equation: str, a, b, precision: str = "fp32", ours=(True, True, True)):
+    """``torch.einsum(equation, a, b)`` as one batched product (einsum_plan), each of its
+    three products on gemmfuse::bmm where `ours` says so; torch.einsum where the plan declines."""
+    from . import einsum_plan
+    p = einsum_plan.plan(equation, a.dim(), b.dim())
+    if p is None or einsum_plan.why_not(equation, a.shape, b.shape):
+        return torch.einsum(equation, a, b)
+    a3, b3, ap, bp = p.operands(a, b)
+    return p.output(matmul(a3, b3, precision, ours), ap, bp)
+
+
+def baddbmm(input, b1, b2, beta=1, alpha=1, precision: str = "fp32", ours=(True, True, True)):
+    """``torch.baddbmm`` and ``torch.addmm`` of two activations: beta input + alpha (b1 @ b2),
+    the product by ``matmul`` (beta = 0 ignores input, NaN included, as PyTorch does)."""
+    out = matmul(b1, b2, precision, ours)
+    if alpha != 1:
+        out = out * alpha
+    if beta == 0:
+        return out
+    return out + (input if beta == 1 else input * beta)
 
 
 def routes(a, b, precision: str) -> tuple:

@@ -4,7 +4,6 @@ original nodes."""
 from __future__ import annotations
 
 import math
-import operator
 
 from dataclasses import dataclass
 from typing import Any
@@ -415,26 +414,21 @@ def fuse_products(gm: fx.GraphModule, precision: str, report, found: list) -> No
 
 
 def _fuse_product(node, site, precision: str) -> None:
-    """One product: its reason, or the rewrite (matmul, bmm, mm; two fp32 operands)."""
+    """One product: its reason, or the rewrite into the gemmfuse.products call that reads it
+    (capture.product_calls), with the choices of its three products."""
     from . import products
-    is_mm = node is not None and (
-        node.op == "call_function" and node.target in (operator.matmul, torch.matmul, torch.bmm,
-                                                       torch.mm)
-        or node.op == "call_method" and node.target in ("matmul", "__matmul__", "bmm", "mm"))
-    if not is_mm or len(node.args) != 2 or node.kwargs:
-        site.reason = "not a plain product of two tensors (einsum, baddbmm and addmm stay PyTorch's)"
+    from .capture.product_calls import read_product
+    call, why = read_product(node) if node is not None else (None, "the node is gone")
+    if why:
+        site.reason = why
         return
-    infos = [node_info(t) for t in node.args]
-    if not all(isinstance(i, TInfo) and i.dtype == torch.float32 for i in infos):
-        site.reason = "operands that are not both fp32 with known shapes"
-        return
-    sizes = [[torch.fx.experimental.symbolic_shapes.size_hint(d) for d in i.shape] for i in infos]
+    infos = [node_info(t) for t in call.operands]
     training = any(i.requires_grad for i in infos)
-    site.reason, ours = products.choice(*sizes, infos[0].device, training, precision)
+    site.reason, ours = products.choice(*call.shapes, infos[0].device, training, precision)
     if site.reason:
         return
-    node.op, node.target = "call_function", products.matmul
-    node.kwargs = {"precision": precision, "ours": ours}
-    site.status = "fused"
+    node.op, node.target = "call_function", call.target
+    node.args, node.kwargs = call.args, {"precision": precision, "ours": ours}
+    site.status, site.call = "fused", call.target.__name__
     site.backward = ", ".join(f"{p} on {'gemmfuse' if o else 'PyTorch'}"
                               for p, o in zip(("dA", "dB"), ours[1:]))

@@ -413,12 +413,14 @@ def test_products_of_two_activations_are_listed():
 @needs_lib
 def test_explain_lists_products_and_where_they_run(monkeypatch):
     """explain lists each product of two activations: on gemmfuse's GEMM (the CPU tests run
-    everything gemmfuse takes, GEMMFUSE_ALWAYS_FUSE=1) or why not (einsum; the CPU by default)."""
+    everything gemmfuse takes, GEMMFUSE_ALWAYS_FUSE=1; einsum too) or why not (the CPU by
+    default)."""
     import gemmfuse
     text = gemmfuse.explain(_Attention(), (torch.randn(2, 8, 32),), print_it=False)
     assert "matrix products of two activations" in text
     assert "  bmm: torch.bmm [2, 8, 32] x [2, 32, 8] on gemmfuse's GEMM" in text, text
-    assert "torch.einsum [2, 8, 32] x [2, 8, 32] left to PyTorch: not a plain product" in text
+    assert "torch.einsum [2, 8, 32] x [2, 8, 32] on gemmfuse's GEMM (gemmfuse.products.einsum" \
+        in text, text
     monkeypatch.setenv("GEMMFUSE_ALWAYS_FUSE", "0")
     text = gemmfuse.explain(_Attention(), (torch.randn(2, 8, 32),), print_it=False)
     assert "  bmm: torch.bmm [2, 8, 32] x [2, 32, 8] left to PyTorch: on the CPU" in text, text

@@ -1,8 +1,9 @@
 """Products of two activations in captured models (gemmfuse.products): optimize() and the
 torch.compile backend run `a @ b`, torch.matmul, torch.bmm and torch.mm of fp32 activations
 on gemmfuse's batched product where it takes them (the CPU tests: GEMMFUSE_ALWAYS_FUSE=1),
-forward and backward, within 1.25x eager fp32's error against float64; broadcasting batch
-dims and einsum stay PyTorch's, with the reason."""
+two-operand einsum and baddbmm too, forward and backward, within 1.25x eager fp32's error
+against float64; broadcasting batch dims and the einsums the plan declines stay PyTorch's, with
+the reason."""
 import pytest
 import torch
 import torch.fx as fx
@@ -74,3 +75,79 @@ def test_tf32_precision_leaves_products_to_pytorch():
     opt = gemmfuse.optimize(model, (x,), precision="tf32")
     assert not product_nodes(opt)
     assert "left to PyTorch: tf32 precision" in gemmfuse.explain(opt, print_it=False)
+
+
+class EinsumMixer(nn.Module):
+    """Products written as einsum (attention-style scores, a contraction over two dims, one
+    whose output order is permuted), a baddbmm, an addmm of activations (a chain: the finder
+    takes a 2-D activation as its weight) and an einsum the plan declines (a diagonal)."""
+
+    def __init__(self, d=64):
+        super().__init__()
+        self.a, self.b = nn.Linear(d, d), nn.Linear(d, d)
+
+    def forward(self, x):  # x [4, 32, 64]
+        a, b = self.a(x), self.b(x)
+        q, k = a.view(4, 32, 4, 16), b.view(4, 32, 4, 16)
+        s = torch.einsum("bqhd,bkhd->bhqk", q, k)                  # [4, 4, 32, 32]
+        o = torch.einsum("bhqk,bkhd->bqhd", s, k).reshape(4, 32, 64)
+        c = torch.einsum("bij,bkj->ik", a, b)                      # contracts b and j
+        t = torch.baddbmm(o, s.sum(1), b, beta=0.5, alpha=2.0)
+        u = torch.addmm(c[0], c, c.t())
+        diag = torch.einsum("bii,bij->bj", s.reshape(16, 32, 32), s.reshape(16, 32, 32))
+        return t.sum() + u.sum() + diag.sum() + o.square().sum()
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+@pytest.mark.parametrize("how", ["optimize", "backend"])
+def test_einsum_and_baddbmm_on_gemmfuse_as_eager(dev, how):
+    torch.manual_seed(0)
+    model, x = EinsumMixer().to(dev), torch.randn(4, 32, 64, device=dev)
+    opt = gemmfuse.optimize(model, (x,)) if how == "optimize" else \
+        torch.compile(model, backend="gemmfuse")
+    assert_as_eager(model, opt, x)
+    text = gemmfuse.explain(opt, print_it=False)
+    for call in ("einsum", "baddbmm"):
+        assert f"on gemmfuse's GEMM (gemmfuse.products.{call}; backward: dA on gemmfuse" in text, text
+    assert "a label repeated within a term (a diagonal)" in text, text
+
+
+@pytest.mark.parametrize("eq, a_shape, b_shape", [
+    ("ij,jk->ik", (5, 7), (7, 3)),
+    ("bij,bkj->bki", (2, 5, 7), (2, 3, 7)),
+    ("bqhd,bkhd->bhqk", (2, 6, 3, 4), (2, 5, 3, 4)),
+    ("abc,cbd->dba", (3, 4, 5), (5, 4, 2)),        # b a batch dim, c contracted, output permuted
+    ("i,j->ij", (4,), (6,)),                       # an outer product: K = 1
+    ("ij,ij->", (3, 4), (3, 4)),                   # a full contraction: M = N = 1
+    ("bij,bjk->bik", (0, 3, 4), (0, 4, 2)),        # an empty batch
+])
+def test_einsum_as_one_product(eq, a_shape, b_shape):
+    g = torch.Generator().manual_seed(2)
+    a, b = torch.randn(a_shape, generator=g), torch.randn(b_shape, generator=g)
+    got, want = products.einsum(eq, a, b), torch.einsum(eq, a, b)
+    assert got.shape == want.shape
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("eq, a_shape, b_shape, why", [
+    ("...ij,...jk->...ik", (2, 3, 4), (2, 4, 5), "an ellipsis"),
+    ("ij,jk", (3, 4), (4, 5), "an implicit output"),
+    ("ii,ij->ij", (3, 3), (3, 4), "a diagonal"),
+    ("ij,jk->k", (3, 4), (4, 5), "summed over one operand only"),
+    ("bij,bjk->bik", (1, 3, 4), (2, 4, 5), "different sizes"),
+])
+def test_einsums_the_plan_declines_run_as_torch_einsum(eq, a_shape, b_shape, why):
+    from gemmfuse import einsum_plan
+    assert why in einsum_plan.why_not(eq, a_shape, b_shape)
+    a, b = torch.randn(a_shape), torch.randn(b_shape)
+    torch.testing.assert_close(products.einsum(eq, a, b), torch.einsum(eq, a, b))
+
+
+def test_baddbmm_as_pytorch_with_beta_zero_and_nan_input():
+    g = torch.Generator().manual_seed(3)
+    inp = torch.full((2, 3, 5), float("nan"))
+    b1, b2 = torch.randn(2, 3, 4, generator=g), torch.randn(2, 4, 5, generator=g)
+    for beta, alpha in [(0, 1), (0, 0.5), (1, 1), (0.25, 3)]:
+        i = inp if beta == 0 else torch.randn(3, 5, generator=g)  # broadcasts over the batch
+        want = torch.baddbmm(i, b1, b2, beta=beta, alpha=alpha)
+        torch.testing.assert_close(products.baddbmm(i, b1, b2, beta, alpha), want)

@@ -191,15 +191,6 @@ void check_backward(int64_t BH, int64_t S, bool causal, float grad_scale) {
         << names[g] << ": f16x3 " << checks[g].rel() << ", plain fp32 " << checks[g].rel32();
 }
 
-#define SKIP_WITHOUT_SM80()                                                                 \
-  do {                                                                                     \
-    SKIP_WITHOUT_GPU();                                                                    \
-    int dev = 0, major = 0;                                                                \
-    CK(cudaGetDevice(&dev));                                                               \
-    CK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));            \
-    if (major < 8) GTEST_SKIP() << "mma.sync m16n8k16 with fp32 accumulation needs sm_80+"; \
-  } while (0)
-
 TEST(CudaAttention, FullAgainstFloat64) {
   SKIP_WITHOUT_SM80();
   check(3, 100, 64, false);

@@ -43,6 +43,16 @@ inline void ck(cudaError_t e, const char* what) {
 }
 #define CK(call) ::gftest::ck((call), #call)
 
+// mma.sync m16n8k16 with fp32 accumulation (the attention kernels) needs sm_80 or newer.
+#define SKIP_WITHOUT_SM80()                                                                 \
+  do {                                                                                     \
+    SKIP_WITHOUT_GPU();                                                                    \
+    int dev = 0, major = 0;                                                                \
+    CK(cudaGetDevice(&dev));                                                               \
+    CK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));            \
+    if (major < 8) GTEST_SKIP() << "mma.sync m16n8k16 with fp32 accumulation needs sm_80+"; \
+  } while (0)
+
 // Device memory for one test; poisoned with 0xFF bytes (NaN in fp32, bf16 and fp16).
 struct DevMem {
   void* p = nullptr;

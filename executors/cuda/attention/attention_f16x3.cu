@@ -7,6 +7,7 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "attention_nonfinite.h"
 #include "attention_tiles.cuh"
 #include "cuda_check.h"
 
@@ -17,7 +18,8 @@ using namespace attention;
 constexpr int kRows = kTile, kKeys = kTile;
 
 // ---- the splits: v 2^e = hi + 2^-11 lo (attention_tiles.cuh) --------------------------------
-// A warp per row of x [R, D]: its exponent (over the row) and parts.
+// A warp per row of x [R, D]: its exponent (over the row; NaN where the row holds a NaN or
+// an infinity, which attention_nonfinite.cu recomputes) and parts.
 __global__ void split_rows_kernel(const float* x, int64_t R, int D, __half* hi, __half* lo,
                                   float* exps) {
   const int64_t r = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
@@ -25,26 +27,37 @@ __global__ void split_rows_kernel(const float* x, int64_t R, int D, __half* hi, 
   if (r >= R) return;
   const float* row = x + r * D;
   float amax = 0.f;
-  for (int d = lane; d < D; d += 32) amax = fmaxf(amax, fabsf(row[d]));
+  bool bad = false;
+  for (int d = lane; d < D; d += 32) amax = fmaxf(amax, fabsf(row[d])), bad |= !isfinite(row[d]);
   for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
   const int e = split_exponent(amax);
   for (int d = lane; d < D; d += 32) split_one(row[d], e, hi + r * D + d, lo + r * D + d);
-  if (lane == 0) exps[r] = static_cast<float>(e);
+  if (__any_sync(0xffffffffu, bad) && lane == 0) exps[r] = NAN;
+  else if (lane == 0) exps[r] = static_cast<float>(e);
 }
 
-// A CTA of D threads per head: v [S, D]'s columns, each with its exponent over the keys.
+// A CTA of D threads per head: v [S, D]'s columns, each with its exponent over the keys; then
+// the head's flag: whether its V, or its Q's or K's rows (exponents eq, ek: NaN marks), held a
+// non-finite value.
 __global__ void split_columns_kernel(const float* v, int64_t S, int D, __half* hi, __half* lo,
-                                     float* exps) {
-  const int64_t base = static_cast<int64_t>(blockIdx.x) * S * D;
+                                     float* exps, const float* eq, const float* ek, int* flags) {
+  const int64_t head = blockIdx.x, base = head * S * D;
   const int d = threadIdx.x;
   float amax = 0.f;
-  for (int64_t s = 0; s < S; ++s) amax = fmaxf(amax, fabsf(v[base + s * D + d]));
+  bool bad = false;
+  for (int64_t s = 0; s < S; ++s) {
+    const float x = v[base + s * D + d];
+    amax = fmaxf(amax, fabsf(x)), bad |= !isfinite(x);
+  }
   const int e = split_exponent(amax);
   for (int64_t s = 0; s < S; ++s) {
     const int64_t i = base + s * D + d;
     split_one(v[i], e, hi + i, lo + i);
   }
-  exps[static_cast<int64_t>(blockIdx.x) * D + d] = static_cast<float>(e);
+  exps[head * D + d] = static_cast<float>(e);
+  for (int64_t s = d; s < S; s += D) bad |= isnan(eq[head * S + s]) || isnan(ek[head * S + s]);
+  bad = __syncthreads_or(bad);
+  if (d == 0) flags[head] = bad;
 }
 
 // ---- the attention kernel -----------------------------------------------------------------
@@ -160,16 +173,17 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionF16x3 a, P
 }
 
 // The workspace: Q's, K's and V's parts [2][BH S D] fp16, then Q's and K's row exponents
-// [BH S] and V's column exponents [BH D].
+// [BH S], V's column exponents [BH D] and the heads' non-finite flags [BH].
 struct Layout {
-  size_t parts, exps_q, exps_k, exps_v, total;
+  size_t parts, exps_q, exps_k, exps_v, flags, total;
   Layout(int64_t BH, int64_t S, int D) {
     const size_t n = static_cast<size_t>(BH) * S * D, rows = static_cast<size_t>(BH) * S;
     parts = 2 * n * sizeof(__half);
     exps_q = 3 * parts;
     exps_k = exps_q + rows * sizeof(float);
     exps_v = exps_k + rows * sizeof(float);
-    total = exps_v + static_cast<size_t>(BH) * D * sizeof(float);
+    flags = exps_v + static_cast<size_t>(BH) * D * sizeof(float);
+    total = flags + static_cast<size_t>(BH) * sizeof(int);
   }
 };
 
@@ -212,8 +226,9 @@ void launch_attention_f16x3(const AttentionF16x3& a, cudaStream_t stream) {
   const unsigned row_blocks = static_cast<unsigned>((rows * 32 + 255) / 256);
   split_rows_kernel<<<row_blocks, 256, 0, stream>>>(a.q, rows, a.D, parts(0), parts(0) + n, exps(L.exps_q));
   split_rows_kernel<<<row_blocks, 256, 0, stream>>>(a.k, rows, a.D, parts(1), parts(1) + n, exps(L.exps_k));
-  split_columns_kernel<<<static_cast<unsigned>(a.BH), a.D, 0, stream>>>(a.v, a.S, a.D, parts(2),
-                                                                        parts(2) + n, exps(L.exps_v));
+  auto* flags = reinterpret_cast<int*>(ws + L.flags);
+  split_columns_kernel<<<static_cast<unsigned>(a.BH), a.D, 0, stream>>>(
+      a.v, a.S, a.D, parts(2), parts(2) + n, exps(L.exps_v), exps(L.exps_q), exps(L.exps_k), flags);
   GF_LAUNCH_CHECK();
   const Parts p{parts(0), parts(0) + n, parts(1), parts(1) + n, parts(2), parts(2) + n,
                 exps(L.exps_q), exps(L.exps_k), exps(L.exps_v)};
@@ -223,6 +238,7 @@ void launch_attention_f16x3(const AttentionF16x3& a, cudaStream_t stream) {
     launch_kernel<96>(a, p, stream);
   else
     launch_kernel<128>(a, p, stream);
+  launch_attention_nonfinite_forward(a, flags, stream);
 }
 
 }  // namespace gemmfuse::cuda

@@ -13,6 +13,7 @@
 #include <stdexcept>
 
 #include "attention_f16x3.h"
+#include "attention_nonfinite.h"
 #include "attention_tiles.cuh"
 #include "cuda_check.h"
 
@@ -24,12 +25,14 @@ constexpr int kD = 64;  // the head dim this kernel takes
 constexpr int kL = kTile + kPad;
 constexpr float kLog2e = 1.4426950408889634f;
 
-// Each head's largest magnitude of x [BH, n]: a CTA per head.
+// Each head's largest magnitude of x [BH, n], a NaN counted as an infinity (its head is then
+// recomputed by attention_nonfinite.cu): a CTA per head.
 __global__ void head_amax_kernel(const float* x, int64_t n, float* amax) {
   __shared__ float red[kThreads / 32];
   const float* h = x + static_cast<int64_t>(blockIdx.x) * n;
   float m = 0.f;
-  for (int64_t i = threadIdx.x; i < n; i += kThreads) m = fmaxf(m, fabsf(h[i]));
+  for (int64_t i = threadIdx.x; i < n; i += kThreads)
+    m = fmaxf(m, isnan(h[i]) ? INFINITY : fabsf(h[i]));
   for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
   if ((threadIdx.x & 31) == 0) red[threadIdx.x / 32] = m;
   __syncthreads();
@@ -278,6 +281,7 @@ void launch_attention_f16x3_backward(const AttentionF16x3Backward& a, cudaStream
   const dim3 grid(static_cast<unsigned>((a.S + kTile - 1) / kTile), static_cast<unsigned>(a.BH));
   attention_backward_kernel<<<grid, kThreads, sizeof(Shared), stream>>>(a, pt);
   GF_LAUNCH_CHECK();
+  launch_attention_nonfinite_backward(a, amax, stream);
 }
 
 }  // namespace gemmfuse::cuda

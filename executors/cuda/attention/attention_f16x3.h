@@ -7,8 +7,8 @@
 // FlashAttention-2's online one in fp32, each CTA 64 query rows over tiles of 64 keys, so no
 // [S, S] matrix exists. bench/micro/attention_split_study.py: this method's error against
 // float64 stays within 1–3% of 3xTF32's (eager fp32 SDPA's on an H100).
-// Not yet carried: NaN and infinities in Q, K, V (the split has no fix-up here), dropout,
-// masks other than causal, S_q != S_k. The backward (attention_f16x3_backward.cu) takes D = 64.
+// Heads holding a NaN or an infinity are recomputed in plain fp32 (attention_nonfinite.h).
+// Not yet carried: dropout, masks other than causal, S_q != S_k. The backward (attention_f16x3_backward.cu) takes D = 64.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -220,3 +220,35 @@ def test_the_call_as_eager_at_odd_shapes(shape, causal):
     ref_grads = torch.autograd.grad(ref, d, go.double())
     for g_, e, w in zip((got, *got_grads), (eager, *eager_grads), (ref, *ref_grads)):
         assert rel(g_.detach(), w) <= 1.25 * rel(e.detach(), w) + SLACK
+
+
+def assert_same_nonfinite(got, want, what):
+    """NaN where want is NaN, the same infinities, and finite values close."""
+    for f in (torch.isnan, torch.isposinf, torch.isneginf):
+        assert torch.equal(f(got), f(want)), (what, f.__name__, f(got).sum(), f(want).sum())
+    fin = torch.isfinite(want)
+    torch.testing.assert_close(got[fin], want[fin], rtol=1e-4, atol=1e-4 * want[fin].abs().max())
+
+
+@pytest.mark.skipif(not HAVE_CUDA, reason="gemmfuse's attention kernels are CUDA's")
+@pytest.mark.parametrize("causal", [False, True])
+def test_nonfinite_inputs_as_pytorchs_math_path(causal):
+    """NaN and infinities in q, k, v (one head each, others finite): the output as PyTorch's
+    math path gives it (its NaN and infinities; eager's memory-efficient kernel skips masked key
+    blocks, so its pattern depends on its tiles), and the gradients finite exactly where the
+    math path's are."""
+    g = torch.Generator(device="cuda").manual_seed(7 + causal)
+    q, k, v = (torch.randn(2, 3, 70, 64, device="cuda", generator=g) for _ in range(3))
+    k[0, 1, 10, 7] = math.inf
+    q[1, 0, 30, 3], v[1, 0, 50, 1] = -math.inf, math.nan
+    v[0, 2, 20, 5] = math.inf
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    go = torch.randn(q.shape, device="cuda", generator=g)
+    got = scaled_dot_product_attention(q, k, v, is_causal=causal)
+    got_grads = torch.autograd.grad(got, (q, k, v), go)
+    with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
+        want = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    want_grads = torch.autograd.grad(want, (q, k, v), go)
+    assert_same_nonfinite(got.detach(), want.detach(), "output")
+    for name, g_, w in zip("qkv", got_grads, want_grads):
+        assert torch.equal(torch.isfinite(g_), torch.isfinite(w)), name

@@ -36,28 +36,53 @@ __global__ void split_rows_kernel(const float* x, int64_t R, int D, __half* hi, 
   else if (lane == 0) exps[r] = static_cast<float>(e);
 }
 
-// A CTA of D threads per head: v [S, D]'s columns, each with its exponent over the keys; then
-// the head's flag: whether its V, or its Q's or K's rows (exponents eq, ek: NaN marks), held a
+// V's parts transposed, [BH][D][Sp] with Sp = S rounded up to whole 64-key tiles and zeros past
+// S, so that the attention kernel's V tile is D rows of 64 keys (16-byte loads); each column
+// with its exponent over the head's keys. A CTA of D x kVRows threads per head: the columns'
+// largest magnitudes, then 64-key chunks split and transposed through shared memory; then the
+// head's flag: whether its V, or its Q's or K's rows (exponents eq, ek: NaN marks), held a
 // non-finite value.
-__global__ void split_columns_kernel(const float* v, int64_t S, int D, __half* hi, __half* lo,
-                                     float* exps, const float* eq, const float* ek, int* flags) {
-  const int64_t head = blockIdx.x, base = head * S * D;
-  const int d = threadIdx.x;
+constexpr int kVRows = 8;
+
+template <int D>
+__global__ void __launch_bounds__(D * kVRows) split_v_kernel(
+    const float* v, int64_t S, int64_t Sp, __half* hi, __half* lo, float* exps, const float* eq,
+    const float* ek, int* flags) {
+  __shared__ float red[kVRows][D];
+  __shared__ __align__(16) __half th[D][kTile + kPad], tl[D][kTile + kPad];
+  const int64_t head = blockIdx.x;
+  const float* x = v + head * S * D;
+  const int d = threadIdx.x, r = threadIdx.y, tid = r * D + d;
   float amax = 0.f;
   bool bad = false;
-  for (int64_t s = 0; s < S; ++s) {
-    const float x = v[base + s * D + d];
-    amax = fmaxf(amax, fabsf(x)), bad |= !isfinite(x);
-  }
+#pragma unroll 4
+  for (int64_t s = r; s < S; s += kVRows)
+    amax = fmaxf(amax, fabsf(x[s * D + d])), bad |= !isfinite(x[s * D + d]);
+  red[r][d] = amax;
+  __syncthreads();
+  for (int i = 0; i < kVRows; ++i) amax = fmaxf(amax, red[i][d]);
   const int e = split_exponent(amax);
-  for (int64_t s = 0; s < S; ++s) {
-    const int64_t i = base + s * D + d;
-    split_one(v[i], e, hi + i, lo + i);
+  if (r == 0) exps[head * D + d] = static_cast<float>(e);
+  for (int64_t c = 0; c < Sp; c += kTile) {
+#pragma unroll
+    for (int s = r; s < kTile; s += kVRows) {
+      __half h = __float2half(0.f), l = h;
+      if (c + s < S) split_one(x[(c + s) * D + d], e, &h, &l);
+      th[d][s] = h, tl[d][s] = l;
+    }
+    __syncthreads();
+    for (int i = tid; i < D * kTile / 8; i += D * kVRows) {
+      const int row = i / (kTile / 8), col = (i % (kTile / 8)) * 8;
+      const int64_t o = (head * D + row) * Sp + c + col;
+      *reinterpret_cast<uint4*>(hi + o) = *reinterpret_cast<const uint4*>(&th[row][col]);
+      *reinterpret_cast<uint4*>(lo + o) = *reinterpret_cast<const uint4*>(&tl[row][col]);
+    }
+    __syncthreads();
   }
-  exps[head * D + d] = static_cast<float>(e);
-  for (int64_t s = d; s < S; s += D) bad |= isnan(eq[head * S + s]) || isnan(ek[head * S + s]);
+  for (int64_t s = tid; s < S; s += D * kVRows)
+    bad |= isnan(eq[head * S + s]) || isnan(ek[head * S + s]);
   bad = __syncthreads_or(bad);
-  if (d == 0) flags[head] = bad;
+  if (tid == 0) flags[head] = bad;
 }
 
 // ---- the attention kernel -----------------------------------------------------------------
@@ -71,8 +96,9 @@ struct Shared {
 };
 
 struct Parts {
-  const __half *qh, *ql, *kh, *kl, *vh, *vl;
+  const __half *qh, *ql, *kh, *kl, *vh, *vl;  // V's transposed: [BH][D][sp]
   const float *eq, *ek, *ev;
+  int64_t sp;  // S rounded up to whole key tiles
 };
 
 // One query row's running softmax state (per thread: its share of the row's columns).
@@ -136,8 +162,8 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionF16x3 a, P
     __syncthreads();  // the previous tile's readers are done
     load_rows<D>(pt.kh + head * D, k0, a.S, sm.kh);
     load_rows<D>(pt.kl + head * D, k0, a.S, sm.kl);
-    load_transposed<D>(pt.vh + head * D, k0, a.S, sm.vh);
-    load_transposed<D>(pt.vl + head * D, k0, a.S, sm.vl);
+    load_columns<D>(pt.vh + bh * D * pt.sp, pt.sp, k0, sm.vh);
+    load_columns<D>(pt.vl + bh * D * pt.sp, pt.sp, k0, sm.vl);
     for (int i = threadIdx.x; i < kKeys; i += kThreads)
       sm.ek[i] = k0 + i < a.S ? pt.ek[head + k0 + i] : 0.f;
     __syncthreads();
@@ -172,14 +198,17 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionF16x3 a, P
   }
 }
 
-// The workspace: Q's, K's and V's parts [2][BH S D] fp16, then Q's and K's row exponents
-// [BH S], V's column exponents [BH D] and the heads' non-finite flags [BH].
+// The workspace: Q's and K's parts [2][BH S D] fp16, V's [2][BH D Sp] (transposed, Sp = S
+// rounded up to whole key tiles), then Q's and K's row exponents [BH S], V's column
+// exponents [BH D] and the heads' non-finite flags [BH].
 struct Layout {
-  size_t parts, exps_q, exps_k, exps_v, flags, total;
-  Layout(int64_t BH, int64_t S, int D) {
+  int64_t sp;
+  size_t parts, v_parts, exps_q, exps_k, exps_v, flags, total;
+  Layout(int64_t BH, int64_t S, int D) : sp((S + kTile - 1) / kTile * kTile) {
     const size_t n = static_cast<size_t>(BH) * S * D, rows = static_cast<size_t>(BH) * S;
     parts = 2 * n * sizeof(__half);
-    exps_q = 3 * parts;
+    v_parts = 2 * parts;
+    exps_q = v_parts + 2 * static_cast<size_t>(BH) * D * sp * sizeof(__half);
     exps_k = exps_q + rows * sizeof(float);
     exps_v = exps_k + rows * sizeof(float);
     flags = exps_v + static_cast<size_t>(BH) * D * sizeof(float);
@@ -187,8 +216,14 @@ struct Layout {
   }
 };
 
+// V's split (it also writes the heads' flags), then the attention kernel.
 template <int D>
-void launch_kernel(const AttentionF16x3& a, const Parts& p, cudaStream_t stream) {
+void launch_v_and_kernel(const AttentionF16x3& a, const Layout& L, Parts p, int* flags,
+                         cudaStream_t stream) {
+  __half *vh = const_cast<__half*>(p.vh), *vl = const_cast<__half*>(p.vl);
+  split_v_kernel<D><<<static_cast<unsigned>(a.BH), dim3(D, kVRows), 0, stream>>>(
+      a.v, a.S, L.sp, vh, vl, const_cast<float*>(p.ev), p.eq, p.ek, flags);
+  GF_LAUNCH_CHECK();
   constexpr int bytes = sizeof(Shared<D>);
   static std::atomic<uint64_t> opted{0};  // a bit per device id (< 64)
   int dev = 0;
@@ -227,17 +262,15 @@ void launch_attention_f16x3(const AttentionF16x3& a, cudaStream_t stream) {
   split_rows_kernel<<<row_blocks, 256, 0, stream>>>(a.q, rows, a.D, parts(0), parts(0) + n, exps(L.exps_q));
   split_rows_kernel<<<row_blocks, 256, 0, stream>>>(a.k, rows, a.D, parts(1), parts(1) + n, exps(L.exps_k));
   auto* flags = reinterpret_cast<int*>(ws + L.flags);
-  split_columns_kernel<<<static_cast<unsigned>(a.BH), a.D, 0, stream>>>(
-      a.v, a.S, a.D, parts(2), parts(2) + n, exps(L.exps_v), exps(L.exps_q), exps(L.exps_k), flags);
-  GF_LAUNCH_CHECK();
-  const Parts p{parts(0), parts(0) + n, parts(1), parts(1) + n, parts(2), parts(2) + n,
-                exps(L.exps_q), exps(L.exps_k), exps(L.exps_v)};
+  auto* vh = reinterpret_cast<__half*>(ws + L.v_parts);
+  const Parts p{parts(0), parts(0) + n, parts(1), parts(1) + n, vh, vh + a.BH * a.D * L.sp,
+                exps(L.exps_q), exps(L.exps_k), exps(L.exps_v), L.sp};
   if (a.D == 64)
-    launch_kernel<64>(a, p, stream);
+    launch_v_and_kernel<64>(a, L, p, flags, stream);
   else if (a.D == 96)
-    launch_kernel<96>(a, p, stream);
+    launch_v_and_kernel<96>(a, L, p, flags, stream);
   else
-    launch_kernel<128>(a, p, stream);
+    launch_v_and_kernel<128>(a, L, p, flags, stream);
   launch_attention_nonfinite_forward(a, flags, stream);
 }
 

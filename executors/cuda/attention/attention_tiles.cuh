@@ -97,6 +97,17 @@ __device__ void load_transposed(const __half* src, int64_t r0, int64_t rows,
   }
 }
 
+// Columns [c0, c0 + kTile) of D rows of a transposed part (rows ld halves apart; ld and c0
+// multiples of 8, the part zero past its keys) into a shared [D][kTile + kPad] tile.
+template <int D>
+__device__ void load_columns(const __half* src, int64_t ld, int64_t c0,
+                             __half (*dst)[kTile + kPad]) {
+  for (int i = threadIdx.x; i < D * kTile / 8; i += kThreads) {
+    const int r = i / (kTile / 8), c = (i % (kTile / 8)) * 8;
+    *reinterpret_cast<uint4*>(&dst[r][c]) = *reinterpret_cast<const uint4*>(src + r * ld + c0 + c);
+  }
+}
+
 // c[n] += A B for NT output tiles of 8 columns: A the warp's 16 rows from `a` (rows lda
 // halves apart, K columns), B[k][n] = b[n][k] (rows of b ldb halves apart).
 template <int K, int NT>

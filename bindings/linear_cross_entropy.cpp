@@ -207,11 +207,11 @@ class Products {
   }
 
   // [rows, Vp] fp32.
-  at::Tensor logits(const at::Tensor& xc) const {
+  at::Tensor logits(const at::Tensor& xc) {
     if (!logits_route(xc).gemmfuse)
       return c_.bias ? at::addmm(*c_.bias, xc, c_.weight.t()) : at::mm(xc, c_.weight.t());
     const bool keep = c_.callers_weight && xc.size(0) == c_.chunk;
-    return linear(xc, c_.weight, c_.bias, keep, at::Tensor());
+    return linear(xc, c_.weight, c_.bias, keep, at::Tensor(), &weight_slot_);
   }
 
   // dz W into dxc (rows of dx).
@@ -221,7 +221,7 @@ class Products {
       return;
     }
     if (!weight_t_.defined()) weight_t_ = c_.weight.t().contiguous();
-    linear(dz, weight_t_, c10::nullopt, false, dxc);
+    linear(dz, weight_t_, c10::nullopt, false, dxc, &weight_t_slot_);
   }
 
   // dzᵀ x_c into dw (the first chunk), or added to it.
@@ -239,11 +239,14 @@ class Products {
   // y = x wᵀ (+ b) as one gemmfuse Linear, exactly as gemmfuse::linear runs it; written into
   // `into` where given and, on CUDA, 256-byte aligned (as gemmfuse::bmm writes a slice), else
   // into a new tensor (copied into `into` where given).
+  // With `slot`, a W prepared for the call alone (keep false) is prepared once for the chunks
+  // of one plan and kept there for the call.
   at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& b,
-                    bool keep, at::Tensor into) const {
+                    bool keep, at::Tensor into, PreparedSlot* slot = nullptr) {
     const std::string spec = linear_spec(w, b);
     CallInputs in{spec, x, w, b, {}, {}, c_.precision};
     in.keep_prepared = keep;
+    in.prepared_slot = slot;
     const bool direct = into.defined() &&
                         (into.is_cpu() || reinterpret_cast<uintptr_t>(into.data_ptr()) % 256 == 0);
     if (direct) in.out = &into;
@@ -255,6 +258,9 @@ class Products {
   RunOn run_;
   const Call& c_;
   at::Tensor weight_t_;  // Wᵀ [K, Vp], contiguous, made at the first chunk that needs it
+  // The preparations of W (where it is not the caller's: the padded copy) and of Wᵀ, made at
+  // the first full chunk and read by the others (prepared_for's per-call path redid them each).
+  PreparedSlot weight_slot_, weight_t_slot_;
   at::Tensor scratch_;   // [V, K]: a chunk's dW before it is added
 };
 

@@ -16,6 +16,11 @@
 #include <sstream>
 #include <vector>
 
+#ifdef GEMMFUSE_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+
+#include "cross_entropy_rows.h"
+#endif
 #include "batched_linear.h"
 #include "product_route.h"
 #include "run_call.h"
@@ -354,11 +359,11 @@ struct Wanted {
   Grads* grads = nullptr;
 };
 
-// One chunk, rows [r0, r0 + rows): its logits, their row statistics, its rows' losses and its
-// share of the gradients.
-void run_chunk(Products& p, const Call& c, const Wanted& want, int64_t r0, int64_t rows) {
-  const at::Tensor xc = c.x.narrow(0, r0, rows), target = c.target.narrow(0, r0, rows);
-  const at::Tensor zp = p.logits(xc);
+// The row math of a chunk's logits zp [rows, Vp] in place, as ATen ops: the rows' losses into
+// want.losses (if wanted) and, with gradients wanted, zp becomes the logits' gradient (the
+// padded classes 0).
+void row_math_aten(const at::Tensor& zp, const Call& c, const Wanted& want, int64_t r0,
+                   int64_t rows, const at::Tensor& target) {
   at::Tensor z = zp.narrow(1, 0, c.V);  // the classes; any padded ones follow (padded_classes)
   shift_by_row_max_(z);
   const LossTerms terms = want.losses.defined() ? loss_terms(z, target, c.eps) : LossTerms{};
@@ -368,10 +373,42 @@ void run_chunk(Products& p, const Call& c, const Wanted& want, int64_t r0, int64
   if (want.grads == nullptr) return;
   logits_grad_(z, sums, target, want.w.narrow(0, r0, rows), c.eps);
   if (c.Vp > c.V) zp.narrow(1, c.V, c.Vp - c.V).zero_();
+}
+
+// The same on CUDA in one kernel (lm_head/cross_entropy_rows.h); false elsewhere.
+bool row_math_on_cuda(const at::Tensor& zp, const Call& c, const Wanted& want, int64_t r0,
+                      int64_t rows, const at::Tensor& target) {
+#ifdef GEMMFUSE_WITH_CUDA
+  if (!zp.is_cuda()) return false;
+  cuda::CrossEntropyRows k;
+  k.z = zp.data_ptr<float>();
+  k.rows = rows;
+  k.V = c.V;
+  k.ldz = zp.stride(0);
+  k.target = target.data_ptr<int64_t>();
+  k.valid = c.valid.narrow(0, r0, rows).data_ptr<bool>();
+  k.eps = static_cast<float>(c.eps);
+  k.loss = want.losses.defined() ? want.losses.narrow(0, r0, rows).data_ptr<float>() : nullptr;
+  k.w = want.grads != nullptr ? want.w.narrow(0, r0, rows).data_ptr<float>() : nullptr;
+  cuda::launch_cross_entropy_rows(k, at::cuda::getCurrentCUDAStream(zp.get_device()));
+  return true;
+#else
+  (void)zp, (void)c, (void)want, (void)r0, (void)rows, (void)target;
+  return false;
+#endif
+}
+
+// One chunk, rows [r0, r0 + rows): its logits, their row statistics, its rows' losses and its
+// share of the gradients.
+void run_chunk(Products& p, const Call& c, const Wanted& want, int64_t r0, int64_t rows) {
+  const at::Tensor xc = c.x.narrow(0, r0, rows), target = c.target.narrow(0, r0, rows);
+  const at::Tensor zp = p.logits(xc);
+  if (!row_math_on_cuda(zp, c, want, r0, rows, target)) row_math_aten(zp, c, want, r0, rows, target);
+  if (want.grads == nullptr) return;
   Grads& g = *want.grads;
   p.input_grad(zp, g.dx.narrow(0, r0, rows));
   p.add_weight_grad(zp, xc, g.dw, r0 == 0);
-  if (g.db.defined()) g.db.add_(z.sum(0, /*keepdim=*/false, at::kDouble));
+  if (g.db.defined()) g.db.add_(zp.narrow(1, 0, c.V).sum(0, /*keepdim=*/false, at::kDouble));
 }
 
 void run_chunks(RunOn run, const Call& c, const Wanted& want) {

@@ -6,6 +6,21 @@
 #include "run_call.h"
 
 namespace gemmfuse::bindings {
+namespace {
+
+// The call's prepared bytes: the caller's slot's where it holds this plan's, else made
+// (prepared_cache.h) and, with a slot, left there for the caller's next product.
+at::Tensor prepared_bytes(const Plan& plan, Executor& executor, const RunArgs& args,
+                          const CallInputs& in) {
+  PreparedSlot* slot = in.keep_prepared ? nullptr : in.prepared_slot;
+  if (slot != nullptr && slot->plan == &plan) return slot->bytes;
+  at::Tensor bytes = prepared_for(plan, executor, args, in.weight, in.bias, in.operands, in.state,
+                                  in.keep_prepared);
+  if (slot != nullptr) *slot = {&plan, bytes};
+  return bytes;
+}
+
+}  // namespace
 
 at::Tensor execute(Executor& executor, const CallInputs& in,
                    const std::function<CallTensors()>& convert, RunArgs args,
@@ -35,8 +50,7 @@ at::Tensor execute(Executor& executor, const CallInputs& in,
   args.update_state = !in.for_training;
   if (args.saved) args.backward = &backward_plan_for(plan);
 
-  at::Tensor prepared = prepared_for(plan, executor, args, in.weight, in.bias, in.operands,
-                                     in.state, in.keep_prepared);
+  at::Tensor prepared = prepared_bytes(plan, executor, args, in);
   const auto ws_bytes = static_cast<int64_t>(executor.workspace_bytes(plan));
   at::Tensor workspace =
       ws_bytes > 0 ? at::empty({ws_bytes}, t.x.options().dtype(at::kByte)) : at::Tensor();

@@ -16,6 +16,11 @@
 #include <sstream>
 #include <vector>
 
+#ifdef GEMMFUSE_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+
+#include "cross_entropy_rows.h"
+#endif
 #include "batched_linear.h"
 #include "product_route.h"
 #include "run_call.h"
@@ -207,11 +212,11 @@ class Products {
   }
 
   // [rows, Vp] fp32.
-  at::Tensor logits(const at::Tensor& xc) const {
+  at::Tensor logits(const at::Tensor& xc) {
     if (!logits_route(xc).gemmfuse)
       return c_.bias ? at::addmm(*c_.bias, xc, c_.weight.t()) : at::mm(xc, c_.weight.t());
     const bool keep = c_.callers_weight && xc.size(0) == c_.chunk;
-    return linear(xc, c_.weight, c_.bias, keep, at::Tensor());
+    return linear(xc, c_.weight, c_.bias, keep, at::Tensor(), &weight_slot_);
   }
 
   // dz W into dxc (rows of dx).
@@ -221,7 +226,7 @@ class Products {
       return;
     }
     if (!weight_t_.defined()) weight_t_ = c_.weight.t().contiguous();
-    linear(dz, weight_t_, c10::nullopt, false, dxc);
+    linear(dz, weight_t_, c10::nullopt, false, dxc, &weight_t_slot_);
   }
 
   // dzᵀ x_c into dw (the first chunk), or added to it.
@@ -239,11 +244,14 @@ class Products {
   // y = x wᵀ (+ b) as one gemmfuse Linear, exactly as gemmfuse::linear runs it; written into
   // `into` where given and, on CUDA, 256-byte aligned (as gemmfuse::bmm writes a slice), else
   // into a new tensor (copied into `into` where given).
+  // With `slot`, a W prepared for the call alone (keep false) is prepared once for the chunks
+  // of one plan and kept there for the call.
   at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& b,
-                    bool keep, at::Tensor into) const {
+                    bool keep, at::Tensor into, PreparedSlot* slot = nullptr) {
     const std::string spec = linear_spec(w, b);
     CallInputs in{spec, x, w, b, {}, {}, c_.precision};
     in.keep_prepared = keep;
+    in.prepared_slot = slot;
     const bool direct = into.defined() &&
                         (into.is_cpu() || reinterpret_cast<uintptr_t>(into.data_ptr()) % 256 == 0);
     if (direct) in.out = &into;
@@ -255,6 +263,9 @@ class Products {
   RunOn run_;
   const Call& c_;
   at::Tensor weight_t_;  // Wᵀ [K, Vp], contiguous, made at the first chunk that needs it
+  // The preparations of W (where it is not the caller's: the padded copy) and of Wᵀ, made at
+  // the first full chunk and read by the others (prepared_for's per-call path redid them each).
+  PreparedSlot weight_slot_, weight_t_slot_;
   at::Tensor scratch_;   // [V, K]: a chunk's dW before it is added
 };
 
@@ -348,11 +359,11 @@ struct Wanted {
   Grads* grads = nullptr;
 };
 
-// One chunk, rows [r0, r0 + rows): its logits, their row statistics, its rows' losses and its
-// share of the gradients.
-void run_chunk(Products& p, const Call& c, const Wanted& want, int64_t r0, int64_t rows) {
-  const at::Tensor xc = c.x.narrow(0, r0, rows), target = c.target.narrow(0, r0, rows);
-  const at::Tensor zp = p.logits(xc);
+// The row math of a chunk's logits zp [rows, Vp] in place, as ATen ops: the rows' losses into
+// want.losses (if wanted) and, with gradients wanted, zp becomes the logits' gradient (the
+// padded classes 0).
+void row_math_aten(const at::Tensor& zp, const Call& c, const Wanted& want, int64_t r0,
+                   int64_t rows, const at::Tensor& target) {
   at::Tensor z = zp.narrow(1, 0, c.V);  // the classes; any padded ones follow (padded_classes)
   shift_by_row_max_(z);
   const LossTerms terms = want.losses.defined() ? loss_terms(z, target, c.eps) : LossTerms{};
@@ -362,10 +373,42 @@ void run_chunk(Products& p, const Call& c, const Wanted& want, int64_t r0, int64
   if (want.grads == nullptr) return;
   logits_grad_(z, sums, target, want.w.narrow(0, r0, rows), c.eps);
   if (c.Vp > c.V) zp.narrow(1, c.V, c.Vp - c.V).zero_();
+}
+
+// The same on CUDA in one kernel (lm_head/cross_entropy_rows.h); false elsewhere.
+bool row_math_on_cuda(const at::Tensor& zp, const Call& c, const Wanted& want, int64_t r0,
+                      int64_t rows, const at::Tensor& target) {
+#ifdef GEMMFUSE_WITH_CUDA
+  if (!zp.is_cuda()) return false;
+  cuda::CrossEntropyRows k;
+  k.z = zp.data_ptr<float>();
+  k.rows = rows;
+  k.V = c.V;
+  k.ldz = zp.stride(0);
+  k.target = target.data_ptr<int64_t>();
+  k.valid = c.valid.narrow(0, r0, rows).data_ptr<bool>();
+  k.eps = static_cast<float>(c.eps);
+  k.loss = want.losses.defined() ? want.losses.narrow(0, r0, rows).data_ptr<float>() : nullptr;
+  k.w = want.grads != nullptr ? want.w.narrow(0, r0, rows).data_ptr<float>() : nullptr;
+  cuda::launch_cross_entropy_rows(k, at::cuda::getCurrentCUDAStream(zp.get_device()));
+  return true;
+#else
+  (void)zp, (void)c, (void)want, (void)r0, (void)rows, (void)target;
+  return false;
+#endif
+}
+
+// One chunk, rows [r0, r0 + rows): its logits, their row statistics, its rows' losses and its
+// share of the gradients.
+void run_chunk(Products& p, const Call& c, const Wanted& want, int64_t r0, int64_t rows) {
+  const at::Tensor xc = c.x.narrow(0, r0, rows), target = c.target.narrow(0, r0, rows);
+  const at::Tensor zp = p.logits(xc);
+  if (!row_math_on_cuda(zp, c, want, r0, rows, target)) row_math_aten(zp, c, want, r0, rows, target);
+  if (want.grads == nullptr) return;
   Grads& g = *want.grads;
   p.input_grad(zp, g.dx.narrow(0, r0, rows));
   p.add_weight_grad(zp, xc, g.dw, r0 == 0);
-  if (g.db.defined()) g.db.add_(z.sum(0, /*keepdim=*/false, at::kDouble));
+  if (g.db.defined()) g.db.add_(zp.narrow(1, 0, c.V).sum(0, /*keepdim=*/false, at::kDouble));
 }
 
 void run_chunks(RunOn run, const Call& c, const Wanted& want) {

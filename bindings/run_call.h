@@ -13,6 +13,13 @@
 
 namespace gemmfuse::bindings {
 
+// Prepared bytes a caller keeps across the products of one call that share a weight tensor
+// and a plan (linear_cross_entropy's chunks): made by the first, read by the others.
+struct PreparedSlot {
+  const Plan* plan = nullptr;
+  at::Tensor bytes;
+};
+
 // The op's arguments, by reference: a CallInputs lives only for the call that made it.
 struct CallInputs {
   c10::string_view spec;
@@ -28,6 +35,9 @@ struct CallInputs {
   // Where the output goes (contiguous, of the output's shape and dtype: a batch's slice,
   // gemmfuse::bmm), or null: a new tensor.
   const at::Tensor* out = nullptr;
+  // With keep_prepared false: where the call's prepared bytes are kept for the caller's next
+  // product with the same weight tensor (unchanged meanwhile) and plan, or null.
+  PreparedSlot* prepared_slot = nullptr;
 };
 
 // The call's tensors as an executor wants them (dtype, contiguity).

@@ -9,7 +9,7 @@ set -euo pipefail
 F=$1; O=$2; R=${3:-.}
 V=$(cd "$(dirname "$0")/.." && pwd)/.venv/lib/python3.11/site-packages
 INC="-I$R/core/include -I$R/executors/common -I$R/executors/cuda -I$R"
-for d in gemm split rowpass backward colstats attention sm90; do INC="$INC -I$R/executors/cuda/$d"; done
+for d in gemm split rowpass backward colstats attention lm_head sm90; do INC="$INC -I$R/executors/cuda/$d"; done
 nvcc -std=c++17 -gencode arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -O3 -Xptxas=-v $INC \
   -isystem "$V/cutlass_library/source/include" -DGEMMFUSE_WITH_SM90_KERNELS=1 \
   -DCUTLASS_ENABLE_GDC_FOR_SM90=1 -DNDEBUG -c "$R/$F" -o "$O.o" 2> "$O.ptxas" || { cat "$O.ptxas"; exit 1; }

@@ -54,22 +54,29 @@ class _Batched(torch.autograd.Function):
 
 
 def as_batches(a, b):
-    """(a, b) as [B, M, K] and [B, K, N] for a product of equal leading dims (or two
-    matrices), else None (broadcasting batch dims, vectors)."""
-    if a.dim() < 2 or b.dim() < 2 or a.dim() != b.dim() or a.shape[:-2] != b.shape[:-2]:
+    """(a, b, batch) with a as [B, M, K] and b as [B, K, N] over the broadcast batch dims
+    `batch` (an operand that broadcasts is expanded and copied: its gradient sums back through
+    autograd), else None (a vector, or batch dims that do not broadcast)."""
+    if a.dim() < 2 or b.dim() < 2:
         return None
-    lead = math.prod(a.shape[:-2])
-    return a.reshape(lead, *a.shape[-2:]), b.reshape(lead, *b.shape[-2:])
+    try:
+        batch = tuple(torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
+    except RuntimeError:
+        return None
+    lead = math.prod(batch)
+    return (a.expand(*batch, *a.shape[-2:]).reshape(lead, *a.shape[-2:]),
+            b.expand(*batch, *b.shape[-2:]).reshape(lead, *b.shape[-2:]), batch)
 
 
 def matmul(a, b, precision: str = "fp32", ours=(True, True, True)):
-    """``a @ b`` for fp32 a [..., M, K] and b [..., K, N] of equal leading dims, each of the
-    forward's and the backward's products on gemmfuse::bmm where `ours` says so."""
+    """``a @ b`` for fp32 a [..., M, K] and b [..., K, N] whose leading dims broadcast, each of
+    the forward's and the backward's products on gemmfuse::bmm where `ours` says so."""
     batches = as_batches(a, b)
     if batches is None or not _lib.available():
         return torch.matmul(a, b)
-    out = _Batched.apply(*batches, precision, tuple(ours))
-    return out.reshape(*a.shape[:-1], b.shape[-1])
+    a3, b3, batch = batches
+    out = _Batched.apply(a3, b3, precision, tuple(ours))
+    return out.reshape(*batch, a.shape[-2], b.shape[-1])
 
 
 def einsum(equation: str, a, b, precision: str = "fp32", ours=(True, True, True)):
@@ -97,7 +104,7 @@ def baddbmm(input, b1, b2, beta=1, alpha=1, precision: str = "fp32", ours=(True,
 def routes(a, b, precision: str) -> tuple:
     """C++'s rule (gemmfuse::bmm_route) for the forward's product and the backward's two: ''
     where it runs on gemmfuse, else why torch.bmm does."""
-    a3, b3 = as_batches(a, b)
+    a3, b3, _ = as_batches(a, b)
     g = torch.empty(a3.shape[0], a3.shape[1], b3.shape[2], device=a.device)
     ops = _lib.ops()
     return (ops.bmm_route(a3, b3, precision), ops.bmm_route(g, b3.transpose(1, 2), precision),
@@ -115,7 +122,7 @@ def choice(a_shape, b_shape, device, training: bool, precision: str):
     a = torch.randn(a_shape, device=device, requires_grad=training)
     b = torch.randn(b_shape, device=device, requires_grad=training)
     if as_batches(a, b) is None:
-        return "batch dims that broadcast (gemmfuse's batched product takes equal ones)", None
+        return "a vector operand, or batch dims that do not broadcast", None
     if device.type == "cpu" and not always_fuse():
         return "on the CPU (PyTorch's GEMM is the same BLAS there)", None
     why = routes(a, b, precision)

@@ -2,8 +2,8 @@
 torch.compile backend run `a @ b`, torch.matmul, torch.bmm and torch.mm of fp32 activations
 on gemmfuse's batched product where it takes them (the CPU tests: GEMMFUSE_ALWAYS_FUSE=1),
 two-operand einsum and baddbmm too, forward and backward, within 1.25x eager fp32's error
-against float64; broadcasting batch dims and the einsums the plan declines stay PyTorch's, with
-the reason."""
+against float64 (batch dims that broadcast too); vector operands and the einsums the plan
+declines stay PyTorch's, with the reason."""
 import pytest
 import torch
 import torch.fx as fx
@@ -19,7 +19,8 @@ DEVICES = ["cpu"] + (["cuda"] if HAVE_CUDA else [])
 
 
 class Mixer(nn.Module):
-    """Linears, then products of activations: a 4-D @, one whose batch dims broadcast, a bmm."""
+    """Linears, then products of activations: a 4-D @, one whose batch dims broadcast, a bmm,
+    and a product with a vector (PyTorch's)."""
 
     def __init__(self, d=64):
         super().__init__()
@@ -30,7 +31,8 @@ class Mixer(nn.Module):
         s = a.view(2, -1, 16, 64) @ b.view(2, -1, 64, 16)  # [2, 4, 16, 16]
         r = s @ s[:1]                                      # batch dims that broadcast
         t = torch.bmm(r.reshape(-1, 16, 16), a.reshape(-1, 16, 64))
-        return t.reshape(x.shape)
+        w = r @ r[0, 0, 0]                                 # a vector operand
+        return t.reshape(x.shape) + w.sum()
 
 
 def product_nodes(opt) -> list:
@@ -49,20 +51,20 @@ def test_products_of_activations_on_gemmfuse_as_eager(dev, how):
         opt = torch.compile(model, backend="gemmfuse",
                             options={"inductor": False} if how == "backend-runtimes" else None)
     assert_as_eager(model, opt, x)
-    assert len(product_nodes(opt)) >= 2  # the 4-D @ and the bmm (per graph dynamo made)
+    assert len(product_nodes(opt)) >= 3  # the two 4-D @ and the bmm (per graph dynamo made)
     text = gemmfuse.explain(opt, print_it=False)
     assert "on gemmfuse's GEMM (gemmfuse.products.matmul; backward: dA on gemmfuse, dB on " \
            "gemmfuse)" in text, text
-    assert "left to " in text and "batch dims that broadcast" in text, text
+    assert "left to " in text and "a vector operand" in text, text
 
 
 def test_the_call_without_grad_and_at_odd_shapes():
     """matmul as torch.matmul: 2-D and 5-D operands, no grad, a product of K = 1, an empty
-    batch; operands whose batch dims differ run as torch.matmul."""
+    batch, batch dims that broadcast."""
     g = torch.Generator().manual_seed(1)
     for a_shape, b_shape in [((3, 5), (5, 7)), ((2, 1, 3, 4, 5), (2, 1, 3, 5, 2)),
                              ((4, 6, 1), (4, 1, 3)), ((0, 3, 4), (0, 4, 2)),
-                             ((2, 3, 4), (4, 5))]:
+                             ((2, 3, 4), (4, 5)), ((2, 1, 3, 4), (5, 4, 2)), ((3, 4), (2, 4, 5))]:
         a, b = torch.randn(a_shape, generator=g), torch.randn(b_shape, generator=g)
         got, want = products.matmul(a, b), torch.matmul(a, b)
         assert got.shape == want.shape

@@ -9,9 +9,8 @@
 // B[k][n] = b[n][k] from shared rows of b, so pairs of neighbouring k are one 32-bit load.
 //
 // A product of split operands is hi·hi + 2^-11 (hi·lo + lo·hi) (the lo parts 2^11 too large):
-// the two small products first, then the accumulator times 2^-11, then the large one; into
-// an accumulator that already holds a sum, that sum is first multiplied by 2^11 (powers of
-// two are exact: the small products reach it with one rounding, as from their own).
+// the two small products first, then the accumulator times 2^-11, then the large one, always
+// into a fresh accumulator; a running sum (O, dK, dV) takes each tile's product by fp32 adds.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -176,16 +175,31 @@ __device__ __forceinline__ void to_a_parts(const float (&x)[2 * KT][4], float mu
   }
 }
 
-// c += A B on split operands, A in registers, into an accumulator holding a sum.
+// c += A B on split operands, A in registers, into an accumulator holding a sum: each group of
+// 4 output tiles is a fresh product (product3's order), then added to c in fp32. The tensor
+// core's adds truncate, so a running sum fed back through every mma as C would lose low bits
+// at the size of the whole sum, biased toward zero (the split GEMM moves its sum into fp32
+// registers for the same reason: sm90/split_products_mainloop.h).
 template <int KT, int NT>
 __device__ __forceinline__ void accumulate3_regs(float (&c)[NT][4], const uint32_t (&ah)[KT][4],
                                                  const uint32_t (&al)[KT][4], const __half* bh,
                                                  const __half* bl, int ldb, int g, int t) {
-  scale_all(c, 2048.f);
-  mma_regs<KT>(c, ah, bl, ldb, g, t);
-  mma_regs<KT>(c, al, bh, ldb, g, t);
-  scale_all(c, kSmall);
-  mma_regs<KT>(c, ah, bh, ldb, g, t);
+  constexpr int kChunk = NT < 4 ? NT : 4;
+  static_assert(NT % kChunk == 0, "output tiles in groups of 4");
+#pragma unroll
+  for (int n0 = 0; n0 < NT; n0 += kChunk) {
+    float x[kChunk][4];
+#pragma unroll
+    for (int n = 0; n < kChunk; ++n) x[n][0] = x[n][1] = x[n][2] = x[n][3] = 0.f;
+    mma_regs<KT>(x, ah, bl + 8 * n0 * ldb, ldb, g, t);
+    mma_regs<KT>(x, al, bh + 8 * n0 * ldb, ldb, g, t);
+    scale_all(x, kSmall);
+    mma_regs<KT>(x, ah, bh + 8 * n0 * ldb, ldb, g, t);
+#pragma unroll
+    for (int n = 0; n < kChunk; ++n)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) c[n0 + n][i] += x[n][i];
+  }
 }
 
 }  // namespace gemmfuse::cuda::attention

@@ -11,12 +11,23 @@
 
 namespace gemmfuse::bindings {
 
-// Why the forward kernel does not take head dim D (null: it does).
-static const char* cuda_unfit(int64_t D) {
+// Why the forward kernel does not take head dim D on this device (null: it does).
+static const char* cuda_unfit(int64_t D, int device) {
 #ifdef GEMMFUSE_WITH_CUDA
-  return cuda::attention_f16x3_unfit(static_cast<int>(D));
+  if (const char* why = cuda::attention_f16x3_unfit(static_cast<int>(D))) return why;
+  return cuda::attention_f16x3_device_unfit(static_cast<int>(D), device);
 #else
-  (void)D;
+  (void)D, (void)device;
+  return "this build has no CUDA executor";
+#endif
+}
+
+// Why the backward kernel does not run on this device (null: it does).
+static const char* cuda_backward_unfit(int device) {
+#ifdef GEMMFUSE_WITH_CUDA
+  return cuda::attention_f16x3_backward_device_unfit(device);
+#else
+  (void)device;
   return "this build has no CUDA executor";
 #endif
 }
@@ -31,7 +42,7 @@ std::string sdpa_f16x3_route(const at::Tensor& q, const at::Tensor& k, const at:
     os << "fp32 q, k and v, got " << q.scalar_type();
   else if (!q.is_cuda() || k.device() != q.device() || v.device() != q.device())
     os << "q, k and v on one CUDA device";
-  else if (const char* unfit = cuda_unfit(q.size(3)))
+  else if (const char* unfit = cuda_unfit(q.size(3), q.get_device()))
     os << "head dim " << q.size(3) << " (" << unfit << ")";
   return os.str();
 }
@@ -109,6 +120,7 @@ std::string sdpa_f16x3_backward_route(const at::Tensor& grad_out, const at::Tens
   std::string why = sdpa_f16x3_route(q, k, v);
   if (!why.empty()) return why;
   if (q.size(3) != 64) return "head dim " + std::to_string(q.size(3)) + " (the backward takes 64)";
+  if (const char* unfit = cuda_backward_unfit(q.get_device())) return unfit;
   if (grad_out.sizes() != q.sizes() || out.sizes() != q.sizes() ||
       grad_out.scalar_type() != at::kFloat || out.scalar_type() != at::kFloat)
     return "grad_out and out of q's shape and dtype";

@@ -145,7 +145,9 @@ template <int D>
 __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionF16x3 a, Parts pt) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   Shared<D>& sm = *reinterpret_cast<Shared<D>*>(smem_raw);
-  const int64_t bh = blockIdx.y, q0 = static_cast<int64_t>(blockIdx.x) * kRows;
+  // B·H on grid x (y and z stop at 65535); the query tiles on y, the last first (under a
+  // causal mask they see the most keys, so the long CTAs start early).
+  const int64_t bh = blockIdx.x, q0 = static_cast<int64_t>(gridDim.y - 1 - blockIdx.y) * kRows;
   const int w = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int64_t head = bh * a.S;
   load_rows<D>(pt.qh + head * D, q0, a.S, sm.qh);
@@ -234,7 +236,7 @@ void launch_v_and_kernel(const AttentionF16x3& a, const Layout& L, Parts p, int*
                                        cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
     opted.fetch_or(bit);
   }
-  const dim3 grid(static_cast<unsigned>((a.S + kRows - 1) / kRows), static_cast<unsigned>(a.BH));
+  const dim3 grid(static_cast<unsigned>(a.BH), static_cast<unsigned>((a.S + kRows - 1) / kRows));
   attention_kernel<D><<<grid, kThreads, bytes, stream>>>(a, p);
   GF_LAUNCH_CHECK();
 }
@@ -243,6 +245,24 @@ void launch_v_and_kernel(const AttentionF16x3& a, const Layout& L, Parts p, int*
 
 const char* attention_f16x3_unfit(int D) {
   return D == 64 || D == 96 || D == 128 ? nullptr : "head dim must be 64, 96 or 128";
+}
+
+const char* attention_device_unfit(int shared_bytes, int device) {
+  int major = 0, optin = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
+          cudaSuccess) {
+    (void)cudaGetLastError();
+    return "a device whose attributes can be read";
+  }
+  if (major < 8) return "a GPU of compute capability 8.0 or newer (mma.sync m16n8k16)";
+  if (optin < shared_bytes) return "more shared memory per block than this GPU allows";
+  return nullptr;
+}
+
+const char* attention_f16x3_device_unfit(int D, int device) {
+  const int need = D == 64 ? sizeof(Shared<64>) : D == 96 ? sizeof(Shared<96>) : sizeof(Shared<128>);
+  return attention_device_unfit(need, device);
 }
 
 size_t attention_f16x3_workspace_bytes(int64_t BH, int64_t S, int D) {

@@ -31,8 +31,14 @@ struct AttentionF16x3 {
   void* workspace = nullptr;   // attention_f16x3_workspace_bytes(BH, S, D) bytes
 };
 
-// Whether the kernel takes this head dim ("" ) or why not.
+// Whether the kernel takes this head dim (null) or why not.
 const char* attention_f16x3_unfit(int D);
+// Whether the kernel runs on this device (null) or why not: mma.sync m16n8k16 needs compute
+// capability 8.0, and the kernels' shared memory must fit the device's per-block limit.
+const char* attention_f16x3_device_unfit(int D, int device);
+const char* attention_f16x3_backward_device_unfit(int device);
+// The rule both apply, for `shared_bytes` of shared memory per block.
+const char* attention_device_unfit(int shared_bytes, int device);
 size_t attention_f16x3_workspace_bytes(int64_t BH, int64_t S, int D);
 // Enqueues the splits and the attention kernel on `stream`.
 void launch_attention_f16x3(const AttentionF16x3& a, cudaStream_t stream);

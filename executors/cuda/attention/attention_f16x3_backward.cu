@@ -186,7 +186,7 @@ __global__ void __launch_bounds__(kThreads) attention_backward_kernel(AttentionF
                                                                       Parts pt) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   Shared& sm = *reinterpret_cast<Shared*>(smem_raw);
-  const int64_t bh = blockIdx.y, k0 = static_cast<int64_t>(blockIdx.x) * kTile, head = bh * a.S;
+  const int64_t bh = blockIdx.x, k0 = static_cast<int64_t>(blockIdx.y) * kTile, head = bh * a.S;
   const int w = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const Exps e = head_exps(pt.amax, a.BH, bh);
   load_rows<kD>(pt.kh + head * kD, k0, a.S, sm.kh);
@@ -250,6 +250,10 @@ const char* attention_f16x3_backward_unfit(int D) {
   return D == kD ? nullptr : "the backward takes head dim 64";
 }
 
+const char* attention_f16x3_backward_device_unfit(int device) {
+  return attention_device_unfit(sizeof(Shared), device);
+}
+
 size_t attention_f16x3_backward_workspace_bytes(int64_t BH, int64_t S, int D) {
   (void)D;
   return Layout(BH, S).total;
@@ -278,7 +282,7 @@ void launch_attention_f16x3_backward(const AttentionF16x3Backward& a, cudaStream
   const Parts pt{part(0), part(0) + total, part(1), part(1) + total, part(2), part(2) + total,
                  part(3), part(3) + total, amax, delta};
   opt_in_shared(sizeof(Shared));
-  const dim3 grid(static_cast<unsigned>((a.S + kTile - 1) / kTile), static_cast<unsigned>(a.BH));
+  const dim3 grid(static_cast<unsigned>(a.BH), static_cast<unsigned>((a.S + kTile - 1) / kTile));
   attention_backward_kernel<<<grid, kThreads, sizeof(Shared), stream>>>(a, pt);
   GF_LAUNCH_CHECK();
   launch_attention_nonfinite_backward(a, amax, stream);

@@ -36,7 +36,7 @@ __device__ float score(const float* q, const float* k, int D, int64_t i, int64_t
 __device__ float nan_max(float m, float s) { return (m != m || s != s) ? NAN : fmaxf(m, s); }
 
 __global__ void forward_kernel(AttentionF16x3 a, const int* flags) {
-  const int64_t bh = blockIdx.y, i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  const int64_t bh = blockIdx.x, i = static_cast<int64_t>(blockIdx.y) * kThreads + threadIdx.x;
   if (!flags[bh] || i >= a.S) return;
   const int64_t head = bh * a.S * a.D;
   const float *q = a.q + head, *k = a.k + head, *v = a.v + head;
@@ -71,7 +71,7 @@ __device__ void p_and_ds(const AttentionF16x3Backward& a, const Head& h, int64_t
 
 // dQ_i = scale Σ_j dS_ij K_j (a thread per query row).
 __global__ void dq_kernel(AttentionF16x3Backward a, const float* amax) {
-  const int64_t bh = blockIdx.y, i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  const int64_t bh = blockIdx.x, i = static_cast<int64_t>(blockIdx.y) * kThreads + threadIdx.x;
   if (!attention_head_nonfinite(amax, a.BH, bh) || i >= a.S) return;
   const Head h = head_of(a, bh);
   float acc[kMaxD] = {};
@@ -86,7 +86,7 @@ __global__ void dq_kernel(AttentionF16x3Backward a, const float* amax) {
 
 // dV_j = Σ_i P_ij dO_i and dK_j = scale Σ_i dS_ij Q_i (a thread per key).
 __global__ void dkv_kernel(AttentionF16x3Backward a, const float* amax) {
-  const int64_t bh = blockIdx.y, j = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  const int64_t bh = blockIdx.x, j = static_cast<int64_t>(blockIdx.y) * kThreads + threadIdx.x;
   if (!attention_head_nonfinite(amax, a.BH, bh) || j >= a.S) return;
   const Head h = head_of(a, bh);
   float dv[kMaxD] = {}, dk[kMaxD] = {};
@@ -103,7 +103,7 @@ __global__ void dkv_kernel(AttentionF16x3Backward a, const float* amax) {
 }
 
 dim3 grid_of(int64_t S, int64_t BH) {
-  return dim3(static_cast<unsigned>((S + kThreads - 1) / kThreads), static_cast<unsigned>(BH));
+  return dim3(static_cast<unsigned>(BH), static_cast<unsigned>((S + kThreads - 1) / kThreads));
 }
 
 }  // namespace

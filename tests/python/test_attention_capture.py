@@ -219,6 +219,9 @@ def test_the_call_as_eager_at_odd_shapes(shape, causal):
         ref = F.scaled_dot_product_attention(*d, is_causal=causal)
     ref_grads = torch.autograd.grad(ref, d, go.double())
     for g_, e, w in zip((got, *got_grads), (eager, *eager_grads), (ref, *ref_grads)):
+        if w.norm() == 0:  # S = 1: dq = dk = 0 exactly; dS = P (dP - delta) leaves rounding
+            assert g_.abs().max() <= 1e-5 * go.abs().max() * v.abs().max()
+            continue
         assert rel(g_.detach(), w) <= 1.25 * rel(e.detach(), w) + SLACK
 
 

@@ -1,5 +1,7 @@
 #include "attention.h"
 
+#include <ATen/ExpandUtils.h>
+
 #include <sstream>
 
 #ifdef GEMMFUSE_WITH_CUDA
@@ -32,7 +34,22 @@ static const char* cuda_backward_unfit(int device) {
 #endif
 }
 
-std::string sdpa_f16x3_route(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+// Why an additive mask does not fit q [B, H, S, D] ("" where it does): fp32 on q's device,
+// no gradient wanted, broadcasting to [B, H, S, S].
+static std::string bias_unfit(const at::Tensor& q, const c10::optional<at::Tensor>& bias) {
+  if (!bias.has_value() || !bias->defined()) return "";
+  const at::Tensor& b = *bias;
+  const int64_t B = q.size(0), H = q.size(1), S = q.size(2);
+  if (b.scalar_type() != at::kFloat || b.device() != q.device())
+    return "an attention mask that is not fp32 on q's device";
+  if (b.requires_grad()) return "an attention mask that needs a gradient";
+  if (b.dim() > 4 || !at::is_expandable_to(b.sizes(), {B, H, S, S}))
+    return "an attention mask that does not broadcast to [B, H, S, S]";
+  return "";
+}
+
+std::string sdpa_f16x3_route(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                             const c10::optional<at::Tensor>& bias) {
   std::ostringstream os;
   if (q.dim() != 4 || k.sizes() != q.sizes() || v.sizes() != q.sizes())
     os << "q, k and v of one shape [B, H, S, D] (self-attention), got " << q.sizes() << ", "
@@ -44,14 +61,30 @@ std::string sdpa_f16x3_route(const at::Tensor& q, const at::Tensor& k, const at:
     os << "q, k and v on one CUDA device";
   else if (const char* unfit = cuda_unfit(q.size(3), q.get_device()))
     os << "head dim " << q.size(3) << " (" << unfit << ")";
+  else
+    os << bias_unfit(q, bias);
   return os.str();
 }
+
+#ifdef GEMMFUSE_WITH_CUDA
+// The mask as the kernels read it: expanded to [B, H, S, S] (a view: broadcast dims stride 0).
+static cuda::AttentionMask mask_of(const c10::optional<at::Tensor>& bias, const at::Tensor& q) {
+  cuda::AttentionMask m;
+  if (!bias.has_value() || !bias->defined()) return m;
+  const at::Tensor e = bias->expand({q.size(0), q.size(1), q.size(2), q.size(2)});
+  m.data = e.data_ptr<float>(), m.heads = q.size(1);
+  m.sb = e.stride(0), m.sh = e.stride(1), m.si = e.stride(2), m.sj = e.stride(3);
+  return m;
+}
+#endif
 
 // The log-sum-exp's rows: S rounded up to 32, as PyTorch's memory-efficient attention pads them.
 static int64_t lse_columns(int64_t S) { return (S + 31) / 32 * 32; }
 
 std::tuple<at::Tensor, at::Tensor> sdpa_f16x3_meta(const at::Tensor& q, const at::Tensor&,
-                                                   const at::Tensor&, bool, double) {
+                                                   const at::Tensor&,
+                                                   const c10::optional<at::Tensor>&, bool,
+                                                   double) {
   TORCH_CHECK(q.dim() == 4, "gemmfuse::sdpa_f16x3: expected q of [B, H, S, D], got ", q.sizes());
   return {at::empty(q.sizes(), q.options()),
           at::empty({q.size(0), q.size(1), lse_columns(q.size(2))}, q.options())};
@@ -59,15 +92,17 @@ std::tuple<at::Tensor, at::Tensor> sdpa_f16x3_meta(const at::Tensor& q, const at
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> sdpa_f16x3_backward_meta(
     const at::Tensor&, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-    const at::Tensor&, const at::Tensor&, bool, double) {
+    const c10::optional<at::Tensor>&, const at::Tensor&, const at::Tensor&, bool, double) {
   return {at::empty(q.sizes(), q.options()), at::empty(k.sizes(), k.options()),
           at::empty(v.sizes(), v.options())};
 }
 
 #ifdef GEMMFUSE_WITH_CUDA
 std::tuple<at::Tensor, at::Tensor> sdpa_f16x3(const at::Tensor& q, const at::Tensor& k,
-                                              const at::Tensor& v, bool is_causal, double scale) {
-  const std::string why = sdpa_f16x3_route(q, k, v);
+                                              const at::Tensor& v,
+                                              const c10::optional<at::Tensor>& bias,
+                                              bool is_causal, double scale) {
+  const std::string why = sdpa_f16x3_route(q, k, v, bias);
   TORCH_CHECK(why.empty(), "gemmfuse::sdpa_f16x3: expected ", why);
   c10::cuda::CUDAGuard guard(q.device());
   const int64_t B = q.size(0), H = q.size(1), S = q.size(2), D = q.size(3);
@@ -83,6 +118,7 @@ std::tuple<at::Tensor, at::Tensor> sdpa_f16x3(const at::Tensor& q, const at::Ten
   a.q = qc.data_ptr<float>(), a.k = kc.data_ptr<float>(), a.v = vc.data_ptr<float>();
   a.o = out.data_ptr<float>(), a.lse = lse_rows.data_ptr<float>();
   a.scale = static_cast<float>(scale), a.causal = is_causal, a.workspace = ws.data_ptr();
+  a.mask = mask_of(bias, q);
   cuda::launch_attention_f16x3(a, at::cuda::getCurrentCUDAStream());
   lse.narrow(2, 0, S).copy_(lse_rows);
   return {out, lse};
@@ -90,8 +126,9 @@ std::tuple<at::Tensor, at::Tensor> sdpa_f16x3(const at::Tensor& q, const at::Ten
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> sdpa_f16x3_backward(
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-    const at::Tensor& out, const at::Tensor& lse, bool is_causal, double scale) {
-  const std::string why = sdpa_f16x3_backward_route(grad_out, q, k, v, out, lse);
+    const c10::optional<at::Tensor>& bias, const at::Tensor& out, const at::Tensor& lse,
+    bool is_causal, double scale) {
+  const std::string why = sdpa_f16x3_backward_route(grad_out, q, k, v, bias, out, lse);
   TORCH_CHECK(why.empty(), "gemmfuse::sdpa_f16x3_backward: expected ", why);
   c10::cuda::CUDAGuard guard(q.device());
   const int64_t B = q.size(0), H = q.size(1), S = q.size(2), D = q.size(3);
@@ -109,6 +146,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> sdpa_f16x3_backward(
   a.lse = lc.data_ptr<float>(), a.lse_stride = lc.size(2);
   a.dq = dq.data_ptr<float>(), a.dk = dk.data_ptr<float>(), a.dv = dv.data_ptr<float>();
   a.workspace = ws.data_ptr();
+  a.mask = mask_of(bias, q);
   cuda::launch_attention_f16x3_backward(a, at::cuda::getCurrentCUDAStream());
   return {dq, dk, dv};
 }
@@ -116,8 +154,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> sdpa_f16x3_backward(
 
 std::string sdpa_f16x3_backward_route(const at::Tensor& grad_out, const at::Tensor& q,
                                       const at::Tensor& k, const at::Tensor& v,
+                                      const c10::optional<at::Tensor>& bias,
                                       const at::Tensor& out, const at::Tensor& lse) {
-  std::string why = sdpa_f16x3_route(q, k, v);
+  std::string why = sdpa_f16x3_route(q, k, v, bias);
   if (!why.empty()) return why;
   if (q.size(3) != 64) return "head dim " + std::to_string(q.size(3)) + " (the backward takes 64)";
   if (const char* unfit = cuda_backward_unfit(q.get_device())) return unfit;

@@ -12,31 +12,40 @@
 namespace gemmfuse::bindings {
 
 // "" where sdpa_f16x3 takes q, k, v [B, H, S, D] (fp32, CUDA, one device, D 64, 96 or 128, the
-// same S for queries and keys), else why not.
-std::string sdpa_f16x3_route(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
+// same S for queries and keys) and the additive mask `bias` (none; or fp32, no gradient,
+// broadcasting to [B, H, S, S]), else why not.
+std::string sdpa_f16x3_route(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                             const c10::optional<at::Tensor>& bias);
 
 #ifdef GEMMFUSE_WITH_CUDA
 // (out [B, H, S, D], lse [B, H, S rounded up to 32]: log Σ_j exp(s_ij), the padding 0).
 std::tuple<at::Tensor, at::Tensor> sdpa_f16x3(const at::Tensor& q, const at::Tensor& k,
-                                              const at::Tensor& v, bool is_causal, double scale);
+                                              const at::Tensor& v,
+                                              const c10::optional<at::Tensor>& bias,
+                                              bool is_causal, double scale);
 
 // (dq, dk, dv) from grad_out, the forward's operands, out and lse (sdpa_f16x3's, or PyTorch's
 // memory-efficient attention's: the same LSE), head dim 64.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> sdpa_f16x3_backward(
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-    const at::Tensor& out, const at::Tensor& lse, bool is_causal, double scale);
+    const c10::optional<at::Tensor>& bias, const at::Tensor& out, const at::Tensor& lse,
+    bool is_causal, double scale);
 #endif
 
 // The outputs' shapes and dtypes alone (the Meta kernels: fake tensors, torch.compile's tracing).
 std::tuple<at::Tensor, at::Tensor> sdpa_f16x3_meta(const at::Tensor& q, const at::Tensor& k,
-                                                   const at::Tensor& v, bool is_causal, double scale);
+                                                   const at::Tensor& v,
+                                                   const c10::optional<at::Tensor>& bias,
+                                                   bool is_causal, double scale);
 std::tuple<at::Tensor, at::Tensor, at::Tensor> sdpa_f16x3_backward_meta(
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-    const at::Tensor& out, const at::Tensor& lse, bool is_causal, double scale);
+    const c10::optional<at::Tensor>& bias, const at::Tensor& out, const at::Tensor& lse,
+    bool is_causal, double scale);
 
 // "" where sdpa_f16x3_backward takes these operands, else why not.
 std::string sdpa_f16x3_backward_route(const at::Tensor& grad_out, const at::Tensor& q,
                                       const at::Tensor& k, const at::Tensor& v,
+                                      const c10::optional<at::Tensor>& bias,
                                       const at::Tensor& out, const at::Tensor& lse);
 
 }  // namespace gemmfuse::bindings

@@ -208,13 +208,14 @@ TORCH_LIBRARY(gemmfuse, m) {
   m.def("bmm(Tensor a, Tensor b, str precision) -> Tensor");
   m.def("bmm_route(Tensor a, Tensor b, str precision) -> str", &bmm_route);
   m.def("mm_route(Tensor a, Tensor b, Tensor? bias, str precision) -> str", &mm_route);
-  m.def("sdpa_f16x3(Tensor q, Tensor k, Tensor v, bool is_causal, float scale) "
-        "-> (Tensor out, Tensor lse)");
-  m.def("sdpa_f16x3_route(Tensor q, Tensor k, Tensor v) -> str", &sdpa_f16x3_route);
-  m.def("sdpa_f16x3_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, "
-        "Tensor lse, bool is_causal, float scale) -> (Tensor dq, Tensor dk, Tensor dv)");
-  m.def("sdpa_f16x3_backward_route(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, "
-        "Tensor lse) -> str", &sdpa_f16x3_backward_route);
+  m.def("sdpa_f16x3(Tensor q, Tensor k, Tensor v, Tensor? attn_bias, bool is_causal, "
+        "float scale) -> (Tensor out, Tensor lse)");
+  m.def("sdpa_f16x3_route(Tensor q, Tensor k, Tensor v, Tensor? attn_bias=None) -> str",
+        &sdpa_f16x3_route);
+  m.def("sdpa_f16x3_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor? attn_bias, "
+        "Tensor out, Tensor lse, bool is_causal, float scale) -> (Tensor dq, Tensor dk, Tensor dv)");
+  m.def("sdpa_f16x3_backward_route(Tensor grad_out, Tensor q, Tensor k, Tensor v, "
+        "Tensor? attn_bias, Tensor out, Tensor lse) -> str", &sdpa_f16x3_backward_route);
   m.def(
       "linear_cross_entropy(Tensor x, Tensor weight, Tensor? bias, Tensor target, "
       "int ignore_index, float label_smoothing, str reduction, str precision, int chunk_rows, "

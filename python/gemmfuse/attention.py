@@ -1,12 +1,14 @@
-"""fp32 attention in captured graphs: ``F.scaled_dot_product_attention(q, k, v, is_causal=...,
-scale=...)`` (no mask, no dropout) as one differentiable call on gemmfuse's split-product
+"""fp32 attention in captured graphs: ``F.scaled_dot_product_attention(q, k, v, attn_mask=...,
+is_causal=..., scale=...)`` (no dropout) as one differentiable call on gemmfuse's split-product
 kernels (``gemmfuse::sdpa_f16x3`` and its backward), which optimize() and the torch.compile
 backend put in place of the model's own call (capture/attention.py finds them).
 
 Each direction runs where C++'s route takes its operands (fp32 CUDA [B, H, S, D], one S for
-queries and keys, D 64, 96 or 128; the backward D 64), else as PyTorch's memory-efficient
-attention runs it: both write the same log-sum-exp, so either backward reads either forward's.
-Elsewhere (the CPU, other dtypes, no operator library) PyTorch's own SDPA runs the call.
+queries and keys, D 64, 96 or 128; the backward D 64; a mask fp32 or bool, broadcasting to
+[B, H, S, S], needing no gradient), else as PyTorch's memory-efficient attention runs it: both
+write the same log-sum-exp, so either backward reads either forward's. A call with a mask runs
+on gemmfuse only where both directions do (PyTorch's op pads masks its own way). Elsewhere (the
+CPU, other dtypes, no operator library) PyTorch's own SDPA runs the call.
 """
 from __future__ import annotations
 
@@ -18,103 +20,134 @@ from . import _lib
 aten = torch.ops.aten
 
 
-def forward_route(q, k, v) -> str:
-    """'' where gemmfuse's forward kernel takes q, k, v, else why PyTorch's runs."""
+def forward_route(q, k, v, mask=None) -> str:
+    """'' where gemmfuse's forward kernel takes q, k, v (and the additive mask), else why
+    PyTorch's runs."""
     if not _lib.available():
         return "the gemmfuse operator library is not available"
-    return _lib.ops().sdpa_f16x3_route(q, k, v)
+    return _lib.ops().sdpa_f16x3_route(q, k, v, mask)
 
 
-def _backward_route(go, q, k, v, out, lse) -> str:
-    return _lib.ops().sdpa_f16x3_backward_route(go, q, k, v, out, lse)
+def _backward_route(go, q, k, v, mask, out, lse) -> str:
+    return _lib.ops().sdpa_f16x3_backward_route(go, q, k, v, mask, out, lse)
+
+
+def additive_mask(mask):
+    """An attn_mask as the kernels read it (PyTorch's rule): a float one as it is, a boolean
+    one as 0 where True (attend) and -inf where False; None stays None."""
+    if mask is None or mask.dtype != torch.bool:
+        return mask
+    return torch.zeros(mask.shape, device=mask.device).masked_fill_(~mask, float("-inf"))
 
 
 class _Attention(torch.autograd.Function):
-    """softmax(q kᵀ · scale [+ causal mask]) v for fp32 CUDA q, k, v [B, H, S, D]."""
+    """softmax(q kᵀ · scale [+ mask] [+ causal mask]) v for fp32 CUDA q, k, v [B, H, S, D];
+    `mask` additive (additive_mask) or None."""
 
     @staticmethod
-    def forward(ctx, q, k, v, is_causal, scale):
-        if forward_route(q, k, v):
+    def forward(ctx, q, k, v, mask, is_causal, scale):
+        if forward_route(q, k, v, mask):
             out, lse, _, _ = aten._scaled_dot_product_efficient_attention(
-                q, k, v, None, True, 0.0, is_causal, scale=scale)
+                q, k, v, mask, True, 0.0, is_causal, scale=scale)
         else:
-            out, lse = torch.ops.gemmfuse.sdpa_f16x3(q, k, v, is_causal, scale)
-        ctx.save_for_backward(q, k, v, out, lse)
+            out, lse = torch.ops.gemmfuse.sdpa_f16x3(q, k, v, mask, is_causal, scale)
+        ctx.save_for_backward(q, k, v, mask, out, lse)
         ctx.is_causal, ctx.scale = is_causal, scale
         return out
 
     @staticmethod
     def backward(ctx, go):
-        q, k, v, out, lse = ctx.saved_tensors
+        q, k, v, mask, out, lse = ctx.saved_tensors
         go = go.contiguous()
-        if _backward_route(go, q, k, v, out, lse):
+        if _backward_route(go, q, k, v, mask, out, lse):
             empty = torch.empty((), dtype=torch.long)  # no dropout: no RNG state to pass
             dq, dk, dv, _ = aten._scaled_dot_product_efficient_attention_backward(
-                go, q, k, v, None, out, lse, empty, empty, 0.0, [True, True, True, False],
+                go, q, k, v, mask, out, lse, empty, empty, 0.0, [True, True, True, False],
                 ctx.is_causal, scale=ctx.scale)
         else:
-            dq, dk, dv = torch.ops.gemmfuse.sdpa_f16x3_backward(go, q, k, v, out, lse,
+            dq, dk, dv = torch.ops.gemmfuse.sdpa_f16x3_backward(go, q, k, v, mask, out, lse,
                                                                 ctx.is_causal, ctx.scale)
-        return dq, dk, dv, None, None
+        return dq, dk, dv, None, None, None
 
 
-def runs_on_gemmfuse(q, k, v) -> bool:
+def runs_on_gemmfuse(q, k, v, mask=None) -> bool:
     """Whether scaled_dot_product_attention takes this call to gemmfuse's kernels (what PyTorch
     runs otherwise is its own SDPA, the model's call as it was): fp32 CUDA tensors, not
     DTensors (tensor parallelism shards them: DTensor's own SDPA rule runs them), that the
-    kernels' route takes."""
+    kernels' route takes; with a mask (additive), the backward's route too where autograd
+    records."""
     from .tensor_parallel import is_dtensor
-    return (all(isinstance(t, torch.Tensor) and not is_dtensor(t) and t.is_cuda
+    if not (all(isinstance(t, torch.Tensor) and not is_dtensor(t) and t.is_cuda
                 and t.dtype == torch.float32 for t in (q, k, v))
-            and _lib.available() and not forward_route(q, k, v))
+            and _lib.available() and not forward_route(q, k, v, mask)):
+        return False
+    if mask is None or not (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))):
+        return True
+    lse = q.new_empty(q.shape[:3])
+    return not _backward_route(q, q, q, q, mask, q, lse)
 
 
-def scaled_dot_product_attention(q, k, v, is_causal: bool = False, scale: float | None = None):
-    """``F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale)`` with both
-    products of the forward and of the backward on split fp16 tensor-core products where the
-    kernels take the call (fp32 CUDA q, k, v [B, H, S, D], D 64, 96 or 128); else PyTorch's SDPA."""
-    if not runs_on_gemmfuse(q, k, v):
-        return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale)
+def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal: bool = False,
+                                 scale: float | None = None):
+    """``F.scaled_dot_product_attention(q, k, v, attn_mask, is_causal=is_causal, scale=scale)``
+    with both products of the forward and of the backward on split fp16 tensor-core products
+    where the kernels take the call (fp32 CUDA q, k, v [B, H, S, D], D 64, 96 or 128; a mask
+    fp32 or bool broadcasting to [B, H, S, S]); else PyTorch's SDPA."""
+    mask = additive_mask(attn_mask) if isinstance(attn_mask, torch.Tensor) else attn_mask
+    if not runs_on_gemmfuse(q, k, v, mask):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
+                                              scale=scale)
     s = float(scale) if scale is not None else q.shape[-1] ** -0.5
-    return _Attention.apply(q, k, v, bool(is_causal), s)
+    return _Attention.apply(q, k, v, mask, bool(is_causal), s)
 
 
-def _random_operands(shape, device, training):
+def _random_operands(shape, device, training, mask=()):
+    """q, k, v, dout of `shape`, and a mask of `mask` = (shape, dtype) (about one score in
+    ten masked) or None."""
     g = torch.Generator(device=device).manual_seed(0)
-    return [torch.randn(shape, device=device, generator=g).requires_grad_(training)
-            for _ in range(4)]
+    ops = [torch.randn(shape, device=device, generator=g).requires_grad_(training)
+           for _ in range(4)]
+    if not mask:
+        return ops + [None]
+    keep = torch.rand(mask[0], device=device, generator=g) > 0.1
+    return ops + [keep if mask[1] == torch.bool else additive_mask(keep)]
 
 
-def timed_choice(shape, device, is_causal: bool, scale, training: bool) -> str:
+def timed_choice(shape, device, is_causal: bool, scale, training: bool, mask=()) -> str:
     """'' where gemmfuse's attention timed at least as fast as PyTorch's SDPA for q, k, v of
     `shape` on `device` (the forward, and the backward where the graph trains), else why PyTorch
     runs the call (route_timer.timed_choice: once per signature, on fresh random operands)."""
     from . import route_timer
     if not route_timer.timed_routes_on(device):
         return ""
-    q, k, v, go = _random_operands(shape, device, training)
+    q, k, v, go, m = _random_operands(shape, device, training, mask)
 
     def call(fn):
         def run():
             with torch.set_grad_enabled(training):
-                out = fn(q, k, v, is_causal=is_causal, scale=scale)
+                out = fn(q, k, v, attn_mask=m, is_causal=is_causal, scale=scale)
                 return torch.autograd.grad(out, (q, k, v), go) if training else out
         return run
-    key = ("captured sdpa", tuple(shape), device, bool(is_causal), scale, bool(training))
+    key = ("captured sdpa", tuple(shape), device, bool(is_causal), scale, bool(training), mask)
     why = route_timer.timed_choice(key, call(scaled_dot_product_attention),
                                    call(F.scaled_dot_product_attention), q)
     return why + (" (forward and backward)" if why and training else "")
 
 
-def choice(shape, device, is_causal: bool, scale, training: bool, precision: str) -> str:
-    """'' where a captured SDPA call of q, k, v of `shape` runs as scaled_dot_product_attention
-    here, else why the model's own call stays: the precision, the device, the kernels' route,
-    then (on a GPU) the timing."""
+def choice(shape, device, is_causal: bool, scale, training: bool, precision: str,
+           mask=()) -> str:
+    """'' where a captured SDPA call of q, k, v of `shape` (and a mask of `mask` = (shape,
+    dtype), or ()) runs as scaled_dot_product_attention here, else why the model's own call
+    stays: the precision, the device, the kernels' routes, then (on a GPU) the timing."""
     from .runtime import always_fuse
     if precision == "tf32":
         return "tf32 precision (PyTorch's SDPA is as fast and as accurate)"
     if device.type != "cuda":
         return "" if always_fuse() else f"attention on {device.type} (gemmfuse's kernels are CUDA's)"
-    q = torch.empty(shape, device=device)
-    why = forward_route(q, q, q)
-    return why or timed_choice(shape, device, is_causal, scale, training)
+    q = torch.empty(shape, device=device, requires_grad=training)
+    m = additive_mask(torch.ones(mask[0], dtype=torch.bool, device=device)) if mask else None
+    why = forward_route(q, q, q, m)
+    if not why and m is not None and training and not runs_on_gemmfuse(q, q, q, m):
+        why = "a mask with a backward gemmfuse's kernel does not take (" + _backward_route(
+            q, q, q, q, m, q, q.new_empty(q.shape[:3])) + ")"
+    return why or timed_choice(shape, device, is_causal, scale, training, mask)

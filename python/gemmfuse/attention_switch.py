@@ -2,9 +2,10 @@
 (``aten._scaled_dot_product_efficient_attention`` and its backward op, what
 ``F.scaled_dot_product_attention`` runs for fp32 CUDA tensors) on split fp16 products
 (``gemmfuse::sdpa_f16x3``, ``gemmfuse::sdpa_f16x3_backward``). The forward returns that op's
-outputs, the log-sum-exp in its layout, so either backward reads either forward's. What the
-kernels do not take yet runs as PyTorch runs it, with the reason: an attention mask, dropout,
-queries and keys of different lengths, head dims other than 64, 96 and 128 (the backward: 64).
+outputs, the log-sum-exp in its layout, so either backward reads either forward's. An additive
+mask (``attn_bias``, what SDPA makes of attn_mask) is read in place. What the kernels do not take
+yet runs as PyTorch runs it, with the reason: dropout, a mask that needs a gradient, queries and
+keys of different lengths, head dims other than 64, 96 and 128 (the backward: 64).
 Each direction is timed against PyTorch's op once per signature on a GPU
 (route_timer.timed_choice), and the faster one runs."""
 from __future__ import annotations
@@ -29,10 +30,10 @@ def efficient_attention(mode, args, kwargs):
     causal = _arg(args, kwargs, 6, "is_causal", False)
     scale = kwargs.get("scale")
     s = float(scale) if scale is not None else q.shape[-1] ** -0.5
-    why = _declines(mode, q, bias, dropout) or _lib.ops().sdpa_f16x3_route(q, k, v)
-    ours = lambda: _lib.ops().sdpa_f16x3(q, k, v, bool(causal), s)  # noqa: E731
+    why = _declines(mode, q, dropout) or _lib.ops().sdpa_f16x3_route(q, k, v, bias)
+    ours = lambda: _lib.ops().sdpa_f16x3(q, k, v, bias, bool(causal), s)  # noqa: E731
     theirs = lambda: aten._scaled_dot_product_efficient_attention(*args, **kwargs)  # noqa: E731
-    why = why or route_timer.timed_choice(_key("forward", q, causal, s), ours, theirs, q)
+    why = why or route_timer.timed_choice(_key("forward", q, bias, causal, s), ours, theirs, q)
     if why:
         return None, why
     out, lse = ours()
@@ -43,12 +44,10 @@ def efficient_attention(mode, args, kwargs):
     return (out, lse, seed, offset), ""
 
 
-def _declines(mode, q, bias, dropout) -> str:
+def _declines(mode, q, dropout) -> str:
     why = "" if q.device.type in mode.devices else f"attention on {q.device.type}"
     if not why and mode.precision == "tf32":
         why = "tf32 precision (PyTorch's kernel is as fast and as accurate)"
-    if not why and bias is not None:
-        why = "an attention mask (not yet on gemmfuse's kernel)"
     if not why and dropout:
         why = "dropout (not yet on gemmfuse's kernel)"
     return why
@@ -59,20 +58,24 @@ def efficient_attention_backward(mode, args, kwargs):
     it, else (None, why)."""
     go, q, k, v, bias, out, lse = args[:7]
     dropout = _arg(args, kwargs, 9, "dropout_p", 0.0)
+    wanted = _arg(args, kwargs, 10, "grad_input_mask", [True] * 4)
     causal = _arg(args, kwargs, 11, "is_causal", False)
     scale = kwargs.get("scale")
     s = float(scale) if scale is not None else q.shape[-1] ** -0.5
-    why = _declines(mode, q, bias, dropout) or _lib.ops().sdpa_f16x3_backward_route(
-        go, q, k, v, out, lse)
-    ours = lambda: _lib.ops().sdpa_f16x3_backward(go, q, k, v, out, lse, bool(causal), s)  # noqa: E731
+    why = _declines(mode, q, dropout) or _lib.ops().sdpa_f16x3_backward_route(
+        go, q, k, v, bias, out, lse)
+    if not why and bias is not None and len(wanted) > 3 and wanted[3]:
+        why = "the mask's gradient (gemmfuse's backward gives none)"
+    ours = lambda: _lib.ops().sdpa_f16x3_backward(go, q, k, v, bias, out, lse, bool(causal), s)  # noqa: E731
     theirs = lambda: aten._scaled_dot_product_efficient_attention_backward(*args, **kwargs)  # noqa: E731
-    why = why or route_timer.timed_choice(_key("backward", q, causal, s), ours, theirs, q)
+    why = why or route_timer.timed_choice(_key("backward", q, bias, causal, s), ours, theirs, q)
     if why:
         return None, why
     dq, dk, dv = ours()
     return (dq, dk, dv, None), ""
 
 
-def _key(direction, q, causal, scale) -> tuple:
-    """A timed choice's signature: the direction, q's device, shape and strides, the mask."""
-    return ("sdpa", direction, q.device, q.shape, q.stride(), bool(causal), scale)
+def _key(direction, q, bias, causal, scale) -> tuple:
+    """A timed choice's signature: the direction, q's device, shape and strides, the masks."""
+    mask = None if bias is None else (tuple(bias.shape), bias.stride())
+    return ("sdpa", direction, q.device, q.shape, q.stride(), mask, bool(causal), scale)

@@ -355,7 +355,7 @@ def fuse_attention(gm: fx.GraphModule, precision: str, report, example_inputs=()
             training = any(getattr(node_info(t), "requires_grad", False)
                            for t in (match.q, match.k, match.v))
             site.reason = attention.choice(shape, inf.device, site.is_causal, match.scale,
-                                           training, precision)
+                                           training, precision, site.mask)
             if not site.reason:
                 _rewrite_attention(match)
                 site.status = "fused"
@@ -371,6 +371,8 @@ def _rewrite_attention(match) -> None:
     and its steps (and a mask only they read) erased."""
     from .attention import scaled_dot_product_attention
     node, kwargs = match.node, {"is_causal": match.site.is_causal, "scale": match.scale}
+    if match.mask is not None:
+        kwargs["attn_mask"] = match.mask
     if not match.erase:
         node.target, node.args, node.kwargs = scaled_dot_product_attention, (match.q, match.k, match.v), kwargs
         return

@@ -29,21 +29,27 @@ uint64_t seed_for(const char* what) {
   return s;
 }
 
-// softmax(q kᵀ scale [+ causal]) v for one head in T (double: the reference; float: what a
-// plain fp32 computation gives), and each row's log-sum-exp.
+// softmax(q kᵀ scale [+ mask] [+ causal]) v for one head in T (double: the reference; float:
+// what a plain fp32 computation gives), and each row's log-sum-exp. `mask`: the head's additive
+// [S, S] mask or null; a row masked throughout gives 0 and LSE +inf (the kernels' rule).
 template <class T>
 void reference(const float* q, const float* k, const float* v, int64_t S, int D, double scale,
-               bool causal, std::vector<T>& o, std::vector<T>& lse) {
+               bool causal, std::vector<T>& o, std::vector<T>& lse, const float* mask = nullptr) {
+  constexpr T kInf = std::numeric_limits<T>::infinity();
   o.assign(S * D, T(0));
   lse.assign(S, T(0));
   std::vector<T> s(S);
   for (int64_t i = 0; i < S; ++i) {
-    T m = -std::numeric_limits<T>::infinity();
+    T m = -kInf;
     for (int64_t j = 0; j < S; ++j) {
       T dot = 0;
       for (int d = 0; d < D; ++d) dot += T(q[i * D + d]) * T(k[j * D + d]);
-      s[j] = (causal && j > i) ? -std::numeric_limits<T>::infinity() : dot * T(scale);
+      s[j] = (causal && j > i) ? -kInf : dot * T(scale) + (mask ? T(mask[i * S + j]) : T(0));
       m = std::max(m, s[j]);
+    }
+    if (m == -kInf) {
+      lse[i] = kInf;
+      continue;
     }
     T l = 0;
     for (int64_t j = 0; j < S; ++j) l += (s[j] = std::exp(s[j] - m));
@@ -53,15 +59,28 @@ void reference(const float* q, const float* k, const float* v, int64_t S, int D,
   }
 }
 
-void check(int64_t BH, int64_t S, int D, bool causal) {
+// A mask per head [BH][S][S] (or one for all heads: shared): normal values, about one in five
+// −inf, and row 5 (where S > 5) −inf throughout.
+std::vector<float> random_mask(std::mt19937_64& rng, int64_t heads, int64_t S) {
+  std::normal_distribution<float> nd(0.f, 2.f);
+  std::vector<float> m(heads * S * S);
+  for (float& e : m) e = nd(rng) > 1.7f ? -std::numeric_limits<float>::infinity() : nd(rng);
+  for (int64_t h = 0; h < heads && S > 5; ++h)
+    for (int64_t j = 0; j < S; ++j) m[(h * S + 5) * S + j] = -std::numeric_limits<float>::infinity();
+  return m;
+}
+
+// mask_heads: 0 none, 1 one mask for every head (stride 0), BH one per head.
+void check(int64_t BH, int64_t S, int D, bool causal, int64_t mask_heads = 0) {
   std::mt19937_64 rng(seed_for("attention"));
   std::normal_distribution<float> nd(0.f, 1.f);
   const int64_t n = BH * S * D;
   std::vector<float> q(n), k(n), v(n);
   for (auto* t : {&q, &k, &v})
     for (float& e : *t) e = nd(rng);
+  const std::vector<float> mask = mask_heads ? random_mask(rng, mask_heads, S) : std::vector<float>();
   DevMem dq(n * 4), dk(n * 4), dv(n * 4), dout(n * 4), dlse(BH * S * 4),
-      ws(gemmfuse::cuda::attention_f16x3_workspace_bytes(BH, S, D));
+      ws(gemmfuse::cuda::attention_f16x3_workspace_bytes(BH, S, D)), dmask(mask.size() * 4);
   CK(cudaMemcpy(dq.p, q.data(), n * 4, cudaMemcpyHostToDevice));
   CK(cudaMemcpy(dk.p, k.data(), n * 4, cudaMemcpyHostToDevice));
   CK(cudaMemcpy(dv.p, v.data(), n * 4, cudaMemcpyHostToDevice));
@@ -69,6 +88,11 @@ void check(int64_t BH, int64_t S, int D, bool causal) {
   a.BH = BH, a.S = S, a.D = D, a.causal = causal, a.scale = 1.f / std::sqrt(float(D));
   a.q = static_cast<float*>(dq.p), a.k = static_cast<float*>(dk.p), a.v = static_cast<float*>(dv.p);
   a.o = static_cast<float*>(dout.p), a.lse = static_cast<float*>(dlse.p), a.workspace = ws.p;
+  if (mask_heads) {
+    CK(cudaMemcpy(dmask.p, mask.data(), mask.size() * 4, cudaMemcpyHostToDevice));
+    a.mask.data = static_cast<float*>(dmask.p), a.mask.heads = 1;
+    a.mask.sb = mask_heads == 1 ? 0 : S * S, a.mask.si = S, a.mask.sj = 1;
+  }
   gemmfuse::cuda::launch_attention_f16x3(a, nullptr);
   CK(cudaDeviceSynchronize());
   std::vector<float> o(n), lse(BH * S);
@@ -80,8 +104,9 @@ void check(int64_t BH, int64_t S, int D, bool causal) {
     const int64_t off = h * S * D;
     std::vector<double> want, want_lse;
     std::vector<float> f32, f32_lse;
-    reference(&q[off], &k[off], &v[off], S, D, a.scale, causal, want, want_lse);
-    reference(&q[off], &k[off], &v[off], S, D, a.scale, causal, f32, f32_lse);
+    const float* mh = mask_heads ? &mask[(mask_heads == 1 ? 0 : h) * S * S] : nullptr;
+    reference(&q[off], &k[off], &v[off], S, D, a.scale, causal, want, want_lse, mh);
+    reference(&q[off], &k[off], &v[off], S, D, a.scale, causal, f32, f32_lse, mh);
     for (int64_t i = 0; i < S * D; ++i) {
       const double got = o[off + i], d = got - want[i], d32 = f32[i] - want[i];
       ASSERT_TRUE(std::isfinite(got)) << "head " << h << " element " << i;
@@ -90,7 +115,8 @@ void check(int64_t BH, int64_t S, int D, bool causal) {
       worst = std::max(worst, std::fabs(d));
     }
     for (int64_t i = 0; i < S; ++i)
-      lse_worst = std::max(lse_worst, std::fabs(lse[h * S + i] - want_lse[i]));
+      lse_worst = std::max(lse_worst, std::isinf(want_lse[i]) ? (lse[h * S + i] == want_lse[i] ? 0.0 : 1.0)
+                                                              : std::fabs(lse[h * S + i] - want_lse[i]));
   }
   const double rel = std::sqrt(err / norm), rel32 = std::sqrt(err32 / norm);
   EXPECT_LE(rel, 1.5 * rel32 + 1e-7) << "f16x3 " << rel << ", plain fp32 " << rel32;
@@ -103,9 +129,9 @@ void check(int64_t BH, int64_t S, int D, bool causal) {
 template <class T>
 void reference_grads(const float* q, const float* k, const float* v, const float* go, int64_t S,
                      int D, double scale, bool causal, std::vector<T>& dq, std::vector<T>& dk,
-                     std::vector<T>& dv) {
+                     std::vector<T>& dv, const float* mask = nullptr) {
   std::vector<T> o, lse;
-  reference<T>(q, k, v, S, D, scale, causal, o, lse);
+  reference<T>(q, k, v, S, D, scale, causal, o, lse, mask);
   dq.assign(S * D, T(0)), dk.assign(S * D, T(0)), dv.assign(S * D, T(0));
   std::vector<T> p(S), dp(S);
   for (int64_t i = 0; i < S; ++i) {
@@ -115,7 +141,8 @@ void reference_grads(const float* q, const float* k, const float* v, const float
       T dot = 0, dpj = 0;
       for (int d = 0; d < D; ++d) dot += T(q[i * D + d]) * T(k[j * D + d]);
       for (int d = 0; d < D; ++d) dpj += T(go[i * D + d]) * T(v[j * D + d]);
-      p[j] = (causal && j > i) ? T(0) : std::exp(dot * T(scale) - lse[i]);
+      const T add = mask ? T(mask[i * S + j]) : T(0);
+      p[j] = (causal && j > i) ? T(0) : std::exp(dot * T(scale) + add - lse[i]);
       dp[j] = p[j] * (dpj - delta);  // dS
     }
     for (int64_t j = 0; j < S; ++j)
@@ -137,7 +164,8 @@ struct GradCheck {
   double rel32() const { return std::sqrt(err32 / norm); }
 };
 
-void check_backward(int64_t BH, int64_t S, bool causal, float grad_scale) {
+// mask_heads as check's.
+void check_backward(int64_t BH, int64_t S, bool causal, float grad_scale, int64_t mask_heads = 0) {
   constexpr int D = 64;
   std::mt19937_64 rng(seed_for("attention backward"));
   std::normal_distribution<float> nd(0.f, 1.f);
@@ -146,16 +174,22 @@ void check_backward(int64_t BH, int64_t S, bool causal, float grad_scale) {
   for (auto* t : {&q, &k, &v, &go})
     for (float& e : *t) e = nd(rng);
   for (float& e : go) e *= grad_scale;
+  const std::vector<float> mask = mask_heads ? random_mask(rng, mask_heads, S) : std::vector<float>();
+  auto mask_of = [&](int64_t h) {
+    return mask_heads ? &mask[(mask_heads == 1 ? 0 : h) * S * S] : nullptr;
+  };
   const double scale = 1.0 / std::sqrt(double(D));
   for (int64_t h = 0; h < BH; ++h) {  // O and LSE from float64, so that only the backward errs
     std::vector<double> oh, lh;
-    reference<double>(&q[h * S * D], &k[h * S * D], &v[h * S * D], S, D, scale, causal, oh, lh);
+    reference<double>(&q[h * S * D], &k[h * S * D], &v[h * S * D], S, D, scale, causal, oh, lh,
+                      mask_of(h));
     for (int64_t i = 0; i < S * D; ++i) o[h * S * D + i] = static_cast<float>(oh[i]);
     for (int64_t i = 0; i < S; ++i) lse[h * ls + i] = static_cast<float>(lh[i]);
   }
   DevMem dq_(n * 4), dk_(n * 4), dv_(n * 4), dgo(n * 4), dout(n * 4), dlse(BH * ls * 4),
       gq(n * 4), gk(n * 4), gv(n * 4),
-      ws(gemmfuse::cuda::attention_f16x3_backward_workspace_bytes(BH, S, D));
+      ws(gemmfuse::cuda::attention_f16x3_backward_workspace_bytes(BH, S, D)),
+      dmask(mask.size() * 4);
   for (auto [dst, src] : {std::pair{&dq_, &q}, {&dk_, &k}, {&dv_, &v}, {&dgo, &go}, {&dout, &o}})
     CK(cudaMemcpy(dst->p, src->data(), n * 4, cudaMemcpyHostToDevice));
   CK(cudaMemcpy(dlse.p, lse.data(), BH * ls * 4, cudaMemcpyHostToDevice));
@@ -166,6 +200,11 @@ void check_backward(int64_t BH, int64_t S, bool causal, float grad_scale) {
   a.lse = static_cast<float*>(dlse.p), a.lse_stride = ls;
   a.dq = static_cast<float*>(gq.p), a.dk = static_cast<float*>(gk.p), a.dv = static_cast<float*>(gv.p);
   a.workspace = ws.p;
+  if (mask_heads) {
+    CK(cudaMemcpy(dmask.p, mask.data(), mask.size() * 4, cudaMemcpyHostToDevice));
+    a.mask.data = static_cast<float*>(dmask.p), a.mask.heads = 1;
+    a.mask.sb = mask_heads == 1 ? 0 : S * S, a.mask.si = S, a.mask.sj = 1;
+  }
   gemmfuse::cuda::launch_attention_f16x3_backward(a, nullptr);
   CK(cudaDeviceSynchronize());
   std::vector<float> got[3] = {std::vector<float>(n), std::vector<float>(n), std::vector<float>(n)};
@@ -177,8 +216,10 @@ void check_backward(int64_t BH, int64_t S, bool causal, float grad_scale) {
     const int64_t off = h * S * D;
     std::vector<double> w[3];
     std::vector<float> f[3];
-    reference_grads<double>(&q[off], &k[off], &v[off], &go[off], S, D, scale, causal, w[0], w[1], w[2]);
-    reference_grads<float>(&q[off], &k[off], &v[off], &go[off], S, D, scale, causal, f[0], f[1], f[2]);
+    reference_grads<double>(&q[off], &k[off], &v[off], &go[off], S, D, scale, causal, w[0], w[1],
+                            w[2], mask_of(h));
+    reference_grads<float>(&q[off], &k[off], &v[off], &go[off], S, D, scale, causal, f[0], f[1],
+                           f[2], mask_of(h));
     for (int g = 0; g < 3; ++g)
       for (int64_t i = 0; i < S * D; ++i) {
         ASSERT_TRUE(std::isfinite(got[g][off + i])) << "gradient " << g << " head " << h;
@@ -212,11 +253,24 @@ TEST(CudaAttention, OneTileAndManyTiles) {
   check(2, 512, 64, true);
 }
 
+TEST(CudaAttention, AdditiveMaskAgainstFloat64) {
+  SKIP_WITHOUT_SM80();
+  check(3, 100, 64, false, 3);   // a mask per head, row 5 masked throughout
+  check(2, 130, 128, false, 1);  // one mask for both heads (stride 0)
+  check(2, 77, 96, true, 2);     // with the causal mask too
+}
+
 TEST(CudaAttention, BackwardAgainstFloat64) {
   SKIP_WITHOUT_SM80();
   check_backward(2, 100, false, 1.f);
   check_backward(2, 130, true, 1.f);
   check_backward(1, 64, true, 1.f);
+}
+
+TEST(CudaAttention, BackwardWithAdditiveMask) {
+  SKIP_WITHOUT_SM80();
+  check_backward(3, 100, false, 1.f, 3);
+  check_backward(2, 130, true, 1.f, 1);
 }
 
 TEST(CudaAttention, BackwardWithTrainingSizedGradients) {

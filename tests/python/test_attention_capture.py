@@ -28,11 +28,12 @@ SLACK = 1e-7
 class Block(nn.Module):
     """A causal self-attention block as GPT-2 writes it (qkv Linear, SDPA, projection)."""
 
-    def __init__(self, d=128, heads=2, mask_T=0, **sdpa_kw):
+    def __init__(self, d=128, heads=2, mask_T=0, mask_dtype=torch.bool, **sdpa_kw):
         super().__init__()
         self.d, self.heads, self.sdpa_kw = d, heads, sdpa_kw
         self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
-        self.mask = torch.randn(mask_T, mask_T) > 0 if mask_T else None
+        m = torch.randn(mask_T, mask_T)
+        self.mask = (m > 0 if mask_dtype == torch.bool else m) if mask_T else None
 
     def forward(self, x):  # torch.fx traces it (optimize()'s fx flavour)
         B, T, d, h = x.shape[0], x.shape[1], self.d, self.heads
@@ -114,6 +115,23 @@ def test_optimize_takes_sdpa(dev, kw):
 
 
 @pytest.mark.parametrize("dev", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.bool, torch.float32])
+@pytest.mark.parametrize("how", ["optimize", "backend"])
+def test_sdpa_with_a_mask_taken(dev, dtype, how):
+    """An attention mask from the module (bool: attend where True; fp32: added to the scores)
+    goes into gemmfuse's call: outputs and gradients as eager's against float64."""
+    model, x = model_and_input(dev, mask_T=96, mask_dtype=dtype)
+    model.mask = model.mask.to(dev)
+    opt = gemmfuse.optimize(model, (x,)) if how == "optimize" else \
+        torch.compile(model, backend="gemmfuse")
+    assert_as_eager(model, opt, x)
+    assert len(attention_nodes(opt)) == 1
+    text = gemmfuse.explain(opt, print_it=False)
+    name = str(dtype).replace("torch.", "")
+    assert f"masked by a {name} mask [96, 96]" in text and "on gemmfuse's fp32 attention" in text, text
+
+
+@pytest.mark.parametrize("dev", DEVICES)
 @pytest.mark.parametrize("kw", [{}, {"fullgraph": True}, {"options": {"inductor": False}}])
 def test_backend_takes_sdpa(dev, kw):
     model, x = model_and_input(dev, is_causal=True)
@@ -124,7 +142,7 @@ def test_backend_takes_sdpa(dev, kw):
 
 
 @pytest.mark.parametrize("kw,why", [
-    ({"mask_T": 96}, "an attention mask"),
+    ({"mask_T": 96, "is_causal": True}, "an attention mask with is_causal"),
     ({"dropout_p": 0.1}, "dropout_p 0.1"),
 ])
 def test_calls_not_taken_keep_the_models_call(kw, why):
@@ -255,3 +273,37 @@ def test_nonfinite_inputs_as_pytorchs_math_path(causal):
     assert_same_nonfinite(got.detach(), want.detach(), "output")
     for name, g_, w in zip("qkv", got_grads, want_grads):
         assert torch.equal(torch.isfinite(g_), torch.isfinite(w)), name
+
+
+@pytest.mark.skipif(not HAVE_CUDA, reason="gemmfuse's attention kernels are CUDA's")
+@pytest.mark.parametrize("kind", ["padding", "float", "a row masked throughout"])
+def test_the_call_with_masks_as_eager(kind):
+    """Masks as models pass them: a bool padding mask [B, 1, 1, S] (each sequence's last keys
+    masked), an fp32 mask [S, S] added to the scores, a bool [S, S] with a query row masked
+    throughout (eager's output there: 0 or NaN as it gives it). Outputs and gradients against
+    float64 within 1.25x eager fp32's error, the non-finite pattern as eager's."""
+    g = torch.Generator(device="cuda").manual_seed(3)
+    B, H, S, D = 2, 3, 100, 64
+    q, k, v = (torch.randn(B, H, S, D, device="cuda", generator=g).requires_grad_() for _ in range(3))
+    if kind == "padding":
+        mask = (torch.arange(S, device="cuda") < torch.tensor([[S], [S - 30]], device="cuda"))
+        mask = mask.view(B, 1, 1, S)
+    elif kind == "float":
+        mask = torch.randn(S, S, device="cuda", generator=g)
+    else:
+        mask = torch.rand(S, S, device="cuda", generator=g) > 0.3
+        mask[17] = False
+    go = torch.randn(B, H, S, D, device="cuda", generator=g)
+    got = scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    got_grads = torch.autograd.grad(got, (q, k, v), go)
+    eager = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    eager_grads = torch.autograd.grad(eager, (q, k, v), go)
+    assert_same_nonfinite(got.detach(), eager.detach(), "output")
+    fin = torch.isfinite(eager).all(-1, keepdim=True).expand_as(eager)
+    d = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
+        ref = F.scaled_dot_product_attention(*d, attn_mask=mask.double() if kind == "float" else mask)
+    ref_grads = torch.autograd.grad(ref, d, go.double())
+    for g_, e, w in zip((got, *got_grads), (eager, *eager_grads), (ref, *ref_grads)):
+        g_, e, w = (t.detach()[fin] if t.shape == fin.shape else t.detach() for t in (g_, e, w))
+        assert rel(g_, w) <= 1.25 * rel(e, w) + SLACK

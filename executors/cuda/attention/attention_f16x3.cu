@@ -16,6 +16,7 @@ namespace {
 
 using namespace attention;
 constexpr int kRows = kTile, kKeys = kTile;
+constexpr float kLog2e = 1.4426950408889634f;
 
 // ---- the splits: v 2^e = hi + 2^-11 lo (attention_tiles.cuh) --------------------------------
 // A warp per row of x [R, D]: its exponent (over the row; NaN where the row holds a NaN or
@@ -106,11 +107,13 @@ struct RowState {
   float m = -INFINITY, l = 0.f;
 };
 
-// The tile's scores unscaled (2^-(eq + ek), scale, log2 e), masked, then exponentiated
-// against the row's new maximum; returns the factor the row's earlier sums take.
+// The tile's scores unscaled (2^-(eq + ek), scale, log2 e), plus the mask's row `mrow` (null:
+// none), masked, then exponentiated against the row's new maximum; returns the factor the
+// row's earlier sums take.
 __device__ __forceinline__ float softmax_step(float (&s)[8][4], int half, float eq,
                                               const float* ek, float scale_log2, int64_t row,
-                                              int64_t k0, int64_t S, bool causal, int t,
+                                              int64_t k0, int64_t S, bool causal,
+                                              const float* mrow, int64_t sj, int t,
                                               RowState& st) {
   float mx = -INFINITY;
 #pragma unroll
@@ -121,6 +124,7 @@ __device__ __forceinline__ float softmax_step(float (&s)[8][4], int half, float 
       const int64_t key = k0 + col;
       float& v = s[n][2 * half + j];
       v = ldexpf(v, -static_cast<int>(eq + ek[col])) * scale_log2;
+      if (mrow != nullptr && key < S) v += mrow[key * sj] * kLog2e;
       if (key >= S || (causal && key > row)) v = -INFINITY;
       mx = fmaxf(mx, v);
     }
@@ -156,7 +160,11 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionF16x3 a, P
   float eq[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) eq[h] = row[h] < a.S ? pt.eq[head + row[h]] : 0.f;
-  const float scale_log2 = a.scale * 1.4426950408889634f;
+  const float scale_log2 = a.scale * kLog2e;
+  const float* mrow[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+    mrow[h] = a.mask.data != nullptr && row[h] < a.S ? a.mask.row(bh, row[h]) : nullptr;
   float o[D / 8][4] = {};
   RowState st[2];
   const int64_t key_end = a.causal ? std::min<int64_t>(a.S, q0 + kRows) : a.S;
@@ -175,7 +183,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionF16x3 a, P
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const float corr = softmax_step(s, h, eq[h], sm.ek, scale_log2, row[h], k0, a.S, a.causal,
-                                      t, st[h]);
+                                      mrow[h], a.mask.sj, t, st[h]);
 #pragma unroll
       for (int n = 0; n < D / 8; ++n) o[n][2 * h] *= corr, o[n][2 * h + 1] *= corr;
     }
@@ -192,11 +200,11 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionF16x3 a, P
     for (int n = 0; n < D / 8; ++n) {
       const int d = 8 * n + 2 * t;
       const float* ev = pt.ev + bh * D + d;
-      out[d] = ldexpf(o[n][2 * h] / l, -static_cast<int>(ev[0]));
-      out[d + 1] = ldexpf(o[n][2 * h + 1] / l, -static_cast<int>(ev[1]));
+      out[d] = l > 0.f ? ldexpf(o[n][2 * h] / l, -static_cast<int>(ev[0])) : 0.f;
+      out[d + 1] = l > 0.f ? ldexpf(o[n][2 * h + 1] / l, -static_cast<int>(ev[1])) : 0.f;
     }
-    if (a.lse != nullptr && t == 0)
-      a.lse[head + row[h]] = (st[h].m + log2f(l)) * 0.6931471805599453f;
+    if (a.lse != nullptr && t == 0)  // a row masked throughout: 0 out, LSE +inf
+      a.lse[head + row[h]] = l > 0.f ? (st[h].m + log2f(l)) * 0.6931471805599453f : INFINITY;
   }
 }
 

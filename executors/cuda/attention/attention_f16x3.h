@@ -8,7 +8,7 @@
 // [S, S] matrix exists. bench/micro/attention_split_study.py: this method's error against
 // float64 stays within 1–3% of 3xTF32's (eager fp32 SDPA's on an H100).
 // Heads holding a NaN or an infinity are recomputed in plain fp32 (attention_nonfinite.h).
-// Not yet carried: dropout, masks other than causal, S_q != S_k. The backward (attention_f16x3_backward.cu) takes D = 64.
+// An additive mask (AttentionMask) or the causal one. Not yet carried: dropout, S_q != S_k. The backward (attention_f16x3_backward.cu) takes D = 64.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -17,6 +17,24 @@
 #include <cstdint>
 
 namespace gemmfuse::cuda {
+
+#ifdef __CUDACC__
+#define GF_ATTENTION_HD __host__ __device__
+#else
+#define GF_ATTENTION_HD
+#endif
+
+// An additive mask on the scores (PyTorch's float attn_mask; a boolean one as 0 / −inf):
+// element (b, h, i, j) of bh = b·heads + h at data[b·sb + h·sh + i·si + j·sj] (a broadcast
+// dim has stride 0), or none (null data). A query row whose every score is masked comes out
+// 0 with LSE +inf (so the backward's P is 0 there), as PyTorch's kernels give it.
+struct AttentionMask {
+  const float* data = nullptr;
+  int64_t heads = 1, sb = 0, sh = 0, si = 0, sj = 0;
+  GF_ATTENTION_HD const float* row(int64_t bh, int64_t i) const {
+    return data + (bh / heads) * sb + (bh % heads) * sh + i * si;
+  }
+};
 
 struct AttentionF16x3 {
   int64_t BH = 0, S = 0;       // batch x heads, sequence length (queries and keys)
@@ -28,6 +46,7 @@ struct AttentionF16x3 {
   float* lse = nullptr;        // [BH, S] (natural log), or null
   float scale = 0.f;           // the scores' scale (PyTorch's default: D^-1/2)
   bool causal = false;
+  AttentionMask mask;          // none by default
   void* workspace = nullptr;   // attention_f16x3_workspace_bytes(BH, S, D) bytes
 };
 
@@ -60,6 +79,7 @@ struct AttentionF16x3Backward {
   float* dv = nullptr;
   float scale = 0.f;
   bool causal = false;
+  AttentionMask mask;             // the forward's
   void* workspace = nullptr;      // attention_f16x3_backward_workspace_bytes(BH, S, D) bytes
 };
 

@@ -108,10 +108,10 @@ __device__ void load_query_tile(Shared& sm, const Parts& pt, const AttentionF16x
   }
 }
 
-// Pᵀ in place of Sᵀ (the warp's keys x the tile's queries): unscaled, exponentiated against
-// each query's LSE, masked (keys or queries past S; causal).
+// Pᵀ in place of Sᵀ (the warp's keys x the tile's queries): unscaled, plus the additive mask,
+// exponentiated against each query's LSE, masked (keys or queries past S; causal).
 __device__ void probabilities(float (&s)[8][4], const Shared& sm, const AttentionF16x3Backward& a,
-                              const Exps& e, int64_t key0, int64_t q0, int g, int t) {
+                              const Exps& e, int64_t bh, int64_t key0, int64_t q0, int g, int t) {
   const float mul = a.scale * kLog2e;
 #pragma unroll
   for (int n = 0; n < 8; ++n)
@@ -120,8 +120,9 @@ __device__ void probabilities(float (&s)[8][4], const Shared& sm, const Attentio
       const int64_t key = key0 + g + 8 * (i >> 1);
       const int ql = 8 * n + 2 * t + (i & 1);
       const int64_t q = q0 + ql;
-      const float s2 = ldexpf(s[n][i], -(e.q + e.k)) * mul;
       const bool masked = key >= a.S || q >= a.S || (a.causal && key > q);
+      float s2 = ldexpf(s[n][i], -(e.q + e.k)) * mul;
+      if (a.mask.data != nullptr && !masked) s2 += a.mask.row(bh, q)[key * a.mask.sj] * kLog2e;
       s[n][i] = masked ? 0.f : exp2f(s2 - sm.lse[ql]);
     }
 }
@@ -204,7 +205,7 @@ __global__ void __launch_bounds__(kThreads) attention_backward_kernel(AttentionF
     float p[8][4], dp[8][4];
     product3_rows<kD, 8>(p, &sm.kh[16 * w][0], &sm.kl[16 * w][0], kL, &sm.qh[0][0], &sm.ql[0][0],
                          kL, g, t);
-    probabilities(p, sm, a, e, key0, q0, g, t);
+    probabilities(p, sm, a, e, bh, key0, q0, g, t);
     uint32_t xh[4][4], xl[4][4];
     to_a_parts<4>(p, 1.f, xh, xl);
     accumulate3_regs<4, kD / 8>(dv, xh, xl, &sm.doth[0][0], &sm.dotl[0][0], kL, g, t);

@@ -26,10 +26,11 @@ __device__ float dot(const float* x, const float* y, int D) {
   return s;
 }
 
-// Score (i, j) of a head as the math path forms it: NaN stays NaN under the mask.
+// Score (i, j) of head bh as the math path forms it: NaN stays NaN under the mask.
 __device__ float score(const float* q, const float* k, int D, int64_t i, int64_t j, float scale,
-                       bool causal) {
-  return dot(q + i * D, k + j * D, D) * scale + (causal && j > i ? -INFINITY : 0.f);
+                       bool causal, const AttentionMask& mask, int64_t bh) {
+  float s = dot(q + i * D, k + j * D, D) * scale + (causal && j > i ? -INFINITY : 0.f);
+  return mask.data != nullptr ? s + mask.row(bh, i)[j * mask.sj] : s;
 }
 
 // torch.max's rule: a NaN anywhere makes the maximum NaN.
@@ -41,15 +42,17 @@ __global__ void forward_kernel(AttentionF16x3 a, const int* flags) {
   const int64_t head = bh * a.S * a.D;
   const float *q = a.q + head, *k = a.k + head, *v = a.v + head;
   float m = -INFINITY;
-  for (int64_t j = 0; j < a.S; ++j) m = nan_max(m, score(q, k, a.D, i, j, a.scale, a.causal));
+  for (int64_t j = 0; j < a.S; ++j)
+    m = nan_max(m, score(q, k, a.D, i, j, a.scale, a.causal, a.mask, bh));
   float l = 0.f, o[kMaxD] = {};
   for (int64_t j = 0; j < a.S; ++j) {
-    const float p = expf(score(q, k, a.D, i, j, a.scale, a.causal) - m);
+    const float p = expf(score(q, k, a.D, i, j, a.scale, a.causal, a.mask, bh) - m);
     l += p;
     for (int d = 0; d < a.D; ++d) o[d] = fmaf(p, v[j * a.D + d], o[d]);
   }
-  for (int d = 0; d < a.D; ++d) a.o[head + i * a.D + d] = o[d] / l;
-  if (a.lse != nullptr) a.lse[bh * a.S + i] = m + logf(l);
+  const bool none = m == -INFINITY;  // masked throughout: 0 out, LSE +inf (as the kernel)
+  for (int d = 0; d < a.D; ++d) a.o[head + i * a.D + d] = none ? 0.f : o[d] / l;
+  if (a.lse != nullptr) a.lse[bh * a.S + i] = none ? INFINITY : m + logf(l);
 }
 
 struct Head {
@@ -62,9 +65,9 @@ __device__ Head head_of(const AttentionF16x3Backward& a, int64_t bh) {
 }
 
 // P_ij and dS_ij = P_ij (dP_ij − δ_i), dP_ij = dO_i·V_j, δ_i = dO_i·O_i (softmax's backward).
-__device__ void p_and_ds(const AttentionF16x3Backward& a, const Head& h, int64_t i, int64_t j,
-                         float& p, float& ds) {
-  p = expf(score(h.q, h.k, a.D, i, j, a.scale, a.causal) - h.lse[i]);
+__device__ void p_and_ds(const AttentionF16x3Backward& a, const Head& h, int64_t bh, int64_t i,
+                         int64_t j, float& p, float& ds) {
+  p = expf(score(h.q, h.k, a.D, i, j, a.scale, a.causal, a.mask, bh) - h.lse[i]);
   const float dp = dot(h.dout + i * a.D, h.v + j * a.D, a.D);
   ds = p * (dp - dot(h.dout + i * a.D, h.o + i * a.D, a.D));
 }
@@ -77,7 +80,7 @@ __global__ void dq_kernel(AttentionF16x3Backward a, const float* amax) {
   float acc[kMaxD] = {};
   for (int64_t j = 0; j < a.S; ++j) {
     float p, ds;
-    p_and_ds(a, h, i, j, p, ds);
+    p_and_ds(a, h, bh, i, j, p, ds);
     for (int d = 0; d < a.D; ++d) acc[d] = fmaf(ds, h.k[j * a.D + d], acc[d]);
   }
   float* dq = a.dq + bh * a.S * a.D + i * a.D;
@@ -92,7 +95,7 @@ __global__ void dkv_kernel(AttentionF16x3Backward a, const float* amax) {
   float dv[kMaxD] = {}, dk[kMaxD] = {};
   for (int64_t i = 0; i < a.S; ++i) {
     float p, ds;
-    p_and_ds(a, h, i, j, p, ds);
+    p_and_ds(a, h, bh, i, j, p, ds);
     for (int d = 0; d < a.D; ++d) {
       dv[d] = fmaf(p, h.dout[i * a.D + d], dv[d]);
       dk[d] = fmaf(ds, h.q[i * a.D + d], dk[d]);

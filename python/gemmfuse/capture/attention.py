@@ -1,7 +1,7 @@
 """Attention that gemmfuse's fp32 attention kernels can take, found in a graph (optimize()'s
-"fx" flavour and dynamo's): ``F.scaled_dot_product_attention(q, k, v, ...)`` with no attention
-mask, no dropout (a constant 0), no grouped-query heads, ``is_causal`` and ``scale``
-constants; and attention written out (written_attention.py: q @ kᵀ, a scale, a causal mask,
+"fx" flavour and dynamo's): ``F.scaled_dot_product_attention(q, k, v, ...)`` with no dropout (a
+constant 0), no grouped-query heads, ``is_causal`` and ``scale`` constants, and an attention
+mask that is a bool or fp32 graph value broadcasting to [B, H, S, S] and needing no gradient; and attention written out (written_attention.py: q @ kᵀ, a scale, a causal mask,
 softmax, @ v). Both need fp32 q, k, v of one shape [B, H, S, D]. The rest stay the model's own
 calls, with the reason (explain shows both)."""
 from __future__ import annotations
@@ -29,6 +29,7 @@ class AttentionSite:
     form: str                    # how the model wrote it
     shape: tuple = ()            # q's [B, H, S, D]
     is_causal: bool = False
+    mask: tuple = ()             # the attention mask's (shape, dtype), () for none
     status: str = "pytorch"      # "fused" | "pytorch"
     reason: str = ""
 
@@ -42,6 +43,7 @@ class AttentionMatch:
     v: fx.Node
     scale: Optional[float]
     erase: list = field(default_factory=list)  # written-out attention: its nodes, last first
+    mask: Optional[fx.Node] = None             # SDPA's attn_mask
 
 
 def find_attention(gm: fx.GraphModule, example_inputs=()) -> list:
@@ -95,16 +97,15 @@ def _match_sdpa(node: fx.Node):
         _check_sdpa_args(args)
         q, k, v = args["query"], args["key"], args["value"]
         site.shape, site.is_causal = _operand_shape(q, k, v), bool(args["is_causal"])
+        site.mask = _mask_of(args["attn_mask"], site.shape, site.is_causal)
     except Unsupported as e:
         site.reason = str(e)
         return site, None
-    return site, AttentionMatch(site, node, q, k, v, args["scale"])
+    return site, AttentionMatch(site, node, q, k, v, args["scale"], mask=args["attn_mask"])
 
 
 def _check_sdpa_args(a: dict) -> None:
     """Raise Unsupported for arguments the kernels do not take, or that are not constants."""
-    if a["attn_mask"] is not None:
-        raise Unsupported("an attention mask (the kernels take none yet)")
     if not isinstance(a["dropout_p"], (int, float)) or a["dropout_p"] != 0:
         raise Unsupported(f"dropout_p {a['dropout_p']!r} (the kernels take a constant 0)")
     if a["enable_gqa"] is not False:
@@ -114,6 +115,34 @@ def _check_sdpa_args(a: dict) -> None:
     s = a["scale"]
     if s is not None and (isinstance(s, bool) or not isinstance(s, (int, float))):
         raise Unsupported(f"scale {s!r} is not a constant number")
+
+
+def _mask_of(mask, shape: tuple, is_causal: bool) -> tuple:
+    """The mask's (shape, dtype) where the kernels take it (none: ()), else raise: a bool or
+    fp32 graph value that needs no gradient, broadcasting to [B, H, S, S]; not with is_causal
+    (PyTorch raises for both: its call stays, to raise as it does)."""
+    if mask is None:
+        return ()
+    inf = node_info(mask) if isinstance(mask, fx.Node) else None
+    if not isinstance(inf, TInfo):
+        raise Unsupported("an attention mask that is not a tensor of known shape")
+    if is_causal:
+        raise Unsupported("an attention mask with is_causal (PyTorch raises for both)")
+    if inf.dtype not in (torch.bool, torch.float32) or inf.requires_grad:
+        raise Unsupported(f"an attention mask of {inf.dtype}"
+                          f"{' that needs a gradient' if inf.requires_grad else ''} "
+                          "(the kernels take bool or fp32 masks, without gradients)")
+    hint = torch.fx.experimental.symbolic_shapes.size_hint
+    B, H, S, _ = (hint(d) for d in shape)
+    mshape = tuple(hint(d) for d in inf.shape)
+    try:
+        fits = len(mshape) <= 4 and tuple(torch.broadcast_shapes(mshape, (B, H, S, S))) == (B, H, S, S)
+    except RuntimeError:
+        fits = False
+    if not fits:
+        raise Unsupported(f"an attention mask of shape {tuple(inf.shape)} that does not broadcast "
+                          f"to [B, H, S, S]")
+    return mshape, inf.dtype
 
 
 def _operand_shape(q, k, v) -> tuple:

@@ -335,6 +335,15 @@ def _fuse_heads(gm: fx.GraphModule, precision: str) -> list:
     return heads
 
 
+def _records_grad(gm: fx.GraphModule, nodes) -> bool:
+    """Whether autograd records through these values: one needs grad (dynamo's example values
+    say so), or, in a graph traced by torch.fx (whose values carry no grad), the module is in
+    training mode with parameters that need grad (optimize()'s module will train then)."""
+    if any(getattr(node_info(t), "requires_grad", False) for t in nodes):
+        return True
+    return bool(getattr(gm, "training", False)) and any(p.requires_grad for p in gm.parameters())
+
+
 def fuse_attention(gm: fx.GraphModule, precision: str, report, example_inputs=()) -> None:
     """Every SDPA call of gm that gemmfuse's attention kernels take (capture/attention.py)
     and that, on a GPU, timed faster there, rewritten into a
@@ -352,8 +361,7 @@ def fuse_attention(gm: fx.GraphModule, precision: str, report, example_inputs=()
                 continue
             inf = node_info(match.q)
             shape = [torch.fx.experimental.symbolic_shapes.size_hint(d) for d in site.shape]
-            training = any(getattr(node_info(t), "requires_grad", False)
-                           for t in (match.q, match.k, match.v))
+            training = _records_grad(gm, (match.q, match.k, match.v))
             site.reason = attention.choice(shape, inf.device, site.is_causal, match.scale,
                                            training, precision, site.mask)
             if not site.reason:
@@ -425,7 +433,7 @@ def _fuse_product(node, site, precision: str) -> None:
         site.reason = why
         return
     infos = [node_info(t) for t in call.operands]
-    training = any(i.requires_grad for i in infos)
+    training = _records_grad(node.graph.owning_module, call.operands)
     site.reason, ours = products.choice(*call.shapes, infos[0].device, training, precision)
     if site.reason:
         return

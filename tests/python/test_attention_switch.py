@@ -27,22 +27,26 @@ def qkv(shape, seed):
     return [torch.randn(shape, device="cuda", generator=g).requires_grad_() for _ in range(3)]
 
 
-@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("causal", [False, True, "mask"])
 @pytest.mark.parametrize("shape", [(2, 3, 200, 64), (1, 2, 130, 128)])
 def test_sdpa_forward_on_gemmfuse_and_gradients_as_eager(shape, causal):
+    """causal: True, False, or "mask": a bool attention mask [S, S] (SDPA passes it to the
+    efficient-attention op as an additive bias, which the kernels read in place)."""
     q, k, v = qkv(shape, 1)
     go = torch.randn(shape, device="cuda")
+    kw = {"is_causal": causal} if causal != "mask" else \
+        {"attn_mask": torch.rand(shape[2], shape[2], device="cuda") > 0.2}
     with gemmfuse.fp32_matmul():
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        out = F.scaled_dot_product_attention(q, k, v, **kw)
         grads = torch.autograd.grad(out, (q, k, v), go)
     counts = gemmfuse.fp32_matmul_counts()
     # the forward, and the backward where its head dim is 64
     assert counts.get("gemmfuse", 0) == (2 if shape[-1] == 64 else 1), counts
-    eager = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    eager = F.scaled_dot_product_attention(q, k, v, **kw)
     eager_grads = torch.autograd.grad(eager, (q, k, v), go)
     d = [t.detach().double().requires_grad_() for t in (q, k, v)]
     with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
-        ref = F.scaled_dot_product_attention(*d, is_causal=causal)
+        ref = F.scaled_dot_product_attention(*d, **kw)
     ref_grads = torch.autograd.grad(ref, d, go.double())
     for got, eag, want in [(out, eager, ref)] + list(zip(grads, eager_grads, ref_grads)):
         assert rel(got.detach(), want) <= 1.25 * rel(eag.detach(), want) + 1e-7
@@ -50,9 +54,9 @@ def test_sdpa_forward_on_gemmfuse_and_gradients_as_eager(shape, causal):
 
 def test_what_the_kernel_does_not_take_runs_as_pytorch():
     q, k, v = qkv((1, 2, 64, 64), 2)
-    mask = torch.randn(64, 64, device="cuda")
     small = [t[..., :32] for t in (q, k, v)]
-    cases = [(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask), "attention mask"),
+    short = [t[:, :, :32] for t in (k, v)]
+    cases = [(lambda: F.scaled_dot_product_attention(q, *short), "of one shape"),
              (lambda: F.scaled_dot_product_attention(*small), "head dim 32")]
     for fn, why in cases:
         matmul_switch.reset_counts()

@@ -9,7 +9,7 @@ BUILD  := build
 JOBS   ?= 2
 BENCH_ARGS ?=
 
-.PHONY: setup build test test-cpp test-python test-sizes bench wheel clean
+.PHONY: setup build test test-cpp test-python test-sizes emu-test bench wheel clean
 
 setup: $(VENV)/.installed
 
@@ -38,6 +38,11 @@ test-sizes: setup
 	$(VPY) tools/function_sizes.py
 
 test: test-cpp test-python test-sizes
+
+# The attention kernels' GoogleTests on the CPU through a host emulator (tools/kernel_emu/):
+# a developer's check before a GPU call, not part of `make test`.
+emu-test:
+	tools/kernel_emu/run_gtests.sh
 
 bench: build
 	$(VPY) -m bench $(BENCH_ARGS)

@@ -1,0 +1,25 @@
+import re,sys
+def balanced(s,i,open_,close):
+    # s[i]==open_; return index after matching close
+    d=0
+    for j in range(i,len(s)):
+        if s[j]==open_: d+=1
+        elif s[j]==close:
+            d-=1
+            if d==0: return j+1
+    raise Exception("unbalanced")
+def fix_launch(s):
+    out=[];pos=0;n=0
+    for m in re.finditer(r'([A-Za-z_][A-Za-z0-9_]*(?:<[A-Za-z0-9_]+>)?)<<<',s):
+        if m.start()<pos: continue
+        k=m.group(1); a=m.end(); b=s.index('>>>',a); cfg=s[a:b]
+        assert s[b+3]=='('; e=balanced(s,b+3,'(',')'); args=s[b+4:e-1]
+        out.append(s[pos:m.start()]); out.append(f"emu::launch({k}, {cfg}, {args})"); pos=e; n+=1
+    out.append(s[pos:]); return ''.join(out),n
+for f in ['attention_f16x3.cu','attention_f16x3_backward.cu','attention_nonfinite.cu','attention_tiles.cuh']:
+    s=open(f).read(); s0=s
+    s,n=fix_launch(s)
+    s,m1=re.subn(r'extern __shared__ __align__\(16\) unsigned char smem_raw\[\];','unsigned char* smem_raw = emu::dyn_smem;',s)
+    s,m2=re.subn(r'asm volatile\(\s*"mma\.sync[^;]*;\\n"\s*:[^:]*:[^;]*\);','emu::mma(c, a, b0, b1);',s)
+    print(f,'launches',n,'smem',m1,'mma',m2)
+    open(f,'w').write(s)

@@ -20,7 +20,7 @@ using std::isfinite; using std::isnan;
 namespace emu {
 enum { READY, WAIT_BLOCK, WAIT_WARP, DONE };
 struct Fiber { ucontext_t ctx; uint3 tid; int lin; int state; std::vector<char> stack; };
-struct WarpSlot { uint32_t a[32][4]; uint32_t b[32][2]; double v[32]; int p[32]; };
+struct WarpSlot { uint32_t a[32][4]; uint32_t b[32][2]; double v[32]; int p[32]; const uint16_t* ptr[32]; };
 inline Fiber* cur = nullptr;
 inline ucontext_t sched_ctx;
 inline uint3 cur_block;
@@ -81,6 +81,26 @@ inline void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1)
   wait(WAIT_WARP);
   for (int i = 0; i < 4; ++i) c[i] = out[i];
   ++mma_count;
+}
+
+// ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16: lanes 0-15 give the rows' addresses (matrix
+// j's row r from lane 8 j + r); each lane gets, of matrix j, rows 2t and 2t + 1 at column g
+// (t = lane % 4, g = lane / 4), the lower half from row 2t.
+inline void ldsm_x2_trans(uint32_t& b0, uint32_t& b1, const void* row) {
+  WarpSlot& s = slot();
+  const int l = lane();
+  s.ptr[l] = static_cast<const uint16_t*>(row);
+  if (l < 16 && (reinterpret_cast<uintptr_t>(row) & 15)) {
+    std::fprintf(stderr, "EMU: ldmatrix row address %p not 16-byte aligned\n", row);
+    std::abort();
+  }
+  wait(WAIT_WARP);
+  const int g = l / 4, t = l % 4;
+  uint32_t r[2];
+  for (int j = 0; j < 2; ++j)
+    r[j] = uint32_t(s.ptr[8 * j + 2 * t][g]) | (uint32_t(s.ptr[8 * j + 2 * t + 1][g]) << 16);
+  wait(WAIT_WARP);
+  b0 = r[0], b1 = r[1];
 }
 
 template <class T> inline T shfl_xor(T v, int m) {

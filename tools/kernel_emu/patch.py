@@ -21,5 +21,9 @@ for f in ['attention_f16x3.cu','attention_f16x3_backward.cu','attention_nonfinit
     s,n=fix_launch(s)
     s,m1=re.subn(r'extern __shared__ __align__\(16\) unsigned char smem_raw\[\];','unsigned char* smem_raw = emu::dyn_smem;',s)
     s,m2=re.subn(r'asm volatile\(\s*"mma\.sync[^;]*;\\n"\s*:[^:]*:[^;]*\);','emu::mma(c, a, b0, b1);',s)
-    print(f,'launches',n,'smem',m1,'mma',m2)
+    # ldmatrix .x2 .trans: the shared address and the asm become emu::ldsm_x2_trans(b0, b1, row)
+    s,m3=re.subn(r'const uint32_t at = static_cast<uint32_t>\(__cvta_generic_to_shared\(row\)\);\s*'
+                 r'asm volatile\(\s*"ldmatrix\.sync\.aligned\.m8n8\.x2\.trans[^;]*;\\n"[^;]*\);',
+                 'emu::ldsm_x2_trans(b0, b1, row);',s)
+    print(f,'launches',n,'smem',m1,'mma',m2,'ldsm',m3)
     open(f,'w').write(s)

@@ -66,10 +66,13 @@ struct Parts {
   const float *delta;  // [BH S]
 };
 
+// Row tiles only: where a product reads one as B[k][n] with k along its rows (dV's dO, dK's Q,
+// dQ's K), ldmatrix .trans gathers the fragments (BTile::kRowsAlongN): ~92 KB, two CTAs a
+// multiprocessor.
 struct Shared {
-  __half kh[kTile][kL], kl[kTile][kL], kth[kD][kL], ktl[kD][kL], vh[kTile][kL], vl[kTile][kL];
-  __half qh[kTile][kL], ql[kTile][kL], qth[kD][kL], qtl[kD][kL];
-  __half doh[kTile][kL], dol[kTile][kL], doth[kD][kL], dotl[kD][kL];
+  __half kh[kTile][kL], kl[kTile][kL], vh[kTile][kL], vl[kTile][kL];
+  __half qh[kTile][kL], ql[kTile][kL];
+  __half doh[kTile][kL], dol[kTile][kL];
   __half dsh[kTile][kL], dsl[kTile][kL];  // dS [query][key], scaled, for dQ's A
   float lse[kTile], delta[kTile];
 };
@@ -95,12 +98,8 @@ __device__ void load_query_tile(Shared& sm, const Parts& pt, const AttentionF16x
   const int64_t off = head * kD;
   load_rows<kD>(pt.qh + off, q0, a.S, sm.qh);
   load_rows<kD>(pt.ql + off, q0, a.S, sm.ql);
-  load_transposed<kD>(pt.qh + off, q0, a.S, sm.qth);
-  load_transposed<kD>(pt.ql + off, q0, a.S, sm.qtl);
   load_rows<kD>(pt.dh + off, q0, a.S, sm.doh);
   load_rows<kD>(pt.dl + off, q0, a.S, sm.dol);
-  load_transposed<kD>(pt.dh + off, q0, a.S, sm.doth);
-  load_transposed<kD>(pt.dl + off, q0, a.S, sm.dotl);
   for (int i = threadIdx.x; i < kTile; i += kThreads) {
     const bool in = q0 + i < a.S;
     sm.lse[i] = in ? a.lse[bh * a.lse_stride + q0 + i] * kLog2e : 0.f;
@@ -154,8 +153,8 @@ __device__ void store_ds(Shared& sm, const float (&ds)[8][4], int w, int g, int 
 __device__ void add_dq(const Shared& sm, const AttentionF16x3Backward& a, const Exps& e,
                        int64_t head, int64_t q0, int w, int g, int t) {
   float c[kD / 8][4];
-  product3_rows<kTile, kD / 8>(c, &sm.dsh[16 * w][0], &sm.dsl[16 * w][0], kL, &sm.kth[0][0],
-                               &sm.ktl[0][0], kL, g, t);
+  product3_rows<kTile, kD / 8, BTile::kRowsAlongN>(c, &sm.dsh[16 * w][0], &sm.dsl[16 * w][0], kL,
+                                                   &sm.kh[0][0], &sm.kl[0][0], kL, g, t);
 #pragma unroll
   for (int n = 0; n < kD / 8; ++n)
 #pragma unroll
@@ -192,8 +191,6 @@ __global__ void __launch_bounds__(kThreads) attention_backward_kernel(AttentionF
   const Exps e = head_exps(pt.amax, a.BH, bh);
   load_rows<kD>(pt.kh + head * kD, k0, a.S, sm.kh);
   load_rows<kD>(pt.kl + head * kD, k0, a.S, sm.kl);
-  load_transposed<kD>(pt.kh + head * kD, k0, a.S, sm.kth);
-  load_transposed<kD>(pt.kl + head * kD, k0, a.S, sm.ktl);
   load_rows<kD>(pt.vh + head * kD, k0, a.S, sm.vh);
   load_rows<kD>(pt.vl + head * kD, k0, a.S, sm.vl);
   const int64_t key0 = k0 + 16 * w;  // the warp's first key
@@ -208,12 +205,14 @@ __global__ void __launch_bounds__(kThreads) attention_backward_kernel(AttentionF
     probabilities(p, sm, a, e, bh, key0, q0, g, t);
     uint32_t xh[4][4], xl[4][4];
     to_a_parts<4>(p, 1.f, xh, xl);
-    accumulate3_regs<4, kD / 8>(dv, xh, xl, &sm.doth[0][0], &sm.dotl[0][0], kL, g, t);
+    accumulate3_regs<4, kD / 8, BTile::kRowsAlongN>(dv, xh, xl, &sm.doh[0][0], &sm.dol[0][0], kL,
+                                                    g, t);
     product3_rows<kD, 8>(dp, &sm.vh[16 * w][0], &sm.vl[16 * w][0], kL, &sm.doh[0][0],
                          &sm.dol[0][0], kL, g, t);
     score_grads(dp, p, sm, e, t);
     to_a_parts<4>(dp, 1.f, xh, xl);
-    accumulate3_regs<4, kD / 8>(dk, xh, xl, &sm.qth[0][0], &sm.qtl[0][0], kL, g, t);
+    accumulate3_regs<4, kD / 8, BTile::kRowsAlongN>(dk, xh, xl, &sm.qh[0][0], &sm.ql[0][0], kL,
+                                                    g, t);
     store_ds(sm, dp, w, g, t);
     __syncthreads();
     add_dq(sm, a, e, head, q0, w, g, t);

@@ -86,16 +86,6 @@ __device__ void load_rows(const __half* src, int64_t r0, int64_t rows, __half (*
   }
 }
 
-// The same rows transposed into [D][kTile + kPad] (so that pairs along the rows are loads).
-template <int D>
-__device__ void load_transposed(const __half* src, int64_t r0, int64_t rows,
-                                __half (*dst)[kTile + kPad]) {
-  for (int i = threadIdx.x; i < kTile * D; i += kThreads) {
-    const int r = i / D, d = i % D;
-    dst[d][r] = r0 + r < rows ? src[(r0 + r) * D + d] : __float2half(0.f);
-  }
-}
-
 // Columns [c0, c0 + kTile) of D rows of a transposed part (rows ld halves apart; ld and c0
 // multiples of 8, the part zero past its keys) into a shared [D][kTile + kPad] tile.
 template <int D>
@@ -107,9 +97,36 @@ __device__ void load_columns(const __half* src, int64_t ld, int64_t c0,
   }
 }
 
+// How a shared tile holds an mma's B[k][n]: as b[n][k] (rows along k: pairs of neighbouring k
+// are one 32-bit load) or as b[k][n] (rows along n, e.g. a tile of Q's or dO's rows read as the
+// B of dK += dSᵀ Q: ldmatrix .trans gathers the pairs along k), so no transposed copy is kept.
+enum class BTile { kRowsAlongK, kRowsAlongN };
+
+// B's two fragment registers for k in [k0, k0 + 16), n in [n0, n0 + 8) (lane = 4 g + t).
+template <BTile L>
+__device__ __forceinline__ void b_fragment(uint32_t& b0, uint32_t& b1, const __half* b, int ldb,
+                                           int k0, int n0, int g, int t) {
+  if constexpr (L == BTile::kRowsAlongK) {
+    const __half* bn = b + (n0 + g) * ldb + k0 + 2 * t;
+    b0 = pair(bn), b1 = pair(bn + 8);
+  } else {  // lanes 0-15 give rows k0 .. k0 + 15: two 8 x 8 matrices, transposed on the way
+    const __half* row = b + (k0 + ((4 * g + t) & 15)) * ldb + n0;
+    const uint32_t at = static_cast<uint32_t>(__cvta_generic_to_shared(row));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n"
+                 : "=r"(b0), "=r"(b1)
+                 : "r"(at));
+  }
+}
+
+// Where output tile n0 (8 columns) of B starts in its shared tile.
+template <BTile L>
+__device__ __forceinline__ const __half* b_columns(const __half* b, int ldb, int n0) {
+  return L == BTile::kRowsAlongK ? b + 8 * n0 * ldb : b + 8 * n0;
+}
+
 // c[n] += A B for NT output tiles of 8 columns: A the warp's 16 rows from `a` (rows lda
-// halves apart, K columns), B[k][n] = b[n][k] (rows of b ldb halves apart).
-template <int K, int NT>
+// halves apart, K columns), B from `b` (rows ldb halves apart) as L says.
+template <int K, int NT, BTile L = BTile::kRowsAlongK>
 __device__ __forceinline__ void mma_rows(float (&c)[NT][4], const __half* a, int lda,
                                          const __half* b, int ldb, int g, int t) {
 #pragma unroll
@@ -119,23 +136,24 @@ __device__ __forceinline__ void mma_rows(float (&c)[NT][4], const __half* a, int
                             pair(a + g * lda + k + 8), pair(a + (g + 8) * lda + k + 8)};
 #pragma unroll
     for (int n = 0; n < NT; ++n) {
-      const __half* bn = b + (8 * n + g) * ldb + k;
-      mma(c[n], af, pair(bn), pair(bn + 8));
+      uint32_t b0, b1;
+      b_fragment<L>(b0, b1, b, ldb, 16 * kk, 8 * n, g, t);
+      mma(c[n], af, b0, b1);
     }
   }
 }
 
 // c[n] += A B with A in registers: a[kk] the A fragment of k-step kk.
-template <int KT, int NT>
+template <int KT, int NT, BTile L = BTile::kRowsAlongK>
 __device__ __forceinline__ void mma_regs(float (&c)[NT][4], const uint32_t (&a)[KT][4],
                                          const __half* b, int ldb, int g, int t) {
 #pragma unroll
   for (int kk = 0; kk < KT; ++kk) {
-    const int k = 16 * kk + 2 * t;
 #pragma unroll
     for (int n = 0; n < NT; ++n) {
-      const __half* bn = b + (8 * n + g) * ldb + k;
-      mma(c[n], a[kk], pair(bn), pair(bn + 8));
+      uint32_t b0, b1;
+      b_fragment<L>(b0, b1, b, ldb, 16 * kk, 8 * n, g, t);
+      mma(c[n], a[kk], b0, b1);
     }
   }
 }
@@ -149,16 +167,16 @@ __device__ __forceinline__ void scale_all(float (&c)[NT][4], float f) {
 }
 
 // c = A B on split operands, both from shared rows (a fresh accumulator).
-template <int K, int NT>
+template <int K, int NT, BTile L = BTile::kRowsAlongK>
 __device__ __forceinline__ void product3_rows(float (&c)[NT][4], const __half* ah,
                                               const __half* al, int lda, const __half* bh,
                                               const __half* bl, int ldb, int g, int t) {
 #pragma unroll
   for (int n = 0; n < NT; ++n) c[n][0] = c[n][1] = c[n][2] = c[n][3] = 0.f;
-  mma_rows<K>(c, ah, lda, bl, ldb, g, t);
-  mma_rows<K>(c, al, lda, bh, ldb, g, t);
+  mma_rows<K, NT, L>(c, ah, lda, bl, ldb, g, t);
+  mma_rows<K, NT, L>(c, al, lda, bh, ldb, g, t);
   scale_all(c, kSmall);
-  mma_rows<K>(c, ah, lda, bh, ldb, g, t);
+  mma_rows<K, NT, L>(c, ah, lda, bh, ldb, g, t);
 }
 
 // A's k-step fragments from a previous product's output x (KT k-steps of 16 columns: 2 KT
@@ -180,7 +198,7 @@ __device__ __forceinline__ void to_a_parts(const float (&x)[2 * KT][4], float mu
 // core's adds truncate, so a running sum fed back through every mma as C would lose low bits
 // at the size of the whole sum, biased toward zero (the split GEMM moves its sum into fp32
 // registers for the same reason: sm90/split_products_mainloop.h).
-template <int KT, int NT>
+template <int KT, int NT, BTile L = BTile::kRowsAlongK>
 __device__ __forceinline__ void accumulate3_regs(float (&c)[NT][4], const uint32_t (&ah)[KT][4],
                                                  const uint32_t (&al)[KT][4], const __half* bh,
                                                  const __half* bl, int ldb, int g, int t) {
@@ -191,10 +209,10 @@ __device__ __forceinline__ void accumulate3_regs(float (&c)[NT][4], const uint32
     float x[kChunk][4];
 #pragma unroll
     for (int n = 0; n < kChunk; ++n) x[n][0] = x[n][1] = x[n][2] = x[n][3] = 0.f;
-    mma_regs<KT>(x, ah, bl + 8 * n0 * ldb, ldb, g, t);
-    mma_regs<KT>(x, al, bh + 8 * n0 * ldb, ldb, g, t);
+    mma_regs<KT, kChunk, L>(x, ah, b_columns<L>(bl, ldb, n0), ldb, g, t);
+    mma_regs<KT, kChunk, L>(x, al, b_columns<L>(bh, ldb, n0), ldb, g, t);
     scale_all(x, kSmall);
-    mma_regs<KT>(x, ah, bh + 8 * n0 * ldb, ldb, g, t);
+    mma_regs<KT, kChunk, L>(x, ah, b_columns<L>(bh, ldb, n0), ldb, g, t);
 #pragma unroll
     for (int n = 0; n < kChunk; ++n)
 #pragma unroll

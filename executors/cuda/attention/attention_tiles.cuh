@@ -9,8 +9,9 @@
 // B[k][n] = b[n][k] from shared rows of b, so pairs of neighbouring k are one 32-bit load.
 //
 // A product of split operands is hi·hi + 2^-11 (hi·lo + lo·hi) (the lo parts 2^11 too large):
-// the two small products first, then the accumulator times 2^-11, then the large one, always
-// into a fresh accumulator; a running sum (O, dK, dV) takes each tile's product by fp32 adds.
+// the large product and the two small ones into two fresh accumulators, each B fragment loaded
+// once for both of its uses, then added in fp32; a running sum (O, dK, dV) takes each tile's
+// product by fp32 adds.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -124,59 +125,58 @@ __device__ __forceinline__ const __half* b_columns(const __half* b, int ldb, int
   return L == BTile::kRowsAlongK ? b + 8 * n0 * ldb : b + 8 * n0;
 }
 
-// c[n] += A B for NT output tiles of 8 columns: A the warp's 16 rows from `a` (rows lda
-// halves apart, K columns), B from `b` (rows ldb halves apart) as L says.
-template <int K, int NT, BTile L = BTile::kRowsAlongK>
-__device__ __forceinline__ void mma_rows(float (&c)[NT][4], const __half* a, int lda,
-                                         const __half* b, int ldb, int g, int t) {
-#pragma unroll
-  for (int kk = 0; kk < K / 16; ++kk) {
-    const int k = 16 * kk + 2 * t;
-    const uint32_t af[4] = {pair(a + g * lda + k), pair(a + (g + 8) * lda + k),
-                            pair(a + g * lda + k + 8), pair(a + (g + 8) * lda + k + 8)};
-#pragma unroll
-    for (int n = 0; n < NT; ++n) {
-      uint32_t b0, b1;
-      b_fragment<L>(b0, b1, b, ldb, 16 * kk, 8 * n, g, t);
-      mma(c[n], af, b0, b1);
-    }
-  }
+// A's fragment of k-step [k0, k0 + 16) for the warp's 16 rows of a shared tile (rows lda apart).
+__device__ __forceinline__ void a_fragment(uint32_t (&af)[4], const __half* a, int lda, int k0,
+                                           int g, int t) {
+  const int k = k0 + 2 * t;
+  af[0] = pair(a + g * lda + k), af[1] = pair(a + (g + 8) * lda + k);
+  af[2] = pair(a + g * lda + k + 8), af[3] = pair(a + (g + 8) * lda + k + 8);
 }
 
-// c[n] += A B with A in registers: a[kk] the A fragment of k-step kk.
-template <int KT, int NT, BTile L = BTile::kRowsAlongK>
-__device__ __forceinline__ void mma_regs(float (&c)[NT][4], const uint32_t (&a)[KT][4],
-                                         const __half* b, int ldb, int g, int t) {
+// One k-step of a product of split operands over NT output tiles: big += A_hi B_hi and
+// small += A_hi B_lo + A_lo B_hi, each B fragment pair loaded once for both of its uses (the
+// products share shared memory's bandwidth, which bounds these kernels before the tensor cores).
+template <int NT, BTile L>
+__device__ __forceinline__ void mma3_step(float (&big)[NT][4], float (&small)[NT][4],
+                                          const uint32_t (&ah)[4], const uint32_t (&al)[4],
+                                          const __half* bh, const __half* bl, int ldb, int k0,
+                                          int g, int t) {
 #pragma unroll
-  for (int kk = 0; kk < KT; ++kk) {
-#pragma unroll
-    for (int n = 0; n < NT; ++n) {
-      uint32_t b0, b1;
-      b_fragment<L>(b0, b1, b, ldb, 16 * kk, 8 * n, g, t);
-      mma(c[n], a[kk], b0, b1);
-    }
+  for (int n = 0; n < NT; ++n) {
+    uint32_t h0, h1, l0, l1;
+    b_fragment<L>(h0, h1, bh, ldb, k0, 8 * n, g, t);
+    b_fragment<L>(l0, l1, bl, ldb, k0, 8 * n, g, t);
+    mma(small[n], ah, l0, l1);
+    mma(small[n], al, h0, h1);
+    mma(big[n], ah, h0, h1);
   }
 }
 
 template <int NT>
-__device__ __forceinline__ void scale_all(float (&c)[NT][4], float f) {
+__device__ __forceinline__ void zero(float (&c)[NT][4]) {
 #pragma unroll
-  for (int n = 0; n < NT; ++n)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) c[n][i] *= f;
+  for (int n = 0; n < NT; ++n) c[n][0] = c[n][1] = c[n][2] = c[n][3] = 0.f;
 }
 
-// c = A B on split operands, both from shared rows (a fresh accumulator).
+// c = A B on split operands, both from shared rows: hi·hi + 2^-11 (hi·lo + lo·hi), the two
+// sums in their own fresh accumulators, added in fp32.
 template <int K, int NT, BTile L = BTile::kRowsAlongK>
 __device__ __forceinline__ void product3_rows(float (&c)[NT][4], const __half* ah,
                                               const __half* al, int lda, const __half* bh,
                                               const __half* bl, int ldb, int g, int t) {
+  float small[NT][4];
+  zero(c), zero(small);
 #pragma unroll
-  for (int n = 0; n < NT; ++n) c[n][0] = c[n][1] = c[n][2] = c[n][3] = 0.f;
-  mma_rows<K, NT, L>(c, ah, lda, bl, ldb, g, t);
-  mma_rows<K, NT, L>(c, al, lda, bh, ldb, g, t);
-  scale_all(c, kSmall);
-  mma_rows<K, NT, L>(c, ah, lda, bh, ldb, g, t);
+  for (int kk = 0; kk < K / 16; ++kk) {
+    uint32_t fh[4], fl[4];
+    a_fragment(fh, ah, lda, 16 * kk, g, t);
+    a_fragment(fl, al, lda, 16 * kk, g, t);
+    mma3_step<NT, L>(c, small, fh, fl, bh, bl, ldb, 16 * kk, g, t);
+  }
+#pragma unroll
+  for (int n = 0; n < NT; ++n)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) c[n][i] += small[n][i] * kSmall;
 }
 
 // A's k-step fragments from a previous product's output x (KT k-steps of 16 columns: 2 KT
@@ -194,7 +194,7 @@ __device__ __forceinline__ void to_a_parts(const float (&x)[2 * KT][4], float mu
 }
 
 // c += A B on split operands, A in registers, into an accumulator holding a sum: each group of
-// 4 output tiles is a fresh product (product3's order), then added to c in fp32. The tensor
+// 4 output tiles is a fresh product (product3_rows's sums), then added to c in fp32. The tensor
 // core's adds truncate, so a running sum fed back through every mma as C would lose low bits
 // at the size of the whole sum, biased toward zero (the split GEMM moves its sum into fp32
 // registers for the same reason: sm90/split_products_mainloop.h).
@@ -206,17 +206,16 @@ __device__ __forceinline__ void accumulate3_regs(float (&c)[NT][4], const uint32
   static_assert(NT % kChunk == 0, "output tiles in groups of 4");
 #pragma unroll
   for (int n0 = 0; n0 < NT; n0 += kChunk) {
-    float x[kChunk][4];
+    float big[kChunk][4], small[kChunk][4];
+    zero(big), zero(small);
 #pragma unroll
-    for (int n = 0; n < kChunk; ++n) x[n][0] = x[n][1] = x[n][2] = x[n][3] = 0.f;
-    mma_regs<KT, kChunk, L>(x, ah, b_columns<L>(bl, ldb, n0), ldb, g, t);
-    mma_regs<KT, kChunk, L>(x, al, b_columns<L>(bh, ldb, n0), ldb, g, t);
-    scale_all(x, kSmall);
-    mma_regs<KT, kChunk, L>(x, ah, b_columns<L>(bh, ldb, n0), ldb, g, t);
+    for (int kk = 0; kk < KT; ++kk)
+      mma3_step<kChunk, L>(big, small, ah[kk], al[kk], b_columns<L>(bh, ldb, n0),
+                           b_columns<L>(bl, ldb, n0), ldb, 16 * kk, g, t);
 #pragma unroll
     for (int n = 0; n < kChunk; ++n)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) c[n0 + n][i] += x[n][i];
+      for (int i = 0; i < 4; ++i) c[n0 + n][i] += big[n][i] + small[n][i] * kSmall;
   }
 }
 

@@ -27,17 +27,25 @@ constexpr float kLog2e = 1.4426950408889634f;
 
 // Each head's largest magnitude of x [BH, n], a NaN counted as an infinity (its head is then
 // recomputed by attention_nonfinite.cu): a CTA per head.
-__global__ void head_amax_kernel(const float* x, int64_t n, float* amax) {
-  __shared__ float red[kThreads / 32];
-  const float* h = x + static_cast<int64_t>(blockIdx.x) * n;
+constexpr int kAmaxThreads = 1024;  // a head's S·D values read by many loads in flight
+
+__device__ __forceinline__ float abs_or_inf(float v) { return isnan(v) ? INFINITY : fabsf(v); }
+
+__global__ void __launch_bounds__(kAmaxThreads) head_amax_kernel(const float* x, int64_t n,
+                                                                 float* amax) {
+  __shared__ float red[kAmaxThreads / 32];
+  const float4* h = reinterpret_cast<const float4*>(x + static_cast<int64_t>(blockIdx.x) * n);
   float m = 0.f;
-  for (int64_t i = threadIdx.x; i < n; i += kThreads)
-    m = fmaxf(m, isnan(h[i]) ? INFINITY : fabsf(h[i]));
+  for (int64_t i = threadIdx.x; i < n / 4; i += kAmaxThreads) {  // n = S·64: whole float4s
+    const float4 v = h[i];
+    m = fmaxf(fmaxf(m, fmaxf(abs_or_inf(v.x), abs_or_inf(v.y))),
+              fmaxf(abs_or_inf(v.z), abs_or_inf(v.w)));
+  }
   for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
   if ((threadIdx.x & 31) == 0) red[threadIdx.x / 32] = m;
   __syncthreads();
   if (threadIdx.x == 0) {
-    for (int w = 1; w < kThreads / 32; ++w) m = fmaxf(m, red[w]);
+    for (int w = 1; w < kAmaxThreads / 32; ++w) m = fmaxf(m, red[w]);
     amax[blockIdx.x] = fmaxf(m, red[0]);
   }
 }
@@ -271,7 +279,8 @@ void launch_attention_f16x3_backward(const AttentionF16x3Backward& a, cudaStream
   const float* src[4] = {a.q, a.k, a.v, a.dout};
   const unsigned blocks = static_cast<unsigned>((total + 255) / 256);
   for (int i = 0; i < 4; ++i) {
-    head_amax_kernel<<<static_cast<unsigned>(a.BH), kThreads, 0, stream>>>(src[i], n, amax + i * a.BH);
+    head_amax_kernel<<<static_cast<unsigned>(a.BH), kAmaxThreads, 0, stream>>>(src[i], n,
+                                                                          amax + i * a.BH);
     split_head_kernel<<<blocks, 256, 0, stream>>>(src[i], n, total, amax + i * a.BH, part(i),
                                                   part(i) + total);
   }

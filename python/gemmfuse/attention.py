@@ -88,54 +88,64 @@ def runs_on_gemmfuse(q, k, v, mask=None) -> bool:
 
 
 def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal: bool = False,
-                                 scale: float | None = None):
-    """``F.scaled_dot_product_attention(q, k, v, attn_mask, is_causal=is_causal, scale=scale)``
-    with both products of the forward and of the backward on split fp16 tensor-core products
-    where the kernels take the call (fp32 CUDA q, k, v [B, H, S, D], D 64, 96 or 128; a mask
-    fp32 or bool broadcasting to [B, H, S, S]); else PyTorch's SDPA."""
+                                 scale: float | None = None, enable_gqa: bool = False):
+    """``F.scaled_dot_product_attention(q, k, v, attn_mask, is_causal=is_causal, scale=scale,
+    enable_gqa=enable_gqa)`` with both products of the forward and of the backward on split fp16
+    tensor-core products where the kernels take the call (fp32 CUDA q, k, v [B, H, S, D], D 64,
+    96 or 128; a mask fp32 or bool broadcasting to [B, H, S, S]; grouped-query k and v repeated
+    to q's heads, their gradients summed back by autograd); else PyTorch's SDPA."""
     mask = additive_mask(attn_mask) if isinstance(attn_mask, torch.Tensor) else attn_mask
-    if not runs_on_gemmfuse(q, k, v, mask):
+    kq, vq = k, v
+    if enable_gqa and k.dim() == 4 and q.dim() == 4 and 0 < k.shape[1] < q.shape[1]:
+        group = q.shape[1] // k.shape[1]
+        kq, vq = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    if not runs_on_gemmfuse(q, kq, vq, mask):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
-                                              scale=scale)
+                                              scale=scale, enable_gqa=enable_gqa)
+    k, v = kq, vq
     s = float(scale) if scale is not None else q.shape[-1] ** -0.5
     return _Attention.apply(q, k, v, mask, bool(is_causal), s)
 
 
-def _random_operands(shape, device, training, mask=()):
-    """q, k, v, dout of `shape`, and a mask of `mask` = (shape, dtype) (about one score in
-    ten masked) or None."""
+def _random_operands(shape, device, training, mask=(), kv_heads=0):
+    """q, k, v, dout of `shape` (k and v of kv_heads heads where it is not 0), and a mask of
+    `mask` = (shape, dtype) (about one score in ten masked) or None."""
     g = torch.Generator(device=device).manual_seed(0)
-    ops = [torch.randn(shape, device=device, generator=g).requires_grad_(training)
-           for _ in range(4)]
+    kv = (shape[0], kv_heads, *shape[2:]) if kv_heads else shape
+    ops = [torch.randn(s, device=device, generator=g).requires_grad_(training)
+           for s in (shape, kv, kv, shape)]
     if not mask:
         return ops + [None]
     keep = torch.rand(mask[0], device=device, generator=g) > 0.1
     return ops + [keep if mask[1] == torch.bool else additive_mask(keep)]
 
 
-def timed_choice(shape, device, is_causal: bool, scale, training: bool, mask=()) -> str:
+def timed_choice(shape, device, is_causal: bool, scale, training: bool, mask=(),
+                 kv_heads: int = 0) -> str:
     """'' where gemmfuse's attention timed at least as fast as PyTorch's SDPA for q, k, v of
     `shape` on `device` (the forward, and the backward where the graph trains), else why PyTorch
     runs the call (route_timer.timed_choice: once per signature, on fresh random operands)."""
     from . import route_timer
     if not route_timer.timed_routes_on(device):
         return ""
-    q, k, v, go, m = _random_operands(shape, device, training, mask)
+    q, k, v, go, m = _random_operands(shape, device, training, mask, kv_heads)
 
     def call(fn):
         def run():
             with torch.set_grad_enabled(training):
-                out = fn(q, k, v, attn_mask=m, is_causal=is_causal, scale=scale)
+                out = fn(q, k, v, attn_mask=m, is_causal=is_causal, scale=scale,
+                         enable_gqa=bool(kv_heads))
                 return torch.autograd.grad(out, (q, k, v), go) if training else out
         return run
-    key = ("captured sdpa", tuple(shape), device, bool(is_causal), scale, bool(training), mask)
+    key = ("captured sdpa", tuple(shape), device, bool(is_causal), scale, bool(training), mask,
+           kv_heads)
     why = route_timer.timed_choice(key, call(scaled_dot_product_attention),
                                    call(F.scaled_dot_product_attention), q)
     return why + (" (forward and backward)" if why and training else "")
 
 
 def choice(shape, device, is_causal: bool, scale, training: bool, precision: str,
-           mask=()) -> str:
+           mask=(), kv_heads: int = 0) -> str:
     """'' where a captured SDPA call of q, k, v of `shape` (and a mask of `mask` = (shape,
     dtype), or ()) runs as scaled_dot_product_attention here, else why the model's own call
     stays: the precision, the device, the kernels' routes, then (on a GPU) the timing."""
@@ -150,4 +160,4 @@ def choice(shape, device, is_causal: bool, scale, training: bool, precision: str
     if not why and m is not None and training and not runs_on_gemmfuse(q, q, q, m):
         why = "a mask with a backward gemmfuse's kernel does not take (" + _backward_route(
             q, q, q, q, m, q, q.new_empty(q.shape[:3])) + ")"
-    return why or timed_choice(shape, device, is_causal, scale, training, mask)
+    return why or timed_choice(shape, device, is_causal, scale, training, mask, kv_heads)

@@ -363,7 +363,7 @@ def fuse_attention(gm: fx.GraphModule, precision: str, report, example_inputs=()
             shape = [torch.fx.experimental.symbolic_shapes.size_hint(d) for d in site.shape]
             training = _records_grad(gm, (match.q, match.k, match.v))
             site.reason = attention.choice(shape, inf.device, site.is_causal, match.scale,
-                                           training, precision, site.mask)
+                                           training, precision, site.mask, site.kv_heads)
             if not site.reason:
                 _rewrite_attention(match)
                 site.status = "fused"
@@ -381,6 +381,8 @@ def _rewrite_attention(match) -> None:
     node, kwargs = match.node, {"is_causal": match.site.is_causal, "scale": match.scale}
     if match.mask is not None:
         kwargs["attn_mask"] = match.mask
+    if match.site.kv_heads:
+        kwargs["enable_gqa"] = True
     if not match.erase:
         node.target, node.args, node.kwargs = scaled_dot_product_attention, (match.q, match.k, match.v), kwargs
         return

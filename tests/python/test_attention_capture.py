@@ -307,3 +307,36 @@ def test_the_call_with_masks_as_eager(kind):
     for g_, e, w in zip((got, *got_grads), (eager, *eager_grads), (ref, *ref_grads)):
         g_, e, w = (t.detach()[fin] if t.shape == fin.shape else t.detach() for t in (g_, e, w))
         assert rel(g_, w) <= 1.25 * rel(e, w) + SLACK
+
+
+class GroupedQuery(nn.Module):
+    """Grouped-query attention as Llama writes it: 4 query heads share each of 2 key/value heads
+    (SDPA's enable_gqa), causal."""
+
+    def __init__(self, d=256, heads=4, kv_heads=2):
+        super().__init__()
+        self.heads, self.kv_heads, self.hd = heads, kv_heads, d // heads
+        self.q, self.kv = nn.Linear(d, d), nn.Linear(d, 2 * kv_heads * (d // heads))
+        self.proj = nn.Linear(d, d)
+
+    def forward(self, x):
+        B, T, d = x.shape
+        q = self.q(x).view(B, T, self.heads, self.hd).transpose(1, 2)
+        k, v = self.kv(x).view(B, T, 2, self.kv_heads, self.hd).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        return self.proj(y.transpose(1, 2).reshape(B, T, d))
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+@pytest.mark.parametrize("how", ["optimize", "backend"])
+def test_grouped_query_attention_taken(dev, how):
+    """k and v repeated to q's heads before gemmfuse's kernels (their gradients summed back by
+    autograd): outputs and gradients as eager's against float64."""
+    torch.manual_seed(0)
+    model, x = GroupedQuery().to(dev), torch.randn(2, 96, 256, device=dev)
+    opt = gemmfuse.optimize(model, (x,)) if how == "optimize" else \
+        torch.compile(model, backend="gemmfuse")
+    assert_as_eager(model, opt, x)
+    assert len(attention_nodes(opt)) == 1
+    text = gemmfuse.explain(opt, print_it=False)
+    assert "causal with 2 key/value heads" in text and "on gemmfuse's fp32 attention" in text, text

@@ -30,6 +30,7 @@ class AttentionSite:
     shape: tuple = ()            # q's [B, H, S, D]
     is_causal: bool = False
     mask: tuple = ()             # the attention mask's (shape, dtype), () for none
+    kv_heads: int = 0            # grouped-query heads: k's and v's head count (0: q's)
     status: str = "pytorch"      # "fused" | "pytorch"
     reason: str = ""
 
@@ -96,8 +97,11 @@ def _match_sdpa(node: fx.Node):
         args = bind(node, _SDPA_ARGS, dict(_SDPA_DEFAULTS))
         _check_sdpa_args(args)
         q, k, v = args["query"], args["key"], args["value"]
-        site.shape, site.is_causal = _operand_shape(q, k, v), bool(args["is_causal"])
+        gqa = bool(args["enable_gqa"])
+        site.shape, site.is_causal = _operand_shape(q, k, v, gqa), bool(args["is_causal"])
         site.mask = _mask_of(args["attn_mask"], site.shape, site.is_causal)
+        kv = node_info(k).shape[1]
+        site.kv_heads = kv if gqa and kv != site.shape[1] else 0
     except Unsupported as e:
         site.reason = str(e)
         return site, None
@@ -108,8 +112,8 @@ def _check_sdpa_args(a: dict) -> None:
     """Raise Unsupported for arguments the kernels do not take, or that are not constants."""
     if not isinstance(a["dropout_p"], (int, float)) or a["dropout_p"] != 0:
         raise Unsupported(f"dropout_p {a['dropout_p']!r} (the kernels take a constant 0)")
-    if a["enable_gqa"] is not False:
-        raise Unsupported("enable_gqa (grouped-query heads)")
+    if not isinstance(a["enable_gqa"], bool):
+        raise Unsupported(f"enable_gqa {a['enable_gqa']!r} is not a constant bool")
     if not isinstance(a["is_causal"], bool):
         raise Unsupported(f"is_causal {a['is_causal']!r} is not a constant bool")
     s = a["scale"]
@@ -145,14 +149,18 @@ def _mask_of(mask, shape: tuple, is_causal: bool) -> tuple:
     return mshape, inf.dtype
 
 
-def _operand_shape(q, k, v) -> tuple:
-    """q's shape where q, k and v are fp32 graph values of one 4-D shape, else raise."""
+def _operand_shape(q, k, v, gqa: bool = False) -> tuple:
+    """q's shape where q, k and v are fp32 graph values of one 4-D shape [B, H, S, D] (with
+    grouped-query heads, k's and v's heads may divide q's), else raise."""
     infos = [node_info(t) for t in (q, k, v)]
     if not all(isinstance(i, TInfo) for i in infos):
         raise Unsupported("q, k or v has no known shape")
     if any(i.dtype != torch.float32 for i in infos):
         raise Unsupported(f"q, k, v of {infos[0].dtype}, not fp32 (gemmfuse's attention is fp32's)")
-    if infos[0].rank != 4 or any(i.shape != infos[0].shape for i in infos):
+    qs, ks, vs = (tuple(i.shape) for i in infos)
+    grouped = (gqa and len(qs) == 4 and ks == vs and len(ks) == 4 and ks[1] != 0
+               and qs[1] % ks[1] == 0 and (qs[0], qs[2], qs[3]) == (ks[0], ks[2], ks[3]))
+    if len(qs) != 4 or not (qs == ks == vs or grouped):
         raise Unsupported("q, k and v not of one shape [B, H, S, D] "
                           f"({', '.join(str(tuple(i.shape)) for i in infos)})")
-    return tuple(infos[0].shape)
+    return qs

@@ -19,20 +19,37 @@ constexpr int kRows = kTile, kKeys = kTile;
 constexpr float kLog2e = 1.4426950408889634f;
 
 // ---- the splits: v 2^e = hi + 2^-11 lo (attention_tiles.cuh) --------------------------------
-// A warp per row of x [R, D]: its exponent (over the row; NaN where the row holds a NaN or
-// an infinity, which attention_nonfinite.cu recomputes) and parts.
+// A warp per row of x [R, D] (D <= 128): its exponent (over the row; NaN where the row holds a
+// NaN or an infinity, which attention_nonfinite.cu recomputes) and parts, a lane per pair of
+// neighbouring values (8-byte loads, 4-byte stores; the row read once).
 __global__ void split_rows_kernel(const float* x, int64_t R, int D, __half* hi, __half* lo,
                                   float* exps) {
   const int64_t r = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int lane = threadIdx.x & 31;
   if (r >= R) return;
-  const float* row = x + r * D;
+  float2 v[2] = {};
   float amax = 0.f;
   bool bad = false;
-  for (int d = lane; d < D; d += 32) amax = fmaxf(amax, fabsf(row[d])), bad |= !isfinite(row[d]);
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int d = 2 * lane + 64 * i;
+    if (d >= D) continue;
+    v[i] = *reinterpret_cast<const float2*>(x + r * D + d);
+    amax = fmaxf(amax, fmaxf(fabsf(v[i].x), fabsf(v[i].y)));
+    bad |= !isfinite(v[i].x) || !isfinite(v[i].y);
+  }
   for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
   const int e = split_exponent(amax);
-  for (int d = lane; d < D; d += 32) split_one(row[d], e, hi + r * D + d, lo + r * D + d);
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int d = 2 * lane + 64 * i;
+    if (d >= D) continue;
+    __align__(4) __half h[2], l[2];
+    split_one(v[i].x, e, &h[0], &l[0]);
+    split_one(v[i].y, e, &h[1], &l[1]);
+    *reinterpret_cast<uint32_t*>(hi + r * D + d) = *reinterpret_cast<const uint32_t*>(h);
+    *reinterpret_cast<uint32_t*>(lo + r * D + d) = *reinterpret_cast<const uint32_t*>(l);
+  }
   if (__any_sync(0xffffffffu, bad) && lane == 0) exps[r] = NAN;
   else if (lane == 0) exps[r] = static_cast<float>(e);
 }

@@ -13,10 +13,19 @@
 
 namespace gemmfuse::bindings {
 
-// Why the forward kernel does not take head dim D on this device (null: it does).
-static const char* cuda_unfit(int64_t D, int device) {
+// Why the forward kernel does not take head dim D (null: it does).
+static const char* cuda_unfit(int64_t D) {
 #ifdef GEMMFUSE_WITH_CUDA
-  if (const char* why = cuda::attention_f16x3_unfit(static_cast<int>(D))) return why;
+  return cuda::attention_f16x3_unfit(static_cast<int>(D));
+#else
+  (void)D;
+  return "this build has no CUDA executor";
+#endif
+}
+
+// Why the forward kernel of head dim D does not run on this device (null: it does).
+static const char* cuda_device_unfit(int64_t D, int device) {
+#ifdef GEMMFUSE_WITH_CUDA
   return cuda::attention_f16x3_device_unfit(static_cast<int>(D), device);
 #else
   (void)D, (void)device;
@@ -59,8 +68,10 @@ std::string sdpa_f16x3_route(const at::Tensor& q, const at::Tensor& k, const at:
     os << "fp32 q, k and v, got " << q.scalar_type();
   else if (!q.is_cuda() || k.device() != q.device() || v.device() != q.device())
     os << "q, k and v on one CUDA device";
-  else if (const char* unfit = cuda_unfit(q.size(3), q.get_device()))
+  else if (const char* unfit = cuda_unfit(q.size(3)))
     os << "head dim " << q.size(3) << " (" << unfit << ")";
+  else if (const char* unfit_here = cuda_device_unfit(q.size(3), q.get_device()))
+    os << unfit_here;
   else
     os << bias_unfit(q, bias);
   return os.str();

@@ -83,8 +83,12 @@ def runs_on_gemmfuse(q, k, v, mask=None) -> bool:
         return False
     if mask is None or not (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))):
         return True
-    lse = q.new_empty(q.shape[:3])
-    return not _backward_route(q, q, q, q, mask, q, lse)
+    return not _mask_backward_route(q, mask)
+
+
+def _mask_backward_route(q, mask) -> str:
+    """'' where gemmfuse's backward kernel takes a call of q's shape with this mask, else why."""
+    return _backward_route(q, q, q, q, mask, q, q.new_empty(q.shape[:3]))
 
 
 def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal: bool = False,
@@ -157,7 +161,7 @@ def choice(shape, device, is_causal: bool, scale, training: bool, precision: str
     q = torch.empty(shape, device=device, requires_grad=training)
     m = additive_mask(torch.ones(mask[0], dtype=torch.bool, device=device)) if mask else None
     why = forward_route(q, q, q, m)
-    if not why and m is not None and training and not runs_on_gemmfuse(q, q, q, m):
-        why = "a mask with a backward gemmfuse's kernel does not take (" + _backward_route(
-            q, q, q, q, m, q, q.new_empty(q.shape[:3])) + ")"
+    back = _mask_backward_route(q, m) if not why and m is not None and training else ""
+    if back:
+        why = f"a mask with a backward gemmfuse's kernel does not take ({back})"
     return why or timed_choice(shape, device, is_causal, scale, training, mask, kv_heads)

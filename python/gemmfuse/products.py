@@ -83,9 +83,9 @@ def einsum(equation: str, a, b, precision: str = "fp32", ours=(True, True, True)
     """``torch.einsum(equation, a, b)`` as one batched product (einsum_plan), each of its
     three products on gemmfuse::bmm where `ours` says so; torch.einsum where the plan declines."""
     from . import einsum_plan
-    p = einsum_plan.plan(equation, a.dim(), b.dim())
-    if p is None or einsum_plan.why_not(equation, a.shape, b.shape):
+    if einsum_plan.why_not(equation, a.shape, b.shape):
         return torch.einsum(equation, a, b)
+    p = einsum_plan.plan(equation, a.dim(), b.dim())
     a3, b3, ap, bp = p.operands(a, b)
     return p.output(matmul(a3, b3, precision, ours), ap, bp)
 

@@ -70,6 +70,17 @@ std::vector<float> random_mask(std::mt19937_64& rng, int64_t heads, int64_t S) {
   return m;
 }
 
+// `mask` ([mask_heads][S][S]) copied into dmask and described for the kernels: one mask for
+// every head (mask_heads 1: stride 0) or one per head.
+gemmfuse::cuda::AttentionMask device_mask(const std::vector<float>& mask, DevMem& dmask,
+                                          int64_t mask_heads, int64_t S) {
+  CK(cudaMemcpy(dmask.p, mask.data(), mask.size() * 4, cudaMemcpyHostToDevice));
+  gemmfuse::cuda::AttentionMask m;
+  m.data = static_cast<float*>(dmask.p), m.heads = 1;
+  m.sb = mask_heads == 1 ? 0 : S * S, m.si = S, m.sj = 1;
+  return m;
+}
+
 // mask_heads: 0 none, 1 one mask for every head (stride 0), BH one per head.
 void check(int64_t BH, int64_t S, int D, bool causal, int64_t mask_heads = 0) {
   std::mt19937_64 rng(seed_for("attention"));
@@ -88,11 +99,7 @@ void check(int64_t BH, int64_t S, int D, bool causal, int64_t mask_heads = 0) {
   a.BH = BH, a.S = S, a.D = D, a.causal = causal, a.scale = 1.f / std::sqrt(float(D));
   a.q = static_cast<float*>(dq.p), a.k = static_cast<float*>(dk.p), a.v = static_cast<float*>(dv.p);
   a.o = static_cast<float*>(dout.p), a.lse = static_cast<float*>(dlse.p), a.workspace = ws.p;
-  if (mask_heads) {
-    CK(cudaMemcpy(dmask.p, mask.data(), mask.size() * 4, cudaMemcpyHostToDevice));
-    a.mask.data = static_cast<float*>(dmask.p), a.mask.heads = 1;
-    a.mask.sb = mask_heads == 1 ? 0 : S * S, a.mask.si = S, a.mask.sj = 1;
-  }
+  if (mask_heads) a.mask = device_mask(mask, dmask, mask_heads, S);
   gemmfuse::cuda::launch_attention_f16x3(a, nullptr);
   CK(cudaDeviceSynchronize());
   std::vector<float> o(n), lse(BH * S);
@@ -200,11 +207,7 @@ void check_backward(int64_t BH, int64_t S, bool causal, float grad_scale, int64_
   a.lse = static_cast<float*>(dlse.p), a.lse_stride = ls;
   a.dq = static_cast<float*>(gq.p), a.dk = static_cast<float*>(gk.p), a.dv = static_cast<float*>(gv.p);
   a.workspace = ws.p;
-  if (mask_heads) {
-    CK(cudaMemcpy(dmask.p, mask.data(), mask.size() * 4, cudaMemcpyHostToDevice));
-    a.mask.data = static_cast<float*>(dmask.p), a.mask.heads = 1;
-    a.mask.sb = mask_heads == 1 ? 0 : S * S, a.mask.si = S, a.mask.sj = 1;
-  }
+  if (mask_heads) a.mask = device_mask(mask, dmask, mask_heads, S);
   gemmfuse::cuda::launch_attention_f16x3_backward(a, nullptr);
   CK(cudaDeviceSynchronize());
   std::vector<float> got[3] = {std::vector<float>(n), std::vector<float>(n), std::vector<float>(n)};

@@ -2,7 +2,7 @@
 # Runs the project's real attention GoogleTest files (tests/cpp/cuda_attention_test.cpp,
 # tests/cpp/cuda_attention_nonfinite_test.cpp), unchanged, on the CPU through the fiber emulator
 # (emu.h) and host stubs of the CUDA runtime (emu_rt.h): no GPU, no libcudart.
-#   1. copy executors/cuda/attention/* and executors/cuda/cuda_check.h to $GT_DIR/src, patch
+#   1. copy executors/cuda/attention/*, cuda_check.h and device_info.h to $GT_DIR/src, patch
 #      the kernels with patch.py (launches -> emu::launch, dynamic smem, mma asm -> emu::mma)
 #   2./3. build $GT_DIR/attention_gtests with g++ (-include emu_rt.h everywhere) + GoogleTest
 #   4. run it in each mode of $MODES, in parallel, each under a timeout:
@@ -28,6 +28,7 @@ rm -rf "$W/src" "$W/obj"
 mkdir -p "$W/src" "$W/obj" "$W/logs"
 cp "$ROOT"/executors/cuda/attention/*.{cu,cuh,h} "$W/src/"
 cp "$ROOT/executors/cuda/cuda_check.h" "$W/src/"     # the real one: cudaGetLastError etc. stubbed
+cp "$ROOT/executors/cuda/device_info.h" "$W/src/"    # device queries answered by emu.h's stubs
 cp "$EMU/emu.h" "$EMU/emu_rt.h" "$EMU/patch.py" "$W/src/"
 (cd "$W/src" && python3 patch.py) | tee "$W/logs/patch.log"
 # patch.py must have found the dynamic smem of both big kernels and the one mma asm

@@ -10,6 +10,7 @@
 #include "attention_nonfinite.h"
 #include "attention_tiles.cuh"
 #include "cuda_check.h"
+#include "device_info.h"
 
 namespace gemmfuse::cuda {
 namespace {
@@ -252,15 +253,8 @@ void launch_v_and_kernel(const AttentionF16x3& a, const Layout& L, Parts p, int*
       a.v, a.S, L.sp, vh, vl, const_cast<float*>(p.ev), p.eq, p.ek, flags);
   GF_LAUNCH_CHECK();
   constexpr int bytes = sizeof(Shared<D>);
-  static std::atomic<uint64_t> opted{0};  // a bit per device id (< 64)
-  int dev = 0;
-  GF_CUDA_CHECK(cudaGetDevice(&dev));
-  const uint64_t bit = dev < 64 ? uint64_t(1) << dev : 0;
-  if (!(opted.load() & bit)) {
-    GF_CUDA_CHECK(cudaFuncSetAttribute(attention_kernel<D>,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-    opted.fetch_or(bit);
-  }
+  static std::atomic<uint64_t> opted{0};
+  allow_dynamic_shared(reinterpret_cast<const void*>(attention_kernel<D>), bytes, opted);
   const dim3 grid(static_cast<unsigned>(a.BH), static_cast<unsigned>((a.S + kRows - 1) / kRows));
   attention_kernel<D><<<grid, kThreads, bytes, stream>>>(a, p);
   GF_LAUNCH_CHECK();
@@ -273,15 +267,11 @@ const char* attention_f16x3_unfit(int D) {
 }
 
 const char* attention_device_unfit(int shared_bytes, int device) {
-  int major = 0, optin = 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
-          cudaSuccess) {
-    (void)cudaGetLastError();
-    return "a device whose attributes can be read";
-  }
-  if (major < 8) return "a GPU of compute capability 8.0 or newer (mma.sync m16n8k16)";
-  if (optin < shared_bytes) return "more shared memory per block than this GPU allows";
+  const int cc = compute_capability_of(device);
+  if (cc == 0) return "a device whose attributes can be read";
+  if (cc < 80) return "a GPU of compute capability 8.0 or newer (mma.sync m16n8k16)";
+  if (shared_memory_optin_of(device) < shared_bytes)
+    return "more shared memory per block than this GPU allows";
   return nullptr;
 }
 

@@ -16,6 +16,7 @@
 #include "attention_nonfinite.h"
 #include "attention_tiles.cuh"
 #include "cuda_check.h"
+#include "device_info.h"
 
 namespace gemmfuse::cuda {
 namespace {
@@ -251,17 +252,6 @@ struct Layout {
   }
 };
 
-void opt_in_shared(int bytes) {
-  static std::atomic<uint64_t> opted{0};  // a bit per device id (< 64)
-  int dev = 0;
-  GF_CUDA_CHECK(cudaGetDevice(&dev));
-  const uint64_t bit = dev < 64 ? uint64_t(1) << dev : 0;
-  if (opted.load() & bit) return;
-  GF_CUDA_CHECK(cudaFuncSetAttribute(attention_backward_kernel,
-                                     cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-  opted.fetch_or(bit);
-}
-
 }  // namespace
 
 const char* attention_f16x3_backward_unfit(int D) {
@@ -300,7 +290,9 @@ void launch_attention_f16x3_backward(const AttentionF16x3Backward& a, cudaStream
   GF_CUDA_CHECK(cudaMemsetAsync(a.dq, 0, total * sizeof(float), stream));
   const Parts pt{part(0), part(0) + total, part(1), part(1) + total, part(2), part(2) + total,
                  part(3), part(3) + total, amax, delta};
-  opt_in_shared(sizeof(Shared));
+  static std::atomic<uint64_t> opted{0};
+  allow_dynamic_shared(reinterpret_cast<const void*>(attention_backward_kernel), sizeof(Shared),
+                       opted);
   const dim3 grid(static_cast<unsigned>(a.BH), static_cast<unsigned>((a.S + kTile - 1) / kTile));
   attention_backward_kernel<<<grid, kThreads, sizeof(Shared), stream>>>(a, pt);
   GF_LAUNCH_CHECK();

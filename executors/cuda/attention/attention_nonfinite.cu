@@ -6,7 +6,8 @@
 // from its splits (the forward's per-head flags, the backward's per-head largest magnitudes),
 // so nothing waits on the host; every other head's CTAs return at once.
 //
-// A thread per query row (forward, dQ) or per key (dK, dV), two passes over the other side:
+// A thread per query row (forward, dQ) or per key (dK, dV; one launch with dQ), two passes
+// over the other side:
 // O(S² D) per head, at SIMT fp32 speed. Only heads with non-finite inputs pay it.
 #include "attention_nonfinite.h"
 
@@ -72,11 +73,9 @@ __device__ void p_and_ds(const AttentionF16x3Backward& a, const Head& h, int64_t
   ds = p * (dp - dot(h.dout + i * a.D, h.o + i * a.D, a.D));
 }
 
-// dQ_i = scale Σ_j dS_ij K_j (a thread per query row).
-__global__ void dq_kernel(AttentionF16x3Backward a, const float* amax) {
-  const int64_t bh = blockIdx.x, i = static_cast<int64_t>(blockIdx.y) * kThreads + threadIdx.x;
-  if (!attention_head_nonfinite(amax, a.BH, bh) || i >= a.S) return;
-  const Head h = head_of(a, bh);
+// dQ_i = scale Σ_j dS_ij K_j for query row i.
+__device__ void query_grads(const AttentionF16x3Backward& a, const Head& h, int64_t bh,
+                            int64_t i) {
   float acc[kMaxD] = {};
   for (int64_t j = 0; j < a.S; ++j) {
     float p, ds;
@@ -87,11 +86,9 @@ __global__ void dq_kernel(AttentionF16x3Backward a, const float* amax) {
   for (int d = 0; d < a.D; ++d) dq[d] = acc[d] * a.scale;
 }
 
-// dV_j = Σ_i P_ij dO_i and dK_j = scale Σ_i dS_ij Q_i (a thread per key).
-__global__ void dkv_kernel(AttentionF16x3Backward a, const float* amax) {
-  const int64_t bh = blockIdx.x, j = static_cast<int64_t>(blockIdx.y) * kThreads + threadIdx.x;
-  if (!attention_head_nonfinite(amax, a.BH, bh) || j >= a.S) return;
-  const Head h = head_of(a, bh);
+// dV_j = Σ_i P_ij dO_i and dK_j = scale Σ_i dS_ij Q_i for key j.
+__device__ void key_grads(const AttentionF16x3Backward& a, const Head& h, int64_t bh,
+                          int64_t j) {
   float dv[kMaxD] = {}, dk[kMaxD] = {};
   for (int64_t i = 0; i < a.S; ++i) {
     float p, ds;
@@ -105,8 +102,19 @@ __global__ void dkv_kernel(AttentionF16x3Backward a, const float* amax) {
   for (int d = 0; d < a.D; ++d) a.dv[off + d] = dv[d], a.dk[off + d] = dk[d] * a.scale;
 }
 
-dim3 grid_of(int64_t S, int64_t BH) {
-  return dim3(static_cast<unsigned>(BH), static_cast<unsigned>((S + kThreads - 1) / kThreads));
+// One launch for both: a thread per query row (z = 0: dQ) or per key (z = 1: dK, dV).
+__global__ void backward_kernel(AttentionF16x3Backward a, const float* amax) {
+  const int64_t bh = blockIdx.x, r = static_cast<int64_t>(blockIdx.y) * kThreads + threadIdx.x;
+  if (!attention_head_nonfinite(amax, a.BH, bh) || r >= a.S) return;
+  const Head h = head_of(a, bh);
+  if (blockIdx.z == 0)
+    query_grads(a, h, bh, r);
+  else
+    key_grads(a, h, bh, r);
+}
+
+dim3 grid_of(int64_t S, int64_t BH, unsigned z = 1) {
+  return dim3(static_cast<unsigned>(BH), static_cast<unsigned>((S + kThreads - 1) / kThreads), z);
 }
 
 }  // namespace
@@ -119,8 +127,7 @@ void launch_attention_nonfinite_forward(const AttentionF16x3& a, const int* head
 
 void launch_attention_nonfinite_backward(const AttentionF16x3Backward& a, const float* head_amax,
                                          cudaStream_t stream) {
-  dq_kernel<<<grid_of(a.S, a.BH), kThreads, 0, stream>>>(a, head_amax);
-  dkv_kernel<<<grid_of(a.S, a.BH), kThreads, 0, stream>>>(a, head_amax);
+  backward_kernel<<<grid_of(a.S, a.BH, 2), kThreads, 0, stream>>>(a, head_amax);
   GF_LAUNCH_CHECK();
 }
 

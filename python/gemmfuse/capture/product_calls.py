@@ -6,17 +6,17 @@ Forms: ``a @ b``, ``torch.matmul``/``bmm``/``mm`` (and the methods); a two-opera
 constant beta and alpha and an input that broadcasts to the product."""
 from __future__ import annotations
 
-import operator
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 import torch.fx as fx
 
+from .linear_forms import _MATMUL_FUNCS, _MATMUL_METHODS
 from .values import TInfo, node_info
 
-_MATMULS = (operator.matmul, torch.matmul, torch.bmm, torch.mm)
-_MATMUL_METHODS = ("matmul", "__matmul__", "bmm", "mm")
+_MATMULS = _MATMUL_FUNCS | {torch.bmm}  # the matrix products of linear_forms, and bmm
+_MATMUL_OR_BMM_METHODS = _MATMUL_METHODS | {"bmm"}
 
 
 @dataclass
@@ -35,7 +35,7 @@ def read_product(node: fx.Node):
     """(ProductCall, '') for a product gemmfuse.products runs, else (None, why not)."""
     from .. import products
     fn = node.op == "call_function"
-    if (fn and node.target in _MATMULS) or (not fn and node.target in _MATMUL_METHODS):
+    if (fn and node.target in _MATMULS) or (not fn and node.target in _MATMUL_OR_BMM_METHODS):
         if len(node.args) != 2 or node.kwargs:
             return None, "a product with extra arguments"
         return _checked(ProductCall(products.matmul, node.args, node.args, ()))

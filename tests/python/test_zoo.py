@@ -2,7 +2,6 @@
 the tiny batch kind; the real shapes are checked on the meta device (no memory, no compute)."""
 import copy
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -32,11 +31,11 @@ def test_tiny_model_runs_forward_and_backward(name):
     assert not all(torch.equal(x, y) for x, y in zip(a, b))
     ref = copy.deepcopy(model).double()
     zoo_runner.reset(ref)  # (a stateful model's state in float64 too)
-    t0 = time.perf_counter()
+    tiny = count(ZOO[name], "tiny")  # small enough for a CPU test (a size, not a timing)
+    assert tiny["params"] < 1e5 and tiny["flops_forward"] < 1e7
     with torch.no_grad():
         out = model(*a)
         want = ref(*zoo_runner.cast(a, torch.float64))
-    assert time.perf_counter() - t0 < 1.0
     assert out.dtype == torch.float32 and torch.isfinite(out).all()
     assert float((out.double() - want).norm() / want.norm()) < 1e-5  # fp32 rounding only
     loss = loss_fn(model(*a), a)

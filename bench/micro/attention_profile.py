@@ -4,6 +4,11 @@ kernels, the non-finite launches) against eager fp32 SDPA, forward + backward, c
 Each table is the sum over `--calls` calls after 3 warm-up calls.
 
     python3 -m bench.micro.attention_profile [--shape 8x12x1024x64] [--calls 5]
+
+With --plain it only runs gemmfuse's causal calls, unprofiled, for an outside profiler:
+
+    ncu -k regex:attention --launch-skip 2 --launch-count 2 --section SpeedOfLight \
+        python3 -m bench.micro.attention_profile --plain --calls 2
 """
 from __future__ import annotations
 
@@ -35,11 +40,18 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", default="8x12x1024x64", help="B x H x S x D")
     ap.add_argument("--calls", type=int, default=5)
+    ap.add_argument("--plain", action="store_true", help="gemmfuse's causal calls, unprofiled")
     a = ap.parse_args()
     shape = tuple(int(x) for x in a.shape.split("x"))
     g = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = (torch.randn(shape, device="cuda", generator=g).requires_grad_() for _ in range(3))
     go = torch.randn(shape, device="cuda", generator=g)
+    if a.plain:
+        for _ in range(a.calls):
+            out = scaled_dot_product_attention(q, k, v, is_causal=True)
+            torch.autograd.grad(out, (q, k, v), go)
+        torch.cuda.synchronize()
+        return
     for causal in (True, False):
         for name, fn in (("gemmfuse", scaled_dot_product_attention),
                          ("eager", F.scaled_dot_product_attention)):

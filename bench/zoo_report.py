@@ -125,6 +125,9 @@ def cell(r, errs, eager=None):
         lines.append(f"{r['chains_fused']}/{r['chains_total']} fused"
                      + (", model ran" if mode in (r.get("whole_eager") or ())
                         else f", {ran} ran" if ran is not None else ""))
+    for key, name in (("attention", "attn"), ("lm_heads", "lm-head")):
+        if r.get(f"{key}_total"):
+            lines.append(f"{name} {r[f'{key}_fused']}/{r[f'{key}_total']}")
     if r["variant"] == "backend" and r.get("vs_compile"):
         lines.append(f"{r['vs_compile']:.2f}× cmp")
     return "\n".join(lines)
@@ -142,7 +145,9 @@ def table(records, header):
                       "memory of the variant (its own resident memory + its calls' peak); "
                       "fused: chains gemmfuse fused / found (explain), and how many of them "
                       "ran fused (the others were routed to PyTorch; 'model ran': timed as a "
-                      "whole, the model itself was faster and ran)")
+                      "whole, the model itself was faster and ran); attn, lm-head: attention "
+                      "calls and LM heads on gemmfuse / found (the record says why each ran "
+                      "where it did)")
     for c in ("model", "batch", "dtype", "phase"):
         t.add_column(c)
     for v in header["variants"]:

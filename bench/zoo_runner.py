@@ -20,6 +20,7 @@ line, and the bench goes on.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import copy
 import math
@@ -145,7 +146,25 @@ def chains(holder):
         return {"chains_fused": None, "chains_total": None, "explain": f"(explain failed: {_first_line(e)})"}
     found = [tuple(map(int, m)) for m in re.findall(r"(\d+) of (\d+) chain\(s\) fused", text)]
     return {"chains_fused": sum(f for f, _ in found) if found else None,
-            "chains_total": sum(t for _, t in found) if found else None, "explain": text[:4000]}
+            "chains_total": sum(t for _, t in found) if found else None, "explain": text[:4000],
+            **sites(text)}
+
+
+# explain's line for each attention call and LM head: how it starts, and what says it was taken
+SITE_LINES = (("attention", "attention: ", " on gemmfuse's fp32 attention kernels"),
+              ("lm_heads", "LM head + cross-entropy: ", " fused (gemmfuse.linear_cross_entropy"))
+
+
+def sites(text: str) -> dict:
+    """The attention calls and LM heads explain lists (every graph's): how many run on
+    gemmfuse, of how many, and each distinct line (where it ran and why) with its count."""
+    out = {}
+    for key, start, taken in SITE_LINES:
+        lines = [line for line in text.splitlines() if line.startswith(start)]
+        out[f"{key}_fused"] = sum(taken in line for line in lines)
+        out[f"{key}_total"] = len(lines)
+        out[f"{key}_lines"] = dict(collections.Counter(line[:300] for line in lines))
+    return out
 
 
 def routes(holder):

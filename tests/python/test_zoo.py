@@ -270,3 +270,23 @@ def test_zoo_merge_joins_parts(tmp_path, monkeypatch):
     Path(parts[1]).write_text(json.dumps(other))
     with pytest.raises(SystemExit, match="different devices"):
         main(["--zoo-merge", *parts, "--out", str(out)])
+
+
+def test_zoo_records_where_attention_and_the_lm_head_ran(monkeypatch):
+    """The zoo's record counts the attention calls and LM heads explain lists, taken or not,
+    with each one's line; the table's cell shows the counts."""
+    monkeypatch.setenv("GEMMFUSE_ALWAYS_FUSE", "0")  # the CPU's own choice: PyTorch runs both
+    model, make_inputs, _ = ZOO["gpt2-small"].build("tiny")
+    import gemmfuse
+    from bench import zoo_report
+    rec = zoo_runner.chains(gemmfuse.optimize(model, make_inputs(0)))
+    assert rec["attention_total"] == 2 and rec["lm_heads_total"] == 1  # two blocks, one head
+    assert rec["attention_fused"] == 0 and rec["lm_heads_fused"] == 0  # on the CPU: PyTorch's
+    assert sum(rec["attention_lines"].values()) == 2
+    assert all("left to PyTorch" in line and "causal" in line for line in rec["attention_lines"])
+    assert "left to PyTorch" in next(iter(rec["lm_heads_lines"]))
+    rec.update(variant="optimize", phase="forward", speedup=1.0, rel_err=1e-7)
+    text = zoo_report.cell(rec, {})
+    assert "attn 0/2" in text and "lm-head 0/1" in text
+    fused = "attention: sdpa [1x2x8x16] causal (F) on gemmfuse's fp32 attention kernels (x)"
+    assert zoo_runner.sites("gemmfuse: 0 of 0 chain(s) fused\n\n" + fused + "\n")["attention_fused"] == 1

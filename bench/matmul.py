@@ -13,7 +13,9 @@ Shapes (GPU): 2-D ``a @ b`` (M×N×K) square 256 to 16384 (``sq256`` … ``sq163
 ``m16``, ``m128`` (M = 16, 128; N = K = 8192), ``k64``, ``k256`` (K = 64, 256; M = N = 8192),
 ``n64`` (N = 64; M = K = 8192); batched ``[B, M, K] @ [B, K, N]``: ``bmm8x2048``,
 ``bmm32x1024`` (square products), ``bmm96qk`` (96 × 1024×1024×64, attention's QKᵀ) and
-``bmm96pv`` (96 × 1024×64×1024, its PV). On the CPU a small set (``sq128``, ``sq256``,
+``bmm96pv`` (96 × 1024×64×1024, its PV); GPT-2-small's Linears at 8 × 1024 tokens
+(``gpt2qkv`` 8192×2304×768, ``gpt2proj`` 8192×768×768, ``gpt2fc`` 8192×3072×768, ``gpt2fc2``
+8192×768×3072). On the CPU a small set (``sq128``, ``sq256``,
 ``m16x1024``, ``bmm4x64``), whose figures say nothing of a GPU's. ``--matmul-shapes`` picks
 shapes of either set by name.
 
@@ -75,7 +77,10 @@ GPU_SHAPES = ([Shape(f"sq{s}", s, s, s) for s in (256, 512, 1024, 2048, 4096, 81
                  Shape("k64", 8192, 8192, 64), Shape("k256", 8192, 8192, 256),
                  Shape("n64", 8192, 64, 8192),
                  Shape("bmm8x2048", 2048, 2048, 2048, 8), Shape("bmm32x1024", 1024, 1024, 1024, 32),
-                 Shape("bmm96qk", 1024, 1024, 64, 96), Shape("bmm96pv", 1024, 64, 1024, 96)])
+                 Shape("bmm96qk", 1024, 1024, 64, 96), Shape("bmm96pv", 1024, 64, 1024, 96)]
+              # GPT-2-small's Linears at 8 × 1024 tokens (qkv, attention projection, MLP in, out)
+              + [Shape("gpt2qkv", 8192, 2304, 768), Shape("gpt2proj", 8192, 768, 768),
+                 Shape("gpt2fc", 8192, 3072, 768), Shape("gpt2fc2", 8192, 768, 3072)])
 CPU_SHAPES = [Shape("sq128", 128, 128, 128), Shape("sq256", 256, 256, 256),
               Shape("m16x1024", 16, 1024, 1024), Shape("bmm4x64", 64, 64, 64, 4)]
 

@@ -188,7 +188,7 @@ def routes(holder):
         return {"runtimes": None, "routes_error": _first_line(e)}
 
 
-def _optimizer(model, dev):
+def optimizer_for(model, dev):
     if dev.type == "cuda":
         return torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     return torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
@@ -229,7 +229,7 @@ class VariantRun:
                 rec.update(check_forward(fn, m, sets, ref))
                 timed = fn
             else:
-                opt = _optimizer(m, dev)
+                opt = optimizer_for(m, dev)
                 rec.update(check_train(fn, m, opt, sets, loss_fn, ref))
                 timed = train_step(fn, m, opt, loss_fn)
             sync(dev)

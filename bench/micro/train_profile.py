@@ -26,11 +26,13 @@ def profile_calls(fn, x, gy):
     return total, rows
 
 
-def kernel_rows(prof, calls: int) -> list:
-    """(ms per call, launches per call, name) of every kernel the profile saw, longest first."""
+def kernel_rows(prof, calls: int, cpu: bool = False) -> list:
+    """(ms per call, launches per call, name) of every kernel the profile saw, longest first
+    (cpu: every op's own CPU time, for a profile of CPU activity)."""
     rows = []
     for e in prof.key_averages():
-        t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+        t = (getattr(e, "self_cpu_time_total", 0) if cpu else
+             getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0))
         if t > 0:
             rows.append((t / calls / 1e3, e.count // calls, e.key))
     return sorted(rows, reverse=True)

@@ -19,6 +19,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from bench import zoo_runner
+from bench.micro.train_profile import kernel_rows
 from bench.zoo import ZOO
 
 # (group, pattern on the kernel's name), first match wins
@@ -53,14 +54,13 @@ def step_fn(variant: str, base, sets, phase: str, loss_fn, dev):
             with torch.no_grad():
                 fn(*sets[0])
         return call, holder
-    opt = zoo_runner._optimizer(m, dev)
+    opt = zoo_runner.optimizer_for(m, dev)
     step = zoo_runner.train_step(fn, m, opt, loss_fn)
     return (lambda: step(*sets[0])), holder
 
 
 def profile_variant(call, calls: int, dev) -> list:
-    """(ms per call, launches per call, name) of every kernel (on the CPU: every op's own
-    time), longest first."""
+    """train_profile.kernel_rows of `calls` calls after 3 warm-up calls (on the CPU: ops)."""
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     for _ in range(3):
         call()
@@ -70,13 +70,7 @@ def profile_variant(call, calls: int, dev) -> list:
         for _ in range(calls):
             call()
         sync()
-    rows = []
-    for e in prof.key_averages():
-        t = (getattr(e, "device_time_total", 0) if dev.type == "cuda"
-             else getattr(e, "self_cpu_time_total", 0))
-        if t > 0:
-            rows.append((t / calls / 1e3, e.count // calls, e.key))
-    return sorted(rows, reverse=True)
+    return kernel_rows(prof, calls, cpu=dev.type != "cuda")
 
 
 def report(variant: str, rows: list, top: int) -> None:
@@ -117,9 +111,10 @@ def main() -> None:
         if holder is not None:
             from gemmfuse import explain
             text = explain(holder, print_it=False)
-            for key, start, _ in zoo_runner.SITE_LINES:
-                lines = [line for line in text.splitlines() if line.startswith(start)]
-                print(f"  {key}: " + ("; ".join(sorted(set(lines)))[:600] if lines else "none"))
+            found = zoo_runner.sites(text)
+            for key, _, _ in zoo_runner.SITE_LINES:
+                print(f"  {key}: {found[key + '_fused']}/{found[key + '_total']} on gemmfuse; "
+                      + "; ".join(found[key + "_lines"])[:600])
             print("  " + text.splitlines()[0])
 
 

@@ -1,9 +1,10 @@
 """Attention that gemmfuse's fp32 attention kernels can take, found in a graph (optimize()'s
 "fx" flavour and dynamo's): ``F.scaled_dot_product_attention(q, k, v, ...)`` with no dropout (a
-constant 0), no grouped-query heads, ``is_causal`` and ``scale`` constants, and an attention
-mask that is a bool or fp32 graph value broadcasting to [B, H, S, S] and needing no gradient; and attention written out (written_attention.py: q @ kᵀ, a scale, a causal mask,
-softmax, @ v). Both need fp32 q, k, v of one shape [B, H, S, D]. The rest stay the model's own
-calls, with the reason (explain shows both)."""
+constant 0), ``is_causal``, ``enable_gqa`` and ``scale`` constants, and an attention mask that
+is a bool or fp32 graph value broadcasting to [B, H, S, S] and needing no gradient; and
+attention written out (written_attention.py: q @ kᵀ, a scale, a causal mask, softmax, @ v).
+Both need fp32 q, k, v of one shape [B, H, S, D] (grouped-query k and v: fewer heads). The rest
+stay the model's own calls, with the reason (explain shows both)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

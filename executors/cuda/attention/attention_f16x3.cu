@@ -21,7 +21,8 @@ constexpr float kLog2e = 1.4426950408889634f;
 
 // ---- the splits: v 2^e = hi + 2^-11 lo (attention_tiles.cuh) --------------------------------
 // A warp per row of x [R, D] (D <= 128): its exponent (over the row; NaN where the row holds a
-// NaN or an infinity, which attention_nonfinite.cu recomputes) and parts, a lane per pair of
+// NaN or an infinity or its exponent does not fit kMaxSplitExp: attention_nonfinite.cu
+// recomputes that head) and parts, a lane per pair of
 // neighbouring values (8-byte loads, 4-byte stores; the row read once).
 __global__ void split_rows_kernel(const float* x, int64_t R, int D, __half* hi, __half* lo,
                                   float* exps) {
@@ -51,6 +52,7 @@ __global__ void split_rows_kernel(const float* x, int64_t R, int D, __half* hi, 
     *reinterpret_cast<uint32_t*>(hi + r * D + d) = *reinterpret_cast<const uint32_t*>(h);
     *reinterpret_cast<uint32_t*>(lo + r * D + d) = *reinterpret_cast<const uint32_t*>(l);
   }
+  bad |= !split_exponent_fits(e);  // (the same e on every lane)
   if (__any_sync(0xffffffffu, bad) && lane == 0) exps[r] = NAN;
   else if (lane == 0) exps[r] = static_cast<float>(e);
 }
@@ -60,7 +62,7 @@ __global__ void split_rows_kernel(const float* x, int64_t R, int D, __half* hi, 
 // with its exponent over the head's keys. A CTA of D x kVRows threads per head: the columns'
 // largest magnitudes, then 64-key chunks split and transposed through shared memory; then the
 // head's flag: whether its V, or its Q's or K's rows (exponents eq, ek: NaN marks), held a
-// non-finite value.
+// non-finite value or an exponent outside kMaxSplitExp (the head is then recomputed).
 constexpr int kVRows = 8;
 
 template <int D>
@@ -81,6 +83,7 @@ __global__ void __launch_bounds__(D * kVRows) split_v_kernel(
   __syncthreads();
   for (int i = 0; i < kVRows; ++i) amax = fmaxf(amax, red[i][d]);
   const int e = split_exponent(amax);
+  bad |= !split_exponent_fits(e);
   if (r == 0) exps[head * D + d] = static_cast<float>(e);
   for (int64_t c = 0; c < Sp; c += kTile) {
 #pragma unroll
@@ -111,13 +114,14 @@ struct Shared {
   __half qh[kRows][kQ], ql[kRows][kQ];
   __half kh[kKeys][kQ], kl[kKeys][kQ];
   __half vh[D][kV], vl[D][kV];  // V's tile transposed: [d][key]
-  float ek[kKeys];
+  float fk[kKeys];  // the tile's keys' 2^-ek
 };
 
 struct Parts {
   const __half *qh, *ql, *kh, *kl, *vh, *vl;  // V's transposed: [BH][D][sp]
   const float *eq, *ek, *ev;
-  int64_t sp;  // S rounded up to whole key tiles
+  const int* flags;  // [BH]: the heads attention_nonfinite.cu recomputes
+  int64_t sp;        // S rounded up to whole key tiles
 };
 
 // One query row's running softmax state (per thread: its share of the row's columns).
@@ -125,12 +129,12 @@ struct RowState {
   float m = -INFINITY, l = 0.f;
 };
 
-// The tile's scores unscaled (2^-(eq + ek), scale, log2 e), plus the mask's row `mrow` (null:
-// none), masked, then exponentiated against the row's new maximum; returns the factor the
-// row's earlier sums take.
-__device__ __forceinline__ float softmax_step(float (&s)[8][4], int half, float eq,
-                                              const float* ek, float scale_log2, int64_t row,
-                                              int64_t k0, int64_t S, bool causal,
+// The tile's scores unscaled (times the row's 2^-eq, the key's 2^-ek: exact, then scale log2 e:
+// one rounding), plus the mask's row from the tile's first key (`mrow`; null: none); keys from
+// `limit` on are masked (past S, or after the row under the causal mask). Then exponentiated
+// against the row's new maximum; returns the factor the row's earlier sums take.
+__device__ __forceinline__ float softmax_step(float (&s)[8][4], int half, float fq,
+                                              const float* fk, float scale_log2, int limit,
                                               const float* mrow, int64_t sj, int t,
                                               RowState& st) {
   float mx = -INFINITY;
@@ -139,11 +143,10 @@ __device__ __forceinline__ float softmax_step(float (&s)[8][4], int half, float 
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       const int col = 8 * n + 2 * t + j;
-      const int64_t key = k0 + col;
       float& v = s[n][2 * half + j];
-      v = ldexpf(v, -static_cast<int>(eq + ek[col])) * scale_log2;
-      if (mrow != nullptr && key < S) v += mrow[key * sj] * kLog2e;
-      if (key >= S || (causal && key > row)) v = -INFINITY;
+      v = v * fq * fk[col] * scale_log2;
+      if (mrow != nullptr && col < limit) v += mrow[col * sj] * kLog2e;
+      if (col >= limit) v = -INFINITY;
       mx = fmaxf(mx, v);
     }
   const float m_new = fmaxf(st.m, quad_max(mx));
@@ -163,21 +166,25 @@ __device__ __forceinline__ float softmax_step(float (&s)[8][4], int half, float 
   return corr;
 }
 
+// D = 64 held to 3 CTAs a multiprocessor's registers (168): its shared memory allows 3.
 template <int D>
-__global__ void __launch_bounds__(kThreads) attention_kernel(AttentionF16x3 a, Parts pt) {
+__global__ void __launch_bounds__(kThreads, D == 64 ? 3 : 1)
+    attention_kernel(AttentionF16x3 a, Parts pt) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   Shared<D>& sm = *reinterpret_cast<Shared<D>*>(smem_raw);
   // B·H on grid x (y and z stop at 65535); the query tiles on y, the last first (under a
   // causal mask they see the most keys, so the long CTAs start early).
   const int64_t bh = blockIdx.x, q0 = static_cast<int64_t>(gridDim.y - 1 - blockIdx.y) * kRows;
+  if (pt.flags[bh]) return;  // attention_nonfinite.cu computes this head
   const int w = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int64_t head = bh * a.S;
   load_rows<D>(pt.qh + head * D, q0, a.S, sm.qh);
   load_rows<D>(pt.ql + head * D, q0, a.S, sm.ql);
   const int64_t row[2] = {q0 + 16 * w + g, q0 + 16 * w + g + 8};
-  float eq[2];
+  float fq[2];  // the rows' 2^-eq
 #pragma unroll
-  for (int h = 0; h < 2; ++h) eq[h] = row[h] < a.S ? pt.eq[head + row[h]] : 0.f;
+  for (int h = 0; h < 2; ++h)
+    fq[h] = row[h] < a.S ? pow2(-static_cast<int>(pt.eq[head + row[h]])) : 0.f;
   const float scale_log2 = a.scale * kLog2e;
   const float* mrow[2];
 #pragma unroll
@@ -193,21 +200,25 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionF16x3 a, P
     load_columns<D>(pt.vh + bh * D * pt.sp, pt.sp, k0, sm.vh);
     load_columns<D>(pt.vl + bh * D * pt.sp, pt.sp, k0, sm.vl);
     for (int i = threadIdx.x; i < kKeys; i += kThreads)
-      sm.ek[i] = k0 + i < a.S ? pt.ek[head + k0 + i] : 0.f;
+      sm.fk[i] = k0 + i < a.S ? pow2(-static_cast<int>(pt.ek[head + k0 + i])) : 0.f;
     __syncthreads();
     float s[8][4];  // S = Q Kᵀ for the warp's 16 rows and the tile's 64 keys
     product3_rows<D, 8>(s, &sm.qh[16 * w][0], &sm.ql[16 * w][0], Shared<D>::kQ, &sm.kh[0][0],
                         &sm.kl[0][0], Shared<D>::kQ, g, t);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const float corr = softmax_step(s, h, eq[h], sm.ek, scale_log2, row[h], k0, a.S, a.causal,
-                                      mrow[h], a.mask.sj, t, st[h]);
+      const int limit = static_cast<int>(
+          std::min<int64_t>(a.S - k0, a.causal ? row[h] - k0 + 1 : kKeys));
+      const float* mtile = mrow[h] != nullptr ? mrow[h] + k0 * a.mask.sj : nullptr;
+      const float corr = softmax_step(s, h, fq[h], sm.fk, scale_log2, limit, mtile, a.mask.sj,
+                                      t, st[h]);
 #pragma unroll
       for (int n = 0; n < D / 8; ++n) o[n][2 * h] *= corr, o[n][2 * h + 1] *= corr;
     }
     uint32_t ph[4][4], pl[4][4];  // P's parts, unscaled (P is in [0, 1])
     to_a_parts<4>(s, 1.f, ph, pl);
-    accumulate3_regs<4, D / 8>(o, ph, pl, &sm.vh[0][0], &sm.vl[0][0], Shared<D>::kV, g, t);
+    accumulate3_regs<4, D / 8, BTile::kRowsAlongK, 2>(o, ph, pl, &sm.vh[0][0], &sm.vl[0][0],
+                                                      Shared<D>::kV, g, t);
   }
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -218,8 +229,8 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionF16x3 a, P
     for (int n = 0; n < D / 8; ++n) {
       const int d = 8 * n + 2 * t;
       const float* ev = pt.ev + bh * D + d;
-      out[d] = l > 0.f ? ldexpf(o[n][2 * h] / l, -static_cast<int>(ev[0])) : 0.f;
-      out[d + 1] = l > 0.f ? ldexpf(o[n][2 * h + 1] / l, -static_cast<int>(ev[1])) : 0.f;
+      out[d] = l > 0.f ? o[n][2 * h] / l * pow2(-static_cast<int>(ev[0])) : 0.f;
+      out[d + 1] = l > 0.f ? o[n][2 * h + 1] / l * pow2(-static_cast<int>(ev[1])) : 0.f;
     }
     if (a.lse != nullptr && t == 0)  // a row masked throughout: 0 out, LSE +inf
       a.lse[head + row[h]] = l > 0.f ? (st[h].m + log2f(l)) * 0.6931471805599453f : INFINITY;
@@ -228,7 +239,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionF16x3 a, P
 
 // The workspace: Q's and K's parts [2][BH S D] fp16, V's [2][BH D Sp] (transposed, Sp = S
 // rounded up to whole key tiles), then Q's and K's row exponents [BH S], V's column
-// exponents [BH D] and the heads' non-finite flags [BH].
+// exponents [BH D] and the flags of the heads attention_nonfinite.cu recomputes [BH].
 struct Layout {
   int64_t sp;
   size_t parts, v_parts, exps_q, exps_k, exps_v, flags, total;
@@ -299,7 +310,7 @@ void launch_attention_f16x3(const AttentionF16x3& a, cudaStream_t stream) {
   auto* flags = reinterpret_cast<int*>(ws + L.flags);
   auto* vh = reinterpret_cast<__half*>(ws + L.v_parts);
   const Parts p{parts(0), parts(0) + n, parts(1), parts(1) + n, vh, vh + a.BH * a.D * L.sp,
-                exps(L.exps_q), exps(L.exps_k), exps(L.exps_v), L.sp};
+                exps(L.exps_q), exps(L.exps_k), exps(L.exps_v), flags, L.sp};
   if (a.D == 64)
     launch_v_and_kernel<64>(a, L, p, flags, stream);
   else if (a.D == 96)

@@ -85,6 +85,24 @@ struct Parts {
   const float *delta;  // [BH S]
 };
 
+// The per-head factors that undo the splits' exponents: exact powers of two (the head's
+// exponents fit kMaxSplitExp, else attention_nonfinite.cu computes it and this kernel returns).
+struct Unscale {
+  float qk;   // Sᵀ's 2^-(e_q + e_k)
+  float vo;   // dPᵀ's 2^-(e_v + e_o)
+  float ds;   // dS's 2^e_ds (its split's scale)
+  float dsk;  // dQ's 2^-(e_ds + e_k)
+  float dsq;  // dK's 2^-(e_ds + e_q)
+  float o;    // dV's 2^-e_o
+};
+
+__device__ Unscale head_unscale(const float* amax, int64_t BH, int64_t bh) {
+  const int q = split_exponent(amax[bh]), k = split_exponent(amax[BH + bh]);
+  const int v = split_exponent(amax[2 * BH + bh]), o = split_exponent(amax[3 * BH + bh]);
+  const int ds = split_exponent(2.f * kD * amax[3 * BH + bh] * amax[2 * BH + bh]);
+  return {pow2(-(q + k)), pow2(-(v + o)), pow2(ds), pow2(-(ds + k)), pow2(-(ds + q)), pow2(-o)};
+}
+
 // Row tiles only: where a product reads one as B[k][n] with k along its rows (dV's dO, dK's Q,
 // dQ's K), ldmatrix .trans gathers the fragments (BTile::kRowsAlongN): ~92 KB, two CTAs a
 // multiprocessor.
@@ -94,22 +112,8 @@ struct Shared {
   __half doh[kTile][kL], dol[kTile][kL];
   __half dsh[kTile][kL], dsl[kTile][kL];  // dS [query][key], scaled, for dQ's A
   float lse[kTile], delta[kTile];
+  Unscale u;  // in shared memory: the kernel holds ~255 registers without these six
 };
-
-// The per-head exponents the kernel undoes.
-struct Exps {
-  int q, k, v, o, ds;
-};
-
-__device__ Exps head_exps(const float* amax, int64_t BH, int64_t bh) {
-  Exps e;
-  e.q = split_exponent(amax[bh]);
-  e.k = split_exponent(amax[BH + bh]);
-  e.v = split_exponent(amax[2 * BH + bh]);
-  e.o = split_exponent(amax[3 * BH + bh]);
-  e.ds = split_exponent(2.f * kD * amax[3 * BH + bh] * amax[2 * BH + bh]);
-  return e;
-}
 
 // The query tile's operands into shared memory.
 __device__ void load_query_tile(Shared& sm, const Parts& pt, const AttentionF16x3Backward& a,
@@ -127,33 +131,38 @@ __device__ void load_query_tile(Shared& sm, const Parts& pt, const AttentionF16x
 }
 
 // Pᵀ in place of Sᵀ (the warp's keys x the tile's queries): unscaled, plus the additive mask,
-// exponentiated against each query's LSE, masked (keys or queries past S; causal).
+// exponentiated against each query's LSE, masked (keys or queries past S; causal). The masks
+// compare offsets within the tile: key0 + kl is masked from kl = klim on, q0 + ql from
+// ql = qlim on, and under the causal mask where kl > ql + diag (diag = q0 - key0, clamped).
 __device__ void probabilities(float (&s)[8][4], const Shared& sm, const AttentionF16x3Backward& a,
-                              const Exps& e, int64_t bh, int64_t key0, int64_t q0, int g, int t) {
+                              const Unscale& u, int64_t bh, int64_t key0, int64_t q0, int g, int t) {
   const float mul = a.scale * kLog2e;
+  const int klim = static_cast<int>(std::min<int64_t>(a.S - key0, 16));
+  const int qlim = static_cast<int>(std::min<int64_t>(a.S - q0, kTile));
+  const int diag = a.causal ? static_cast<int>(std::clamp<int64_t>(q0 - key0, -kTile, kTile))
+                            : kTile;
 #pragma unroll
   for (int n = 0; n < 8; ++n)
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const int64_t key = key0 + g + 8 * (i >> 1);
-      const int ql = 8 * n + 2 * t + (i & 1);
-      const int64_t q = q0 + ql;
-      const bool masked = key >= a.S || q >= a.S || (a.causal && key > q);
-      float s2 = ldexpf(s[n][i], -(e.q + e.k)) * mul;
-      if (a.mask.data != nullptr && !masked) s2 += a.mask.row(bh, q)[key * a.mask.sj] * kLog2e;
+      const int kl = g + 8 * (i >> 1), ql = 8 * n + 2 * t + (i & 1);
+      const bool masked = kl >= klim || ql >= qlim || kl > ql + diag;
+      float s2 = s[n][i] * u.qk * mul;
+      if (a.mask.data != nullptr && !masked)
+        s2 += a.mask.row(bh, q0 + ql)[(key0 + kl) * a.mask.sj] * kLog2e;
       s[n][i] = masked ? 0.f : exp2f(s2 - sm.lse[ql]);
     }
 }
 
-// dSᵀ = Pᵀ ∘ (dPᵀ − δ), times 2^e.ds (its split's scale), into dp.
+// dSᵀ = Pᵀ ∘ (dPᵀ − δ), times 2^e_ds (its split's scale), into dp.
 __device__ void score_grads(float (&dp)[8][4], const float (&p)[8][4], const Shared& sm,
-                            const Exps& e, int t) {
+                            const Unscale& u, int t) {
 #pragma unroll
   for (int n = 0; n < 8; ++n)
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const float dpv = ldexpf(dp[n][i], -(e.v + e.o));
-      dp[n][i] = ldexpf(p[n][i] * (dpv - sm.delta[8 * n + 2 * t + (i & 1)]), e.ds);
+      const float dpv = dp[n][i] * u.vo;
+      dp[n][i] = p[n][i] * (dpv - sm.delta[8 * n + 2 * t + (i & 1)]) * u.ds;
     }
 }
 
@@ -169,7 +178,7 @@ __device__ void store_ds(Shared& sm, const float (&ds)[8][4], int w, int g, int 
 }
 
 // dQ's share of this key tile for the warp's 16 queries, added to dq with atomics.
-__device__ void add_dq(const Shared& sm, const AttentionF16x3Backward& a, const Exps& e,
+__device__ void add_dq(const Shared& sm, const AttentionF16x3Backward& a, const Unscale& u,
                        int64_t head, int64_t q0, int w, int g, int t) {
   float c[kD / 8][4];
   product3_rows<kTile, kD / 8, BTile::kRowsAlongN>(c, &sm.dsh[16 * w][0], &sm.dsl[16 * w][0], kL,
@@ -181,13 +190,13 @@ __device__ void add_dq(const Shared& sm, const AttentionF16x3Backward& a, const 
       const int64_t q = q0 + 16 * w + g + 8 * (i >> 1);
       if (q < a.S)
         atomicAdd(a.dq + (head + q) * kD + 8 * n + 2 * t + (i & 1),
-                  ldexpf(c[n][i], -(e.ds + e.k)) * a.scale);
+                  c[n][i] * u.dsk * a.scale);
     }
 }
 
 // The warp's rows of dK and dV (its 16 keys), unscaled.
 __device__ void store_key_grads(const AttentionF16x3Backward& a, const float (&dk)[kD / 8][4],
-                                const float (&dv)[kD / 8][4], const Exps& e, int64_t head,
+                                const float (&dv)[kD / 8][4], const Unscale& u, int64_t head,
                                 int64_t key0, int g, int t) {
 #pragma unroll
   for (int n = 0; n < kD / 8; ++n)
@@ -196,8 +205,8 @@ __device__ void store_key_grads(const AttentionF16x3Backward& a, const float (&d
       const int64_t key = key0 + g + 8 * (i >> 1);
       if (key >= a.S) continue;
       const int64_t at = (head + key) * kD + 8 * n + 2 * t + (i & 1);
-      a.dk[at] = ldexpf(dk[n][i], -(e.ds + e.q)) * a.scale;
-      a.dv[at] = ldexpf(dv[n][i], -e.o);
+      a.dk[at] = dk[n][i] * u.dsq * a.scale;
+      a.dv[at] = dv[n][i] * u.o;
     }
 }
 
@@ -207,7 +216,9 @@ __global__ void __launch_bounds__(kThreads) attention_backward_kernel(AttentionF
   Shared& sm = *reinterpret_cast<Shared*>(smem_raw);
   const int64_t bh = blockIdx.x, k0 = static_cast<int64_t>(blockIdx.y) * kTile, head = bh * a.S;
   const int w = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const Exps e = head_exps(pt.amax, a.BH, bh);
+  if (attention_head_unsplit(pt.amax, a.BH, bh, kD)) return;  // attention_nonfinite.cu's
+  if (threadIdx.x == 0) sm.u = head_unscale(pt.amax, a.BH, bh);
+  const Unscale& u = sm.u;  // (visible after the loop's first barrier)
   load_rows<kD>(pt.kh + head * kD, k0, a.S, sm.kh);
   load_rows<kD>(pt.kl + head * kD, k0, a.S, sm.kl);
   load_rows<kD>(pt.vh + head * kD, k0, a.S, sm.vh);
@@ -221,22 +232,22 @@ __global__ void __launch_bounds__(kThreads) attention_backward_kernel(AttentionF
     float p[8][4], dp[8][4];
     product3_rows<kD, 8>(p, &sm.kh[16 * w][0], &sm.kl[16 * w][0], kL, &sm.qh[0][0], &sm.ql[0][0],
                          kL, g, t);
-    probabilities(p, sm, a, e, bh, key0, q0, g, t);
+    probabilities(p, sm, a, u, bh, key0, q0, g, t);
     uint32_t xh[4][4], xl[4][4];
     to_a_parts<4>(p, 1.f, xh, xl);
-    accumulate3_regs<4, kD / 8, BTile::kRowsAlongN>(dv, xh, xl, &sm.doh[0][0], &sm.dol[0][0], kL,
-                                                    g, t);
+    accumulate3_regs<4, kD / 8, BTile::kRowsAlongN, 2>(dv, xh, xl, &sm.doh[0][0], &sm.dol[0][0],
+                                                       kL, g, t);
     product3_rows<kD, 8>(dp, &sm.vh[16 * w][0], &sm.vl[16 * w][0], kL, &sm.doh[0][0],
                          &sm.dol[0][0], kL, g, t);
-    score_grads(dp, p, sm, e, t);
+    score_grads(dp, p, sm, u, t);
     to_a_parts<4>(dp, 1.f, xh, xl);
-    accumulate3_regs<4, kD / 8, BTile::kRowsAlongN>(dk, xh, xl, &sm.qh[0][0], &sm.ql[0][0], kL,
-                                                    g, t);
+    accumulate3_regs<4, kD / 8, BTile::kRowsAlongN, 2>(dk, xh, xl, &sm.qh[0][0], &sm.ql[0][0],
+                                                       kL, g, t);
     store_ds(sm, dp, w, g, t);
     __syncthreads();
-    add_dq(sm, a, e, head, q0, w, g, t);
+    add_dq(sm, a, u, head, q0, w, g, t);
   }
-  store_key_grads(a, dk, dv, e, head, key0, g, t);
+  store_key_grads(a, dk, dv, u, head, key0, g, t);
 }
 
 // The workspace: Q's, K's, V's and dO's parts [2][BH S D] fp16, the heads' largest

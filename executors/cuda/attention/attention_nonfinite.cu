@@ -2,13 +2,14 @@
 // kernels ran, as PyTorch's math path computes attention: scores q·k · scale plus the mask's
 // 0 or −inf, softmax, then P V over every key (a masked key's p = 0 times an infinite v is
 // NaN there too). Split parts cannot carry these values: in hi·inf + lo·inf, lo's sign differs
-// from hi's about half the time, so a score that is ±inf comes out NaN. A head's flag comes
-// from its splits (the forward's per-head flags, the backward's per-head largest magnitudes),
-// so nothing waits on the host; every other head's CTAs return at once.
+// from hi's about half the time, so a score that is ±inf comes out NaN. Heads whose finite
+// magnitudes lie outside the split kernels' exponent range (attention_tiles.cuh) come here too.
+// A head's flag comes from its splits (the forward's per-head flags, the backward's per-head
+// largest magnitudes), so nothing waits on the host; every other head's CTAs return at once.
 //
 // A thread per query row (forward, dQ) or per key (dK, dV; one launch with dQ), two passes
 // over the other side:
-// O(S² D) per head, at SIMT fp32 speed. Only heads with non-finite inputs pay it.
+// O(S² D) per head, at SIMT fp32 speed. Only the heads recomputed pay it.
 #include "attention_nonfinite.h"
 
 #include <cmath>
@@ -105,7 +106,7 @@ __device__ void key_grads(const AttentionF16x3Backward& a, const Head& h, int64_
 // One launch for both: a thread per query row (z = 0: dQ) or per key (z = 1: dK, dV).
 __global__ void backward_kernel(AttentionF16x3Backward a, const float* amax) {
   const int64_t bh = blockIdx.x, r = static_cast<int64_t>(blockIdx.y) * kThreads + threadIdx.x;
-  if (!attention_head_nonfinite(amax, a.BH, bh) || r >= a.S) return;
+  if (!attention_head_unsplit(amax, a.BH, bh, a.D) || r >= a.S) return;
   const Head h = head_of(a, bh);
   if (blockIdx.z == 0)
     query_grads(a, h, bh, r);

@@ -1,6 +1,7 @@
-// Heads whose Q, K, V (or dO) hold a NaN or an infinity, recomputed in plain fp32 as PyTorch's
-// math path computes them (attention_nonfinite.cu): enqueued after the split-product kernels,
-// overwriting those heads' outputs; every other head's CTAs return at once.
+// Heads whose Q, K, V (or dO) hold a NaN or an infinity, or whose magnitudes lie outside the
+// split kernels' exponent range, recomputed in plain fp32 as PyTorch's math path computes them
+// (attention_nonfinite.cu): enqueued after the split-product kernels (whose CTAs return at once
+// for those heads), writing those heads' outputs; every other head's CTAs return at once.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -8,18 +9,25 @@
 #include <cmath>
 
 #include "attention_f16x3.h"
+#include "attention_tiles.cuh"
 
 namespace gemmfuse::cuda {
 
-// Whether head bh's Q, K, V or dO held a non-finite value: the backward's per-head largest
-// magnitudes ([4][BH], a NaN counted as an infinity) are then not finite.
-__device__ __forceinline__ bool attention_head_nonfinite(const float* amax, int64_t BH,
-                                                         int64_t bh) {
-  return !(isfinite(amax[bh]) && isfinite(amax[BH + bh]) && isfinite(amax[2 * BH + bh]) &&
-           isfinite(amax[3 * BH + bh]));
+// Whether head bh's backward is recomputed in plain fp32: its Q, K, V or dO held a non-finite
+// value (the per-head largest magnitudes, [4][BH], count a NaN as an infinity), or one of its
+// split exponents, dS's from 2 D max|dO| max|V| included, falls outside the kernels' range
+// (attention_tiles.cuh, kMaxSplitExp).
+__device__ __forceinline__ bool attention_head_unsplit(const float* amax, int64_t BH, int64_t bh,
+                                                       int D) {
+  const float ds = 2.f * D * amax[3 * BH + bh] * amax[2 * BH + bh];
+  return !(attention::splits_within_range(amax[bh]) &&
+           attention::splits_within_range(amax[BH + bh]) &&
+           attention::splits_within_range(amax[2 * BH + bh]) &&
+           attention::splits_within_range(amax[3 * BH + bh]) &&
+           attention::splits_within_range(ds));
 }
 
-// head_flags [BH]: non-zero where the head's Q, K or V held a non-finite value.
+// head_flags [BH]: non-zero where the head's forward is recomputed (split_v_kernel sets them).
 void launch_attention_nonfinite_forward(const AttentionF16x3& a, const int* head_flags,
                                         cudaStream_t stream);
 // head_amax [4][BH]: Q's, K's, V's and dO's largest magnitude per head.

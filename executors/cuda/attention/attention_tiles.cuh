@@ -34,6 +34,25 @@ __device__ __forceinline__ int split_exponent(float amax) {
   return 15 - e;
 }
 
+// The split exponents the kernels take: within ±kMaxSplitExp (largest magnitudes within about
+// [2^-45, 2^75]) a scale 2^-e, and 2^-(e1 + e2) for a product, is a normal float, so the
+// kernels undo it by multiplying by that power of two (exact, as ldexpf, without its range
+// checks in the inner loops). A head with an exponent outside, or with a non-finite value, is
+// recomputed in plain fp32 (attention_nonfinite.cu).
+constexpr int kMaxSplitExp = 60;
+
+__device__ __forceinline__ bool split_exponent_fits(int e) {
+  return e >= -kMaxSplitExp && e <= kMaxSplitExp;
+}
+
+// amax is finite and its split exponent fits.
+__device__ __forceinline__ bool splits_within_range(float amax) {
+  return isfinite(amax) && split_exponent_fits(split_exponent(amax));
+}
+
+// 2^n for |n| <= 2 kMaxSplitExp: a normal float, exact (its exponent field written directly).
+__device__ __forceinline__ float pow2(int n) { return __int_as_float((n + 127) << 23); }
+
 __device__ __forceinline__ void split_one(float v, int e, __half* hi, __half* lo) {
   const float s = ldexpf(v, e);
   const __half h = __float2half_rn(s);
@@ -194,16 +213,18 @@ __device__ __forceinline__ void to_a_parts(const float (&x)[2 * KT][4], float mu
 }
 
 // c += A B on split operands, A in registers, into an accumulator holding a sum: each group of
-// 4 output tiles is a fresh product (product3_rows's sums), then added to c in fp32. The tensor
-// core's adds truncate, so a running sum fed back through every mma as C would lose low bits
-// at the size of the whole sum, biased toward zero (the split GEMM moves its sum into fp32
-// registers for the same reason: sm90/split_products_mainloop.h).
-template <int KT, int NT, BTile L = BTile::kRowsAlongK>
+// Chunk output tiles is a fresh product (product3_rows's sums), then added to c in fp32. The
+// tensor core's adds truncate, so a running sum fed back through every mma as C would lose low
+// bits at the size of the whole sum, biased toward zero (the split GEMM moves its sum into fp32
+// registers for the same reason: sm90/split_products_mainloop.h). Each B fragment is loaded
+// once whatever Chunk is; a smaller Chunk holds fewer registers (the backward's 2 keep it from
+// spilling its dK and dV sums).
+template <int KT, int NT, BTile L = BTile::kRowsAlongK, int Chunk = 4>
 __device__ __forceinline__ void accumulate3_regs(float (&c)[NT][4], const uint32_t (&ah)[KT][4],
                                                  const uint32_t (&al)[KT][4], const __half* bh,
                                                  const __half* bl, int ldb, int g, int t) {
-  constexpr int kChunk = NT < 4 ? NT : 4;
-  static_assert(NT % kChunk == 0, "output tiles in groups of 4");
+  constexpr int kChunk = NT < Chunk ? NT : Chunk;
+  static_assert(NT % kChunk == 0, "output tiles in whole groups");
 #pragma unroll
   for (int n0 = 0; n0 < NT; n0 += kChunk) {
     float big[kChunk][4], small[kChunk][4];

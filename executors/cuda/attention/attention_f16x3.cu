@@ -166,6 +166,69 @@ __device__ __forceinline__ float softmax_step(float (&s)[8][4], int half, float 
   return corr;
 }
 
+// One of a thread's two query rows: its index, 2^-eq, its mask row (null: none) and its
+// running softmax state.
+struct QueryRow {
+  int64_t row;
+  float fq;
+  const float* mrow;
+  RowState st;
+};
+
+__device__ QueryRow query_row(const AttentionF16x3& a, const Parts& pt, int64_t bh, int64_t row) {
+  const bool in = row < a.S;
+  return {row, in ? pow2(-static_cast<int>(pt.eq[bh * a.S + row])) : 0.f,
+          a.mask.data != nullptr && in ? a.mask.row(bh, row) : nullptr, RowState{}};
+}
+
+// Key tile k0's parts (V's transposed) and its keys' 2^-ek into shared memory.
+template <int D>
+__device__ void load_key_tile(Shared<D>& sm, const AttentionF16x3& a, const Parts& pt,
+                              int64_t bh, int64_t k0) {
+  const int64_t head = bh * a.S;
+  load_rows<D>(pt.kh + head * D, k0, a.S, sm.kh);
+  load_rows<D>(pt.kl + head * D, k0, a.S, sm.kl);
+  load_columns<D>(pt.vh + bh * D * pt.sp, pt.sp, k0, sm.vh);
+  load_columns<D>(pt.vl + bh * D * pt.sp, pt.sp, k0, sm.vl);
+  for (int i = threadIdx.x; i < kKeys; i += kThreads)
+    sm.fk[i] = k0 + i < a.S ? pow2(-static_cast<int>(pt.ek[head + k0 + i])) : 0.f;
+}
+
+// The tile's softmax step for both rows (keys from k0), O's rows rescaled by its factors.
+template <int D>
+__device__ __forceinline__ void softmax_rows(float (&s)[8][4], float (&o)[D / 8][4],
+                                             QueryRow (&qr)[2], const float* fk,
+                                             const AttentionF16x3& a, int64_t k0, int t) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int limit = static_cast<int>(
+        std::min<int64_t>(a.S - k0, a.causal ? qr[h].row - k0 + 1 : kKeys));
+    const float* mtile = qr[h].mrow != nullptr ? qr[h].mrow + k0 * a.mask.sj : nullptr;
+    const float corr = softmax_step(s, h, qr[h].fq, fk, a.scale * kLog2e, limit, mtile,
+                                    a.mask.sj, t, qr[h].st);
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) o[n][2 * h] *= corr, o[n][2 * h + 1] *= corr;
+  }
+}
+
+// Row h of the thread's O (its sum l over the quad) unscaled by V's 2^-ev, and its LSE.
+template <int D>
+__device__ void store_row(const AttentionF16x3& a, const Parts& pt, const float (&o)[D / 8][4],
+                          int h, const QueryRow& qr, int64_t bh, int t) {
+  const float l = quad_sum(qr.st.l);
+  if (qr.row >= a.S) return;
+  float* out = a.o + (bh * a.S + qr.row) * D;
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) {
+    const int d = 8 * n + 2 * t;
+    const float* ev = pt.ev + bh * D + d;
+    out[d] = l > 0.f ? o[n][2 * h] / l * pow2(-static_cast<int>(ev[0])) : 0.f;
+    out[d + 1] = l > 0.f ? o[n][2 * h + 1] / l * pow2(-static_cast<int>(ev[1])) : 0.f;
+  }
+  if (a.lse != nullptr && t == 0)  // a row masked throughout: 0 out, LSE +inf
+    a.lse[bh * a.S + qr.row] = l > 0.f ? (qr.st.m + log2f(l)) * 0.6931471805599453f : INFINITY;
+}
+
 // D = 64 held to 3 CTAs a multiprocessor's registers (168): its shared memory allows 3.
 template <int D>
 __global__ void __launch_bounds__(kThreads, D == 64 ? 3 : 1)
@@ -177,64 +240,27 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 3 : 1)
   const int64_t bh = blockIdx.x, q0 = static_cast<int64_t>(gridDim.y - 1 - blockIdx.y) * kRows;
   if (pt.flags[bh]) return;  // attention_nonfinite.cu computes this head
   const int w = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int64_t head = bh * a.S;
-  load_rows<D>(pt.qh + head * D, q0, a.S, sm.qh);
-  load_rows<D>(pt.ql + head * D, q0, a.S, sm.ql);
-  const int64_t row[2] = {q0 + 16 * w + g, q0 + 16 * w + g + 8};
-  float fq[2];  // the rows' 2^-eq
-#pragma unroll
-  for (int h = 0; h < 2; ++h)
-    fq[h] = row[h] < a.S ? pow2(-static_cast<int>(pt.eq[head + row[h]])) : 0.f;
-  const float scale_log2 = a.scale * kLog2e;
-  const float* mrow[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h)
-    mrow[h] = a.mask.data != nullptr && row[h] < a.S ? a.mask.row(bh, row[h]) : nullptr;
+  load_rows<D>(pt.qh + bh * a.S * D, q0, a.S, sm.qh);
+  load_rows<D>(pt.ql + bh * a.S * D, q0, a.S, sm.ql);
+  QueryRow qr[2] = {query_row(a, pt, bh, q0 + 16 * w + g),
+                    query_row(a, pt, bh, q0 + 16 * w + g + 8)};
   float o[D / 8][4] = {};
-  RowState st[2];
   const int64_t key_end = a.causal ? std::min<int64_t>(a.S, q0 + kRows) : a.S;
   for (int64_t k0 = 0; k0 < key_end; k0 += kKeys) {
     __syncthreads();  // the previous tile's readers are done
-    load_rows<D>(pt.kh + head * D, k0, a.S, sm.kh);
-    load_rows<D>(pt.kl + head * D, k0, a.S, sm.kl);
-    load_columns<D>(pt.vh + bh * D * pt.sp, pt.sp, k0, sm.vh);
-    load_columns<D>(pt.vl + bh * D * pt.sp, pt.sp, k0, sm.vl);
-    for (int i = threadIdx.x; i < kKeys; i += kThreads)
-      sm.fk[i] = k0 + i < a.S ? pow2(-static_cast<int>(pt.ek[head + k0 + i])) : 0.f;
+    load_key_tile<D>(sm, a, pt, bh, k0);
     __syncthreads();
     float s[8][4];  // S = Q Kᵀ for the warp's 16 rows and the tile's 64 keys
     product3_rows<D, 8>(s, &sm.qh[16 * w][0], &sm.ql[16 * w][0], Shared<D>::kQ, &sm.kh[0][0],
                         &sm.kl[0][0], Shared<D>::kQ, g, t);
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int limit = static_cast<int>(
-          std::min<int64_t>(a.S - k0, a.causal ? row[h] - k0 + 1 : kKeys));
-      const float* mtile = mrow[h] != nullptr ? mrow[h] + k0 * a.mask.sj : nullptr;
-      const float corr = softmax_step(s, h, fq[h], sm.fk, scale_log2, limit, mtile, a.mask.sj,
-                                      t, st[h]);
-#pragma unroll
-      for (int n = 0; n < D / 8; ++n) o[n][2 * h] *= corr, o[n][2 * h + 1] *= corr;
-    }
+    softmax_rows<D>(s, o, qr, sm.fk, a, k0, t);
     uint32_t ph[4][4], pl[4][4];  // P's parts, unscaled (P is in [0, 1])
     to_a_parts<4>(s, 1.f, ph, pl);
     accumulate3_regs<4, D / 8, BTile::kRowsAlongK, 2>(o, ph, pl, &sm.vh[0][0], &sm.vl[0][0],
                                                       Shared<D>::kV, g, t);
   }
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const float l = quad_sum(st[h].l);
-    if (row[h] >= a.S) continue;
-    float* out = a.o + (head + row[h]) * D;
-#pragma unroll
-    for (int n = 0; n < D / 8; ++n) {
-      const int d = 8 * n + 2 * t;
-      const float* ev = pt.ev + bh * D + d;
-      out[d] = l > 0.f ? o[n][2 * h] / l * pow2(-static_cast<int>(ev[0])) : 0.f;
-      out[d + 1] = l > 0.f ? o[n][2 * h + 1] / l * pow2(-static_cast<int>(ev[1])) : 0.f;
-    }
-    if (a.lse != nullptr && t == 0)  // a row masked throughout: 0 out, LSE +inf
-      a.lse[head + row[h]] = l > 0.f ? (st[h].m + log2f(l)) * 0.6931471805599453f : INFINITY;
-  }
+  store_row<D>(a, pt, o, 0, qr[0], bh, t);
+  store_row<D>(a, pt, o, 1, qr[1], bh, t);
 }
 
 // The workspace: Q's and K's parts [2][BH S D] fp16, V's [2][BH D Sp] (transposed, Sp = S

@@ -43,25 +43,33 @@ static const char* cuda_backward_unfit(int device) {
 #endif
 }
 
-// Why an additive mask does not fit q [B, H, S, D] ("" where it does): fp32 on q's device,
-// no gradient wanted, broadcasting to [B, H, S, S].
-static std::string bias_unfit(const at::Tensor& q, const c10::optional<at::Tensor>& bias) {
+// Why an additive mask does not fit q [B, H, Sq, D] and k [B, H, Sk, D] ("" where it does):
+// fp32 on q's device, no gradient wanted, broadcasting to [B, H, Sq, Sk].
+static std::string bias_unfit(const at::Tensor& q, const at::Tensor& k,
+                              const c10::optional<at::Tensor>& bias) {
   if (!bias.has_value() || !bias->defined()) return "";
   const at::Tensor& b = *bias;
-  const int64_t B = q.size(0), H = q.size(1), S = q.size(2);
+  const int64_t B = q.size(0), H = q.size(1), Sq = q.size(2), Sk = k.size(2);
   if (b.scalar_type() != at::kFloat || b.device() != q.device())
     return "an attention mask that is not fp32 on q's device";
   if (b.requires_grad()) return "an attention mask that needs a gradient";
-  if (b.dim() > 4 || !at::is_expandable_to(b.sizes(), {B, H, S, S}))
-    return "an attention mask that does not broadcast to [B, H, S, S]";
+  if (b.dim() > 4 || !at::is_expandable_to(b.sizes(), {B, H, Sq, Sk}))
+    return "an attention mask that does not broadcast to [B, H, Sq, Sk]";
   return "";
+}
+
+// Whether k and v fit q [B, H, Sq, D]: [B, H, Sk, D], one Sk, and Sk > 0 where Sq > 0.
+static bool kv_fit(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  if (q.dim() != 4 || k.dim() != 4 || k.sizes() != v.sizes()) return false;
+  if (k.size(0) != q.size(0) || k.size(1) != q.size(1) || k.size(3) != q.size(3)) return false;
+  return k.size(2) > 0 || q.numel() == 0;
 }
 
 std::string sdpa_f16x3_route(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                              const c10::optional<at::Tensor>& bias) {
   std::ostringstream os;
-  if (q.dim() != 4 || k.sizes() != q.sizes() || v.sizes() != q.sizes())
-    os << "q, k and v of one shape [B, H, S, D] (self-attention), got " << q.sizes() << ", "
+  if (!kv_fit(q, k, v))
+    os << "q [B, H, Sq, D] with k and v [B, H, Sk, D] (Sk > 0), got " << q.sizes() << ", "
        << k.sizes() << " and " << v.sizes();
   else if (q.scalar_type() != at::kFloat || k.scalar_type() != at::kFloat ||
            v.scalar_type() != at::kFloat)
@@ -73,16 +81,17 @@ std::string sdpa_f16x3_route(const at::Tensor& q, const at::Tensor& k, const at:
   else if (const char* unfit_here = cuda_device_unfit(q.size(3), q.get_device()))
     os << unfit_here;
   else
-    os << bias_unfit(q, bias);
+    os << bias_unfit(q, k, bias);
   return os.str();
 }
 
 #ifdef GEMMFUSE_WITH_CUDA
-// The mask as the kernels read it: expanded to [B, H, S, S] (a view: broadcast dims stride 0).
-static cuda::AttentionMask mask_of(const c10::optional<at::Tensor>& bias, const at::Tensor& q) {
+// The mask as the kernels read it: expanded to [B, H, Sq, Sk] (a view: broadcast dims stride 0).
+static cuda::AttentionMask mask_of(const c10::optional<at::Tensor>& bias, const at::Tensor& q,
+                                   const at::Tensor& k) {
   cuda::AttentionMask m;
   if (!bias.has_value() || !bias->defined()) return m;
-  const at::Tensor e = bias->expand({q.size(0), q.size(1), q.size(2), q.size(2)});
+  const at::Tensor e = bias->expand({q.size(0), q.size(1), q.size(2), k.size(2)});
   m.data = e.data_ptr<float>(), m.heads = q.size(1);
   m.sb = e.stride(0), m.sh = e.stride(1), m.si = e.stride(2), m.sj = e.stride(3);
   return m;
@@ -116,20 +125,20 @@ std::tuple<at::Tensor, at::Tensor> sdpa_f16x3(const at::Tensor& q, const at::Ten
   const std::string why = sdpa_f16x3_route(q, k, v, bias);
   TORCH_CHECK(why.empty(), "gemmfuse::sdpa_f16x3: expected ", why);
   c10::cuda::CUDAGuard guard(q.device());
-  const int64_t B = q.size(0), H = q.size(1), S = q.size(2), D = q.size(3);
+  const int64_t B = q.size(0), H = q.size(1), S = q.size(2), Sk = k.size(2), D = q.size(3);
   const at::Tensor qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous();
   at::Tensor out = at::empty({B, H, S, D}, q.options());
   at::Tensor lse = at::zeros({B, H, lse_columns(S)}, q.options());
   at::Tensor lse_rows = at::empty({B, H, S}, q.options());
-  at::Tensor ws = at::empty(
-      {static_cast<int64_t>(cuda::attention_f16x3_workspace_bytes(B * H, S, static_cast<int>(D)))},
-      q.options().dtype(at::kByte));
+  at::Tensor ws = at::empty({static_cast<int64_t>(cuda::attention_f16x3_workspace_bytes(
+                                B * H, S, Sk, static_cast<int>(D)))},
+                            q.options().dtype(at::kByte));
   cuda::AttentionF16x3 a;
-  a.BH = B * H, a.S = S, a.D = static_cast<int>(D);
+  a.BH = B * H, a.Sq = S, a.Sk = Sk, a.D = static_cast<int>(D);
   a.q = qc.data_ptr<float>(), a.k = kc.data_ptr<float>(), a.v = vc.data_ptr<float>();
   a.o = out.data_ptr<float>(), a.lse = lse_rows.data_ptr<float>();
   a.scale = static_cast<float>(scale), a.causal = is_causal, a.workspace = ws.data_ptr();
-  a.mask = mask_of(bias, q);
+  a.mask = mask_of(bias, q, k);
   cuda::launch_attention_f16x3(a, at::cuda::getCurrentCUDAStream());
   lse.narrow(2, 0, S).copy_(lse_rows);
   return {out, lse};
@@ -147,17 +156,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> sdpa_f16x3_backward(
                    oc = out.contiguous(), gc = grad_out.contiguous(), lc = lse.contiguous();
   at::Tensor dq = at::empty_like(qc), dk = at::empty_like(kc), dv = at::empty_like(vc);
   at::Tensor ws = at::empty({static_cast<int64_t>(cuda::attention_f16x3_backward_workspace_bytes(
-                                B * H, S, static_cast<int>(D)))},
+                                B * H, S, k.size(2)))},
                             q.options().dtype(at::kByte));
   cuda::AttentionF16x3Backward a;
-  a.BH = B * H, a.S = S, a.D = static_cast<int>(D), a.causal = is_causal;
+  a.BH = B * H, a.Sq = S, a.Sk = k.size(2), a.D = static_cast<int>(D), a.causal = is_causal;
   a.scale = static_cast<float>(scale);
   a.q = qc.data_ptr<float>(), a.k = kc.data_ptr<float>(), a.v = vc.data_ptr<float>();
   a.o = oc.data_ptr<float>(), a.dout = gc.data_ptr<float>();
   a.lse = lc.data_ptr<float>(), a.lse_stride = lc.size(2);
   a.dq = dq.data_ptr<float>(), a.dk = dk.data_ptr<float>(), a.dv = dv.data_ptr<float>();
   a.workspace = ws.data_ptr();
-  a.mask = mask_of(bias, q);
+  a.mask = mask_of(bias, q, k);
   cuda::launch_attention_f16x3_backward(a, at::cuda::getCurrentCUDAStream());
   return {dq, dk, dv};
 }

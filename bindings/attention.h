@@ -11,14 +11,14 @@
 
 namespace gemmfuse::bindings {
 
-// "" where sdpa_f16x3 takes q, k, v [B, H, S, D] (fp32, CUDA, one device, D 64, 96 or 128, the
-// same S for queries and keys) and the additive mask `bias` (none; or fp32, no gradient,
-// broadcasting to [B, H, S, S]), else why not.
+// "" where sdpa_f16x3 takes q [B, H, Sq, D] and k, v [B, H, Sk, D] (fp32, CUDA, one device,
+// D 64, 96 or 128, Sk > 0) and the additive mask `bias` (none; or fp32, no gradient,
+// broadcasting to [B, H, Sq, Sk]), else why not.
 std::string sdpa_f16x3_route(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                              const c10::optional<at::Tensor>& bias);
 
 #ifdef GEMMFUSE_WITH_CUDA
-// (out [B, H, S, D], lse [B, H, S rounded up to 32]: log Σ_j exp(s_ij), the padding 0).
+// (out [B, H, Sq, D], lse [B, H, Sq rounded up to 32]: log Σ_j exp(s_ij), the padding 0).
 std::tuple<at::Tensor, at::Tensor> sdpa_f16x3(const at::Tensor& q, const at::Tensor& k,
                                               const at::Tensor& v,
                                               const c10::optional<at::Tensor>& bias,

@@ -3,9 +3,9 @@ is_causal=..., scale=...)`` (no dropout) as one differentiable call on gemmfuse'
 kernels (``gemmfuse::sdpa_f16x3`` and its backward), which optimize() and the torch.compile
 backend put in place of the model's own call (capture/attention.py finds them).
 
-Each direction runs where C++'s route takes its operands (fp32 CUDA [B, H, S, D], one S for
-queries and keys, D 64, 96 or 128; the backward D 64; a mask fp32 or bool, broadcasting to
-[B, H, S, S], needing no gradient), else as PyTorch's memory-efficient attention runs it: both
+Each direction runs where C++'s route takes its operands (fp32 CUDA q [B, H, Sq, D] and k, v
+[B, H, Sk, D], D 64, 96 or 128; the backward D 64; a mask fp32 or bool, broadcasting to
+[B, H, Sq, Sk], needing no gradient), else as PyTorch's memory-efficient attention runs it: both
 write the same log-sum-exp, so either backward reads either forward's. A call with a mask runs
 on gemmfuse only where both directions do (PyTorch's op pads masks its own way). Elsewhere (the
 CPU, other dtypes, no operator library) PyTorch's own SDPA runs the call.
@@ -41,8 +41,8 @@ def additive_mask(mask):
 
 
 class _Attention(torch.autograd.Function):
-    """softmax(q kᵀ · scale [+ mask] [+ causal mask]) v for fp32 CUDA q, k, v [B, H, S, D];
-    `mask` additive (additive_mask) or None."""
+    """softmax(q kᵀ · scale [+ mask] [+ causal mask]) v for fp32 CUDA q [B, H, Sq, D] and k, v
+    [B, H, Sk, D]; `mask` additive (additive_mask) or None."""
 
     @staticmethod
     def forward(ctx, q, k, v, mask, is_causal, scale):
@@ -83,21 +83,23 @@ def runs_on_gemmfuse(q, k, v, mask=None) -> bool:
         return False
     if mask is None or not (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))):
         return True
-    return not _mask_backward_route(q, mask)
+    return not _mask_backward_route(q, k, mask)
 
 
-def _mask_backward_route(q, mask) -> str:
-    """'' where gemmfuse's backward kernel takes a call of q's shape with this mask, else why."""
-    return _backward_route(q, q, q, q, mask, q, q.new_empty(q.shape[:3]))
+def _mask_backward_route(q, k, mask) -> str:
+    """'' where gemmfuse's backward kernel takes a call of q's and k's shapes with this mask,
+    else why."""
+    return _backward_route(q, q, k, k, mask, q, q.new_empty(q.shape[:3]))
 
 
 def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal: bool = False,
                                  scale: float | None = None, enable_gqa: bool = False):
     """``F.scaled_dot_product_attention(q, k, v, attn_mask, is_causal=is_causal, scale=scale,
     enable_gqa=enable_gqa)`` with both products of the forward and of the backward on split fp16
-    tensor-core products where the kernels take the call (fp32 CUDA q, k, v [B, H, S, D], D 64,
-    96 or 128; a mask fp32 or bool broadcasting to [B, H, S, S]; grouped-query k and v repeated
-    to q's heads, their gradients summed back by autograd); else PyTorch's SDPA."""
+    tensor-core products where the kernels take the call (fp32 CUDA q [B, H, Sq, D] and k, v
+    [B, H, Sk, D], D 64, 96 or 128; a mask fp32 or bool broadcasting to [B, H, Sq, Sk];
+    grouped-query k and v repeated to q's heads, their gradients summed back by autograd); else
+    PyTorch's SDPA."""
     mask = additive_mask(attn_mask) if isinstance(attn_mask, torch.Tensor) else attn_mask
     kq, vq = k, v
     if enable_gqa and k.dim() == 4 and q.dim() == 4 and 0 < k.shape[1] < q.shape[1]:
@@ -111,11 +113,17 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal: bool = Fals
     return _Attention.apply(q, k, v, mask, bool(is_causal), s)
 
 
-def _random_operands(shape, device, training, mask=(), kv_heads=0):
-    """q, k, v, dout of `shape` (k and v of kv_heads heads where it is not 0), and a mask of
-    `mask` = (shape, dtype) (about one score in ten masked) or None."""
+def _kv_shape(shape, kv_heads=0, kv_len=0) -> tuple:
+    """k's and v's shape for q's `shape` [B, H, S, D]: kv_heads heads and kv_len keys where
+    they are not 0."""
+    return (shape[0], kv_heads or shape[1], kv_len or shape[2], shape[3])
+
+
+def _random_operands(shape, device, training, mask=(), kv_heads=0, kv_len=0):
+    """q, k, v, dout of `shape` (k and v of _kv_shape), and a mask of `mask` = (shape, dtype)
+    (about one score in ten masked) or None."""
     g = torch.Generator(device=device).manual_seed(0)
-    kv = (shape[0], kv_heads, *shape[2:]) if kv_heads else shape
+    kv = _kv_shape(shape, kv_heads, kv_len)
     ops = [torch.randn(s, device=device, generator=g).requires_grad_(training)
            for s in (shape, kv, kv, shape)]
     if not mask:
@@ -125,14 +133,14 @@ def _random_operands(shape, device, training, mask=(), kv_heads=0):
 
 
 def timed_choice(shape, device, is_causal: bool, scale, training: bool, mask=(),
-                 kv_heads: int = 0) -> str:
+                 kv_heads: int = 0, kv_len: int = 0) -> str:
     """'' where gemmfuse's attention timed at least as fast as PyTorch's SDPA for q, k, v of
     `shape` on `device` (the forward, and the backward where the graph trains), else why PyTorch
     runs the call (route_timer.timed_choice: once per signature, on fresh random operands)."""
     from . import route_timer
     if not route_timer.timed_routes_on(device):
         return ""
-    q, k, v, go, m = _random_operands(shape, device, training, mask, kv_heads)
+    q, k, v, go, m = _random_operands(shape, device, training, mask, kv_heads, kv_len)
 
     def call(fn):
         def run():
@@ -142,26 +150,28 @@ def timed_choice(shape, device, is_causal: bool, scale, training: bool, mask=(),
                 return torch.autograd.grad(out, (q, k, v), go) if training else out
         return run
     key = ("captured sdpa", tuple(shape), device, bool(is_causal), scale, bool(training), mask,
-           kv_heads)
+           kv_heads, kv_len)
     why = route_timer.timed_choice(key, call(scaled_dot_product_attention),
                                    call(F.scaled_dot_product_attention), q)
     return why + (" (forward and backward)" if why and training else "")
 
 
 def choice(shape, device, is_causal: bool, scale, training: bool, precision: str,
-           mask=(), kv_heads: int = 0) -> str:
-    """'' where a captured SDPA call of q, k, v of `shape` (and a mask of `mask` = (shape,
-    dtype), or ()) runs as scaled_dot_product_attention here, else why the model's own call
-    stays: the precision, the device, the kernels' routes, then (on a GPU) the timing."""
+           mask=(), kv_heads: int = 0, kv_len: int = 0) -> str:
+    """'' where a captured SDPA call of q of `shape`, k and v of _kv_shape (and a mask of
+    `mask` = (shape, dtype), or ()) runs as scaled_dot_product_attention here, else why the
+    model's own call stays: the precision, the device, the kernels' routes, then (on a GPU)
+    the timing."""
     from .runtime import always_fuse
     if precision == "tf32":
         return "tf32 precision (PyTorch's SDPA is as fast and as accurate)"
     if device.type != "cuda":
         return "" if always_fuse() else f"attention on {device.type} (gemmfuse's kernels are CUDA's)"
     q = torch.empty(shape, device=device, requires_grad=training)
+    k = torch.empty(_kv_shape(shape, 0, kv_len), device=device)  # (grouped k and v: repeated)
     m = additive_mask(torch.ones(mask[0], dtype=torch.bool, device=device)) if mask else None
-    why = forward_route(q, q, q, m)
-    back = _mask_backward_route(q, m) if not why and m is not None and training else ""
+    why = forward_route(q, k, k, m)
+    back = _mask_backward_route(q, k, m) if not why and m is not None and training else ""
     if back:
         why = f"a mask with a backward gemmfuse's kernel does not take ({back})"
-    return why or timed_choice(shape, device, is_causal, scale, training, mask, kv_heads)
+    return why or timed_choice(shape, device, is_causal, scale, training, mask, kv_heads, kv_len)

@@ -363,7 +363,8 @@ def fuse_attention(gm: fx.GraphModule, precision: str, report, example_inputs=()
             shape = [torch.fx.experimental.symbolic_shapes.size_hint(d) for d in site.shape]
             training = _records_grad(gm, (match.q, match.k, match.v))
             site.reason = attention.choice(shape, inf.device, site.is_causal, match.scale,
-                                           training, precision, site.mask, site.kv_heads)
+                                           training, precision, site.mask, site.kv_heads,
+                                           site.kv_len)
             if not site.reason:
                 _rewrite_attention(match)
                 site.status = "fused"

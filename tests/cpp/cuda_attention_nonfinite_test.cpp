@@ -139,11 +139,12 @@ void check_forward(int D, bool causal) {
   const Problem pb(9, 70, D, causal);
   const int64_t n = pb.BH * pb.S * D;
   DevMem dq(n * 4), dk(n * 4), dv(n * 4), dout(n * 4), dlse(pb.BH * pb.S * 4),
-      ws(gemmfuse::cuda::attention_f16x3_workspace_bytes(pb.BH, pb.S, D));
+      ws(gemmfuse::cuda::attention_f16x3_workspace_bytes(pb.BH, pb.S, pb.S, D));
   for (auto [dst, src] : {std::pair{&dq, &pb.q}, {&dk, &pb.k}, {&dv, &pb.v}})
     CK(cudaMemcpy(dst->p, src->data(), n * 4, cudaMemcpyHostToDevice));
   gemmfuse::cuda::AttentionF16x3 a;
-  a.BH = pb.BH, a.S = pb.S, a.D = D, a.causal = causal, a.scale = 1.f / std::sqrt(float(D));
+  a.BH = pb.BH, a.Sq = pb.S, a.Sk = pb.S, a.D = D, a.causal = causal;
+  a.scale = 1.f / std::sqrt(float(D));
   a.q = static_cast<float*>(dq.p), a.k = static_cast<float*>(dk.p), a.v = static_cast<float*>(dv.p);
   a.o = static_cast<float*>(dout.p), a.lse = static_cast<float*>(dlse.p), a.workspace = ws.p;
   gemmfuse::cuda::launch_attention_f16x3(a, nullptr);
@@ -171,13 +172,14 @@ void check_backward(bool causal) {
   }
   DevMem dq_(n * 4), dk_(n * 4), dv_(n * 4), dgo(n * 4), dout(n * 4), dlse(pb.BH * pb.S * 4),
       g[3] = {DevMem(n * 4), DevMem(n * 4), DevMem(n * 4)},
-      ws(gemmfuse::cuda::attention_f16x3_backward_workspace_bytes(pb.BH, pb.S, D));
+      ws(gemmfuse::cuda::attention_f16x3_backward_workspace_bytes(pb.BH, pb.S, pb.S));
   for (auto [dst, src] : {std::pair{&dq_, &pb.q}, {&dk_, &pb.k}, {&dv_, &pb.v}, {&dgo, &pb.go},
                           {&dout, static_cast<const std::vector<float>*>(&o)}})
     CK(cudaMemcpy(dst->p, src->data(), n * 4, cudaMemcpyHostToDevice));
   CK(cudaMemcpy(dlse.p, lse.data(), pb.BH * pb.S * 4, cudaMemcpyHostToDevice));
   gemmfuse::cuda::AttentionF16x3Backward a;
-  a.BH = pb.BH, a.S = pb.S, a.D = D, a.causal = causal, a.scale = 1.f / std::sqrt(float(D));
+  a.BH = pb.BH, a.Sq = pb.S, a.Sk = pb.S, a.D = D, a.causal = causal;
+  a.scale = 1.f / std::sqrt(float(D));
   a.q = static_cast<float*>(dq_.p), a.k = static_cast<float*>(dk_.p), a.v = static_cast<float*>(dv_.p);
   a.o = static_cast<float*>(dout.p), a.dout = static_cast<float*>(dgo.p);
   a.lse = static_cast<float*>(dlse.p), a.lse_stride = pb.S, a.workspace = ws.p;

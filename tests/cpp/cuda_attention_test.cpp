@@ -1,7 +1,7 @@
 // fp32 attention on split fp16 products (executors/cuda/attention/attention_f16x3.h) against a
 // float64 reference: fresh random Q, K, V per test (seed printed; GEMMFUSE_SEED=<n> repeats
 // one), output and LSE poisoned with NaN, S not a multiple of the 64-row tiles, D = 64, 96
-// and 128, causal or not. The norm-wise error must stay within 1.5x a plain fp32 computation's
+// and 128, causal or not, queries and keys of one length or of two (Sq, Sk). The norm-wise error must stay within 1.5x a plain fp32 computation's
 // (the same formulas in float on the host) and every element within 1e-5 of the output's
 // largest magnitude.
 #include <cuda_runtime.h>
@@ -29,22 +29,28 @@ uint64_t seed_for(const char* what) {
   return s;
 }
 
+// Query and key counts of one head.
+struct Lens {
+  int64_t q, k;
+};
+
 // softmax(q kᵀ scale [+ mask] [+ causal]) v for one head in T (double: the reference; float:
 // what a plain fp32 computation gives), and each row's log-sum-exp. `mask`: the head's additive
-// [S, S] mask or null; a row masked throughout gives 0 and LSE +inf (the kernels' rule).
+// [Sq, Sk] mask or null; a row masked throughout gives 0 and LSE +inf (the kernels' rule); the
+// causal mask hides key j from query i where j > i (PyTorch's, whatever Sq and Sk are).
 template <class T>
-void reference(const float* q, const float* k, const float* v, int64_t S, int D, double scale,
+void reference(const float* q, const float* k, const float* v, Lens S, int D, double scale,
                bool causal, std::vector<T>& o, std::vector<T>& lse, const float* mask = nullptr) {
   constexpr T kInf = std::numeric_limits<T>::infinity();
-  o.assign(S * D, T(0));
-  lse.assign(S, T(0));
-  std::vector<T> s(S);
-  for (int64_t i = 0; i < S; ++i) {
+  o.assign(S.q * D, T(0));
+  lse.assign(S.q, T(0));
+  std::vector<T> s(S.k);
+  for (int64_t i = 0; i < S.q; ++i) {
     T m = -kInf;
-    for (int64_t j = 0; j < S; ++j) {
+    for (int64_t j = 0; j < S.k; ++j) {
       T dot = 0;
       for (int d = 0; d < D; ++d) dot += T(q[i * D + d]) * T(k[j * D + d]);
-      s[j] = (causal && j > i) ? -kInf : dot * T(scale) + (mask ? T(mask[i * S + j]) : T(0));
+      s[j] = (causal && j > i) ? -kInf : dot * T(scale) + (mask ? T(mask[i * S.k + j]) : T(0));
       m = std::max(m, s[j]);
     }
     if (m == -kInf) {
@@ -52,54 +58,58 @@ void reference(const float* q, const float* k, const float* v, int64_t S, int D,
       continue;
     }
     T l = 0;
-    for (int64_t j = 0; j < S; ++j) l += (s[j] = std::exp(s[j] - m));
-    for (int64_t j = 0; j < S; ++j)
+    for (int64_t j = 0; j < S.k; ++j) l += (s[j] = std::exp(s[j] - m));
+    for (int64_t j = 0; j < S.k; ++j)
       for (int d = 0; d < D; ++d) o[i * D + d] += s[j] / l * T(v[j * D + d]);
     lse[i] = m + std::log(l);
   }
 }
 
-// A mask per head [BH][S][S] (or one for all heads: shared): normal values, about one in five
-// −inf, and row 5 (where S > 5) −inf throughout.
-std::vector<float> random_mask(std::mt19937_64& rng, int64_t heads, int64_t S) {
+// A mask per head [BH][Sq][Sk] (or one for all heads: shared): normal values, about one in five
+// −inf, and row 5 (where Sq > 5) −inf throughout.
+std::vector<float> random_mask(std::mt19937_64& rng, int64_t heads, Lens S) {
   std::normal_distribution<float> nd(0.f, 2.f);
-  std::vector<float> m(heads * S * S);
+  std::vector<float> m(heads * S.q * S.k);
   for (float& e : m) e = nd(rng) > 1.7f ? -std::numeric_limits<float>::infinity() : nd(rng);
-  for (int64_t h = 0; h < heads && S > 5; ++h)
-    for (int64_t j = 0; j < S; ++j) m[(h * S + 5) * S + j] = -std::numeric_limits<float>::infinity();
+  for (int64_t h = 0; h < heads && S.q > 5; ++h)
+    for (int64_t j = 0; j < S.k; ++j)
+      m[(h * S.q + 5) * S.k + j] = -std::numeric_limits<float>::infinity();
   return m;
 }
 
-// `mask` ([mask_heads][S][S]) copied into dmask and described for the kernels: one mask for
+// `mask` ([mask_heads][Sq][Sk]) copied into dmask and described for the kernels: one mask for
 // every head (mask_heads 1: stride 0) or one per head.
 gemmfuse::cuda::AttentionMask device_mask(const std::vector<float>& mask, DevMem& dmask,
-                                          int64_t mask_heads, int64_t S) {
+                                          int64_t mask_heads, Lens S) {
   CK(cudaMemcpy(dmask.p, mask.data(), mask.size() * 4, cudaMemcpyHostToDevice));
   gemmfuse::cuda::AttentionMask m;
   m.data = static_cast<float*>(dmask.p), m.heads = 1;
-  m.sb = mask_heads == 1 ? 0 : S * S, m.si = S, m.sj = 1;
+  m.sb = mask_heads == 1 ? 0 : S.q * S.k, m.si = S.k, m.sj = 1;
   return m;
 }
 
-// mask_heads: 0 none, 1 one mask for every head (stride 0), BH one per head.
-void check(int64_t BH, int64_t S, int D, bool causal, int64_t mask_heads = 0) {
+// mask_heads: 0 none, 1 one mask for every head (stride 0), BH one per head. Sk: the keys'
+// count where it is not S.
+void check(int64_t BH, int64_t S, int D, bool causal, int64_t mask_heads = 0, int64_t Sk = 0) {
   std::mt19937_64 rng(seed_for("attention"));
   std::normal_distribution<float> nd(0.f, 1.f);
-  const int64_t n = BH * S * D;
-  std::vector<float> q(n), k(n), v(n);
+  const Lens L{S, Sk ? Sk : S};
+  const int64_t n = BH * L.q * D, nk = BH * L.k * D;
+  std::vector<float> q(n), k(nk), v(nk);
   for (auto* t : {&q, &k, &v})
     for (float& e : *t) e = nd(rng);
-  const std::vector<float> mask = mask_heads ? random_mask(rng, mask_heads, S) : std::vector<float>();
-  DevMem dq(n * 4), dk(n * 4), dv(n * 4), dout(n * 4), dlse(BH * S * 4),
-      ws(gemmfuse::cuda::attention_f16x3_workspace_bytes(BH, S, D)), dmask(mask.size() * 4);
+  const std::vector<float> mask = mask_heads ? random_mask(rng, mask_heads, L) : std::vector<float>();
+  DevMem dq(n * 4), dk(nk * 4), dv(nk * 4), dout(n * 4), dlse(BH * S * 4),
+      ws(gemmfuse::cuda::attention_f16x3_workspace_bytes(BH, L.q, L.k, D)), dmask(mask.size() * 4);
   CK(cudaMemcpy(dq.p, q.data(), n * 4, cudaMemcpyHostToDevice));
-  CK(cudaMemcpy(dk.p, k.data(), n * 4, cudaMemcpyHostToDevice));
-  CK(cudaMemcpy(dv.p, v.data(), n * 4, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(dk.p, k.data(), nk * 4, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(dv.p, v.data(), nk * 4, cudaMemcpyHostToDevice));
   AttentionF16x3 a;
-  a.BH = BH, a.S = S, a.D = D, a.causal = causal, a.scale = 1.f / std::sqrt(float(D));
+  a.BH = BH, a.Sq = L.q, a.Sk = L.k, a.D = D, a.causal = causal;
+  a.scale = 1.f / std::sqrt(float(D));
   a.q = static_cast<float*>(dq.p), a.k = static_cast<float*>(dk.p), a.v = static_cast<float*>(dv.p);
   a.o = static_cast<float*>(dout.p), a.lse = static_cast<float*>(dlse.p), a.workspace = ws.p;
-  if (mask_heads) a.mask = device_mask(mask, dmask, mask_heads, S);
+  if (mask_heads) a.mask = device_mask(mask, dmask, mask_heads, L);
   gemmfuse::cuda::launch_attention_f16x3(a, nullptr);
   CK(cudaDeviceSynchronize());
   std::vector<float> o(n), lse(BH * S);
@@ -108,12 +118,12 @@ void check(int64_t BH, int64_t S, int D, bool causal, int64_t mask_heads = 0) {
 
   double err = 0, err32 = 0, norm = 0, amax = 0, worst = 0, lse_worst = 0;
   for (int64_t h = 0; h < BH; ++h) {
-    const int64_t off = h * S * D;
+    const int64_t off = h * S * D, koff = h * L.k * D;
     std::vector<double> want, want_lse;
     std::vector<float> f32, f32_lse;
-    const float* mh = mask_heads ? &mask[(mask_heads == 1 ? 0 : h) * S * S] : nullptr;
-    reference(&q[off], &k[off], &v[off], S, D, a.scale, causal, want, want_lse, mh);
-    reference(&q[off], &k[off], &v[off], S, D, a.scale, causal, f32, f32_lse, mh);
+    const float* mh = mask_heads ? &mask[(mask_heads == 1 ? 0 : h) * L.q * L.k] : nullptr;
+    reference(&q[off], &k[koff], &v[koff], L, D, a.scale, causal, want, want_lse, mh);
+    reference(&q[off], &k[koff], &v[koff], L, D, a.scale, causal, f32, f32_lse, mh);
     for (int64_t i = 0; i < S * D; ++i) {
       const double got = o[off + i], d = got - want[i], d32 = f32[i] - want[i];
       ASSERT_TRUE(std::isfinite(got)) << "head " << h << " element " << i;
@@ -134,25 +144,25 @@ void check(int64_t BH, int64_t S, int D, bool causal, int64_t mask_heads = 0) {
 // The backward's formulas for one head in T: dV = Pᵀ dO, dP = dO Vᵀ, δ = rowsum(dO ∘ O),
 // dS = P ∘ (dP − δ), dQ = dS K s, dK = dSᵀ Q s; P from the forward's formulas in T.
 template <class T>
-void reference_grads(const float* q, const float* k, const float* v, const float* go, int64_t S,
+void reference_grads(const float* q, const float* k, const float* v, const float* go, Lens S,
                      int D, double scale, bool causal, std::vector<T>& dq, std::vector<T>& dk,
                      std::vector<T>& dv, const float* mask = nullptr) {
   std::vector<T> o, lse;
   reference<T>(q, k, v, S, D, scale, causal, o, lse, mask);
-  dq.assign(S * D, T(0)), dk.assign(S * D, T(0)), dv.assign(S * D, T(0));
-  std::vector<T> p(S), dp(S);
-  for (int64_t i = 0; i < S; ++i) {
+  dq.assign(S.q * D, T(0)), dk.assign(S.k * D, T(0)), dv.assign(S.k * D, T(0));
+  std::vector<T> p(S.k), dp(S.k);
+  for (int64_t i = 0; i < S.q; ++i) {
     T delta = 0;
     for (int d = 0; d < D; ++d) delta += T(go[i * D + d]) * o[i * D + d];
-    for (int64_t j = 0; j < S; ++j) {
+    for (int64_t j = 0; j < S.k; ++j) {
       T dot = 0, dpj = 0;
       for (int d = 0; d < D; ++d) dot += T(q[i * D + d]) * T(k[j * D + d]);
       for (int d = 0; d < D; ++d) dpj += T(go[i * D + d]) * T(v[j * D + d]);
-      const T add = mask ? T(mask[i * S + j]) : T(0);
+      const T add = mask ? T(mask[i * S.k + j]) : T(0);
       p[j] = (causal && j > i) ? T(0) : std::exp(dot * T(scale) + add - lse[i]);
       dp[j] = p[j] * (dpj - delta);  // dS
     }
-    for (int64_t j = 0; j < S; ++j)
+    for (int64_t j = 0; j < S.k; ++j)
       for (int d = 0; d < D; ++d) {
         dv[j * D + d] += p[j] * T(go[i * D + d]);
         dq[i * D + d] += dp[j] * T(k[j * D + d]) * T(scale);
@@ -171,63 +181,68 @@ struct GradCheck {
   double rel32() const { return std::sqrt(err32 / norm); }
 };
 
-// mask_heads as check's.
-void check_backward(int64_t BH, int64_t S, bool causal, float grad_scale, int64_t mask_heads = 0) {
+// mask_heads and Sk as check's.
+void check_backward(int64_t BH, int64_t S, bool causal, float grad_scale, int64_t mask_heads = 0,
+                    int64_t Sk = 0) {
   constexpr int D = 64;
   std::mt19937_64 rng(seed_for("attention backward"));
   std::normal_distribution<float> nd(0.f, 1.f);
-  const int64_t n = BH * S * D, ls = (S + 31) / 32 * 32;
-  std::vector<float> q(n), k(n), v(n), go(n), o(n), lse(BH * ls, 0.f);
+  const Lens L{S, Sk ? Sk : S};
+  const int64_t n = BH * L.q * D, nk = BH * L.k * D, ls = (S + 31) / 32 * 32;
+  std::vector<float> q(n), k(nk), v(nk), go(n), o(n), lse(BH * ls, 0.f);
   for (auto* t : {&q, &k, &v, &go})
     for (float& e : *t) e = nd(rng);
   for (float& e : go) e *= grad_scale;
-  const std::vector<float> mask = mask_heads ? random_mask(rng, mask_heads, S) : std::vector<float>();
+  const std::vector<float> mask = mask_heads ? random_mask(rng, mask_heads, L) : std::vector<float>();
   auto mask_of = [&](int64_t h) {
-    return mask_heads ? &mask[(mask_heads == 1 ? 0 : h) * S * S] : nullptr;
+    return mask_heads ? &mask[(mask_heads == 1 ? 0 : h) * L.q * L.k] : nullptr;
   };
   const double scale = 1.0 / std::sqrt(double(D));
   for (int64_t h = 0; h < BH; ++h) {  // O and LSE from float64, so that only the backward errs
     std::vector<double> oh, lh;
-    reference<double>(&q[h * S * D], &k[h * S * D], &v[h * S * D], S, D, scale, causal, oh, lh,
-                      mask_of(h));
+    reference<double>(&q[h * S * D], &k[h * L.k * D], &v[h * L.k * D], L, D, scale, causal, oh,
+                      lh, mask_of(h));
     for (int64_t i = 0; i < S * D; ++i) o[h * S * D + i] = static_cast<float>(oh[i]);
     for (int64_t i = 0; i < S; ++i) lse[h * ls + i] = static_cast<float>(lh[i]);
   }
-  DevMem dq_(n * 4), dk_(n * 4), dv_(n * 4), dgo(n * 4), dout(n * 4), dlse(BH * ls * 4),
-      gq(n * 4), gk(n * 4), gv(n * 4),
-      ws(gemmfuse::cuda::attention_f16x3_backward_workspace_bytes(BH, S, D)),
+  DevMem dq_(n * 4), dk_(nk * 4), dv_(nk * 4), dgo(n * 4), dout(n * 4), dlse(BH * ls * 4),
+      gq(n * 4), gk(nk * 4), gv(nk * 4),
+      ws(gemmfuse::cuda::attention_f16x3_backward_workspace_bytes(BH, L.q, L.k)),
       dmask(mask.size() * 4);
   for (auto [dst, src] : {std::pair{&dq_, &q}, {&dk_, &k}, {&dv_, &v}, {&dgo, &go}, {&dout, &o}})
-    CK(cudaMemcpy(dst->p, src->data(), n * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dst->p, src->data(), src->size() * 4, cudaMemcpyHostToDevice));
   CK(cudaMemcpy(dlse.p, lse.data(), BH * ls * 4, cudaMemcpyHostToDevice));
   gemmfuse::cuda::AttentionF16x3Backward a;
-  a.BH = BH, a.S = S, a.D = D, a.causal = causal, a.scale = static_cast<float>(scale);
+  a.BH = BH, a.Sq = L.q, a.Sk = L.k, a.D = D, a.causal = causal;
+  a.scale = static_cast<float>(scale);
   a.q = static_cast<float*>(dq_.p), a.k = static_cast<float*>(dk_.p), a.v = static_cast<float*>(dv_.p);
   a.o = static_cast<float*>(dout.p), a.dout = static_cast<float*>(dgo.p);
   a.lse = static_cast<float*>(dlse.p), a.lse_stride = ls;
   a.dq = static_cast<float*>(gq.p), a.dk = static_cast<float*>(gk.p), a.dv = static_cast<float*>(gv.p);
   a.workspace = ws.p;
-  if (mask_heads) a.mask = device_mask(mask, dmask, mask_heads, S);
+  if (mask_heads) a.mask = device_mask(mask, dmask, mask_heads, L);
   gemmfuse::cuda::launch_attention_f16x3_backward(a, nullptr);
   CK(cudaDeviceSynchronize());
-  std::vector<float> got[3] = {std::vector<float>(n), std::vector<float>(n), std::vector<float>(n)};
+  std::vector<float> got[3] = {std::vector<float>(n), std::vector<float>(nk), std::vector<float>(nk)};
   CK(cudaMemcpy(got[0].data(), gq.p, n * 4, cudaMemcpyDeviceToHost));
-  CK(cudaMemcpy(got[1].data(), gk.p, n * 4, cudaMemcpyDeviceToHost));
-  CK(cudaMemcpy(got[2].data(), gv.p, n * 4, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(got[1].data(), gk.p, nk * 4, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(got[2].data(), gv.p, nk * 4, cudaMemcpyDeviceToHost));
   GradCheck checks[3];
   for (int64_t h = 0; h < BH; ++h) {
-    const int64_t off = h * S * D;
+    const int64_t off = h * S * D, koff = h * L.k * D;
     std::vector<double> w[3];
     std::vector<float> f[3];
-    reference_grads<double>(&q[off], &k[off], &v[off], &go[off], S, D, scale, causal, w[0], w[1],
-                            w[2], mask_of(h));
-    reference_grads<float>(&q[off], &k[off], &v[off], &go[off], S, D, scale, causal, f[0], f[1],
-                           f[2], mask_of(h));
-    for (int g = 0; g < 3; ++g)
-      for (int64_t i = 0; i < S * D; ++i) {
-        ASSERT_TRUE(std::isfinite(got[g][off + i])) << "gradient " << g << " head " << h;
-        checks[g].add(got[g][off + i], w[g][i], f[g][i]);
+    reference_grads<double>(&q[off], &k[koff], &v[koff], &go[off], L, D, scale, causal, w[0],
+                            w[1], w[2], mask_of(h));
+    reference_grads<float>(&q[off], &k[koff], &v[koff], &go[off], L, D, scale, causal, f[0],
+                           f[1], f[2], mask_of(h));
+    for (int g = 0; g < 3; ++g) {
+      const int64_t at = g == 0 ? off : koff;
+      for (size_t i = 0; i < w[g].size(); ++i) {
+        ASSERT_TRUE(std::isfinite(got[g][at + i])) << "gradient " << g << " head " << h;
+        checks[g].add(got[g][at + i], w[g][i], f[g][i]);
       }
+    }
   }
   const char* names[3] = {"dQ", "dK", "dV"};
   for (int g = 0; g < 3; ++g)
@@ -274,6 +289,24 @@ TEST(CudaAttention, BackwardWithAdditiveMask) {
   SKIP_WITHOUT_SM80();
   check_backward(3, 100, false, 1.f, 3);
   check_backward(2, 130, true, 1.f, 1);
+}
+
+// Queries and keys of different lengths (cross-attention, a prefix of keys): more keys than
+// queries and fewer, causal (key j hidden from query i where j > i) and with a mask of [Sq, Sk].
+TEST(CudaAttention, QueriesAndKeysOfTwoLengths) {
+  SKIP_WITHOUT_SM80();
+  check(2, 70, 64, false, 0, 150);
+  check(2, 130, 96, true, 0, 40);
+  check(1, 90, 128, true, 0, 200);
+  check(2, 77, 64, false, 2, 100);
+}
+
+TEST(CudaAttention, BackwardOfTwoLengths) {
+  SKIP_WITHOUT_SM80();
+  check_backward(2, 70, false, 1.f, 0, 150);
+  check_backward(2, 130, true, 1.f, 0, 40);
+  check_backward(1, 90, true, 1.f, 0, 200);  // keys 90..: no query sees them, dK = dV = 0
+  check_backward(2, 77, false, 1.f, 2, 100);
 }
 
 TEST(CudaAttention, BackwardWithTrainingSizedGradients) {

@@ -340,3 +340,47 @@ def test_grouped_query_attention_taken(dev, how):
     assert len(attention_nodes(opt)) == 1
     text = gemmfuse.explain(opt, print_it=False)
     assert "causal with 2 key/value heads" in text and "on gemmfuse's fp32 attention" in text, text
+
+
+class CrossAttention(nn.Module):
+    """An encoder-decoder's cross-attention (T5's, Whisper's): queries from the decoder's x,
+    keys and values from the encoder's memory of another length; a bool mask [Tq, Tk] or none,
+    or the causal mask (key j hidden from query i where j > i)."""
+
+    def __init__(self, d=128, heads=2, mask=None, causal=False):
+        super().__init__()
+        self.heads, self.hd, self.mask, self.causal = heads, d // heads, mask, causal
+        self.q, self.kv, self.proj = nn.Linear(d, d), nn.Linear(d, 2 * d), nn.Linear(d, d)
+
+    def forward(self, x, memory):
+        B, T, d = x.shape
+        q = self.q(x).view(B, T, self.heads, self.hd).transpose(1, 2)
+        k, v = self.kv(memory).view(B, -1, 2, self.heads, self.hd).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask, is_causal=self.causal)
+        return self.proj(y.transpose(1, 2).reshape(B, T, d))
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+@pytest.mark.parametrize("how", ["optimize", "backend"])
+@pytest.mark.parametrize("kind", ["plain", "mask", "causal"])
+def test_cross_attention_taken(dev, how, kind):
+    """Queries and keys of two lengths (70 and 150): outputs and gradients (memory's included)
+    as eager's against float64; explain names the keys' count."""
+    torch.manual_seed(0)
+    mask = (torch.rand(70, 150, device=dev) > 0.2) if kind == "mask" else None
+    model = CrossAttention(mask=mask, causal=kind == "causal").to(dev)
+    x, mem = torch.randn(2, 70, 128, device=dev), torch.randn(2, 150, 128, device=dev)
+    opt = gemmfuse.optimize(model, (x, mem)) if how == "optimize" else \
+        torch.compile(model, backend="gemmfuse")
+    outs = []
+    for m, xs in ((opt, (x, mem)), (model, (x, mem)), (copy.deepcopy(model).double(),
+                                                        (x.double(), mem.double()))):
+        a, b = (t.detach().clone().requires_grad_() for t in xs)
+        y = m(a, b)
+        y.backward(torch.randn(y.shape, generator=torch.Generator().manual_seed(7)).to(y))
+        outs.append([y.detach(), a.grad, b.grad] + [p.grad for p in m.parameters()])
+    for i, (g, e, w) in enumerate(zip(*outs)):
+        assert rel(g, w) <= 1.25 * rel(e, w) + SLACK, (i, rel(g, w), rel(e, w))
+    assert len(attention_nodes(opt)) == 1
+    text = gemmfuse.explain(opt, print_it=False)
+    assert "[2x2x70x64] over 150 keys" in text and "on gemmfuse's fp32 attention" in text, text

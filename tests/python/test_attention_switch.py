@@ -28,14 +28,17 @@ def qkv(shape, seed):
 
 
 @pytest.mark.parametrize("causal", [False, True, "mask"])
-@pytest.mark.parametrize("shape", [(2, 3, 200, 64), (1, 2, 130, 128)])
-def test_sdpa_forward_on_gemmfuse_and_gradients_as_eager(shape, causal):
-    """causal: True, False, or "mask": a bool attention mask [S, S] (SDPA passes it to the
-    efficient-attention op as an additive bias, which the kernels read in place)."""
-    q, k, v = qkv(shape, 1)
+@pytest.mark.parametrize("shape,keys", [((2, 3, 200, 64), 0), ((1, 2, 130, 128), 0),
+                                        ((2, 2, 70, 64), 150), ((1, 3, 150, 96), 40)])
+def test_sdpa_forward_on_gemmfuse_and_gradients_as_eager(shape, keys, causal):
+    """causal: True, False, or "mask": a bool attention mask [Sq, Sk] (SDPA passes it to the
+    efficient-attention op as an additive bias, which the kernels read in place). keys: Sk
+    where it is not Sq (cross-attention's keys and values)."""
+    q = qkv(shape, 1)[0]
+    k, v = qkv((*shape[:2], keys or shape[2], shape[3]), 2)[:2]
     go = torch.randn(shape, device="cuda")
     kw = {"is_causal": causal} if causal != "mask" else \
-        {"attn_mask": torch.rand(shape[2], shape[2], device="cuda") > 0.2}
+        {"attn_mask": torch.rand(shape[2], keys or shape[2], device="cuda") > 0.2}
     with gemmfuse.fp32_matmul():
         out = F.scaled_dot_product_attention(q, k, v, **kw)
         grads = torch.autograd.grad(out, (q, k, v), go)
@@ -55,8 +58,8 @@ def test_sdpa_forward_on_gemmfuse_and_gradients_as_eager(shape, causal):
 def test_what_the_kernel_does_not_take_runs_as_pytorch():
     q, k, v = qkv((1, 2, 64, 64), 2)
     small = [t[..., :32] for t in (q, k, v)]
-    short = [t[:, :, :32] for t in (k, v)]
-    cases = [(lambda: F.scaled_dot_product_attention(q, *short), "of one shape"),
+    narrow_v = v[..., :32]  # values of another head dim than the queries' and keys'
+    cases = [(lambda: F.scaled_dot_product_attention(q, k, narrow_v), "k and v [B, H, Sk, D]"),
              (lambda: F.scaled_dot_product_attention(*small), "head dim 32")]
     for fn, why in cases:
         matmul_switch.reset_counts()

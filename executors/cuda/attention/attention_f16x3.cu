@@ -57,8 +57,8 @@ __global__ void split_rows_kernel(const float* x, int64_t R, int D, __half* hi, 
   else if (lane == 0) exps[r] = static_cast<float>(e);
 }
 
-// V's parts transposed, [BH][D][Sp] with Sp = S rounded up to whole 64-key tiles and zeros past
-// S, so that the attention kernel's V tile is D rows of 64 keys (16-byte loads); each column
+// V's parts transposed, [BH][D][Sp] with Sp = S (the keys) rounded up to whole 64-key tiles and
+// zeros past S, so that the attention kernel's V tile is D rows of 64 keys (16-byte loads); each column
 // with its exponent over the head's keys. A CTA of D x kVRows threads per head: the columns'
 // largest magnitudes, then 64-key chunks split and transposed through shared memory; then the
 // head's flag: whether its V, or its Q's or K's rows (exponents eq, ek: NaN marks), held a
@@ -67,8 +67,8 @@ constexpr int kVRows = 8;
 
 template <int D>
 __global__ void __launch_bounds__(D * kVRows) split_v_kernel(
-    const float* v, int64_t S, int64_t Sp, __half* hi, __half* lo, float* exps, const float* eq,
-    const float* ek, int* flags) {
+    const float* v, int64_t Sq, int64_t S, int64_t Sp, __half* hi, __half* lo, float* exps,
+    const float* eq, const float* ek, int* flags) {
   __shared__ float red[kVRows][D];
   __shared__ __align__(16) __half th[D][kTile + kPad], tl[D][kTile + kPad];
   const int64_t head = blockIdx.x;
@@ -101,8 +101,8 @@ __global__ void __launch_bounds__(D * kVRows) split_v_kernel(
     }
     __syncthreads();
   }
-  for (int64_t s = tid; s < S; s += D * kVRows)
-    bad |= isnan(eq[head * S + s]) || isnan(ek[head * S + s]);
+  for (int64_t s = tid; s < Sq; s += D * kVRows) bad |= isnan(eq[head * Sq + s]);
+  for (int64_t s = tid; s < S; s += D * kVRows) bad |= isnan(ek[head * S + s]);
   bad = __syncthreads_or(bad);
   if (tid == 0) flags[head] = bad;
 }
@@ -176,8 +176,8 @@ struct QueryRow {
 };
 
 __device__ QueryRow query_row(const AttentionF16x3& a, const Parts& pt, int64_t bh, int64_t row) {
-  const bool in = row < a.S;
-  return {row, in ? pow2(-static_cast<int>(pt.eq[bh * a.S + row])) : 0.f,
+  const bool in = row < a.Sq;
+  return {row, in ? pow2(-static_cast<int>(pt.eq[bh * a.Sq + row])) : 0.f,
           a.mask.data != nullptr && in ? a.mask.row(bh, row) : nullptr, RowState{}};
 }
 
@@ -185,13 +185,13 @@ __device__ QueryRow query_row(const AttentionF16x3& a, const Parts& pt, int64_t 
 template <int D>
 __device__ void load_key_tile(Shared<D>& sm, const AttentionF16x3& a, const Parts& pt,
                               int64_t bh, int64_t k0) {
-  const int64_t head = bh * a.S;
-  load_rows<D>(pt.kh + head * D, k0, a.S, sm.kh);
-  load_rows<D>(pt.kl + head * D, k0, a.S, sm.kl);
+  const int64_t head = bh * a.Sk;
+  load_rows<D>(pt.kh + head * D, k0, a.Sk, sm.kh);
+  load_rows<D>(pt.kl + head * D, k0, a.Sk, sm.kl);
   load_columns<D>(pt.vh + bh * D * pt.sp, pt.sp, k0, sm.vh);
   load_columns<D>(pt.vl + bh * D * pt.sp, pt.sp, k0, sm.vl);
   for (int i = threadIdx.x; i < kKeys; i += kThreads)
-    sm.fk[i] = k0 + i < a.S ? pow2(-static_cast<int>(pt.ek[head + k0 + i])) : 0.f;
+    sm.fk[i] = k0 + i < a.Sk ? pow2(-static_cast<int>(pt.ek[head + k0 + i])) : 0.f;
 }
 
 // The tile's softmax step for both rows (keys from k0), O's rows rescaled by its factors.
@@ -202,7 +202,7 @@ __device__ __forceinline__ void softmax_rows(float (&s)[8][4], float (&o)[D / 8]
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int limit = static_cast<int>(
-        std::min<int64_t>(a.S - k0, a.causal ? qr[h].row - k0 + 1 : kKeys));
+        std::min<int64_t>(a.Sk - k0, a.causal ? qr[h].row - k0 + 1 : kKeys));
     const float* mtile = qr[h].mrow != nullptr ? qr[h].mrow + k0 * a.mask.sj : nullptr;
     const float corr = softmax_step(s, h, qr[h].fq, fk, a.scale * kLog2e, limit, mtile,
                                     a.mask.sj, t, qr[h].st);
@@ -216,8 +216,8 @@ template <int D>
 __device__ void store_row(const AttentionF16x3& a, const Parts& pt, const float (&o)[D / 8][4],
                           int h, const QueryRow& qr, int64_t bh, int t) {
   const float l = quad_sum(qr.st.l);
-  if (qr.row >= a.S) return;
-  float* out = a.o + (bh * a.S + qr.row) * D;
+  if (qr.row >= a.Sq) return;
+  float* out = a.o + (bh * a.Sq + qr.row) * D;
 #pragma unroll
   for (int n = 0; n < D / 8; ++n) {
     const int d = 8 * n + 2 * t;
@@ -226,7 +226,7 @@ __device__ void store_row(const AttentionF16x3& a, const Parts& pt, const float 
     out[d + 1] = l > 0.f ? o[n][2 * h + 1] / l * pow2(-static_cast<int>(ev[1])) : 0.f;
   }
   if (a.lse != nullptr && t == 0)  // a row masked throughout: 0 out, LSE +inf
-    a.lse[bh * a.S + qr.row] = l > 0.f ? (qr.st.m + log2f(l)) * 0.6931471805599453f : INFINITY;
+    a.lse[bh * a.Sq + qr.row] = l > 0.f ? (qr.st.m + log2f(l)) * 0.6931471805599453f : INFINITY;
 }
 
 // D = 64 held to 3 CTAs a multiprocessor's registers (168): its shared memory allows 3.
@@ -240,12 +240,12 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 3 : 1)
   const int64_t bh = blockIdx.x, q0 = static_cast<int64_t>(gridDim.y - 1 - blockIdx.y) * kRows;
   if (pt.flags[bh]) return;  // attention_nonfinite.cu computes this head
   const int w = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  load_rows<D>(pt.qh + bh * a.S * D, q0, a.S, sm.qh);
-  load_rows<D>(pt.ql + bh * a.S * D, q0, a.S, sm.ql);
+  load_rows<D>(pt.qh + bh * a.Sq * D, q0, a.Sq, sm.qh);
+  load_rows<D>(pt.ql + bh * a.Sq * D, q0, a.Sq, sm.ql);
   QueryRow qr[2] = {query_row(a, pt, bh, q0 + 16 * w + g),
                     query_row(a, pt, bh, q0 + 16 * w + g + 8)};
   float o[D / 8][4] = {};
-  const int64_t key_end = a.causal ? std::min<int64_t>(a.S, q0 + kRows) : a.S;
+  const int64_t key_end = a.causal ? std::min<int64_t>(a.Sk, q0 + kRows) : a.Sk;
   for (int64_t k0 = 0; k0 < key_end; k0 += kKeys) {
     __syncthreads();  // the previous tile's readers are done
     load_key_tile<D>(sm, a, pt, bh, k0);
@@ -263,21 +263,22 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 3 : 1)
   store_row<D>(a, pt, o, 1, qr[1], bh, t);
 }
 
-// The workspace: Q's and K's parts [2][BH S D] fp16, V's [2][BH D Sp] (transposed, Sp = S
-// rounded up to whole key tiles), then Q's and K's row exponents [BH S], V's column
-// exponents [BH D] and the flags of the heads attention_nonfinite.cu recomputes [BH].
+// The workspace: Q's parts [2][BH Sq D] and K's [2][BH Sk D] fp16, V's [2][BH D Sp]
+// (transposed, Sp = Sk rounded up to whole key tiles), then Q's and K's row exponents [BH Sq]
+// and [BH Sk], V's column exponents [BH D] and the flags of the heads attention_nonfinite.cu
+// recomputes [BH].
 struct Layout {
   int64_t sp;
-  size_t parts, v_parts, exps_q, exps_k, exps_v, flags, total;
-  Layout(int64_t BH, int64_t S, int D) : sp((S + kTile - 1) / kTile * kTile) {
-    const size_t n = static_cast<size_t>(BH) * S * D, rows = static_cast<size_t>(BH) * S;
-    parts = 2 * n * sizeof(__half);
-    v_parts = 2 * parts;
-    exps_q = v_parts + 2 * static_cast<size_t>(BH) * D * sp * sizeof(__half);
-    exps_k = exps_q + rows * sizeof(float);
-    exps_v = exps_k + rows * sizeof(float);
-    flags = exps_v + static_cast<size_t>(BH) * D * sizeof(float);
-    total = flags + static_cast<size_t>(BH) * sizeof(int);
+  size_t k_parts, v_parts, exps_q, exps_k, exps_v, flags, total;
+  Layout(int64_t BH, int64_t Sq, int64_t Sk, int D) : sp((Sk + kTile - 1) / kTile * kTile) {
+    const size_t bh = static_cast<size_t>(BH);
+    k_parts = 2 * bh * Sq * D * sizeof(__half);
+    v_parts = k_parts + 2 * bh * Sk * D * sizeof(__half);
+    exps_q = v_parts + 2 * bh * D * sp * sizeof(__half);
+    exps_k = exps_q + bh * Sq * sizeof(float);
+    exps_v = exps_k + bh * Sk * sizeof(float);
+    flags = exps_v + bh * D * sizeof(float);
+    total = flags + bh * sizeof(int);
   }
 };
 
@@ -287,12 +288,12 @@ void launch_v_and_kernel(const AttentionF16x3& a, const Layout& L, Parts p, int*
                          cudaStream_t stream) {
   __half *vh = const_cast<__half*>(p.vh), *vl = const_cast<__half*>(p.vl);
   split_v_kernel<D><<<static_cast<unsigned>(a.BH), dim3(D, kVRows), 0, stream>>>(
-      a.v, a.S, L.sp, vh, vl, const_cast<float*>(p.ev), p.eq, p.ek, flags);
+      a.v, a.Sq, a.Sk, L.sp, vh, vl, const_cast<float*>(p.ev), p.eq, p.ek, flags);
   GF_LAUNCH_CHECK();
   constexpr int bytes = sizeof(Shared<D>);
   static std::atomic<uint64_t> opted{0};
   allow_dynamic_shared(reinterpret_cast<const void*>(attention_kernel<D>), bytes, opted);
-  const dim3 grid(static_cast<unsigned>(a.BH), static_cast<unsigned>((a.S + kRows - 1) / kRows));
+  const dim3 grid(static_cast<unsigned>(a.BH), static_cast<unsigned>((a.Sq + kRows - 1) / kRows));
   attention_kernel<D><<<grid, kThreads, bytes, stream>>>(a, p);
   GF_LAUNCH_CHECK();
 }
@@ -317,25 +318,30 @@ const char* attention_f16x3_device_unfit(int D, int device) {
   return attention_device_unfit(need, device);
 }
 
-size_t attention_f16x3_workspace_bytes(int64_t BH, int64_t S, int D) {
-  return Layout(BH, S, D).total;
+size_t attention_f16x3_workspace_bytes(int64_t BH, int64_t Sq, int64_t Sk, int D) {
+  return Layout(BH, Sq, Sk, D).total;
 }
 
 void launch_attention_f16x3(const AttentionF16x3& a, cudaStream_t stream) {
   if (attention_f16x3_unfit(a.D)) throw std::logic_error(attention_f16x3_unfit(a.D));
-  if (a.BH == 0 || a.S == 0) return;
-  const Layout L(a.BH, a.S, a.D);
+  if (a.BH == 0 || a.Sq == 0) return;
+  if (a.Sk == 0) throw std::logic_error("attention over no keys");  // the route declines it
+  const Layout L(a.BH, a.Sq, a.Sk, a.D);
   auto* ws = static_cast<unsigned char*>(a.workspace);
-  const size_t n = static_cast<size_t>(a.BH) * a.S * a.D;
-  auto parts = [&](int i) { return reinterpret_cast<__half*>(ws + i * L.parts); };
-  auto exps = [&](size_t off) { return reinterpret_cast<float*>(ws + off); };
-  const int64_t rows = a.BH * a.S;
-  const unsigned row_blocks = static_cast<unsigned>((rows * 32 + 255) / 256);
-  split_rows_kernel<<<row_blocks, 256, 0, stream>>>(a.q, rows, a.D, parts(0), parts(0) + n, exps(L.exps_q));
-  split_rows_kernel<<<row_blocks, 256, 0, stream>>>(a.k, rows, a.D, parts(1), parts(1) + n, exps(L.exps_k));
-  auto* flags = reinterpret_cast<int*>(ws + L.flags);
+  const size_t nq = static_cast<size_t>(a.BH) * a.Sq * a.D, nk = static_cast<size_t>(a.BH) * a.Sk * a.D;
+  auto* qh = reinterpret_cast<__half*>(ws);
+  auto* kh = reinterpret_cast<__half*>(ws + L.k_parts);
   auto* vh = reinterpret_cast<__half*>(ws + L.v_parts);
-  const Parts p{parts(0), parts(0) + n, parts(1), parts(1) + n, vh, vh + a.BH * a.D * L.sp,
+  auto exps = [&](size_t off) { return reinterpret_cast<float*>(ws + off); };
+  auto split = [&](const float* x, int64_t rows, __half* hi, float* e) {
+    const unsigned blocks = static_cast<unsigned>((rows * 32 + 255) / 256);
+    split_rows_kernel<<<blocks, 256, 0, stream>>>(x, rows, a.D, hi, hi + rows * a.D, e);
+    GF_LAUNCH_CHECK();
+  };
+  split(a.q, a.BH * a.Sq, qh, exps(L.exps_q));
+  split(a.k, a.BH * a.Sk, kh, exps(L.exps_k));
+  auto* flags = reinterpret_cast<int*>(ws + L.flags);
+  const Parts p{qh, qh + nq, kh, kh + nk, vh, vh + a.BH * a.D * L.sp,
                 exps(L.exps_q), exps(L.exps_k), exps(L.exps_v), flags, L.sp};
   if (a.D == 64)
     launch_v_and_kernel<64>(a, L, p, flags, stream);

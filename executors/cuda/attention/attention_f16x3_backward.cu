@@ -115,18 +115,18 @@ struct Shared {
   Unscale u;  // in shared memory: the kernel holds ~255 registers without these six
 };
 
-// The query tile's operands into shared memory.
+// The query tile's operands into shared memory (qhead = bh Sq: the head's first query row).
 __device__ void load_query_tile(Shared& sm, const Parts& pt, const AttentionF16x3Backward& a,
-                                int64_t head, int64_t bh, int64_t q0) {
-  const int64_t off = head * kD;
-  load_rows<kD>(pt.qh + off, q0, a.S, sm.qh);
-  load_rows<kD>(pt.ql + off, q0, a.S, sm.ql);
-  load_rows<kD>(pt.dh + off, q0, a.S, sm.doh);
-  load_rows<kD>(pt.dl + off, q0, a.S, sm.dol);
+                                int64_t qhead, int64_t bh, int64_t q0) {
+  const int64_t off = qhead * kD;
+  load_rows<kD>(pt.qh + off, q0, a.Sq, sm.qh);
+  load_rows<kD>(pt.ql + off, q0, a.Sq, sm.ql);
+  load_rows<kD>(pt.dh + off, q0, a.Sq, sm.doh);
+  load_rows<kD>(pt.dl + off, q0, a.Sq, sm.dol);
   for (int i = threadIdx.x; i < kTile; i += kThreads) {
-    const bool in = q0 + i < a.S;
+    const bool in = q0 + i < a.Sq;
     sm.lse[i] = in ? a.lse[bh * a.lse_stride + q0 + i] * kLog2e : 0.f;
-    sm.delta[i] = in ? pt.delta[head + q0 + i] : 0.f;
+    sm.delta[i] = in ? pt.delta[qhead + q0 + i] : 0.f;
   }
 }
 
@@ -137,8 +137,8 @@ __device__ void load_query_tile(Shared& sm, const Parts& pt, const AttentionF16x
 __device__ void probabilities(float (&s)[8][4], const Shared& sm, const AttentionF16x3Backward& a,
                               const Unscale& u, int64_t bh, int64_t key0, int64_t q0, int g, int t) {
   const float mul = a.scale * kLog2e;
-  const int klim = static_cast<int>(std::min<int64_t>(a.S - key0, 16));
-  const int qlim = static_cast<int>(std::min<int64_t>(a.S - q0, kTile));
+  const int klim = static_cast<int>(std::min<int64_t>(a.Sk - key0, 16));
+  const int qlim = static_cast<int>(std::min<int64_t>(a.Sq - q0, kTile));
   const int diag = a.causal ? static_cast<int>(std::clamp<int64_t>(q0 - key0, -kTile, kTile))
                             : kTile;
 #pragma unroll
@@ -179,7 +179,7 @@ __device__ void store_ds(Shared& sm, const float (&ds)[8][4], int w, int g, int 
 
 // dQ's share of this key tile for the warp's 16 queries, added to dq with atomics.
 __device__ void add_dq(const Shared& sm, const AttentionF16x3Backward& a, const Unscale& u,
-                       int64_t head, int64_t q0, int w, int g, int t) {
+                       int64_t qhead, int64_t q0, int w, int g, int t) {
   float c[kD / 8][4];
   product3_rows<kTile, kD / 8, BTile::kRowsAlongN>(c, &sm.dsh[16 * w][0], &sm.dsl[16 * w][0], kL,
                                                    &sm.kh[0][0], &sm.kl[0][0], kL, g, t);
@@ -188,23 +188,23 @@ __device__ void add_dq(const Shared& sm, const AttentionF16x3Backward& a, const 
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int64_t q = q0 + 16 * w + g + 8 * (i >> 1);
-      if (q < a.S)
-        atomicAdd(a.dq + (head + q) * kD + 8 * n + 2 * t + (i & 1),
+      if (q < a.Sq)
+        atomicAdd(a.dq + (qhead + q) * kD + 8 * n + 2 * t + (i & 1),
                   c[n][i] * u.dsk * a.scale);
     }
 }
 
 // The warp's rows of dK and dV (its 16 keys), unscaled.
 __device__ void store_key_grads(const AttentionF16x3Backward& a, const float (&dk)[kD / 8][4],
-                                const float (&dv)[kD / 8][4], const Unscale& u, int64_t head,
+                                const float (&dv)[kD / 8][4], const Unscale& u, int64_t khead,
                                 int64_t key0, int g, int t) {
 #pragma unroll
   for (int n = 0; n < kD / 8; ++n)
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int64_t key = key0 + g + 8 * (i >> 1);
-      if (key >= a.S) continue;
-      const int64_t at = (head + key) * kD + 8 * n + 2 * t + (i & 1);
+      if (key >= a.Sk) continue;
+      const int64_t at = (khead + key) * kD + 8 * n + 2 * t + (i & 1);
       a.dk[at] = dk[n][i] * u.dsq * a.scale;
       a.dv[at] = dv[n][i] * u.o;
     }
@@ -214,20 +214,23 @@ __global__ void __launch_bounds__(kThreads) attention_backward_kernel(AttentionF
                                                                       Parts pt) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   Shared& sm = *reinterpret_cast<Shared*>(smem_raw);
-  const int64_t bh = blockIdx.x, k0 = static_cast<int64_t>(blockIdx.y) * kTile, head = bh * a.S;
+  const int64_t bh = blockIdx.x, k0 = static_cast<int64_t>(blockIdx.y) * kTile;
+  const int64_t qhead = bh * a.Sq, khead = bh * a.Sk;  // the head's first query and key rows
   const int w = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   if (attention_head_unsplit(pt.amax, a.BH, bh, kD)) return;  // attention_nonfinite.cu's
   if (threadIdx.x == 0) sm.u = head_unscale(pt.amax, a.BH, bh);
-  const Unscale& u = sm.u;  // (visible after the loop's first barrier)
-  load_rows<kD>(pt.kh + head * kD, k0, a.S, sm.kh);
-  load_rows<kD>(pt.kl + head * kD, k0, a.S, sm.kl);
-  load_rows<kD>(pt.vh + head * kD, k0, a.S, sm.vh);
-  load_rows<kD>(pt.vl + head * kD, k0, a.S, sm.vl);
+  __syncthreads();  // (the loop below may not run: a causal tile of keys no query sees)
+  const Unscale& u = sm.u;
+  load_rows<kD>(pt.kh + khead * kD, k0, a.Sk, sm.kh);
+  load_rows<kD>(pt.kl + khead * kD, k0, a.Sk, sm.kl);
+  load_rows<kD>(pt.vh + khead * kD, k0, a.Sk, sm.vh);
+  load_rows<kD>(pt.vl + khead * kD, k0, a.Sk, sm.vl);
   const int64_t key0 = k0 + 16 * w;  // the warp's first key
   float dk[kD / 8][4] = {}, dv[kD / 8][4] = {};
-  for (int64_t q0 = a.causal ? k0 : 0; q0 < a.S; q0 += kTile) {
+  // (causal: queries before k0 see none of the tile's keys)
+  for (int64_t q0 = a.causal ? k0 : 0; q0 < a.Sq; q0 += kTile) {
     __syncthreads();  // the previous tile's readers are done (dS included)
-    load_query_tile(sm, pt, a, head, bh, q0);
+    load_query_tile(sm, pt, a, qhead, bh, q0);
     __syncthreads();
     float p[8][4], dp[8][4];
     product3_rows<kD, 8>(p, &sm.kh[16 * w][0], &sm.kl[16 * w][0], kL, &sm.qh[0][0], &sm.ql[0][0],
@@ -245,23 +248,34 @@ __global__ void __launch_bounds__(kThreads) attention_backward_kernel(AttentionF
                                                        kL, g, t);
     store_ds(sm, dp, w, g, t);
     __syncthreads();
-    add_dq(sm, a, u, head, q0, w, g, t);
+    add_dq(sm, a, u, qhead, q0, w, g, t);
   }
-  store_key_grads(a, dk, dv, u, head, key0, g, t);
+  store_key_grads(a, dk, dv, u, khead, key0, g, t);
 }
 
-// The workspace: Q's, K's, V's and dO's parts [2][BH S D] fp16, the heads' largest
-// magnitudes [4][BH], δ [BH S].
+// The workspace: Q's, K's, V's and dO's parts [2][BH Sq D], [2][BH Sk D], [2][BH Sk D],
+// [2][BH Sq D] fp16, the heads' largest magnitudes [4][BH], δ [BH Sq].
 struct Layout {
-  size_t parts, amax, delta, total;
-  Layout(int64_t BH, int64_t S) {
-    const size_t n = static_cast<size_t>(BH) * S * kD;
-    parts = 2 * n * sizeof(__half);
-    amax = 4 * parts;
+  size_t part[4], amax, delta, total;
+  Layout(int64_t BH, int64_t Sq, int64_t Sk) {
+    const size_t q = 2 * static_cast<size_t>(BH) * Sq * kD * sizeof(__half);
+    const size_t k = 2 * static_cast<size_t>(BH) * Sk * kD * sizeof(__half);
+    part[0] = 0, part[1] = q, part[2] = q + k, part[3] = q + 2 * k;
+    amax = 2 * q + 2 * k;
     delta = amax + 4 * static_cast<size_t>(BH) * sizeof(float);
-    total = delta + static_cast<size_t>(BH) * S * sizeof(float);
+    total = delta + static_cast<size_t>(BH) * Sq * sizeof(float);
   }
 };
+
+// x [BH, S, 64]'s per-head largest magnitude (amax [BH]) and parts (hi, then lo, [BH S 64]).
+void split_heads(const float* x, int64_t BH, int64_t S, float* amax, __half* hi,
+                 cudaStream_t stream) {
+  const int64_t n = S * kD, total = BH * n;
+  head_amax_kernel<<<static_cast<unsigned>(BH), kAmaxThreads, 0, stream>>>(x, n, amax);
+  split_head_kernel<<<static_cast<unsigned>((total / 4 + 255) / 256), 256, 0, stream>>>(
+      x, n, total, amax, hi, hi + total);
+  GF_LAUNCH_CHECK();
+}
 
 }  // namespace
 
@@ -273,38 +287,42 @@ const char* attention_f16x3_backward_device_unfit(int device) {
   return attention_device_unfit(sizeof(Shared), device);
 }
 
-size_t attention_f16x3_backward_workspace_bytes(int64_t BH, int64_t S, int D) {
-  (void)D;
-  return Layout(BH, S).total;
+size_t attention_f16x3_backward_workspace_bytes(int64_t BH, int64_t Sq, int64_t Sk) {
+  return Layout(BH, Sq, Sk).total;
 }
 
 void launch_attention_f16x3_backward(const AttentionF16x3Backward& a, cudaStream_t stream) {
   if (attention_f16x3_backward_unfit(a.D)) throw std::logic_error(attention_f16x3_backward_unfit(a.D));
-  if (a.BH == 0 || a.S == 0) return;
-  const Layout L(a.BH, a.S);
+  const size_t nq = static_cast<size_t>(a.BH) * a.Sq * kD, nk = static_cast<size_t>(a.BH) * a.Sk * kD;
+  if (a.BH == 0 || a.Sk == 0) {
+    if (nq) throw std::logic_error("attention over no keys");  // the route declines it
+    return;
+  }
+  if (a.Sq == 0) {  // no queries: zero gradients for the keys and values
+    GF_CUDA_CHECK(cudaMemsetAsync(a.dk, 0, nk * sizeof(float), stream));
+    GF_CUDA_CHECK(cudaMemsetAsync(a.dv, 0, nk * sizeof(float), stream));
+    return;
+  }
+  const Layout L(a.BH, a.Sq, a.Sk);
   auto* ws = static_cast<unsigned char*>(a.workspace);
-  const int64_t n = a.S * kD, total = a.BH * n;
-  auto part = [&](int i) { return reinterpret_cast<__half*>(ws + i * L.parts); };
   auto* amax = reinterpret_cast<float*>(ws + L.amax);
   auto* delta = reinterpret_cast<float*>(ws + L.delta);
   const float* src[4] = {a.q, a.k, a.v, a.dout};
-  const unsigned blocks = static_cast<unsigned>((total / 4 + 255) / 256);
+  __half* hi[4];
   for (int i = 0; i < 4; ++i) {
-    head_amax_kernel<<<static_cast<unsigned>(a.BH), kAmaxThreads, 0, stream>>>(src[i], n,
-                                                                          amax + i * a.BH);
-    split_head_kernel<<<blocks, 256, 0, stream>>>(src[i], n, total, amax + i * a.BH, part(i),
-                                                  part(i) + total);
+    hi[i] = reinterpret_cast<__half*>(ws + L.part[i]);
+    split_heads(src[i], a.BH, i == 0 || i == 3 ? a.Sq : a.Sk, amax + i * a.BH, hi[i], stream);
   }
-  const int64_t rows = a.BH * a.S;
+  const int64_t rows = a.BH * a.Sq;
   delta_kernel<<<static_cast<unsigned>((rows * 32 + 255) / 256), 256, 0, stream>>>(a.dout, a.o, rows, delta);
   GF_LAUNCH_CHECK();
-  GF_CUDA_CHECK(cudaMemsetAsync(a.dq, 0, total * sizeof(float), stream));
-  const Parts pt{part(0), part(0) + total, part(1), part(1) + total, part(2), part(2) + total,
-                 part(3), part(3) + total, amax, delta};
+  GF_CUDA_CHECK(cudaMemsetAsync(a.dq, 0, nq * sizeof(float), stream));
+  const Parts pt{hi[0], hi[0] + nq, hi[1], hi[1] + nk, hi[2], hi[2] + nk,
+                 hi[3], hi[3] + nq, amax, delta};
   static std::atomic<uint64_t> opted{0};
   allow_dynamic_shared(reinterpret_cast<const void*>(attention_backward_kernel), sizeof(Shared),
                        opted);
-  const dim3 grid(static_cast<unsigned>(a.BH), static_cast<unsigned>((a.S + kTile - 1) / kTile));
+  const dim3 grid(static_cast<unsigned>(a.BH), static_cast<unsigned>((a.Sk + kTile - 1) / kTile));
   attention_backward_kernel<<<grid, kThreads, sizeof(Shared), stream>>>(a, pt);
   GF_LAUNCH_CHECK();
   launch_attention_nonfinite_backward(a, amax, stream);

@@ -12,6 +12,7 @@
 // O(S² D) per head, at SIMT fp32 speed. Only the heads recomputed pay it.
 #include "attention_nonfinite.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "cuda_check.h"
@@ -40,21 +41,21 @@ __device__ float nan_max(float m, float s) { return (m != m || s != s) ? NAN : f
 
 __global__ void forward_kernel(AttentionF16x3 a, const int* flags) {
   const int64_t bh = blockIdx.x, i = static_cast<int64_t>(blockIdx.y) * kThreads + threadIdx.x;
-  if (!flags[bh] || i >= a.S) return;
-  const int64_t head = bh * a.S * a.D;
-  const float *q = a.q + head, *k = a.k + head, *v = a.v + head;
+  if (!flags[bh] || i >= a.Sq) return;
+  const int64_t head = bh * a.Sq * a.D, kv = bh * a.Sk * a.D;
+  const float *q = a.q + head, *k = a.k + kv, *v = a.v + kv;
   float m = -INFINITY;
-  for (int64_t j = 0; j < a.S; ++j)
+  for (int64_t j = 0; j < a.Sk; ++j)
     m = nan_max(m, score(q, k, a.D, i, j, a.scale, a.causal, a.mask, bh));
   float l = 0.f, o[kMaxD] = {};
-  for (int64_t j = 0; j < a.S; ++j) {
+  for (int64_t j = 0; j < a.Sk; ++j) {
     const float p = expf(score(q, k, a.D, i, j, a.scale, a.causal, a.mask, bh) - m);
     l += p;
     for (int d = 0; d < a.D; ++d) o[d] = fmaf(p, v[j * a.D + d], o[d]);
   }
   const bool none = m == -INFINITY;  // masked throughout: 0 out, LSE +inf (as the kernel)
   for (int d = 0; d < a.D; ++d) a.o[head + i * a.D + d] = none ? 0.f : o[d] / l;
-  if (a.lse != nullptr) a.lse[bh * a.S + i] = none ? INFINITY : m + logf(l);
+  if (a.lse != nullptr) a.lse[bh * a.Sq + i] = none ? INFINITY : m + logf(l);
 }
 
 struct Head {
@@ -62,8 +63,8 @@ struct Head {
 };
 
 __device__ Head head_of(const AttentionF16x3Backward& a, int64_t bh) {
-  const int64_t off = bh * a.S * a.D;
-  return {a.q + off, a.k + off, a.v + off, a.o + off, a.dout + off, a.lse + bh * a.lse_stride};
+  const int64_t off = bh * a.Sq * a.D, kv = bh * a.Sk * a.D;
+  return {a.q + off, a.k + kv, a.v + kv, a.o + off, a.dout + off, a.lse + bh * a.lse_stride};
 }
 
 // P_ij and dS_ij = P_ij (dP_ij − δ_i), dP_ij = dO_i·V_j, δ_i = dO_i·O_i (softmax's backward).
@@ -78,12 +79,12 @@ __device__ void p_and_ds(const AttentionF16x3Backward& a, const Head& h, int64_t
 __device__ void query_grads(const AttentionF16x3Backward& a, const Head& h, int64_t bh,
                             int64_t i) {
   float acc[kMaxD] = {};
-  for (int64_t j = 0; j < a.S; ++j) {
+  for (int64_t j = 0; j < a.Sk; ++j) {
     float p, ds;
     p_and_ds(a, h, bh, i, j, p, ds);
     for (int d = 0; d < a.D; ++d) acc[d] = fmaf(ds, h.k[j * a.D + d], acc[d]);
   }
-  float* dq = a.dq + bh * a.S * a.D + i * a.D;
+  float* dq = a.dq + bh * a.Sq * a.D + i * a.D;
   for (int d = 0; d < a.D; ++d) dq[d] = acc[d] * a.scale;
 }
 
@@ -91,7 +92,7 @@ __device__ void query_grads(const AttentionF16x3Backward& a, const Head& h, int6
 __device__ void key_grads(const AttentionF16x3Backward& a, const Head& h, int64_t bh,
                           int64_t j) {
   float dv[kMaxD] = {}, dk[kMaxD] = {};
-  for (int64_t i = 0; i < a.S; ++i) {
+  for (int64_t i = 0; i < a.Sq; ++i) {
     float p, ds;
     p_and_ds(a, h, bh, i, j, p, ds);
     for (int d = 0; d < a.D; ++d) {
@@ -99,14 +100,14 @@ __device__ void key_grads(const AttentionF16x3Backward& a, const Head& h, int64_
       dk[d] = fmaf(ds, h.q[i * a.D + d], dk[d]);
     }
   }
-  const int64_t off = bh * a.S * a.D + j * a.D;
+  const int64_t off = bh * a.Sk * a.D + j * a.D;
   for (int d = 0; d < a.D; ++d) a.dv[off + d] = dv[d], a.dk[off + d] = dk[d] * a.scale;
 }
 
 // One launch for both: a thread per query row (z = 0: dQ) or per key (z = 1: dK, dV).
 __global__ void backward_kernel(AttentionF16x3Backward a, const float* amax) {
   const int64_t bh = blockIdx.x, r = static_cast<int64_t>(blockIdx.y) * kThreads + threadIdx.x;
-  if (!attention_head_unsplit(amax, a.BH, bh, a.D) || r >= a.S) return;
+  if (!attention_head_unsplit(amax, a.BH, bh, a.D) || r >= (blockIdx.z == 0 ? a.Sq : a.Sk)) return;
   const Head h = head_of(a, bh);
   if (blockIdx.z == 0)
     query_grads(a, h, bh, r);
@@ -122,13 +123,13 @@ dim3 grid_of(int64_t S, int64_t BH, unsigned z = 1) {
 
 void launch_attention_nonfinite_forward(const AttentionF16x3& a, const int* head_flags,
                                         cudaStream_t stream) {
-  forward_kernel<<<grid_of(a.S, a.BH), kThreads, 0, stream>>>(a, head_flags);
+  forward_kernel<<<grid_of(a.Sq, a.BH), kThreads, 0, stream>>>(a, head_flags);
   GF_LAUNCH_CHECK();
 }
 
 void launch_attention_nonfinite_backward(const AttentionF16x3Backward& a, const float* head_amax,
                                          cudaStream_t stream) {
-  backward_kernel<<<grid_of(a.S, a.BH, 2), kThreads, 0, stream>>>(a, head_amax);
+  backward_kernel<<<grid_of(std::max(a.Sq, a.Sk), a.BH, 2), kThreads, 0, stream>>>(a, head_amax);
   GF_LAUNCH_CHECK();
 }
 

@@ -1,10 +1,11 @@
 """Attention that gemmfuse's fp32 attention kernels can take, found in a graph (optimize()'s
 "fx" flavour and dynamo's): ``F.scaled_dot_product_attention(q, k, v, ...)`` with no dropout (a
-constant 0), ``is_causal``, ``enable_gqa`` and ``scale`` constants, and an attention mask that
-is a bool or fp32 graph value broadcasting to [B, H, S, S] and needing no gradient; and
-attention written out (written_attention.py: q @ kᵀ, a scale, a causal mask, softmax, @ v).
-Both need fp32 q, k, v of one shape [B, H, S, D] (grouped-query k and v: fewer heads). The rest
-stay the model's own calls, with the reason (explain shows both)."""
+constant 0), ``is_causal`` and ``scale`` constants, an attention mask that is a bool or fp32
+graph value broadcasting to [B, H, Sq, Sk] and needing no gradient, fp32 q [B, H, Sq, D] and
+k, v [B, H, Sk, D] (Sk may differ from Sq; grouped-query k and v may have fewer heads); and
+attention written out (written_attention.py: q @ kᵀ, a scale, a causal mask, softmax, @ v),
+whose q, k, v are of one shape [B, H, S, D]. The rest stay the model's own calls, with the
+reason (explain shows both)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ class AttentionSite:
     node: str                    # the call's node name
     form: str                    # how the model wrote it
     shape: tuple = ()            # q's [B, H, S, D]
+    kv_len: int = 0              # the keys' count where it is not S (0: S)
     is_causal: bool = False
     mask: tuple = ()             # the attention mask's (shape, dtype), () for none
     kv_heads: int = 0            # grouped-query heads: k's and v's head count (0: q's)
@@ -99,8 +101,11 @@ def _match_sdpa(node: fx.Node):
         _check_sdpa_args(args)
         q, k, v = args["query"], args["key"], args["value"]
         gqa = bool(args["enable_gqa"])
-        site.shape, site.is_causal = _operand_shape(q, k, v, gqa), bool(args["is_causal"])
-        site.mask = _mask_of(args["attn_mask"], site.shape, site.is_causal)
+        site.shape, site.is_causal = _operand_shape(q, k, v, gqa, True), bool(args["is_causal"])
+        hint = torch.fx.experimental.symbolic_shapes.size_hint
+        kv_len = hint(node_info(k).shape[2])
+        site.kv_len = kv_len if kv_len != hint(site.shape[2]) else 0
+        site.mask = _mask_of(args["attn_mask"], site.shape, site.is_causal, kv_len)
         kv = node_info(k).shape[1]
         site.kv_heads = kv if gqa and kv != site.shape[1] else 0
     except Unsupported as e:
@@ -122,10 +127,10 @@ def _check_sdpa_args(a: dict) -> None:
         raise Unsupported(f"scale {s!r} is not a constant number")
 
 
-def _mask_of(mask, shape: tuple, is_causal: bool) -> tuple:
+def _mask_of(mask, shape: tuple, is_causal: bool, kv_len: int) -> tuple:
     """The mask's (shape, dtype) where the kernels take it (none: ()), else raise: a bool or
-    fp32 graph value that needs no gradient, broadcasting to [B, H, S, S]; not with is_causal
-    (PyTorch raises for both: its call stays, to raise as it does)."""
+    fp32 graph value that needs no gradient, broadcasting to [B, H, Sq, Sk] (Sk = kv_len); not
+    with is_causal (PyTorch raises for both: its call stays, to raise as it does)."""
     if mask is None:
         return ()
     inf = node_info(mask) if isinstance(mask, fx.Node) else None
@@ -138,30 +143,32 @@ def _mask_of(mask, shape: tuple, is_causal: bool) -> tuple:
                           f"{' that needs a gradient' if inf.requires_grad else ''} "
                           "(the kernels take bool or fp32 masks, without gradients)")
     hint = torch.fx.experimental.symbolic_shapes.size_hint
-    B, H, S, _ = (hint(d) for d in shape)
+    full = (*(hint(d) for d in shape[:3]), kv_len)
     mshape = tuple(hint(d) for d in inf.shape)
     try:
-        fits = len(mshape) <= 4 and tuple(torch.broadcast_shapes(mshape, (B, H, S, S))) == (B, H, S, S)
+        fits = len(mshape) <= 4 and tuple(torch.broadcast_shapes(mshape, full)) == full
     except RuntimeError:
         fits = False
     if not fits:
         raise Unsupported(f"an attention mask of shape {tuple(inf.shape)} that does not broadcast "
-                          f"to [B, H, S, S]")
+                          f"to [B, H, Sq, Sk] {list(full)}")
     return mshape, inf.dtype
 
 
-def _operand_shape(q, k, v, gqa: bool = False) -> tuple:
+def _operand_shape(q, k, v, gqa: bool = False, kv_len: bool = False) -> tuple:
     """q's shape where q, k and v are fp32 graph values of one 4-D shape [B, H, S, D] (with
-    grouped-query heads, k's and v's heads may divide q's), else raise."""
+    grouped-query heads, k's and v's heads may divide q's; with kv_len, k's and v's S may
+    differ from q's), else raise."""
     infos = [node_info(t) for t in (q, k, v)]
     if not all(isinstance(i, TInfo) for i in infos):
         raise Unsupported("q, k or v has no known shape")
     if any(i.dtype != torch.float32 for i in infos):
         raise Unsupported(f"q, k, v of {infos[0].dtype}, not fp32 (gemmfuse's attention is fp32's)")
     qs, ks, vs = (tuple(i.shape) for i in infos)
-    grouped = (gqa and len(qs) == 4 and ks == vs and len(ks) == 4 and ks[1] != 0
-               and qs[1] % ks[1] == 0 and (qs[0], qs[2], qs[3]) == (ks[0], ks[2], ks[3]))
-    if len(qs) != 4 or not (qs == ks == vs or grouped):
-        raise Unsupported("q, k and v not of one shape [B, H, S, D] "
-                          f"({', '.join(str(tuple(i.shape)) for i in infos)})")
+    ok = len(qs) == 4 and len(ks) == 4 and ks == vs and (qs[0], qs[3]) == (ks[0], ks[3])
+    heads = ok and (qs[1] == ks[1] or (gqa and ks[1] != 0 and qs[1] % ks[1] == 0))
+    if not (heads and (kv_len or qs[2] == ks[2])):
+        what = ("q [B, H, Sq, D] and k, v [B, H, Sk, D]" if kv_len
+                else "q, k and v of one shape [B, H, S, D]")
+        raise Unsupported(f"{what} ({', '.join(str(tuple(i.shape)) for i in infos)})")
     return qs

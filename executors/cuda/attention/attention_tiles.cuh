@@ -95,25 +95,39 @@ __device__ __forceinline__ float quad_sum(float v) {
 }
 
 // Rows [r0, r0 + kTile) of a [rows, D] part into a shared [kTile][D + kPad] tile, zeros past
-// `rows`. The CTA's threads together.
+// `rows`. The CTA's kThreads threads together, each a fixed count of 16-byte pieces (unrolled,
+// 32-bit offsets from the tile's first row: the loads' address arithmetic was a tenth of the
+// kernels' instructions when the loop's bounds were the runtime's).
 template <int D>
 __device__ void load_rows(const __half* src, int64_t r0, int64_t rows, __half (*dst)[D + kPad]) {
-  for (int i = threadIdx.x; i < kTile * D / 8; i += kThreads) {
+  constexpr int kPieces = kTile * D / 8;
+  static_assert(kPieces % kThreads == 0, "whole pieces per thread");
+  const __half* base = src + r0 * D;
+  const int n = rows - r0 < kTile ? static_cast<int>(rows - r0) : kTile;  // rows within x
+#pragma unroll
+  for (int it = 0; it < kPieces / kThreads; ++it) {
+    const int i = static_cast<int>(threadIdx.x) + it * kThreads;
     const int r = i / (D / 8), c = (i % (D / 8)) * 8;
     uint4 v = make_uint4(0, 0, 0, 0);
-    if (r0 + r < rows) v = *reinterpret_cast<const uint4*>(src + (r0 + r) * D + c);
+    if (r < n) v = *reinterpret_cast<const uint4*>(base + r * D + c);
     *reinterpret_cast<uint4*>(&dst[r][c]) = v;
   }
 }
 
 // Columns [c0, c0 + kTile) of D rows of a transposed part (rows ld halves apart; ld and c0
-// multiples of 8, the part zero past its keys) into a shared [D][kTile + kPad] tile.
+// multiples of 8, the part zero past its keys) into a shared [D][kTile + kPad] tile, as
+// load_rows.
 template <int D>
 __device__ void load_columns(const __half* src, int64_t ld, int64_t c0,
                              __half (*dst)[kTile + kPad]) {
-  for (int i = threadIdx.x; i < D * kTile / 8; i += kThreads) {
+  constexpr int kPieces = D * kTile / 8;
+  static_assert(kPieces % kThreads == 0, "whole pieces per thread");
+  const __half* base = src + c0;
+#pragma unroll
+  for (int it = 0; it < kPieces / kThreads; ++it) {
+    const int i = static_cast<int>(threadIdx.x) + it * kThreads;
     const int r = i / (kTile / 8), c = (i % (kTile / 8)) * 8;
-    *reinterpret_cast<uint4*>(&dst[r][c]) = *reinterpret_cast<const uint4*>(src + r * ld + c0 + c);
+    *reinterpret_cast<uint4*>(&dst[r][c]) = *reinterpret_cast<const uint4*>(base + r * ld + c);
   }
 }
 

@@ -19,7 +19,8 @@ using std::isfinite; using std::isnan;
 
 namespace emu {
 enum { READY, WAIT_BLOCK, WAIT_WARP, DONE };
-struct Fiber { ucontext_t ctx; uint3 tid; int lin; int state; std::vector<char> stack; };
+struct PendingCopy { void* dst; const void* src; bool valid; };
+struct Fiber { ucontext_t ctx; uint3 tid; int lin; int state; std::vector<char> stack; std::vector<PendingCopy> copies; };
 struct WarpSlot { uint32_t a[32][4]; uint32_t b[32][2]; double v[32]; int p[32]; const uint16_t* ptr[32]; };
 inline Fiber* cur = nullptr;
 inline ucontext_t sched_ctx;
@@ -86,6 +87,23 @@ inline void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1)
 // ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16: lanes 0-15 give the rows' addresses (matrix
 // j's row r from lane 8 j + r); each lane gets, of matrix j, rows 2t and 2t + 1 at column g
 // (t = lane % 4, g = lane / 4), the lower half from row 2t.
+// cp.async 16 bytes (zeros where !valid): queued per thread and done at its wait_all, so a read
+// of the destination before the wait and the barrier sees stale data (0xFF at a block's start).
+inline void cp_async16(void* dst, const void* src, bool valid) {
+  if ((reinterpret_cast<uintptr_t>(dst) | (valid ? reinterpret_cast<uintptr_t>(src) : 0)) & 15) {
+    std::fprintf(stderr, "EMU: cp.async address not 16-byte aligned (%p <- %p)\n", dst, src);
+    std::abort();
+  }
+  cur->copies.push_back({dst, src, valid});
+}
+inline void cp_async_wait_all() {
+  for (const PendingCopy& c : cur->copies) {
+    if (c.valid) std::memcpy(c.dst, c.src, 16);
+    else std::memset(c.dst, 0, 16);
+  }
+  cur->copies.clear();
+}
+
 inline void ldsm_x2_trans(uint32_t& b0, uint32_t& b1, const void* row) {
   WarpSlot& s = slot();
   const int l = lane();
@@ -199,6 +217,8 @@ void launch(K kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t, Args... 
       if (all_done) break;
       if (!any_ready && !released) { std::fprintf(stderr, "EMU: deadlock\n"); std::abort(); }
     }
+    for (auto& f : fibers)
+      if (!f.copies.empty()) { std::fprintf(stderr, "EMU: a thread exited with cp.async copies not waited for\n"); std::abort(); }
   }
 }
 

@@ -25,5 +25,10 @@ for f in ['attention_f16x3.cu','attention_f16x3_backward.cu','attention_nonfinit
     s,m3=re.subn(r'const uint32_t at = static_cast<uint32_t>\(__cvta_generic_to_shared\(row\)\);\s*'
                  r'asm volatile\(\s*"ldmatrix\.sync\.aligned\.m8n8\.x2\.trans[^;]*;\\n"[^;]*\);',
                  'emu::ldsm_x2_trans(b0, b1, row);',s)
-    print(f,'launches',n,'smem',m1,'mma',m2,'ldsm',m3)
+    # cp.async: emu::cp_async16 queues the copy, emu::cp_async_wait_all does the thread's copies
+    s,m4=re.subn(r'const uint32_t at = static_cast<uint32_t>\(__cvta_generic_to_shared\(dst\)\);\s*'
+                 r'asm volatile\(\s*"cp\.async\.cg\.shared\.global[^;]*;\\n"[^;]*\);',
+                 'emu::cp_async16(dst, src, valid);',s)
+    s,m5=re.subn(r'asm volatile\(\s*"cp\.async\.wait_all;\\n"[^;]*\);','emu::cp_async_wait_all();',s)
+    print(f,'launches',n,'smem',m1,'mma',m2,'ldsm',m3,'cp.async',m4,'wait',m5)
     open(f,'w').write(s)

@@ -181,7 +181,8 @@ __device__ QueryRow query_row(const AttentionF16x3& a, const Parts& pt, int64_t 
           a.mask.data != nullptr && in ? a.mask.row(bh, row) : nullptr, RowState{}};
 }
 
-// Key tile k0's parts (V's transposed) and its keys' 2^-ek into shared memory.
+// Key tile k0's parts (V's transposed; copies the caller waits for) and its keys' 2^-ek into
+// shared memory.
 template <int D>
 __device__ void load_key_tile(Shared<D>& sm, const AttentionF16x3& a, const Parts& pt,
                               int64_t bh, int64_t k0) {
@@ -249,6 +250,7 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 3 : 1)
   for (int64_t k0 = 0; k0 < key_end; k0 += kKeys) {
     __syncthreads();  // the previous tile's readers are done
     load_key_tile<D>(sm, a, pt, bh, k0);
+    wait_async_copies();  // this tile's (and, the first time, Q's)
     __syncthreads();
     float s[8][4];  // S = Q Kᵀ for the warp's 16 rows and the tile's 64 keys
     product3_rows<D, 8>(s, &sm.qh[16 * w][0], &sm.ql[16 * w][0], Shared<D>::kQ, &sm.kh[0][0],

@@ -128,6 +128,7 @@ __device__ void load_query_tile(Shared& sm, const Parts& pt, const AttentionF16x
     sm.lse[i] = in ? a.lse[bh * a.lse_stride + q0 + i] * kLog2e : 0.f;
     sm.delta[i] = in ? pt.delta[qhead + q0 + i] : 0.f;
   }
+  wait_async_copies();  // this tile's (and, the first time, K's and V's)
 }
 
 // Pᵀ in place of Sᵀ (the warp's keys x the tile's queries): unscaled, plus the additive mask,
@@ -250,6 +251,7 @@ __global__ void __launch_bounds__(kThreads) attention_backward_kernel(AttentionF
     __syncthreads();
     add_dq(sm, a, u, qhead, q0, w, g, t);
   }
+  wait_async_copies();  // K's and V's, where the loop did not run
   store_key_grads(a, dk, dv, u, khead, key0, g, t);
 }
 

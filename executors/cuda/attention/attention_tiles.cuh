@@ -94,10 +94,27 @@ __device__ __forceinline__ float quad_sum(float v) {
   return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
 
+// 16 bytes from global to shared memory without passing through registers (cp.async .cg:
+// cached in L2 only), or 16 zero bytes where !valid (src is then not read). Complete only after
+// wait_async_copies() and, for the other threads' copies, a barrier.
+__device__ __forceinline__ void copy16_async(void* dst, const void* src, bool valid) {
+  const uint32_t at = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
+               :
+               : "r"(at), "l"(src), "r"(valid ? 16 : 0)
+               : "memory");
+}
+
+// Waits for this thread's copy16_async copies.
+__device__ __forceinline__ void wait_async_copies() {
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+}
+
 // Rows [r0, r0 + kTile) of a [rows, D] part into a shared [kTile][D + kPad] tile, zeros past
-// `rows`. The CTA's kThreads threads together, each a fixed count of 16-byte pieces (unrolled,
-// 32-bit offsets from the tile's first row: the loads' address arithmetic was a tenth of the
-// kernels' instructions when the loop's bounds were the runtime's).
+// `rows`, by copy16_async (the caller waits). The CTA's kThreads threads together, each a fixed
+// count of 16-byte pieces (unrolled, 32-bit offsets from the tile's first row: the copies'
+// address arithmetic was a tenth of the kernels' instructions when the loop's bounds were the
+// runtime's).
 template <int D>
 __device__ void load_rows(const __half* src, int64_t r0, int64_t rows, __half (*dst)[D + kPad]) {
   constexpr int kPieces = kTile * D / 8;
@@ -108,9 +125,7 @@ __device__ void load_rows(const __half* src, int64_t r0, int64_t rows, __half (*
   for (int it = 0; it < kPieces / kThreads; ++it) {
     const int i = static_cast<int>(threadIdx.x) + it * kThreads;
     const int r = i / (D / 8), c = (i % (D / 8)) * 8;
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (r < n) v = *reinterpret_cast<const uint4*>(base + r * D + c);
-    *reinterpret_cast<uint4*>(&dst[r][c]) = v;
+    copy16_async(&dst[r][c], r < n ? base + r * D + c : base, r < n);
   }
 }
 
@@ -127,7 +142,7 @@ __device__ void load_columns(const __half* src, int64_t ld, int64_t c0,
   for (int it = 0; it < kPieces / kThreads; ++it) {
     const int i = static_cast<int>(threadIdx.x) + it * kThreads;
     const int r = i / (kTile / 8), c = (i % (kTile / 8)) * 8;
-    *reinterpret_cast<uint4*>(&dst[r][c]) = *reinterpret_cast<const uint4*>(base + r * ld + c);
+    copy16_async(&dst[r][c], base + r * ld + c, true);
   }
 }
 

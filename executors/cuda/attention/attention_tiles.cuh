@@ -112,9 +112,9 @@ __device__ __forceinline__ void wait_async_copies() {
 
 // Rows [r0, r0 + kTile) of a [rows, D] part into a shared [kTile][D + kPad] tile, zeros past
 // `rows`, by copy16_async (the caller waits). The CTA's kThreads threads together, each a fixed
-// count of 16-byte pieces (unrolled, 32-bit offsets from the tile's first row: the copies'
-// address arithmetic was a tenth of the kernels' instructions when the loop's bounds were the
-// runtime's).
+// count of 16-byte pieces (unrolled, 32-bit offsets from the tile's first row: with the
+// runtime's loop bounds the compiler ran the parts one after another, with 64-bit address
+// arithmetic for each piece).
 template <int D>
 __device__ void load_rows(const __half* src, int64_t r0, int64_t rows, __half (*dst)[D + kPad]) {
   constexpr int kPieces = kTile * D / 8;

@@ -34,7 +34,7 @@ def efficient_attention(mode, args, kwargs):
     why = _declines(mode, q, dropout) or _lib.ops().sdpa_f16x3_route(q, k, v, bias)
     ours = lambda: _lib.ops().sdpa_f16x3(q, k, v, bias, bool(causal), s)  # noqa: E731
     theirs = lambda: aten._scaled_dot_product_efficient_attention(*args, **kwargs)  # noqa: E731
-    why = why or route_timer.timed_choice(_key("forward", q, bias, causal, s), ours, theirs, q)
+    why = why or route_timer.timed_choice(_key("forward", q, k, bias, causal, s), ours, theirs, q)
     if why:
         return None, why
     out, lse = ours()
@@ -69,14 +69,15 @@ def efficient_attention_backward(mode, args, kwargs):
         why = "the mask's gradient (gemmfuse's backward gives none)"
     ours = lambda: _lib.ops().sdpa_f16x3_backward(go, q, k, v, bias, out, lse, bool(causal), s)  # noqa: E731
     theirs = lambda: aten._scaled_dot_product_efficient_attention_backward(*args, **kwargs)  # noqa: E731
-    why = why or route_timer.timed_choice(_key("backward", q, bias, causal, s), ours, theirs, q)
+    why = why or route_timer.timed_choice(_key("backward", q, k, bias, causal, s), ours, theirs, q)
     if why:
         return None, why
     dq, dk, dv = ours()
     return (dq, dk, dv, None), ""
 
 
-def _key(direction, q, bias, causal, scale) -> tuple:
-    """A timed choice's signature: the direction, q's device, shape and strides, the masks."""
+def _key(direction, q, k, bias, causal, scale) -> tuple:
+    """A timed choice's signature: the direction, q's device, shape and strides, k's shape (its
+    keys' count may differ from q's), the masks."""
     mask = None if bias is None else (tuple(bias.shape), bias.stride())
-    return ("sdpa", direction, q.device, q.shape, q.stride(), mask, bool(causal), scale)
+    return ("sdpa", direction, q.device, q.shape, q.stride(), k.shape, mask, bool(causal), scale)

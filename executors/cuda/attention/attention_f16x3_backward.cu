@@ -99,7 +99,7 @@ struct Unscale {
 __device__ Unscale head_unscale(const float* amax, int64_t BH, int64_t bh) {
   const int q = split_exponent(amax[bh]), k = split_exponent(amax[BH + bh]);
   const int v = split_exponent(amax[2 * BH + bh]), o = split_exponent(amax[3 * BH + bh]);
-  const int ds = split_exponent(2.f * kD * amax[3 * BH + bh] * amax[2 * BH + bh]);
+  const int ds = split_exponent(attention_ds_bound(amax, BH, bh, kD));
   return {pow2(-(q + k)), pow2(-(v + o)), pow2(ds), pow2(-(ds + k)), pow2(-(ds + q)), pow2(-o)};
 }
 

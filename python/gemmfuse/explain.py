@@ -147,8 +147,8 @@ def _attention_lines(rep) -> list:
     for a in rep.attention:
         shape = "x".join(str(d) for d in a.shape) if a.shape else "?"
         mask = f" masked by a {str(a.mask[1]).replace('torch.', '')} mask {list(a.mask[0])}" if a.mask else ""
-        gqa = f" with {a.kv_heads} key/value heads" if getattr(a, "kv_heads", 0) else ""
-        keys = f" over {a.kv_len} keys" if getattr(a, "kv_len", 0) else ""
+        gqa = f" with {a.kv_heads} key/value heads" if a.kv_heads else ""
+        keys = f" over {a.kv_len} keys" if a.kv_len else ""
         where = f"{a.node} [{shape}]{keys}{' causal' if a.is_causal else ''}{mask}{gqa} ({a.form})"
         if a.status == "fused":
             out += ["", f"attention: {where} on gemmfuse's fp32 attention kernels "

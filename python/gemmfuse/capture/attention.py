@@ -101,7 +101,8 @@ def _match_sdpa(node: fx.Node):
         _check_sdpa_args(args)
         q, k, v = args["query"], args["key"], args["value"]
         gqa = bool(args["enable_gqa"])
-        site.shape, site.is_causal = _operand_shape(q, k, v, gqa, True), bool(args["is_causal"])
+        site.shape, site.is_causal = (_operand_shape(q, k, v, gqa, any_keys=True),
+                                      bool(args["is_causal"]))
         hint = torch.fx.experimental.symbolic_shapes.size_hint
         kv_len = hint(node_info(k).shape[2])
         site.kv_len = kv_len if kv_len != hint(site.shape[2]) else 0
@@ -155,9 +156,9 @@ def _mask_of(mask, shape: tuple, is_causal: bool, kv_len: int) -> tuple:
     return mshape, inf.dtype
 
 
-def _operand_shape(q, k, v, gqa: bool = False, kv_len: bool = False) -> tuple:
+def _operand_shape(q, k, v, gqa: bool = False, any_keys: bool = False) -> tuple:
     """q's shape where q, k and v are fp32 graph values of one 4-D shape [B, H, S, D] (with
-    grouped-query heads, k's and v's heads may divide q's; with kv_len, k's and v's S may
+    grouped-query heads, k's and v's heads may divide q's; with any_keys, k's and v's S may
     differ from q's), else raise."""
     infos = [node_info(t) for t in (q, k, v)]
     if not all(isinstance(i, TInfo) for i in infos):
@@ -167,8 +168,8 @@ def _operand_shape(q, k, v, gqa: bool = False, kv_len: bool = False) -> tuple:
     qs, ks, vs = (tuple(i.shape) for i in infos)
     ok = len(qs) == 4 and len(ks) == 4 and ks == vs and (qs[0], qs[3]) == (ks[0], ks[3])
     heads = ok and (qs[1] == ks[1] or (gqa and ks[1] != 0 and qs[1] % ks[1] == 0))
-    if not (heads and (kv_len or qs[2] == ks[2])):
-        what = ("q [B, H, Sq, D] and k, v [B, H, Sk, D]" if kv_len
+    if not (heads and (any_keys or qs[2] == ks[2])):
+        what = ("q [B, H, Sq, D] and k, v [B, H, Sk, D]" if any_keys
                 else "q, k and v of one shape [B, H, S, D]")
         raise Unsupported(f"{what} ({', '.join(str(tuple(i.shape)) for i in infos)})")
     return qs

@@ -98,6 +98,14 @@ static cuda::AttentionMask mask_of(const c10::optional<at::Tensor>& bias, const 
 }
 #endif
 
+// t contiguous with its first element on a 16-byte boundary, as the kernels' vector loads and
+// 16-byte copies read it: a contiguous view whose storage offset breaks that is copied.
+static at::Tensor contiguous_aligned(const at::Tensor& t) {
+  at::Tensor c = t.contiguous();
+  if (reinterpret_cast<uintptr_t>(c.data_ptr()) % 16 != 0) c = c.clone();
+  return c;
+}
+
 // The log-sum-exp's rows: S rounded up to 32, as PyTorch's memory-efficient attention pads them.
 static int64_t lse_columns(int64_t S) { return (S + 31) / 32 * 32; }
 
@@ -126,7 +134,8 @@ std::tuple<at::Tensor, at::Tensor> sdpa_f16x3(const at::Tensor& q, const at::Ten
   TORCH_CHECK(why.empty(), "gemmfuse::sdpa_f16x3: expected ", why);
   c10::cuda::CUDAGuard guard(q.device());
   const int64_t B = q.size(0), H = q.size(1), S = q.size(2), Sk = k.size(2), D = q.size(3);
-  const at::Tensor qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous();
+  const at::Tensor qc = contiguous_aligned(q), kc = contiguous_aligned(k),
+                   vc = contiguous_aligned(v);
   at::Tensor out = at::empty({B, H, S, D}, q.options());
   at::Tensor lse = at::zeros({B, H, lse_columns(S)}, q.options());
   at::Tensor lse_rows = at::empty({B, H, S}, q.options());
@@ -152,8 +161,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> sdpa_f16x3_backward(
   TORCH_CHECK(why.empty(), "gemmfuse::sdpa_f16x3_backward: expected ", why);
   c10::cuda::CUDAGuard guard(q.device());
   const int64_t B = q.size(0), H = q.size(1), S = q.size(2), D = q.size(3);
-  const at::Tensor qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous(),
-                   oc = out.contiguous(), gc = grad_out.contiguous(), lc = lse.contiguous();
+  const at::Tensor qc = contiguous_aligned(q), kc = contiguous_aligned(k),
+                   vc = contiguous_aligned(v), oc = contiguous_aligned(out),
+                   gc = contiguous_aligned(grad_out), lc = lse.contiguous();
   at::Tensor dq = at::empty_like(qc), dk = at::empty_like(kc), dv = at::empty_like(vc);
   at::Tensor ws = at::empty({static_cast<int64_t>(cuda::attention_f16x3_backward_workspace_bytes(
                                 B * H, S, k.size(2)))},

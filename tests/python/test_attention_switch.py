@@ -55,6 +55,33 @@ def test_sdpa_forward_on_gemmfuse_and_gradients_as_eager(shape, keys, causal):
         assert rel(got.detach(), want) <= 1.25 * rel(eag.detach(), want) + 1e-7
 
 
+def test_inputs_off_16_byte_boundaries():
+    """q, k, v and the output's gradient as contiguous views starting 4 bytes into their storage,
+    through gemmfuse's attention call (the kernels, whatever PyTorch's dispatcher would pick for
+    such views): their 16-byte loads and copies read aligned copies; values and gradients as
+    eager's against float64."""
+    from gemmfuse.attention import runs_on_gemmfuse, scaled_dot_product_attention
+    shape = (2, 2, 100, 64)
+    n = 2 * 2 * 100 * 64
+    g = torch.Generator(device="cuda").manual_seed(5)
+    base = torch.randn(4 * n + 1, device="cuda", generator=g)
+    leaves = base[1:].detach().requires_grad_()
+    q, k, v, go = (leaves[i * n:(i + 1) * n].view(shape) for i in range(4))
+    go = go.detach()
+    assert all(t.data_ptr() % 16 == 4 for t in (q, k, v, go))
+    assert runs_on_gemmfuse(q, k, v)
+    out = scaled_dot_product_attention(q, k, v, is_causal=True)
+    grads = torch.autograd.grad(out, (q, k, v), go)
+    eager = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    eager_grads = torch.autograd.grad(eager, (q, k, v), go)
+    d = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
+        ref = F.scaled_dot_product_attention(*d, is_causal=True)
+    ref_grads = torch.autograd.grad(ref, d, go.double())
+    for got, eag, want in [(out, eager, ref)] + list(zip(grads, eager_grads, ref_grads)):
+        assert rel(got.detach(), want) <= 1.25 * rel(eag.detach(), want) + 1e-7
+
+
 def test_what_the_kernel_does_not_take_runs_as_pytorch():
     q, k, v = qkv((1, 2, 64, 64), 2)
     small = [t[..., :32] for t in (q, k, v)]

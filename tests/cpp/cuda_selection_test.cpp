@@ -309,6 +309,13 @@ TEST(CudaSelection, BackwardGemmsAndSlots) {
   EXPECT_EQ(s.backward.dw, GemmKind::Sgemm);
   EXPECT_TRUE(has(s.backward.dw_reason, "dW on cuBLAS (needs an sm_90 GPU")) << s.backward.dw_reason;
   EXPECT_EQ(s.backward.slots, 4 * 108);
+  // dW reads x MN-major and dx reads W so: both need K, their output rows' length, a multiple of 8.
+  const Plan odd = plan_of(linear(8196, 8192) + "relu", 1024, DType::F32, Precision::FP32, true);
+  const BackwardPlan ob = make_backward_plan(odd);
+  s = sel(odd, hopper(), Overrides{}, &ob);
+  EXPECT_EQ(s.backward.dw, GemmKind::Sgemm);
+  EXPECT_TRUE(has(s.backward.dw_reason, "multiple of 8")) << s.backward.dw_reason;
+  EXPECT_EQ(s.backward.dx, GemmKind::Sgemm);
   // tf32 and a Linear alone (dV is the output's gradient).
   const Plan t = plan_of(linear(8192, 8192), 1024, DType::F32, Precision::TF32, true);
   const BackwardPlan tb = make_backward_plan(t);

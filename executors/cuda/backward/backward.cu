@@ -2,9 +2,9 @@
 // order: the row stage (backward_rows.cu: the operands' gradients and dV), then db = Σ_rows dV,
 // and dx = dV W and dW = dVᵀ x in the chain's precision, on the kernels the Selection chose
 // (selection.h's BackwardChoice): fp32 dW on the f16x3 kernel where its cost rule takes the
-// shape (dW = dVᵀ (xᵀ)ᵀ: both operands transposed so that M is their reduced dimension, then
-// split as the forward splits x and W), fp32 dx on it too (dV split by rows as x is, W split
-// by columns and read MN-major where it lies, its parts in the weight scratch), else cuBLAS
+// shape (dVᵀ transposed so that M is its reduced dimension and split by rows, x split by
+// columns and read MN-major where it lies), fp32 dx on it too (dV split by rows as x is, W
+// split by columns and read MN-major, its parts in the weight scratch), else cuBLAS
 // (fp32: SGEMM, no TF32; `tf32`: TF32; 16-bit models: their own type with fp32
 // accumulation). The GEMV's backward is a rank-one update instead. Stream-ordered, no host
 // sync. The scratch's layout is made once with the plan's Selection (plan_state.h).
@@ -28,9 +28,11 @@ namespace gemmfuse {
 namespace cuda {
 namespace {
 
-// dW[N, K] = dVᵀ x on the f16x3 kernel: dVᵀ [N, M] and xᵀ [K, M] transposed by cuBLAS, xᵀ split
-// as the forward splits W (its rows marked for the fix-up's column recompute), dVᵀ as x;
-// no second level (rows with many tiny values are recomputed by the fix-up instead).
+// dW[N, K] = dVᵀ x on the f16x3 kernel: dVᵀ [N, M] transposed by cuBLAS and split by rows as
+// the forward's x; x [M, K] split by columns (each column of x is a column of dW, so its
+// exponent factors out of the output as W's column's does in dx) and read MN-major where it
+// lies, as dx reads W. No second level: rows of dVᵀ crowded with tiny values are recomputed by
+// the fix-up instead.
 void dw_on_f16x3(const Plan& plan, const BackwardLayout& L, int splits, char* ws, const float* dv,
                  const float* x, float* gw, cublasHandle_t h, cudaStream_t stream) {
   const int64_t M = plan.M, N = plan.N, K = plan.K;
@@ -42,22 +44,20 @@ void dw_on_f16x3(const Plan& plan, const BackwardLayout& L, int splits, char* ws
   GF_CUBLAS_CHECK(cublasSgeam(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(M), static_cast<int>(N), &one, dv,
                               static_cast<int>(N), &zero, f32(L.dvt), static_cast<int>(M), f32(L.dvt),
                               static_cast<int>(M)));
-  GF_CUBLAS_CHECK(cublasSgeam(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(M), static_cast<int>(K), &one, x,
-                              static_cast<int>(K), &zero, f32(L.xt), static_cast<int>(M), f32(L.xt),
-                              static_cast<int>(M)));
   GF_CUDA_CHECK(cudaMemsetAsync(i32(L.w_list), 0, sizeof(int), stream));
-  launch_split_f16x2(f32(L.xt), K, M, f16(L.w_parts), f32(L.w_exps), RowMarks{i32(L.w_flags), i32(L.w_list)},
-                     stream);
+  launch_split_f16x2_columns(x, M, K, f16(L.w_parts), f32(L.w_exps), RowMarks{i32(L.w_flags), i32(L.w_list)},
+                             ws + L.w_stats, stream);
   Fp32GemmF16x3 g;
   g.M = N;
   g.N = K;
   g.K = M;
   g.x = f32(L.dvt);
-  g.w = f32(L.xt);
+  g.w = x;
   g.w_parts = f16(L.w_parts);
   g.w_exps = f32(L.w_exps);
   g.w_list = i32(L.w_list);
   g.w_flags = i32(L.w_flags);
+  g.w_transposed = true;
   g.y = gw;
   g.scratch.x_parts = f16(L.x_parts);
   g.scratch.x_exps = f32(L.x_exps);

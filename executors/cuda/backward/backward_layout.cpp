@@ -62,11 +62,11 @@ void place_row_backward(BackwardLayout& L, const Plan& plan, const BackwardPlan&
   if (bp.gemv) L.gemv_row = L.add(4 * plan.K);
 }
 
-// dW = dVᵀ x on the f16x3 kernel: dVᵀ and xᵀ, their parts and marks, the kernel's workspace.
+// dW = dVᵀ x on the f16x3 kernel: dVᵀ, its parts and marks, x's column split's parts, marks
+// and scratch, the kernel's workspace (x itself is read where it lies).
 void place_dw_f16x3(BackwardLayout& L, const Plan& plan, int splits) {
   const int64_t M = plan.M, N = plan.N, K = plan.K;
   L.dvt = L.add(4 * N * M);
-  L.xt = L.add(4 * K * M);
   L.x_parts = L.add(2 * 2 * N * M);
   L.x_exps = L.add(4 * N);
   L.x_flags = L.add(4 * N);
@@ -75,7 +75,8 @@ void place_dw_f16x3(BackwardLayout& L, const Plan& plan, int splits) {
   L.w_exps = L.add(4 * K);
   L.w_flags = L.add(4 * K);
   L.w_list = L.add(4 * (1 + K));
-  L.gemm_ws_bytes = sm90::f16x3_workspace_bytes(N, K, M, false, splits);
+  L.w_stats = L.add(split_f16x2_columns_scratch_bytes(K));
+  L.gemm_ws_bytes = sm90::f16x3_workspace_bytes(N, K, M, /*w_mn_major=*/true, splits);
   L.gemm_ws = L.add(L.gemm_ws_bytes);
 }
 

@@ -163,6 +163,15 @@ def _gpt2(c):
             lambda g: _randn(g, b, t, d), _mse)
 
 
+def _mingpt_block(c):
+    """minGPT's block (bench/models.py: attention written out as QK^T, scale, masked_fill,
+    softmax, @V), the block of issue 48's target."""
+    from .models import GPTBlock
+    b, t, d = c["batch"], c["seq"], c["dim"]
+    return (GPTBlock(d, c["heads"], block_size=t), lambda g: (_randn(g, b, t, d),),
+            lambda g: _randn(g, b, t, d), _mse)
+
+
 class GPT2(nn.Module):
     """GPT-2 (nanoGPT's): token and learned position embeddings, pre-LN GPT2Blocks, a final
     LayerNorm and the LM head tied to the token embedding (no bias); the forward returns the
@@ -487,6 +496,12 @@ ZOO = {z.name: z for z in (
         dict(batch=1, seq=128, dim=768, heads=12), dict(batch=16, seq=1024)),
         "one GPT-2-small block (768 wide, 12 heads, causal SDPA, GELU(tanh) MLP 3072); small: "
         "a 128-token prompt, large: 16 sequences of 1024; MSE loss"),
+    _entry("mingpt-block", _mingpt_block, _kinds(
+        dict(batch=2, seq=8, dim=32, heads=2),
+        dict(batch=1, seq=128, dim=768, heads=8), dict(batch=128, seq=512)),
+        "one minGPT block (768 wide, 8 heads, attention written out with a causal masked_fill, "
+        "GELU(tanh) MLP 3072); small: a 128-token prompt, large: 128 sequences of 512 (issue "
+        "48's block shape); MSE loss", budget_ms=150.0),
     _entry("gpt2-small", _gpt2_small, _kinds(
         dict(batch=2, seq=8, vocab=64, ctx=16, dim=32, heads=2, layers=2),
         dict(batch=1, seq=128, vocab=50257, ctx=1024, dim=768, heads=12, layers=12),

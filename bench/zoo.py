@@ -1,4 +1,4 @@
-"""The model zoo of ``python -m bench --zoo``: twelve real architectures, written here in plain
+"""The model zoo of ``python -m bench --zoo``: fourteen real architectures, written here in plain
 PyTorch the way people write them (no gemmfuse imports), each at three batch kinds:
 
   tiny   a few rows at reduced widths: every model runs on a 2-core CPU in well under a

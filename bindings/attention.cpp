@@ -33,12 +33,12 @@ static const char* cuda_device_unfit(int64_t D, int device) {
 #endif
 }
 
-// Why the backward kernel does not run on this device (null: it does).
-static const char* cuda_backward_unfit(int device) {
+// Why the backward kernel of head dim D does not run on this device (null: it does).
+static const char* cuda_backward_unfit(int64_t D, int device) {
 #ifdef GEMMFUSE_WITH_CUDA
-  return cuda::attention_f16x3_backward_device_unfit(device);
+  return cuda::attention_f16x3_backward_device_unfit(static_cast<int>(D), device);
 #else
-  (void)device;
+  (void)D, (void)device;
   return "this build has no CUDA executor";
 #endif
 }
@@ -166,7 +166,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> sdpa_f16x3_backward(
                    gc = contiguous_aligned(grad_out), lc = lse.contiguous();
   at::Tensor dq = at::empty_like(qc), dk = at::empty_like(kc), dv = at::empty_like(vc);
   at::Tensor ws = at::empty({static_cast<int64_t>(cuda::attention_f16x3_backward_workspace_bytes(
-                                B * H, S, k.size(2)))},
+                                B * H, S, k.size(2), static_cast<int>(D)))},
                             q.options().dtype(at::kByte));
   cuda::AttentionF16x3Backward a;
   a.BH = B * H, a.Sq = S, a.Sk = k.size(2), a.D = static_cast<int>(D), a.causal = is_causal;
@@ -188,8 +188,7 @@ std::string sdpa_f16x3_backward_route(const at::Tensor& grad_out, const at::Tens
                                       const at::Tensor& out, const at::Tensor& lse) {
   std::string why = sdpa_f16x3_route(q, k, v, bias);
   if (!why.empty()) return why;
-  if (q.size(3) != 64) return "head dim " + std::to_string(q.size(3)) + " (the backward takes 64)";
-  if (const char* unfit = cuda_backward_unfit(q.get_device())) return unfit;
+  if (const char* unfit = cuda_backward_unfit(q.size(3), q.get_device())) return unfit;
   if (grad_out.sizes() != q.sizes() || out.sizes() != q.sizes() ||
       grad_out.scalar_type() != at::kFloat || out.scalar_type() != at::kFloat)
     return "grad_out and out of q's shape and dtype";

@@ -25,7 +25,7 @@ std::tuple<at::Tensor, at::Tensor> sdpa_f16x3(const at::Tensor& q, const at::Ten
                                               bool is_causal, double scale);
 
 // (dq, dk, dv) from grad_out, the forward's operands, out and lse (sdpa_f16x3's, or PyTorch's
-// memory-efficient attention's: the same LSE), head dim 64.
+// memory-efficient attention's: the same LSE), head dims as the forward's.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> sdpa_f16x3_backward(
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const c10::optional<at::Tensor>& bias, const at::Tensor& out, const at::Tensor& lse,

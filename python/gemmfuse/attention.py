@@ -4,7 +4,7 @@ kernels (``gemmfuse::sdpa_f16x3`` and its backward), which optimize() and the to
 backend put in place of the model's own call (capture/attention.py finds them).
 
 Each direction runs where C++'s route takes its operands (fp32 CUDA q [B, H, Sq, D] and k, v
-[B, H, Sk, D], D 64, 96 or 128; the backward D 64; a mask fp32 or bool, broadcasting to
+[B, H, Sk, D], D 64, 96 or 128, both directions; a mask fp32 or bool, broadcasting to
 [B, H, Sq, Sk], needing no gradient), else as PyTorch's memory-efficient attention runs it: both
 write the same log-sum-exp, so either backward reads either forward's. A call with a mask runs
 on gemmfuse only where both directions do (PyTorch's op pads masks its own way). Elsewhere (the

@@ -5,8 +5,8 @@
 outputs, the log-sum-exp in its layout, so either backward reads either forward's. An additive
 mask (``attn_bias``, what SDPA makes of attn_mask) is read in place. What the kernels do not take
 yet runs as PyTorch runs it, with the reason: dropout, a mask that needs a gradient, values of
-another head dim than the keys', no keys, head dims other than 64, 96 and 128 (the backward:
-64). Queries and keys may be of different lengths.
+another head dim than the keys', no keys, head dims other than 64, 96 and 128. Queries and
+keys may be of different lengths.
 Each direction is timed against PyTorch's op once per signature on a GPU
 (route_timer.timed_choice), and the faster one runs."""
 from __future__ import annotations

@@ -153,7 +153,7 @@ def _attention_lines(rep) -> list:
         if a.status == "fused":
             out += ["", f"attention: {where} on gemmfuse's fp32 attention kernels "
                         "(gemmfuse.attention.scaled_dot_product_attention: split fp16 products, "
-                        "forward and, for head dim 64, backward)"]
+                        "forward and backward)"]
         else:
             out += ["", f"attention: {where} {left}: {a.reason}"]
     return out

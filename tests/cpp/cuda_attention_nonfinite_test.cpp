@@ -159,8 +159,7 @@ void check_forward(int D, bool causal) {
   }
 }
 
-void check_backward(bool causal) {
-  constexpr int D = 64;
+void check_backward(int D, bool causal) {
   const Problem pb(9, 70, D, causal);
   const int64_t n = pb.BH * pb.S * D;
   std::vector<float> o(n), lse(pb.BH * pb.S);
@@ -172,7 +171,7 @@ void check_backward(bool causal) {
   }
   DevMem dq_(n * 4), dk_(n * 4), dv_(n * 4), dgo(n * 4), dout(n * 4), dlse(pb.BH * pb.S * 4),
       g[3] = {DevMem(n * 4), DevMem(n * 4), DevMem(n * 4)},
-      ws(gemmfuse::cuda::attention_f16x3_backward_workspace_bytes(pb.BH, pb.S, pb.S));
+      ws(gemmfuse::cuda::attention_f16x3_backward_workspace_bytes(pb.BH, pb.S, pb.S, D));
   for (auto [dst, src] : {std::pair{&dq_, &pb.q}, {&dk_, &pb.k}, {&dv_, &pb.v}, {&dgo, &pb.go},
                           {&dout, static_cast<const std::vector<float>*>(&o)}})
     CK(cudaMemcpy(dst->p, src->data(), n * 4, cudaMemcpyHostToDevice));
@@ -205,8 +204,9 @@ TEST(CudaAttentionNonFinite, ForwardAsTheMathPath) {
 
 TEST(CudaAttentionNonFinite, BackwardAsTheMathPath) {
   SKIP_WITHOUT_SM80();
-  check_backward(false);
-  check_backward(true);
+  check_backward(64, false);
+  check_backward(64, true);
+  check_backward(96, true);
 }
 
 }  // namespace

@@ -189,10 +189,9 @@ struct GradCheck {
   }
 };
 
-// mask_heads and Sk as check's.
+// mask_heads and Sk as check's; D the head dim.
 void check_backward(int64_t BH, int64_t S, bool causal, float grad_scale, int64_t mask_heads = 0,
-                    int64_t Sk = 0) {
-  constexpr int D = 64;
+                    int64_t Sk = 0, int D = 64) {
   std::mt19937_64 rng(seed_for("attention backward"));
   std::normal_distribution<float> nd(0.f, 1.f);
   const Lens L{S, Sk ? Sk : S};
@@ -215,7 +214,7 @@ void check_backward(int64_t BH, int64_t S, bool causal, float grad_scale, int64_
   }
   DevMem dq_(n * 4), dk_(nk * 4), dv_(nk * 4), dgo(n * 4), dout(n * 4), dlse(BH * ls * 4),
       gq(n * 4), gk(nk * 4), gv(nk * 4),
-      ws(gemmfuse::cuda::attention_f16x3_backward_workspace_bytes(BH, L.q, L.k)),
+      ws(gemmfuse::cuda::attention_f16x3_backward_workspace_bytes(BH, L.q, L.k, D)),
       dmask(mask.size() * 4);
   for (auto [dst, src] : {std::pair{&dq_, &q}, {&dk_, &k}, {&dv_, &v}, {&dgo, &go}, {&dout, &o}})
     CK(cudaMemcpy(dst->p, src->data(), src->size() * 4, cudaMemcpyHostToDevice));
@@ -328,6 +327,17 @@ TEST(CudaAttention, BackwardOfTwoLengths) {
 TEST(CudaAttention, BackwardWithTrainingSizedGradients) {
   SKIP_WITHOUT_SM80();
   check_backward(2, 150, true, 1e-6f);  // dS far below fp16's normals without its scale
+  check_backward(2, 90, true, 1e-6f, 0, 0, 128);
+}
+
+// Head dims 96 and 128: two CTAs a key tile, each with half of dK's, dV's and dQ's columns.
+TEST(CudaAttention, BackwardOfWiderHeads) {
+  SKIP_WITHOUT_SM80();
+  check_backward(2, 100, false, 1.f, 0, 0, 96);
+  check_backward(2, 130, true, 1.f, 0, 0, 128);
+  check_backward(2, 77, true, 1.f, 2, 0, 96);     // with a mask per head
+  check_backward(1, 90, true, 1.f, 0, 200, 128);  // keys no query sees: dK = dV = 0 there
+  check_backward(2, 70, false, 1.f, 0, 150, 96);
 }
 
 }  // namespace

@@ -10,7 +10,7 @@
 // a NaN or an infinity, or magnitudes outside the splits' range, are recomputed in plain fp32
 // (attention_nonfinite.h). An additive mask (AttentionMask) or the causal one (PyTorch's:
 // key j masked after query i, j > i, whatever Sq and Sk are). Not carried: dropout. The
-// backward (attention_f16x3_backward.cu) takes D = 64.
+// backward (attention_f16x3_backward.cu) takes the same head dims.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -58,7 +58,7 @@ const char* attention_f16x3_unfit(int D);
 // Whether the kernel runs on this device (null) or why not: mma.sync m16n8k16 needs compute
 // capability 8.0, and the kernels' shared memory must fit the device's per-block limit.
 const char* attention_f16x3_device_unfit(int D, int device);
-const char* attention_f16x3_backward_device_unfit(int device);
+const char* attention_f16x3_backward_device_unfit(int D, int device);
 // The rule both apply, for `shared_bytes` of shared memory per block.
 const char* attention_device_unfit(int shared_bytes, int device);
 size_t attention_f16x3_workspace_bytes(int64_t BH, int64_t Sq, int64_t Sk, int D);
@@ -70,7 +70,7 @@ void launch_attention_f16x3(const AttentionF16x3& a, cudaStream_t stream);
 struct AttentionF16x3Backward {
   int64_t BH = 0;
   int64_t Sq = 0, Sk = 0;         // queries; keys and values
-  int D = 0;                      // 64
+  int D = 0;                      // 64, 96 or 128
   const float* q = nullptr;       // [BH, Sq, D], contiguous, as dout, o, dq; k, v, dk, dv [BH, Sk, D]
   const float* k = nullptr;
   const float* v = nullptr;
@@ -84,11 +84,11 @@ struct AttentionF16x3Backward {
   float scale = 0.f;
   bool causal = false;
   AttentionMask mask;             // the forward's
-  void* workspace = nullptr;      // attention_f16x3_backward_workspace_bytes(BH, Sq, Sk) bytes
+  void* workspace = nullptr;      // attention_f16x3_backward_workspace_bytes(BH, Sq, Sk, D) bytes
 };
 
 const char* attention_f16x3_backward_unfit(int D);
-size_t attention_f16x3_backward_workspace_bytes(int64_t BH, int64_t Sq, int64_t Sk);
+size_t attention_f16x3_backward_workspace_bytes(int64_t BH, int64_t Sq, int64_t Sk, int D);
 void launch_attention_f16x3_backward(const AttentionF16x3Backward& a, cudaStream_t stream);
 
 }  // namespace gemmfuse::cuda

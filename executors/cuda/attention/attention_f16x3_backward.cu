@@ -5,6 +5,9 @@
 // with δ_q = Σ_d dO·O. Q, K, V and dO each contract along both of their dims here, so each is
 // split with one exponent per head; dS with one per head taken from |dS| ≤ 2 D max|dO| max|V|
 // (bench/micro/attention_split_study.py: unscaled, training-sized gradients underflow fp16).
+// Head dims 64, 96 and 128: a CTA's dK, dV (and its share of dQ) hold Cols<D>::kWidth of the D
+// columns, so D = 96 and 128 run two CTAs per key tile, each recomputing P and dP over all of
+// D, with the registers of D = 64's sums.
 #include <cuda_fp16.h>
 
 #include <algorithm>
@@ -22,9 +25,17 @@ namespace gemmfuse::cuda {
 namespace {
 
 using namespace attention;
-constexpr int kD = 64;  // the head dim this kernel takes
-constexpr int kL = kTile + kPad;
+constexpr int kL = kTile + kPad;  // dS's shared rows (a query's keys)
 constexpr float kLog2e = 1.4426950408889634f;
+
+// The columns of dK, dV and dQ one CTA accumulates for head dim D (a multiple of 16 wide, as the
+// products' k-steps of dQ and their output tiles take), and how many CTAs share a key tile.
+template <int D>
+struct Cols {
+  static constexpr int kWidth = D == 96 ? 48 : 64;
+  static constexpr int kCtas = D / kWidth;
+  static_assert(D % kWidth == 0 && kWidth % 16 == 0, "whole column groups");
+};
 
 // Each head's largest magnitude of x [BH, n], a NaN counted as an infinity (its head is then
 // recomputed by attention_nonfinite.cu): a CTA per head.
@@ -37,7 +48,7 @@ __global__ void __launch_bounds__(kAmaxThreads) head_amax_kernel(const float* x,
   __shared__ float red[kAmaxThreads / 32];
   const float4* h = reinterpret_cast<const float4*>(x + static_cast<int64_t>(blockIdx.x) * n);
   float m = 0.f;
-  for (int64_t i = threadIdx.x; i < n / 4; i += kAmaxThreads) {  // n = S·64: whole float4s
+  for (int64_t i = threadIdx.x; i < n / 4; i += kAmaxThreads) {  // n = S·D: whole float4s
     const float4 v = h[i];
     m = fmaxf(fmaxf(m, fmaxf(abs_or_inf(v.x), abs_or_inf(v.y))),
               fmaxf(abs_or_inf(v.z), abs_or_inf(v.w)));
@@ -51,7 +62,7 @@ __global__ void __launch_bounds__(kAmaxThreads) head_amax_kernel(const float* x,
   }
 }
 
-// x [BH, n] into parts with its head's exponent, four values a thread (n = S·64: whole float4s;
+// x [BH, n] into parts with its head's exponent, four values a thread (n = S·D: whole float4s;
 // 16-byte loads, 8-byte stores).
 __global__ void split_head_kernel(const float* x, int64_t n, int64_t total, const float* amax,
                                   __half* hi, __half* lo) {
@@ -69,12 +80,12 @@ __global__ void split_head_kernel(const float* x, int64_t n, int64_t total, cons
 }
 
 // δ_r = Σ_d dO_rd O_rd, a warp per row (fp64 sum).
-__global__ void delta_kernel(const float* dout, const float* o, int64_t R, float* delta) {
+__global__ void delta_kernel(const float* dout, const float* o, int64_t R, int D, float* delta) {
   const int64_t r = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int lane = threadIdx.x & 31;
   if (r >= R) return;
   double s = 0;
-  for (int d = lane; d < kD; d += 32) s += static_cast<double>(dout[r * kD + d]) * o[r * kD + d];
+  for (int d = lane; d < D; d += 32) s += static_cast<double>(dout[r * D + d]) * o[r * D + d];
   for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
   if (lane == 0) delta[r] = static_cast<float>(s);
 }
@@ -96,33 +107,36 @@ struct Unscale {
   float o;    // dV's 2^-e_o
 };
 
-__device__ Unscale head_unscale(const float* amax, int64_t BH, int64_t bh) {
+__device__ Unscale head_unscale(const float* amax, int64_t BH, int64_t bh, int D) {
   const int q = split_exponent(amax[bh]), k = split_exponent(amax[BH + bh]);
   const int v = split_exponent(amax[2 * BH + bh]), o = split_exponent(amax[3 * BH + bh]);
-  const int ds = split_exponent(attention_ds_bound(amax, BH, bh, kD));
+  const int ds = split_exponent(attention_ds_bound(amax, BH, bh, D));
   return {pow2(-(q + k)), pow2(-(v + o)), pow2(ds), pow2(-(ds + k)), pow2(-(ds + q)), pow2(-o)};
 }
 
 // Row tiles only: where a product reads one as B[k][n] with k along its rows (dV's dO, dK's Q,
-// dQ's K), ldmatrix .trans gathers the fragments (BTile::kRowsAlongN): ~92 KB, two CTAs a
-// multiprocessor.
+// dQ's K), ldmatrix .trans gathers the fragments (BTile::kRowsAlongN). D = 64: ~92 KB, two
+// CTAs a multiprocessor; 96: ~125 KB and 128: ~158 KB, one.
+template <int D>
 struct Shared {
-  __half kh[kTile][kL], kl[kTile][kL], vh[kTile][kL], vl[kTile][kL];
-  __half qh[kTile][kL], ql[kTile][kL];
-  __half doh[kTile][kL], dol[kTile][kL];
+  static constexpr int kLd = D + kPad;  // the K, V, Q and dO tiles' rows
+  __half kh[kTile][kLd], kl[kTile][kLd], vh[kTile][kLd], vl[kTile][kLd];
+  __half qh[kTile][kLd], ql[kTile][kLd];
+  __half doh[kTile][kLd], dol[kTile][kLd];
   __half dsh[kTile][kL], dsl[kTile][kL];  // dS [query][key], scaled, for dQ's A
   float lse[kTile], delta[kTile];
   Unscale u;  // in shared memory: the kernel holds ~255 registers without these six
 };
 
 // The query tile's operands into shared memory (qhead = bh Sq: the head's first query row).
-__device__ void load_query_tile(Shared& sm, const Parts& pt, const AttentionF16x3Backward& a,
+template <int D>
+__device__ void load_query_tile(Shared<D>& sm, const Parts& pt, const AttentionF16x3Backward& a,
                                 int64_t qhead, int64_t bh, int64_t q0) {
-  const int64_t off = qhead * kD;
-  load_rows<kD>(pt.qh + off, q0, a.Sq, sm.qh);
-  load_rows<kD>(pt.ql + off, q0, a.Sq, sm.ql);
-  load_rows<kD>(pt.dh + off, q0, a.Sq, sm.doh);
-  load_rows<kD>(pt.dl + off, q0, a.Sq, sm.dol);
+  const int64_t off = qhead * D;
+  load_rows<D>(pt.qh + off, q0, a.Sq, sm.qh);
+  load_rows<D>(pt.ql + off, q0, a.Sq, sm.ql);
+  load_rows<D>(pt.dh + off, q0, a.Sq, sm.doh);
+  load_rows<D>(pt.dl + off, q0, a.Sq, sm.dol);
   for (int i = threadIdx.x; i < kTile; i += kThreads) {
     const bool in = q0 + i < a.Sq;
     sm.lse[i] = in ? a.lse[bh * a.lse_stride + q0 + i] * kLog2e : 0.f;
@@ -135,7 +149,8 @@ __device__ void load_query_tile(Shared& sm, const Parts& pt, const AttentionF16x
 // exponentiated against each query's LSE, masked (keys or queries past S; causal). The masks
 // compare offsets within the tile: key0 + kl is masked from kl = klim on, q0 + ql from
 // ql = qlim on, and under the causal mask where kl > ql + diag (diag = q0 - key0, clamped).
-__device__ void probabilities(float (&s)[8][4], const Shared& sm, const AttentionF16x3Backward& a,
+template <int D>
+__device__ void probabilities(float (&s)[8][4], const Shared<D>& sm, const AttentionF16x3Backward& a,
                               const Unscale& u, int64_t bh, int64_t key0, int64_t q0, int g, int t) {
   const float mul = a.scale * kLog2e;
   const int klim = static_cast<int>(std::min<int64_t>(a.Sk - key0, 16));
@@ -156,7 +171,8 @@ __device__ void probabilities(float (&s)[8][4], const Shared& sm, const Attentio
 }
 
 // dSᵀ = Pᵀ ∘ (dPᵀ − δ), times 2^e_ds (its split's scale), into dp.
-__device__ void score_grads(float (&dp)[8][4], const float (&p)[8][4], const Shared& sm,
+template <int D>
+__device__ void score_grads(float (&dp)[8][4], const float (&p)[8][4], const Shared<D>& sm,
                             const Unscale& u, int t) {
 #pragma unroll
   for (int n = 0; n < 8; ++n)
@@ -168,7 +184,8 @@ __device__ void score_grads(float (&dp)[8][4], const float (&p)[8][4], const Sha
 }
 
 // The warp's dSᵀ (scaled) into shared dS [query][key] parts, for dQ.
-__device__ void store_ds(Shared& sm, const float (&ds)[8][4], int w, int g, int t) {
+template <int D>
+__device__ void store_ds(Shared<D>& sm, const float (&ds)[8][4], int w, int g, int t) {
 #pragma unroll
   for (int n = 0; n < 8; ++n)
 #pragma unroll
@@ -178,90 +195,99 @@ __device__ void store_ds(Shared& sm, const float (&ds)[8][4], int w, int g, int 
     }
 }
 
-// dQ's share of this key tile for the warp's 16 queries, added to dq with atomics.
-__device__ void add_dq(const Shared& sm, const AttentionF16x3Backward& a, const Unscale& u,
-                       int64_t qhead, int64_t q0, int w, int g, int t) {
-  float c[kD / 8][4];
-  product3_rows<kTile, kD / 8, BTile::kRowsAlongN>(c, &sm.dsh[16 * w][0], &sm.dsl[16 * w][0], kL,
-                                                   &sm.kh[0][0], &sm.kl[0][0], kL, g, t);
+// dQ's share of this key tile for the warp's 16 queries, columns [d0, d0 + kWidth), added to
+// dq with atomics.
+template <int D>
+__device__ void add_dq(const Shared<D>& sm, const AttentionF16x3Backward& a, const Unscale& u,
+                       int64_t qhead, int64_t q0, int d0, int w, int g, int t) {
+  constexpr int kNt = Cols<D>::kWidth / 8;
+  float c[kNt][4];
+  product3_rows<kTile, kNt, BTile::kRowsAlongN>(c, &sm.dsh[16 * w][0], &sm.dsl[16 * w][0], kL,
+                                                &sm.kh[0][d0], &sm.kl[0][d0], Shared<D>::kLd, g, t);
 #pragma unroll
-  for (int n = 0; n < kD / 8; ++n)
+  for (int n = 0; n < kNt; ++n)
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int64_t q = q0 + 16 * w + g + 8 * (i >> 1);
       if (q < a.Sq)
-        atomicAdd(a.dq + (qhead + q) * kD + 8 * n + 2 * t + (i & 1),
+        atomicAdd(a.dq + (qhead + q) * D + d0 + 8 * n + 2 * t + (i & 1),
                   c[n][i] * u.dsk * a.scale);
     }
 }
 
-// The warp's rows of dK and dV (its 16 keys), unscaled.
-__device__ void store_key_grads(const AttentionF16x3Backward& a, const float (&dk)[kD / 8][4],
-                                const float (&dv)[kD / 8][4], const Unscale& u, int64_t khead,
-                                int64_t key0, int g, int t) {
+// The warp's rows of dK and dV (its 16 keys), columns [d0, d0 + kWidth), unscaled.
+template <int D, int kNt = Cols<D>::kWidth / 8>
+__device__ void store_key_grads(const AttentionF16x3Backward& a, const float (&dk)[kNt][4],
+                                const float (&dv)[kNt][4], const Unscale& u, int64_t khead,
+                                int64_t key0, int d0, int g, int t) {
 #pragma unroll
-  for (int n = 0; n < kD / 8; ++n)
+  for (int n = 0; n < kNt; ++n)
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int64_t key = key0 + g + 8 * (i >> 1);
       if (key >= a.Sk) continue;
-      const int64_t at = (khead + key) * kD + 8 * n + 2 * t + (i & 1);
+      const int64_t at = (khead + key) * D + d0 + 8 * n + 2 * t + (i & 1);
       a.dk[at] = dk[n][i] * u.dsq * a.scale;
       a.dv[at] = dv[n][i] * u.o;
     }
 }
 
+// A CTA per (head, 64 keys, column group): the key tile's dK and dV columns
+// [d0, d0 + kWidth) over every query tile that sees it, and those columns of dQ.
+template <int D>
 __global__ void __launch_bounds__(kThreads) attention_backward_kernel(AttentionF16x3Backward a,
                                                                       Parts pt) {
+  constexpr int kLd = Shared<D>::kLd, kNt = Cols<D>::kWidth / 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  Shared& sm = *reinterpret_cast<Shared*>(smem_raw);
+  Shared<D>& sm = *reinterpret_cast<Shared<D>*>(smem_raw);
   const int64_t bh = blockIdx.x, k0 = static_cast<int64_t>(blockIdx.y) * kTile;
+  const int d0 = Cols<D>::kCtas == 1 ? 0 : static_cast<int>(blockIdx.z) * Cols<D>::kWidth;
   const int64_t qhead = bh * a.Sq, khead = bh * a.Sk;  // the head's first query and key rows
   const int w = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  if (attention_head_unsplit(pt.amax, a.BH, bh, kD)) return;  // attention_nonfinite.cu's
-  if (threadIdx.x == 0) sm.u = head_unscale(pt.amax, a.BH, bh);
+  if (attention_head_unsplit(pt.amax, a.BH, bh, D)) return;  // attention_nonfinite.cu's
+  if (threadIdx.x == 0) sm.u = head_unscale(pt.amax, a.BH, bh, D);
   __syncthreads();  // (the loop below may not run: a causal tile of keys no query sees)
   const Unscale& u = sm.u;
-  load_rows<kD>(pt.kh + khead * kD, k0, a.Sk, sm.kh);
-  load_rows<kD>(pt.kl + khead * kD, k0, a.Sk, sm.kl);
-  load_rows<kD>(pt.vh + khead * kD, k0, a.Sk, sm.vh);
-  load_rows<kD>(pt.vl + khead * kD, k0, a.Sk, sm.vl);
+  load_rows<D>(pt.kh + khead * D, k0, a.Sk, sm.kh);
+  load_rows<D>(pt.kl + khead * D, k0, a.Sk, sm.kl);
+  load_rows<D>(pt.vh + khead * D, k0, a.Sk, sm.vh);
+  load_rows<D>(pt.vl + khead * D, k0, a.Sk, sm.vl);
   const int64_t key0 = k0 + 16 * w;  // the warp's first key
-  float dk[kD / 8][4] = {}, dv[kD / 8][4] = {};
+  float dk[kNt][4] = {}, dv[kNt][4] = {};
   // (causal: queries before k0 see none of the tile's keys)
   for (int64_t q0 = a.causal ? k0 : 0; q0 < a.Sq; q0 += kTile) {
     __syncthreads();  // the previous tile's readers are done (dS included)
     load_query_tile(sm, pt, a, qhead, bh, q0);
     __syncthreads();
     float p[8][4], dp[8][4];
-    product3_rows<kD, 8>(p, &sm.kh[16 * w][0], &sm.kl[16 * w][0], kL, &sm.qh[0][0], &sm.ql[0][0],
-                         kL, g, t);
+    product3_rows<D, 8>(p, &sm.kh[16 * w][0], &sm.kl[16 * w][0], kLd, &sm.qh[0][0], &sm.ql[0][0],
+                        kLd, g, t);
     probabilities(p, sm, a, u, bh, key0, q0, g, t);
     uint32_t xh[4][4], xl[4][4];
     to_a_parts<4>(p, 1.f, xh, xl);
-    accumulate3_regs<4, kD / 8, BTile::kRowsAlongN, 2>(dv, xh, xl, &sm.doh[0][0], &sm.dol[0][0],
-                                                       kL, g, t);
-    product3_rows<kD, 8>(dp, &sm.vh[16 * w][0], &sm.vl[16 * w][0], kL, &sm.doh[0][0],
-                         &sm.dol[0][0], kL, g, t);
+    accumulate3_regs<4, kNt, BTile::kRowsAlongN, 2>(dv, xh, xl, &sm.doh[0][d0], &sm.dol[0][d0],
+                                                    kLd, g, t);
+    product3_rows<D, 8>(dp, &sm.vh[16 * w][0], &sm.vl[16 * w][0], kLd, &sm.doh[0][0],
+                        &sm.dol[0][0], kLd, g, t);
     score_grads(dp, p, sm, u, t);
     to_a_parts<4>(dp, 1.f, xh, xl);
-    accumulate3_regs<4, kD / 8, BTile::kRowsAlongN, 2>(dk, xh, xl, &sm.qh[0][0], &sm.ql[0][0],
-                                                       kL, g, t);
+    accumulate3_regs<4, kNt, BTile::kRowsAlongN, 2>(dk, xh, xl, &sm.qh[0][d0], &sm.ql[0][d0],
+                                                    kLd, g, t);
     store_ds(sm, dp, w, g, t);
     __syncthreads();
-    add_dq(sm, a, u, qhead, q0, w, g, t);
+    add_dq(sm, a, u, qhead, q0, d0, w, g, t);
   }
   wait_async_copies();  // K's and V's, where the loop did not run
-  store_key_grads(a, dk, dv, u, khead, key0, g, t);
+  store_key_grads<D>(a, dk, dv, u, khead, key0, d0, g, t);
 }
 
 // The workspace: Q's, K's, V's and dO's parts [2][BH Sq D], [2][BH Sk D], [2][BH Sk D],
 // [2][BH Sq D] fp16, the heads' largest magnitudes [4][BH], δ [BH Sq].
 struct Layout {
   size_t part[4], amax, delta, total;
-  Layout(int64_t BH, int64_t Sq, int64_t Sk) {
-    const size_t q = 2 * static_cast<size_t>(BH) * Sq * kD * sizeof(__half);
-    const size_t k = 2 * static_cast<size_t>(BH) * Sk * kD * sizeof(__half);
+  Layout(int64_t BH, int64_t Sq, int64_t Sk, int D) {
+    const size_t q = 2 * static_cast<size_t>(BH) * Sq * D * sizeof(__half);
+    const size_t k = 2 * static_cast<size_t>(BH) * Sk * D * sizeof(__half);
     part[0] = 0, part[1] = q, part[2] = q + k, part[3] = q + 2 * k;
     amax = 2 * q + 2 * k;
     delta = amax + 4 * static_cast<size_t>(BH) * sizeof(float);
@@ -269,33 +295,45 @@ struct Layout {
   }
 };
 
-// x [BH, S, 64]'s per-head largest magnitude (amax [BH]) and parts (hi, then lo, [BH S 64]).
-void split_heads(const float* x, int64_t BH, int64_t S, float* amax, __half* hi,
+// x [BH, S, D]'s per-head largest magnitude (amax [BH]) and parts (hi, then lo, [BH S D]).
+void split_heads(const float* x, int64_t BH, int64_t S, int D, float* amax, __half* hi,
                  cudaStream_t stream) {
-  const int64_t n = S * kD, total = BH * n;
+  const int64_t n = S * D, total = BH * n;
   head_amax_kernel<<<static_cast<unsigned>(BH), kAmaxThreads, 0, stream>>>(x, n, amax);
   split_head_kernel<<<static_cast<unsigned>((total / 4 + 255) / 256), 256, 0, stream>>>(
       x, n, total, amax, hi, hi + total);
   GF_LAUNCH_CHECK();
 }
 
+template <int D>
+void launch_backward_kernel(const AttentionF16x3Backward& a, const Parts& pt, cudaStream_t stream) {
+  static std::atomic<uint64_t> opted{0};
+  allow_dynamic_shared(reinterpret_cast<const void*>(attention_backward_kernel<D>),
+                       sizeof(Shared<D>), opted);
+  const dim3 grid(static_cast<unsigned>(a.BH), static_cast<unsigned>((a.Sk + kTile - 1) / kTile),
+                  Cols<D>::kCtas);
+  attention_backward_kernel<D><<<grid, kThreads, sizeof(Shared<D>), stream>>>(a, pt);
+  GF_LAUNCH_CHECK();
+}
+
 }  // namespace
 
 const char* attention_f16x3_backward_unfit(int D) {
-  return D == kD ? nullptr : "the backward takes head dim 64";
+  return D == 64 || D == 96 || D == 128 ? nullptr : "the backward takes head dim 64, 96 or 128";
 }
 
-const char* attention_f16x3_backward_device_unfit(int device) {
-  return attention_device_unfit(sizeof(Shared), device);
+const char* attention_f16x3_backward_device_unfit(int D, int device) {
+  const int need = D == 64 ? sizeof(Shared<64>) : D == 96 ? sizeof(Shared<96>) : sizeof(Shared<128>);
+  return attention_device_unfit(need, device);
 }
 
-size_t attention_f16x3_backward_workspace_bytes(int64_t BH, int64_t Sq, int64_t Sk) {
-  return Layout(BH, Sq, Sk).total;
+size_t attention_f16x3_backward_workspace_bytes(int64_t BH, int64_t Sq, int64_t Sk, int D) {
+  return Layout(BH, Sq, Sk, D).total;
 }
 
 void launch_attention_f16x3_backward(const AttentionF16x3Backward& a, cudaStream_t stream) {
   if (attention_f16x3_backward_unfit(a.D)) throw std::logic_error(attention_f16x3_backward_unfit(a.D));
-  const size_t nq = static_cast<size_t>(a.BH) * a.Sq * kD, nk = static_cast<size_t>(a.BH) * a.Sk * kD;
+  const size_t nq = static_cast<size_t>(a.BH) * a.Sq * a.D, nk = static_cast<size_t>(a.BH) * a.Sk * a.D;
   if (a.BH == 0 || a.Sk == 0) {
     if (nq) throw std::logic_error("attention over no keys");  // the route declines it
     return;
@@ -305,7 +343,7 @@ void launch_attention_f16x3_backward(const AttentionF16x3Backward& a, cudaStream
     GF_CUDA_CHECK(cudaMemsetAsync(a.dv, 0, nk * sizeof(float), stream));
     return;
   }
-  const Layout L(a.BH, a.Sq, a.Sk);
+  const Layout L(a.BH, a.Sq, a.Sk, a.D);
   auto* ws = static_cast<unsigned char*>(a.workspace);
   auto* amax = reinterpret_cast<float*>(ws + L.amax);
   auto* delta = reinterpret_cast<float*>(ws + L.delta);
@@ -313,20 +351,21 @@ void launch_attention_f16x3_backward(const AttentionF16x3Backward& a, cudaStream
   __half* hi[4];
   for (int i = 0; i < 4; ++i) {
     hi[i] = reinterpret_cast<__half*>(ws + L.part[i]);
-    split_heads(src[i], a.BH, i == 0 || i == 3 ? a.Sq : a.Sk, amax + i * a.BH, hi[i], stream);
+    split_heads(src[i], a.BH, i == 0 || i == 3 ? a.Sq : a.Sk, a.D, amax + i * a.BH, hi[i], stream);
   }
   const int64_t rows = a.BH * a.Sq;
-  delta_kernel<<<static_cast<unsigned>((rows * 32 + 255) / 256), 256, 0, stream>>>(a.dout, a.o, rows, delta);
+  delta_kernel<<<static_cast<unsigned>((rows * 32 + 255) / 256), 256, 0, stream>>>(a.dout, a.o, rows, a.D,
+                                                                                    delta);
   GF_LAUNCH_CHECK();
   GF_CUDA_CHECK(cudaMemsetAsync(a.dq, 0, nq * sizeof(float), stream));
   const Parts pt{hi[0], hi[0] + nq, hi[1], hi[1] + nk, hi[2], hi[2] + nk,
                  hi[3], hi[3] + nq, amax, delta};
-  static std::atomic<uint64_t> opted{0};
-  allow_dynamic_shared(reinterpret_cast<const void*>(attention_backward_kernel), sizeof(Shared),
-                       opted);
-  const dim3 grid(static_cast<unsigned>(a.BH), static_cast<unsigned>((a.Sk + kTile - 1) / kTile));
-  attention_backward_kernel<<<grid, kThreads, sizeof(Shared), stream>>>(a, pt);
-  GF_LAUNCH_CHECK();
+  if (a.D == 64)
+    launch_backward_kernel<64>(a, pt, stream);
+  else if (a.D == 96)
+    launch_backward_kernel<96>(a, pt, stream);
+  else
+    launch_backward_kernel<128>(a, pt, stream);
   launch_attention_nonfinite_backward(a, amax, stream);
 }
 

@@ -16,6 +16,9 @@
 #               --zoo-batches small" the model zoo (ZOO_REPEATS times); DIST="fsdp2-before
 #               fsdp2-after fsdp2-compile tp" bench.distributed on two GPUs.
 #   GEMMFUSE_GIT_COMMIT=<hash>: the commit the bench records (the copied tree's .git may be older).
+#   PYTEST_TIMEOUT, SANITIZE_TIMEOUT, BENCH_TIMEOUT, ZOO_TIMEOUT (seconds) bound each section, so
+#   that a call's time limit leaves the archive written (the full GPU suite took ~330 s in 14
+#   processes on an H100 at d5d901e; on an H200 at 48739ab it had not ended at 310 s).
 #   The committed tree alone (uncommitted work in the checkout would reach the device's copy):
 #   here `mkdir -p .gpu/src && git archive HEAD | tar -x -C .gpu/src`, there
 #   `cd .gpu/src && WHEEL_DIR=../b TESTS=1 ... bash scripts/device-run.sh`.
@@ -107,11 +110,13 @@ fi
 
 if [ "${BENCH:-0}" = 1 ]; then
   for i in $(seq "${BENCH_REPEATS:-1}"); do
-    python3 -m bench --out "$OUT/bench-$i.json" ${BENCH_ARGS:-} > "$OUT/bench-$i.console" 2>&1
-    note "bench $i rc=$?"
-    rm -f "$OUT/bench-$i.console"  # the same text is in bench-$i.log
+    timeout ${BENCH_TIMEOUT:-3600} python3 -m bench --out "$OUT/bench-$i.json" ${BENCH_ARGS:-} \
+      > "$OUT/bench-$i.console" 2>&1
+    rc=$?; note "bench $i rc=$rc"
+    # the same text is in bench-$i.log, written at the end: kept where the bench did not end
+    [ "$rc" = 0 ] && rm -f "$OUT/bench-$i.console"
   done
-  tail -45 "$OUT/bench-${BENCH_REPEATS:-1}.log"
+  tail -45 "$OUT/bench-${BENCH_REPEATS:-1}".{log,console} 2>/dev/null | tr -d '\000'
 fi
 
 if [ "${HOST:-0}" = 1 ]; then  # host cost per fused chain call (bench/host.py), CPU and CUDA
@@ -122,7 +127,8 @@ fi
 
 if [ -n "${ZOO:-}" ]; then  # the model zoo (ZOO="--zoo-models ... --zoo-batches ..."), ZOO_REPEATS times
   for i in $(seq "${ZOO_REPEATS:-1}"); do
-    eval "python3 -m bench --zoo --out $OUT/zoo-$i.json ${ZOO}" > "$OUT/zoo-$i.log" 2>&1
+    eval "timeout ${ZOO_TIMEOUT:-3600} python3 -m bench --zoo --out $OUT/zoo-$i.json ${ZOO}" \
+      > "$OUT/zoo-$i.log" 2>&1
     note "zoo $i rc=$?"
   done
   tail -60 "$OUT/zoo-${ZOO_REPEATS:-1}.log" | tr -d '\000'  # the progress bar leaves NULs

@@ -89,8 +89,9 @@ gemmfuse::cuda::AttentionMask device_mask(const std::vector<float>& mask, DevMem
 }
 
 // mask_heads: 0 none, 1 one mask for every head (stride 0), BH one per head. Sk: the keys'
-// count where it is not S.
-void check(int64_t BH, int64_t S, int D, bool causal, int64_t mask_heads = 0, int64_t Sk = 0) {
+// count where it is not S. v_first scales the first key's values in every head.
+void check(int64_t BH, int64_t S, int D, bool causal, int64_t mask_heads = 0, int64_t Sk = 0,
+           float v_first = 1.f) {
   std::mt19937_64 rng(seed_for("attention"));
   std::normal_distribution<float> nd(0.f, 1.f);
   const Lens L{S, Sk ? Sk : S};
@@ -98,6 +99,8 @@ void check(int64_t BH, int64_t S, int D, bool causal, int64_t mask_heads = 0, in
   std::vector<float> q(n), k(nk), v(nk);
   for (auto* t : {&q, &k, &v})
     for (float& e : *t) e = nd(rng);
+  for (int64_t h = 0; h < BH; ++h)
+    for (int d = 0; d < D; ++d) v[h * L.k * D + d] *= v_first;
   const std::vector<float> mask = mask_heads ? random_mask(rng, mask_heads, L) : std::vector<float>();
   DevMem dq(n * 4), dk(nk * 4), dv(nk * 4), dout(n * 4), dlse(BH * S * 4),
       ws(gemmfuse::cuda::attention_f16x3_workspace_bytes(BH, L.q, L.k, D)), dmask(mask.size() * 4);
@@ -189,9 +192,9 @@ struct GradCheck {
   }
 };
 
-// mask_heads and Sk as check's; D the head dim.
+// mask_heads and Sk as check's; D the head dim; q_first scales the first query in every head.
 void check_backward(int64_t BH, int64_t S, bool causal, float grad_scale, int64_t mask_heads = 0,
-                    int64_t Sk = 0, int D = 64) {
+                    int64_t Sk = 0, int D = 64, float q_first = 1.f) {
   std::mt19937_64 rng(seed_for("attention backward"));
   std::normal_distribution<float> nd(0.f, 1.f);
   const Lens L{S, Sk ? Sk : S};
@@ -200,6 +203,8 @@ void check_backward(int64_t BH, int64_t S, bool causal, float grad_scale, int64_
   for (auto* t : {&q, &k, &v, &go})
     for (float& e : *t) e = nd(rng);
   for (float& e : go) e *= grad_scale;
+  for (int64_t h = 0; h < BH; ++h)
+    for (int d = 0; d < D; ++d) q[h * L.q * D + d] *= q_first;
   const std::vector<float> mask = mask_heads ? random_mask(rng, mask_heads, L) : std::vector<float>();
   auto mask_of = [&](int64_t h) {
     return mask_heads ? &mask[(mask_heads == 1 ? 0 : h) * L.q * L.k] : nullptr;
@@ -277,6 +282,18 @@ TEST(CudaAttention, OneTileAndManyTiles) {
   check(1, 64, 64, false);
   check(1, 1, 64, true);
   check(2, 512, 64, true);
+}
+
+// A head's largest magnitudes gathered over many CTAs (V's columns over chunks of 128 keys, the
+// backward's per-head maxima over chunks of 16384 values): the largest in the first chunk, so
+// that a later chunk's partial maximum would overflow the split's fp16 parts. The forward's key
+// is 2^12 larger than the rest; the backward's query 4x (its splits take one exponent a head, so
+// a query 2^12 larger costs the others 12 bits: dK at 300x plain fp32's error in kernel_emu).
+TEST(CudaAttention, LargestValuesInTheFirstChunk) {
+  SKIP_WITHOUT_SM80();
+  check(2, 300, 64, false, 0, 0, 4096.f);
+  check(1, 400, 128, true, 0, 0, 4096.f);
+  check_backward(2, 300, false, 1.f, 0, 0, 64, 4.f);
 }
 
 TEST(CudaAttention, AdditiveMaskAgainstFloat64) {

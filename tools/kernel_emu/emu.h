@@ -244,7 +244,11 @@ inline cudaError_t memsetAsync(void* p, int v, size_t n, cudaStream_t = 0) { std
 #define __shfl_xor_sync(m, v, o) emu::shfl_xor(v, o)
 #define __any_sync(m, p) emu::any_sync(p)
 inline float atomicAdd(float* p, float v) { float o = *p; *p = o + v; return o; }
+// (fibers switch only at barriers and shuffles: a read-modify-write is atomic here)
+inline int atomicMax(int* p, int v) { int o = *p; *p = o > v ? o : v; return o; }
+inline int atomicOr(int* p, int v) { int o = *p; *p = o | v; return o; }
 inline float __int_as_float(int x) { float f; std::memcpy(&f, &x, 4); return f; }
+inline int __float_as_int(float f) { int x; std::memcpy(&x, &f, 4); return x; }
 #define cudaGetDevice emu::getDevice
 #define cudaFuncSetAttribute emu::funcSetAttribute
 #define cudaMemsetAsync emu::memsetAsync

@@ -58,53 +58,70 @@ __global__ void split_rows_kernel(const float* x, int64_t R, int D, __half* hi, 
 }
 
 // V's parts transposed, [BH][D][Sp] with Sp = S (the keys) rounded up to whole 64-key tiles and
-// zeros past S, so that the attention kernel's V tile is D rows of 64 keys (16-byte loads); each column
-// with its exponent over the head's keys. A CTA of D x kVRows threads per head: the columns'
-// largest magnitudes, then 64-key chunks split and transposed through shared memory; then the
-// head's flag: whether its V, or its Q's or K's rows (exponents eq, ek: NaN marks), held a
-// non-finite value or an exponent outside kMaxSplitExp (the head is then recomputed).
+// zeros past S, so that the attention kernel's V tile is D rows of 64 keys (16-byte loads); each
+// column with its exponent over the head's keys. Two kernels over many CTAs, each of D x kVRows
+// threads: the columns' largest magnitudes per chunk of kVChunk keys, folded into the head's by
+// atomicMax on their bits (non-negative floats order as their bits; a NaN or an infinity counts
+// as +inf); then a CTA per 64-key tile, split and transposed through shared memory. The head's
+// flag (zeroed before, set by atomicOr): whether its V, or its Q's or K's rows (exponents eq,
+// ek: NaN marks), held a non-finite value, or a column's exponent falls outside kMaxSplitExp
+// (attention_nonfinite.cu then recomputes the head).
 constexpr int kVRows = 8;
+constexpr int kVChunk = 128;
+
+template <int D>
+__global__ void __launch_bounds__(D * kVRows) v_amax_kernel(const float* v, int64_t Sq, int64_t S,
+                                                            int* amax_bits, const float* eq,
+                                                            const float* ek, int* flags) {
+  __shared__ float red[kVRows][D];
+  const int64_t head = blockIdx.x, s0 = static_cast<int64_t>(blockIdx.y) * kVChunk;
+  const float* x = v + head * S * D;
+  const int d = threadIdx.x, r = threadIdx.y, tid = r * D + d;
+  const int64_t s_end = S < s0 + kVChunk ? S : s0 + kVChunk;
+  float amax = 0.f;
+#pragma unroll 4
+  for (int64_t s = s0 + r; s < s_end; s += kVRows) amax = fmaxf(amax, abs_or_inf(x[s * D + d]));
+  red[r][d] = amax;
+  __syncthreads();
+  if (r == 0) {
+    for (int i = 1; i < kVRows; ++i) amax = fmaxf(amax, red[i][d]);
+    atomicMax(amax_bits + head * D + d, __float_as_int(amax));
+  }
+  bool bad = false;  // the rows' NaN marks, spread over the head's CTAs
+  const int64_t first = static_cast<int64_t>(blockIdx.y) * D * kVRows + tid;
+  const int64_t step = static_cast<int64_t>(gridDim.y) * D * kVRows;
+  for (int64_t s = first; s < Sq; s += step) bad |= isnan(eq[head * Sq + s]);
+  for (int64_t s = first; s < S; s += step) bad |= isnan(ek[head * S + s]);
+  if (__syncthreads_or(bad) && tid == 0) atomicOr(flags + head, 1);
+}
 
 template <int D>
 __global__ void __launch_bounds__(D * kVRows) split_v_kernel(
-    const float* v, int64_t Sq, int64_t S, int64_t Sp, __half* hi, __half* lo, float* exps,
-    const float* eq, const float* ek, int* flags) {
-  __shared__ float red[kVRows][D];
+    const float* v, int64_t S, int64_t Sp, const int* amax_bits, __half* hi, __half* lo,
+    float* exps, int* flags) {
   __shared__ __align__(16) __half th[D][kTile + kPad], tl[D][kTile + kPad];
-  const int64_t head = blockIdx.x;
+  const int64_t head = blockIdx.x, c = static_cast<int64_t>(blockIdx.y) * kTile;
   const float* x = v + head * S * D;
   const int d = threadIdx.x, r = threadIdx.y, tid = r * D + d;
-  float amax = 0.f;
-  bool bad = false;
-#pragma unroll 4
-  for (int64_t s = r; s < S; s += kVRows)
-    amax = fmaxf(amax, fabsf(x[s * D + d])), bad |= !isfinite(x[s * D + d]);
-  red[r][d] = amax;
-  __syncthreads();
-  for (int i = 0; i < kVRows; ++i) amax = fmaxf(amax, red[i][d]);
+  const float amax = __int_as_float(amax_bits[head * D + d]);
   const int e = split_exponent(amax);
-  bad |= !split_exponent_fits(e);
-  if (r == 0) exps[head * D + d] = static_cast<float>(e);
-  for (int64_t c = 0; c < Sp; c += kTile) {
-#pragma unroll
-    for (int s = r; s < kTile; s += kVRows) {
-      __half h = __float2half(0.f), l = h;
-      if (c + s < S) split_one(x[(c + s) * D + d], e, &h, &l);
-      th[d][s] = h, tl[d][s] = l;
-    }
-    __syncthreads();
-    for (int i = tid; i < D * kTile / 8; i += D * kVRows) {
-      const int row = i / (kTile / 8), col = (i % (kTile / 8)) * 8;
-      const int64_t o = (head * D + row) * Sp + c + col;
-      *reinterpret_cast<uint4*>(hi + o) = *reinterpret_cast<const uint4*>(&th[row][col]);
-      *reinterpret_cast<uint4*>(lo + o) = *reinterpret_cast<const uint4*>(&tl[row][col]);
-    }
-    __syncthreads();
+  if (blockIdx.y == 0 && r == 0) {
+    exps[head * D + d] = static_cast<float>(e);
+    if (!isfinite(amax) || !split_exponent_fits(e)) atomicOr(flags + head, 1);
   }
-  for (int64_t s = tid; s < Sq; s += D * kVRows) bad |= isnan(eq[head * Sq + s]);
-  for (int64_t s = tid; s < S; s += D * kVRows) bad |= isnan(ek[head * S + s]);
-  bad = __syncthreads_or(bad);
-  if (tid == 0) flags[head] = bad;
+#pragma unroll
+  for (int s = r; s < kTile; s += kVRows) {
+    __half h = __float2half(0.f), l = h;
+    if (c + s < S) split_one(x[(c + s) * D + d], e, &h, &l);
+    th[d][s] = h, tl[d][s] = l;
+  }
+  __syncthreads();
+  for (int i = tid; i < D * kTile / 8; i += D * kVRows) {
+    const int row = i / (kTile / 8), col = (i % (kTile / 8)) * 8;
+    const int64_t o = (head * D + row) * Sp + c + col;
+    *reinterpret_cast<uint4*>(hi + o) = *reinterpret_cast<const uint4*>(&th[row][col]);
+    *reinterpret_cast<uint4*>(lo + o) = *reinterpret_cast<const uint4*>(&tl[row][col]);
+  }
 }
 
 // ---- the attention kernel -----------------------------------------------------------------
@@ -267,11 +284,11 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 3 : 1)
 
 // The workspace: Q's parts [2][BH Sq D] and K's [2][BH Sk D] fp16, V's [2][BH D Sp]
 // (transposed, Sp = Sk rounded up to whole key tiles), then Q's and K's row exponents [BH Sq]
-// and [BH Sk], V's column exponents [BH D] and the flags of the heads attention_nonfinite.cu
-// recomputes [BH].
+// and [BH Sk], V's column exponents [BH D], the flags of the heads attention_nonfinite.cu
+// recomputes [BH] and V's columns' largest magnitudes [BH D] (as bits; zeroed with the flags).
 struct Layout {
   int64_t sp;
-  size_t k_parts, v_parts, exps_q, exps_k, exps_v, flags, total;
+  size_t k_parts, v_parts, exps_q, exps_k, exps_v, flags, v_amax, total;
   Layout(int64_t BH, int64_t Sq, int64_t Sk, int D) : sp((Sk + kTile - 1) / kTile * kTile) {
     const size_t bh = static_cast<size_t>(BH);
     k_parts = 2 * bh * Sq * D * sizeof(__half);
@@ -280,17 +297,25 @@ struct Layout {
     exps_k = exps_q + bh * Sq * sizeof(float);
     exps_v = exps_k + bh * Sk * sizeof(float);
     flags = exps_v + bh * D * sizeof(float);
-    total = flags + bh * sizeof(int);
+    v_amax = flags + bh * sizeof(int);
+    total = v_amax + bh * D * sizeof(int);
   }
 };
 
-// V's split (it also writes the heads' flags), then the attention kernel.
+// V's split (it also sets the heads' flags), then the attention kernel.
 template <int D>
-void launch_v_and_kernel(const AttentionF16x3& a, const Layout& L, Parts p, int* flags,
+void launch_v_and_kernel(const AttentionF16x3& a, const Layout& L, Parts p, unsigned char* ws,
                          cudaStream_t stream) {
   __half *vh = const_cast<__half*>(p.vh), *vl = const_cast<__half*>(p.vl);
-  split_v_kernel<D><<<static_cast<unsigned>(a.BH), dim3(D, kVRows), 0, stream>>>(
-      a.v, a.Sq, a.Sk, L.sp, vh, vl, const_cast<float*>(p.ev), p.eq, p.ek, flags);
+  auto* flags = reinterpret_cast<int*>(ws + L.flags);
+  auto* v_amax = reinterpret_cast<int*>(ws + L.v_amax);
+  GF_CUDA_CHECK(cudaMemsetAsync(flags, 0, L.total - L.flags, stream));  // the flags and V's maxima
+  const unsigned bh = static_cast<unsigned>(a.BH);
+  v_amax_kernel<D><<<dim3(bh, static_cast<unsigned>((a.Sk + kVChunk - 1) / kVChunk)), dim3(D, kVRows),
+                     0, stream>>>(a.v, a.Sq, a.Sk, v_amax, p.eq, p.ek, flags);
+  GF_LAUNCH_CHECK();
+  split_v_kernel<D><<<dim3(bh, static_cast<unsigned>(L.sp / kTile)), dim3(D, kVRows), 0, stream>>>(
+      a.v, a.Sk, L.sp, v_amax, vh, vl, const_cast<float*>(p.ev), flags);
   GF_LAUNCH_CHECK();
   constexpr int bytes = sizeof(Shared<D>);
   static std::atomic<uint64_t> opted{0};
@@ -346,11 +371,11 @@ void launch_attention_f16x3(const AttentionF16x3& a, cudaStream_t stream) {
   const Parts p{qh, qh + nq, kh, kh + nk, vh, vh + a.BH * a.D * L.sp,
                 exps(L.exps_q), exps(L.exps_k), exps(L.exps_v), flags, L.sp};
   if (a.D == 64)
-    launch_v_and_kernel<64>(a, L, p, flags, stream);
+    launch_v_and_kernel<64>(a, L, p, ws, stream);
   else if (a.D == 96)
-    launch_v_and_kernel<96>(a, L, p, flags, stream);
+    launch_v_and_kernel<96>(a, L, p, ws, stream);
   else
-    launch_v_and_kernel<128>(a, L, p, flags, stream);
+    launch_v_and_kernel<128>(a, L, p, ws, stream);
   launch_attention_nonfinite_forward(a, flags, stream);
 }
 

@@ -37,18 +37,28 @@ struct Cols {
   static_assert(D % kWidth == 0 && kWidth % 16 == 0, "whole column groups");
 };
 
-// Each head's largest magnitude of x [BH, n], a NaN counted as an infinity (its head is then
-// recomputed by attention_nonfinite.cu): a CTA per head.
-constexpr int kAmaxThreads = 1024;  // a head's S·D values read by many loads in flight
+// The four operands' per-head largest magnitudes (amax [4][BH]: Q's, K's, V's, dO's; zeroed
+// before) in one launch over many CTAs: grid (BH, chunks, 4), a CTA per kAmaxChunk values of one
+// head of one operand, folded in by atomicMax on the bits (non-negative floats order as their
+// bits). A NaN counts as an infinity (its head is then recomputed by attention_nonfinite.cu).
+constexpr int kAmaxThreads = 256;
+constexpr int64_t kAmaxChunk = 16384;  // values a CTA: 16 float4 loads a thread
 
-__device__ __forceinline__ float abs_or_inf(float v) { return isnan(v) ? INFINITY : fabsf(v); }
+struct HeadOperands {
+  const float* x[4];  // [BH, S, D] each
+  int64_t n[4];       // a head's values, S·D (whole float4s)
+};
 
-__global__ void __launch_bounds__(kAmaxThreads) head_amax_kernel(const float* x, int64_t n,
-                                                                 float* amax) {
+__global__ void __launch_bounds__(kAmaxThreads) heads_amax_kernel(HeadOperands ops, int64_t BH,
+                                                                  int* amax_bits) {
   __shared__ float red[kAmaxThreads / 32];
-  const float4* h = reinterpret_cast<const float4*>(x + static_cast<int64_t>(blockIdx.x) * n);
+  const int z = blockIdx.z;
+  const int64_t n = ops.n[z], c0 = static_cast<int64_t>(blockIdx.y) * kAmaxChunk;
+  if (c0 >= n) return;  // (the whole CTA: a shorter operand's chunks end sooner)
+  const int64_t end = n < c0 + kAmaxChunk ? n : c0 + kAmaxChunk;
+  const float4* h = reinterpret_cast<const float4*>(ops.x[z] + static_cast<int64_t>(blockIdx.x) * n);
   float m = 0.f;
-  for (int64_t i = threadIdx.x; i < n / 4; i += kAmaxThreads) {  // n = S·D: whole float4s
+  for (int64_t i = c0 / 4 + threadIdx.x; i < end / 4; i += kAmaxThreads) {
     const float4 v = h[i];
     m = fmaxf(fmaxf(m, fmaxf(abs_or_inf(v.x), abs_or_inf(v.y))),
               fmaxf(abs_or_inf(v.z), abs_or_inf(v.w)));
@@ -58,7 +68,7 @@ __global__ void __launch_bounds__(kAmaxThreads) head_amax_kernel(const float* x,
   __syncthreads();
   if (threadIdx.x == 0) {
     for (int w = 1; w < kAmaxThreads / 32; ++w) m = fmaxf(m, red[w]);
-    amax[blockIdx.x] = fmaxf(m, red[0]);
+    atomicMax(amax_bits + z * BH + blockIdx.x, __float_as_int(fmaxf(m, red[0])));
   }
 }
 
@@ -295,14 +305,22 @@ struct Layout {
   }
 };
 
-// x [BH, S, D]'s per-head largest magnitude (amax [BH]) and parts (hi, then lo, [BH S D]).
-void split_heads(const float* x, int64_t BH, int64_t S, int D, float* amax, __half* hi,
+// Q's, K's, V's and dO's per-head largest magnitudes (amax [4][BH]), then each one's parts (hi,
+// then lo, [BH S D]: hi[i]).
+void split_heads(const AttentionF16x3Backward& a, float* amax, __half* const (&hi)[4],
                  cudaStream_t stream) {
-  const int64_t n = S * D, total = BH * n;
-  head_amax_kernel<<<static_cast<unsigned>(BH), kAmaxThreads, 0, stream>>>(x, n, amax);
-  split_head_kernel<<<static_cast<unsigned>((total / 4 + 255) / 256), 256, 0, stream>>>(
-      x, n, total, amax, hi, hi + total);
+  HeadOperands ops{{a.q, a.k, a.v, a.dout}, {a.Sq * a.D, a.Sk * a.D, a.Sk * a.D, a.Sq * a.D}};
+  GF_CUDA_CHECK(cudaMemsetAsync(amax, 0, 4 * a.BH * sizeof(float), stream));
+  const int64_t n_max = std::max(ops.n[0], ops.n[1]);
+  const dim3 grid(static_cast<unsigned>(a.BH), static_cast<unsigned>((n_max + kAmaxChunk - 1) / kAmaxChunk), 4);
+  heads_amax_kernel<<<grid, kAmaxThreads, 0, stream>>>(ops, a.BH, reinterpret_cast<int*>(amax));
   GF_LAUNCH_CHECK();
+  for (int i = 0; i < 4; ++i) {
+    const int64_t total = a.BH * ops.n[i];
+    split_head_kernel<<<static_cast<unsigned>((total / 4 + 255) / 256), 256, 0, stream>>>(
+        ops.x[i], ops.n[i], total, amax + i * a.BH, hi[i], hi[i] + total);
+    GF_LAUNCH_CHECK();
+  }
 }
 
 template <int D>
@@ -347,12 +365,9 @@ void launch_attention_f16x3_backward(const AttentionF16x3Backward& a, cudaStream
   auto* ws = static_cast<unsigned char*>(a.workspace);
   auto* amax = reinterpret_cast<float*>(ws + L.amax);
   auto* delta = reinterpret_cast<float*>(ws + L.delta);
-  const float* src[4] = {a.q, a.k, a.v, a.dout};
   __half* hi[4];
-  for (int i = 0; i < 4; ++i) {
-    hi[i] = reinterpret_cast<__half*>(ws + L.part[i]);
-    split_heads(src[i], a.BH, i == 0 || i == 3 ? a.Sq : a.Sk, a.D, amax + i * a.BH, hi[i], stream);
-  }
+  for (int i = 0; i < 4; ++i) hi[i] = reinterpret_cast<__half*>(ws + L.part[i]);
+  split_heads(a, amax, hi, stream);
   const int64_t rows = a.BH * a.Sq;
   delta_kernel<<<static_cast<unsigned>((rows * 32 + 255) / 256), 256, 0, stream>>>(a.dout, a.o, rows, a.D,
                                                                                     delta);

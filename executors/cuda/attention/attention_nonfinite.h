@@ -34,7 +34,7 @@ __device__ __forceinline__ bool attention_head_unsplit(const float* amax, int64_
            attention::splits_within_range(ds));
 }
 
-// head_flags [BH]: non-zero where the head's forward is recomputed (split_v_kernel sets them).
+// head_flags [BH]: non-zero where the head's forward is recomputed (V's split kernels set them).
 void launch_attention_nonfinite_forward(const AttentionF16x3& a, const int* head_flags,
                                         cudaStream_t stream);
 // head_amax [4][BH]: Q's, K's, V's and dO's largest magnitude per head.

@@ -50,6 +50,10 @@ __device__ __forceinline__ bool splits_within_range(float amax) {
   return isfinite(amax) && split_exponent_fits(split_exponent(amax));
 }
 
+// |v|, a NaN counted as an infinity: the largest magnitudes the splits take (a head or column
+// holding a non-finite value then has amax +inf and is recomputed).
+__device__ __forceinline__ float abs_or_inf(float v) { return isnan(v) ? INFINITY : fabsf(v); }
+
 // 2^n for |n| <= 2 kMaxSplitExp: a normal float, exact (its exponent field written directly).
 __device__ __forceinline__ float pow2(int n) { return __int_as_float((n + 127) << 23); }
 

@@ -157,19 +157,21 @@ class GPT2Block(nn.Module):
         return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
 
 
-def _gpt2(c):
+def _block(c, model):
+    """A transformer block on [batch, seq, dim] inputs, with an MSE loss against random targets."""
     b, t, d = c["batch"], c["seq"], c["dim"]
-    return (GPT2Block(d, c["heads"]), lambda g: (_randn(g, b, t, d),),
-            lambda g: _randn(g, b, t, d), _mse)
+    return model, lambda g: (_randn(g, b, t, d),), lambda g: _randn(g, b, t, d), _mse
+
+
+def _gpt2(c):
+    return _block(c, GPT2Block(c["dim"], c["heads"]))
 
 
 def _mingpt_block(c):
     """minGPT's block (bench/models.py: attention written out as QK^T, scale, masked_fill,
     softmax, @V), the block of issue 48's target."""
     from .models import GPTBlock
-    b, t, d = c["batch"], c["seq"], c["dim"]
-    return (GPTBlock(d, c["heads"], block_size=t), lambda g: (_randn(g, b, t, d),),
-            lambda g: _randn(g, b, t, d), _mse)
+    return _block(c, GPTBlock(c["dim"], c["heads"], block_size=c["seq"]))
 
 
 class GPT2(nn.Module):

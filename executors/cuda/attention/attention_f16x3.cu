@@ -61,8 +61,7 @@ __global__ void split_rows_kernel(const float* x, int64_t R, int D, __half* hi, 
 // zeros past S, so that the attention kernel's V tile is D rows of 64 keys (16-byte loads); each
 // column with its exponent over the head's keys. Two kernels over many CTAs, each of D x kVRows
 // threads: the columns' largest magnitudes per chunk of kVChunk keys, folded into the head's by
-// atomicMax on their bits (non-negative floats order as their bits; a NaN or an infinity counts
-// as +inf); then a CTA per 64-key tile, split and transposed through shared memory. The head's
+// fold_max_magnitude (a NaN or an infinity counts as +inf); then a CTA per 64-key tile, split and transposed through shared memory. The head's
 // flag (zeroed before, set by atomicOr): whether its V, or its Q's or K's rows (exponents eq,
 // ek: NaN marks), held a non-finite value, or a column's exponent falls outside kMaxSplitExp
 // (attention_nonfinite.cu then recomputes the head).
@@ -85,7 +84,7 @@ __global__ void __launch_bounds__(D * kVRows) v_amax_kernel(const float* v, int6
   __syncthreads();
   if (r == 0) {
     for (int i = 1; i < kVRows; ++i) amax = fmaxf(amax, red[i][d]);
-    atomicMax(amax_bits + head * D + d, __float_as_int(amax));
+    fold_max_magnitude(amax_bits + head * D + d, amax);
   }
   bool bad = false;  // the rows' NaN marks, spread over the head's CTAs
   const int64_t first = static_cast<int64_t>(blockIdx.y) * D * kVRows + tid;
@@ -341,8 +340,7 @@ const char* attention_device_unfit(int shared_bytes, int device) {
 }
 
 const char* attention_f16x3_device_unfit(int D, int device) {
-  const int need = D == 64 ? sizeof(Shared<64>) : D == 96 ? sizeof(Shared<96>) : sizeof(Shared<128>);
-  return attention_device_unfit(need, device);
+  return attention_device_unfit(shared_bytes_at<Shared>(D), device);
 }
 
 size_t attention_f16x3_workspace_bytes(int64_t BH, int64_t Sq, int64_t Sk, int D) {

@@ -39,8 +39,7 @@ struct Cols {
 
 // The four operands' per-head largest magnitudes (amax [4][BH]: Q's, K's, V's, dO's; zeroed
 // before) in one launch over many CTAs: grid (BH, chunks, 4), a CTA per kAmaxChunk values of one
-// head of one operand, folded in by atomicMax on the bits (non-negative floats order as their
-// bits). A NaN counts as an infinity (its head is then recomputed by attention_nonfinite.cu).
+// head of one operand, folded in by fold_max_magnitude. A NaN counts as an infinity (its head is then recomputed by attention_nonfinite.cu).
 constexpr int kAmaxThreads = 256;
 constexpr int64_t kAmaxChunk = 16384;  // values a CTA: 16 float4 loads a thread
 
@@ -68,7 +67,7 @@ __global__ void __launch_bounds__(kAmaxThreads) heads_amax_kernel(HeadOperands o
   __syncthreads();
   if (threadIdx.x == 0) {
     for (int w = 1; w < kAmaxThreads / 32; ++w) m = fmaxf(m, red[w]);
-    atomicMax(amax_bits + z * BH + blockIdx.x, __float_as_int(fmaxf(m, red[0])));
+    fold_max_magnitude(amax_bits + z * BH + blockIdx.x, fmaxf(m, red[0]));
   }
 }
 
@@ -341,8 +340,7 @@ const char* attention_f16x3_backward_unfit(int D) {
 }
 
 const char* attention_f16x3_backward_device_unfit(int D, int device) {
-  const int need = D == 64 ? sizeof(Shared<64>) : D == 96 ? sizeof(Shared<96>) : sizeof(Shared<128>);
-  return attention_device_unfit(need, device);
+  return attention_device_unfit(shared_bytes_at<Shared>(D), device);
 }
 
 size_t attention_f16x3_backward_workspace_bytes(int64_t BH, int64_t Sq, int64_t Sk, int D) {

@@ -54,6 +54,18 @@ __device__ __forceinline__ bool splits_within_range(float amax) {
 // holding a non-finite value then has amax +inf and is recomputed).
 __device__ __forceinline__ float abs_or_inf(float v) { return isnan(v) ? INFINITY : fabsf(v); }
 
+// A largest magnitude gathered over many CTAs: *bits (a float's bits, zeroed before) becomes the
+// larger of itself and m >= 0, by atomicMax on the bits (non-negative floats order as their bits).
+__device__ __forceinline__ void fold_max_magnitude(int* bits, float m) {
+  atomicMax(bits, __float_as_int(m));
+}
+
+// The shared memory of a kernel whose Shared<D> holds its tiles, at head dim D (64, 96 or 128).
+template <template <int> class Shared>
+constexpr int shared_bytes_at(int D) {
+  return D == 64 ? sizeof(Shared<64>) : D == 96 ? sizeof(Shared<96>) : sizeof(Shared<128>);
+}
+
 // 2^n for |n| <= 2 kMaxSplitExp: a normal float, exact (its exponent field written directly).
 __device__ __forceinline__ float pow2(int n) { return __int_as_float((n + 127) << 23); }
 

@@ -17,6 +17,17 @@ def rel(a, b):
     return float((a.double() - b).norm() / b.norm())
 
 
+def assert_as_eager(got, eager, q, k, v, go, **kw):
+    """got and eager: (output, dq, dk, dv); got's errors against float64's math path within
+    1.25x eager's."""
+    d = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
+        ref = F.scaled_dot_product_attention(*d, **kw)
+    want = (ref, *torch.autograd.grad(ref, d, go.double()))
+    for g, e, w in zip(got, eager, want):
+        assert rel(g.detach(), w) <= 1.25 * rel(e.detach(), w) + 1e-7
+
+
 @pytest.fixture(autouse=True)
 def fresh_counts():
     matmul_switch.reset_counts()
@@ -48,12 +59,7 @@ def test_sdpa_forward_on_gemmfuse_and_gradients_as_eager(shape, keys, causal, mo
     assert counts.get("gemmfuse", 0) == 2, counts  # the forward and the backward
     eager = F.scaled_dot_product_attention(q, k, v, **kw)
     eager_grads = torch.autograd.grad(eager, (q, k, v), go)
-    d = [t.detach().double().requires_grad_() for t in (q, k, v)]
-    with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
-        ref = F.scaled_dot_product_attention(*d, **kw)
-    ref_grads = torch.autograd.grad(ref, d, go.double())
-    for got, eag, want in [(out, eager, ref)] + list(zip(grads, eager_grads, ref_grads)):
-        assert rel(got.detach(), want) <= 1.25 * rel(eag.detach(), want) + 1e-7
+    assert_as_eager((out, *grads), (eager, *eager_grads), q, k, v, go, **kw)
 
 
 def test_inputs_off_16_byte_boundaries():
@@ -78,12 +84,7 @@ def test_inputs_off_16_byte_boundaries():
     e = [t.detach().clone().requires_grad_() for t in (q, k, v)]
     eager = F.scaled_dot_product_attention(*e, is_causal=True)
     eager_grads = torch.autograd.grad(eager, e, go.clone())
-    d = [t.detach().double().requires_grad_() for t in (q, k, v)]
-    with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
-        ref = F.scaled_dot_product_attention(*d, is_causal=True)
-    ref_grads = torch.autograd.grad(ref, d, go.double())
-    for got, eag, want in [(out, eager, ref)] + list(zip(grads, eager_grads, ref_grads)):
-        assert rel(got.detach(), want) <= 1.25 * rel(eag.detach(), want) + 1e-7
+    assert_as_eager((out, *grads), (eager, *eager_grads), q, k, v, go, is_causal=True)
 
 
 def test_what_the_kernel_does_not_take_runs_as_pytorch():

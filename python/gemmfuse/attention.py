@@ -5,10 +5,13 @@ backend put in place of the model's own call (capture/attention.py finds them).
 
 Each direction runs where C++'s route takes its operands (fp32 CUDA q [B, H, Sq, D] and k, v
 [B, H, Sk, D], D 64, 96 or 128, both directions; a mask fp32 or bool, broadcasting to
-[B, H, Sq, Sk], needing no gradient), else as PyTorch's memory-efficient attention runs it: both
-write the same log-sum-exp, so either backward reads either forward's. A call with a mask runs
-on gemmfuse only where both directions do (PyTorch's op pads masks its own way). Elsewhere (the
-CPU, other dtypes, no operator library) PyTorch's own SDPA runs the call.
+[B, H, Sq, Sk], needing no gradient), else as PyTorch's memory-efficient attention runs it.
+Where autograd records, a call runs on gemmfuse only where both directions do, and a backward
+runs on the side its forward ran: each backward recomputes the scores S as its own forward did,
+so that P = exp(S - LSE) is a consistent softmax. The kernels' S carries ~2^-22 of |S| where
+fp32 carries ~2^-24, so a backward reading the other side's LSE would err by that much in P
+where scores are large (docs/measurements.md, "fp32 attention's backward with one large row").
+Elsewhere (the CPU, other dtypes, no operator library) PyTorch's own SDPA runs the call.
 """
 from __future__ import annotations
 
@@ -46,11 +49,12 @@ class _Attention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, mask, is_causal, scale):
-        if forward_route(q, k, v, mask):
+        ctx.ours = not forward_route(q, k, v, mask)
+        if ctx.ours:
+            out, lse = torch.ops.gemmfuse.sdpa_f16x3(q, k, v, mask, is_causal, scale)
+        else:
             out, lse, _, _ = aten._scaled_dot_product_efficient_attention(
                 q, k, v, mask, True, 0.0, is_causal, scale=scale)
-        else:
-            out, lse = torch.ops.gemmfuse.sdpa_f16x3(q, k, v, mask, is_causal, scale)
         ctx.save_for_backward(q, k, v, mask, out, lse)
         ctx.is_causal, ctx.scale = is_causal, scale
         return out
@@ -59,7 +63,7 @@ class _Attention(torch.autograd.Function):
     def backward(ctx, go):
         q, k, v, mask, out, lse = ctx.saved_tensors
         go = go.contiguous()
-        if _backward_route(go, q, k, v, mask, out, lse):
+        if not ctx.ours or _backward_route(go, q, k, v, mask, out, lse):
             empty = torch.empty((), dtype=torch.long)  # no dropout: no RNG state to pass
             dq, dk, dv, _ = aten._scaled_dot_product_efficient_attention_backward(
                 go, q, k, v, mask, out, lse, empty, empty, 0.0, [True, True, True, False],
@@ -74,22 +78,22 @@ def runs_on_gemmfuse(q, k, v, mask=None) -> bool:
     """Whether scaled_dot_product_attention takes this call to gemmfuse's kernels (what PyTorch
     runs otherwise is its own SDPA, the model's call as it was): fp32 CUDA tensors, not
     DTensors (tensor parallelism shards them: DTensor's own SDPA rule runs them), that the
-    kernels' route takes; with a mask (additive), the backward's route too where autograd
-    records."""
+    kernels' route takes, and the backward's route too where autograd records (the module
+    docstring says why both)."""
     from .tensor_parallel import is_dtensor
     if not (all(isinstance(t, torch.Tensor) and not is_dtensor(t) and t.is_cuda
                 and t.dtype == torch.float32 for t in (q, k, v))
             and _lib.available() and not forward_route(q, k, v, mask)):
         return False
-    if mask is None or not (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))):
+    if not (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))):
         return True
-    return not _mask_backward_route(q, k, mask)
+    return not _shape_backward_route(q, k, mask)
 
 
-def _mask_backward_route(q, k, mask) -> str:
-    """'' where gemmfuse's backward kernel takes a call of q's and k's shapes with this mask,
-    else why."""
-    return _backward_route(q, q, k, k, mask, q, q.new_empty(q.shape[:3]))
+def _shape_backward_route(q, k, mask) -> str:
+    """'' where gemmfuse's backward kernel takes a call of q's and k's shapes with this mask
+    (or none), else why."""
+    return _backward_route(q, q, k, k, mask, q, q.select(-1, 0))
 
 
 def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal: bool = False,
@@ -171,7 +175,7 @@ def choice(shape, device, is_causal: bool, scale, training: bool, precision: str
     k = torch.empty(_kv_shape(shape, 0, kv_len), device=device)  # (grouped k and v: repeated)
     m = additive_mask(torch.ones(mask[0], dtype=torch.bool, device=device)) if mask else None
     why = forward_route(q, k, k, m)
-    back = _mask_backward_route(q, k, m) if not why and m is not None and training else ""
+    back = _shape_backward_route(q, k, m) if not why and training else ""
     if back:
-        why = f"a mask with a backward gemmfuse's kernel does not take ({back})"
+        why = f"a backward gemmfuse's kernel does not take ({back})"
     return why or timed_choice(shape, device, is_causal, scale, training, mask, kv_heads, kv_len)

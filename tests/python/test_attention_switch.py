@@ -1,7 +1,9 @@
-"""fp32 attention inside gemmfuse.fp32_matmul() (attention_switch.py): the forward of PyTorch's
-memory-efficient attention on gemmfuse's split-product kernel, PyTorch's backward reading its
-LSE; output and gradients against float64 within 1.25x eager fp32's error; what the kernel
+"""fp32 attention inside gemmfuse.fp32_matmul() (attention_switch.py): PyTorch's memory-efficient
+attention and its backward on gemmfuse's split-product kernels, a backward on the side its
+forward ran; output and gradients against float64 within 1.25x eager fp32's error; what the kernel
 does not take runs as PyTorch runs it, with the reason."""
+import itertools
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -60,6 +62,28 @@ def test_sdpa_forward_on_gemmfuse_and_gradients_as_eager(shape, keys, causal, mo
     eager = F.scaled_dot_product_attention(q, k, v, **kw)
     eager_grads = torch.autograd.grad(eager, (q, k, v), go)
     assert_as_eager((out, *grads), (eager, *eager_grads), q, k, v, go, **kw)
+
+
+def test_a_backward_runs_where_its_forward_ran(monkeypatch):
+    """A forward timed faster in PyTorch (a stand-in timer here) leaves its backward to PyTorch
+    too, whatever gemmfuse's backward would take: each side's backward recomputes the scores as
+    its own forward did (attention.py's module docstring). The output is then eager's, bit for
+    bit, and so are the gradients up to the order of PyTorch's own backward's atomic sums."""
+    from gemmfuse import route_timer
+    times = itertools.cycle([2.0, 1.0])  # gemmfuse's side is timed first
+    monkeypatch.setattr(route_timer, "timer", lambda fn, device: next(times))
+    q, k, v = qkv((1, 2, 96, 64), 7)  # a signature no other test times
+    go = torch.randn(q.shape, device="cuda")
+    with gemmfuse.fp32_matmul():
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        grads = torch.autograd.grad(out, (q, k, v), go)
+    counts = gemmfuse.fp32_matmul_counts()
+    assert counts.get("gemmfuse", 0) == 0, counts
+    assert any("its forward ran in PyTorch" in where for where in counts), counts
+    eager = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert torch.equal(out, eager)
+    for got, want in zip(grads, torch.autograd.grad(eager, (q, k, v), go)):
+        assert torch.allclose(got, want, rtol=1e-6, atol=1e-7)
 
 
 def test_inputs_off_16_byte_boundaries():

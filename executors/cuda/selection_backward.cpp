@@ -32,11 +32,13 @@ void choose(const Plan& plan, const char* declines, int64_t rows, int64_t cols, 
 }
 
 // dW as an f16x3 problem: N rows (dVᵀ's), K columns (x's), reduced over M, x [M, K] read
-// MN-major.
+// MN-major, dVᵀ split from dV [M, N] where it lies.
 const char* dw_declines(const Plan& plan, const DeviceFacts& d, const Overrides& o) {
   if (plan.dtype != DType::F32 || plan.precision != Precision::FP32)
     return "only fp32 mode's dW runs on the split kernel";
-  return f16x3_declines_mn_major(plan.N, plan.K, plan.M, d, o);
+  if (const char* why = f16x3_declines_mn_major(plan.N, plan.K, plan.M, d, o)) return why;
+  return plan.N % 4 != 0 ? "N must be a multiple of 4 (dV's rows read as 16-byte vectors by its transposed split)"
+                         : nullptr;
 }
 
 // dx as an f16x3 problem: M rows, K columns, reduced over N, W [N, K] read MN-major.
@@ -58,8 +60,8 @@ BackwardChoice select_backward(const Plan& plan, const BackwardPlan& bp, const D
     b.dx_reason = "dx: the GEMV's dx is a rank-one product";
   } else {
     choose(plan, dw_declines(plan, d, o), plan.N, plan.K, d, &b.dw, &b.dw_splits, &b.dw_reason,
-           "dW = dVᵀ x on the fp32 f16x3 kernel (dV transposed by cuBLAS and split as the forward's x, "
-           "x split by columns and read MN-major)");
+           "dW = dVᵀ x on the fp32 f16x3 kernel (dV's columns split as the forward's x's rows, "
+           "transposed into the parts; x split by columns and read MN-major)");
     choose(plan, dx_declines(plan, d, o), plan.M, plan.K, d, &b.dx, &b.dx_splits, &b.dx_reason,
            "dx = dV W on the fp32 f16x3 kernel (dV split as the forward's x, W split by columns and "
            "read MN-major, its parts over the forward's prepared W where it is cached, which the "

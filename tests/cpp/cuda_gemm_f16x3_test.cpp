@@ -17,6 +17,7 @@
 #include <limits>
 #include <random>
 #include <sstream>
+#include <tuple>
 #include <vector>
 
 #include "cpu_test_util.h"
@@ -67,14 +68,24 @@ void scale_rows(std::vector<float>& v, int64_t cols, std::mt19937_64& rng) {
 // then x's split, its second level, the kernel, the second level's GEMM and the fix-up.
 // `splits` as F16x3Problem's (0: the shape's choice). `second_rows`, if given, gets how many
 // rows the second level took. With `mn_major`, as the backward's dx = dV W runs it: W stored
-// transposed ([K, N]), split by columns, read MN-major.
+// transposed ([K, N]), split by columns, read MN-major. With `x_transposed` (and mn_major), as
+// dW = dVᵀ x runs it: x stored transposed ([K, M]), split by launch_split_f16x2_transposed, no
+// second level.
 std::vector<float> run_gemm(int64_t M, int64_t N, int64_t K, const std::vector<float>& x,
                             const std::vector<float>& w, const float* bias_host, int splits = 0,
-                            int* second_rows = nullptr, bool mn_major = false) {
+                            int* second_rows = nullptr, bool mn_major = false, bool x_transposed = false) {
   DevMem dx(M * K * 4), dxp(std::max(M * K * 4, M * N * 4)), dxe(M * 4), dxf(M * 4), dxt(M * 4),
       dw(N * K * 4), dwp(N * K * 4), dwe(N * 4), dwf(N * 4), dwl((N + 1) * 4), db(N * 4), dy(M * N * 4),
-      ws(size_t(32) << 20), d2rows(4), d2row(M * 4), d2tiny(M * 4), d2exps(M * 4), d2parts(M * K * 4);
-  CK(cudaMemcpy(dx.p, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
+      ws(size_t(32) << 20), d2rows(4), d2row(M * 4), d2tiny(M * 4), d2exps(M * 4), d2parts(M * K * 4),
+      dxs(gemmfuse::cuda::split_f16x2_transposed_scratch_bytes(M));
+  if (x_transposed) {
+    std::vector<float> xt(M * K);
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t k = 0; k < K; ++k) xt[k * M + m] = x[m * K + k];
+    CK(cudaMemcpy(dx.p, xt.data(), xt.size() * 4, cudaMemcpyHostToDevice));
+  } else {
+    CK(cudaMemcpy(dx.p, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
+  }
   if (bias_host) CK(cudaMemcpy(db.p, bias_host, N * 4, cudaMemcpyHostToDevice));
   CK(cudaMemset(dwl.p, 0, 4));  // x's flags stay poisoned: the split writes every row's
   const RowMarks w_marks{static_cast<int*>(dwf.p), static_cast<int*>(dwl.p)};
@@ -118,6 +129,9 @@ std::vector<float> run_gemm(int64_t M, int64_t N, int64_t K, const std::vector<f
   g.gemm_workspace_bytes = ws.bytes;
   g.splits = splits;
   g.w_transposed = mn_major;
+  g.x_transposed = x_transposed;
+  g.scratch.x_stats = dxs.p;
+  if (x_transposed) g.scratch.second = {};
   launch_fp32_gemm_f16x3(g, nullptr);
   CK(cudaDeviceSynchronize());
   std::vector<float> y(M * N);
@@ -267,10 +281,10 @@ TEST(CudaF16x3Gemm, SplitKAgainstFloat64) {
 // infinities as fp32 has them, everything else within 64 u of sum |x w|.
 void check_exceptional(int64_t M, int64_t N, int64_t K, const std::vector<float>& x,
                        const std::vector<float>& w, const std::vector<float>& b, bool second_level,
-                       bool mn_major = false) {
+                       bool mn_major = false, bool x_transposed = false) {
   int second_rows = -1;
-  const std::vector<float> y = run_gemm(M, N, K, x, w, b.data(), 0, &second_rows, mn_major);
-  EXPECT_EQ(second_rows > 0, second_level) << second_rows << " rows at the second level";
+  const std::vector<float> y = run_gemm(M, N, K, x, w, b.data(), 0, &second_rows, mn_major, x_transposed);
+  if (!x_transposed) EXPECT_EQ(second_rows > 0, second_level) << second_rows << " rows at the second level";
   int bad = 0;
   for (int64_t m = 0; m < M; ++m)
     for (int64_t n = 0; n < N; ++n) {
@@ -415,6 +429,27 @@ TEST(CudaF16x3Gemm, MnMajorAgainstFloat64) {
   check_exceptional(M, N, K, x, w, std::vector<float>(N, 0.25f), true, true);
   check_softmax_rows(4.0, rng, true);
   check_softmax_rows(12.0, rng, true);
+}
+
+// x read transposed, as the backward's dW = dVᵀ x reads dV [M_lin, N_lin] as its A [N_lin,
+// M_lin] (with W MN-major, no second level): ordinary data within the bound (tails of M, N and
+// K, a split-K choice), then the exceptional inputs against float64, rows with more tiny values
+// than the fix-up corrects recomputed by it, reading x transposed.
+TEST(CudaF16x3Gemm, TransposedXAgainstFloat64) {
+  SKIP_WITHOUT_SM90();
+  std::mt19937_64 rng(gftest::test_seed());
+  for (const auto [M, N, K, splits] : {std::tuple<int64_t, int64_t, int64_t, int>{256, 128, 128, 0},
+                                       {300, 264, 1000, 0}, {100, 264, 1000, 3}}) {
+    SCOPED_TRACE("M=" + std::to_string(M) + " N=" + std::to_string(N) + " K=" + std::to_string(K));
+    auto x = uniform(M * K, rng), w = uniform(N * K, rng);
+    scale_rows(x, K, rng);
+    const std::vector<float> y = run_gemm(M, N, K, x, w, nullptr, splits, nullptr, true, true);
+    expect_within_bound(M, N, K, x, w, nullptr, y);
+  }
+  const int64_t M = 256, N = 64, K = 1024;
+  auto x = uniform(M * K, rng), w = uniform(N * K, rng);
+  exceptional_inputs(x, w, K);
+  check_exceptional(M, N, K, x, w, std::vector<float>(N, 0.25f), false, true, true);
 }
 
 }  // namespace

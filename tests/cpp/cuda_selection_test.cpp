@@ -9,52 +9,13 @@
 #include "gemmfuse/backward.h"
 #include "gemmfuse/plan.h"
 #include "selection.h"
+#include "selection_test_util.h"
 
 using namespace gemmfuse;
 using namespace gemmfuse::cuda;
+using namespace gemmfuse::cuda::test;
 
 namespace {
-
-// An H100/H200 (132 SMs) with the sm90 kernels built.
-DeviceFacts hopper() {
-  DeviceFacts d;
-  d.compute_capability = 90;
-  d.sms = 132;
-  d.row_smem_limit = 227 * 1024;
-  d.sm90_kernels = true;
-  d.softmax_clusters_bf16 = d.softmax_clusters_f16 = 66;
-  return d;
-}
-
-DeviceFacts ampere() {
-  DeviceFacts d = hopper();
-  d.compute_capability = 80;
-  d.sms = 108;
-  d.softmax_clusters_bf16 = d.softmax_clusters_f16 = 0;
-  return d;
-}
-
-std::string linear(int64_t K, int64_t N) {
-  return "linear in=" + std::to_string(K) + " out=" + std::to_string(N) + " bias=1\n";
-}
-
-Plan plan_of(const std::string& spec, int64_t M, DType dtype = DType::F32,
-             Precision precision = Precision::FP32, bool training = false,
-             std::vector<std::vector<int64_t>> operands = {}) {
-  PlanRequest r;
-  r.chain = parse_chain(spec);
-  r.batch_sizes = {M};
-  r.operand_sizes = std::move(operands);
-  r.dtype = dtype;
-  r.precision = precision;
-  r.device = Device::CUDA;
-  r.for_training = training;
-  r.fast_min_rows = 0;
-  r.fast_min_flops = 0;
-  return make_plan(r);
-}
-
-bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 Selection sel(const Plan& p, const DeviceFacts& d = hopper(), const Overrides& o = Overrides{},
               const BackwardPlan* bp = nullptr) {
@@ -316,6 +277,12 @@ TEST(CudaSelection, BackwardGemmsAndSlots) {
   EXPECT_EQ(s.backward.dw, GemmKind::Sgemm);
   EXPECT_TRUE(has(s.backward.dw_reason, "multiple of 8")) << s.backward.dw_reason;
   EXPECT_EQ(s.backward.dx, GemmKind::Sgemm);
+  // dW's transposed split of dV reads its rows as 16-byte vectors: N a multiple of 4.
+  const Plan narrow = plan_of(linear(8192, 8194) + "relu", 1024, DType::F32, Precision::FP32, true);
+  const BackwardPlan nb = make_backward_plan(narrow);
+  s = sel(narrow, hopper(), Overrides{}, &nb);
+  EXPECT_EQ(s.backward.dw, GemmKind::Sgemm);
+  EXPECT_TRUE(has(s.backward.dw_reason, "N must be a multiple of 4 (dV's rows")) << s.backward.dw_reason;
   // tf32 and a Linear alone (dV is the output's gradient).
   const Plan t = plan_of(linear(8192, 8192), 1024, DType::F32, Precision::TF32, true);
   const BackwardPlan tb = make_backward_plan(t);

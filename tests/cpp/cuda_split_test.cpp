@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu_test_util.h"
 #include "cuda_test_util.h"
 #include "split.h"
 
@@ -224,6 +225,62 @@ TEST(CudaSplit, RowScaledFp16PartsAndMarks) {
   SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(12);
   for (const int64_t K : {72, 8200, 16392}) check_row_scaled_split(K, rng);
+}
+
+// The transposed split of src [rows, cols] (launch_split_f16x2_transposed) against the row split
+// of its transposed copy: the same parts bit for bit, the same exponents, marks, tiny counts and
+// list. Columns 0..11 hold check_row_scaled_split's rows (infinities, NaN, values past fp16's
+// reach either way, fp32 subnormals, a zero column); outputs poisoned.
+void check_transposed_split(int64_t rows, int64_t cols, std::mt19937_64& rng) {
+  SCOPED_TRACE("rows=" + std::to_string(rows) + " cols=" + std::to_string(cols));
+  std::vector<float> t = with_exceptions(cols, rows, rng);  // srcᵀ: a row per column of src
+  for (int64_t k = 0; k < rows && cols > 11; ++k) {
+    t[8 * rows + k] = std::ldexp(t[8 * rows + k], -100 + k % 200);
+    t[9 * rows + k] = 0.f;
+    t[10 * rows + k] = std::ldexp(t[10 * rows + k], -140);
+    t[11 * rows + k] = std::ldexp(t[11 * rows + k], 127);
+  }
+  std::vector<float> src(rows * cols);
+  for (int64_t c = 0; c < cols; ++c)
+    for (int64_t r = 0; r < rows; ++r) src[r * cols + c] = t[c * rows + r];
+  struct Out {
+    DevMem parts, exps, flags, tiny, list;
+    explicit Out(int64_t n, int64_t cols)
+        : parts(2 * n * 2), exps(cols * 4), flags(cols * 4), tiny(cols * 4), list((cols + 1) * 4) {
+      for (DevMem* m : {&parts, &exps, &flags, &tiny, &list}) CK(cudaMemset(m->p, 0x7f, m->bytes));
+      CK(cudaMemset(list.p, 0, 4));
+    }
+    RowMarks marks() { return {static_cast<int*>(flags.p), static_cast<int*>(list.p), static_cast<int*>(tiny.p)}; }
+  } want(rows * cols, cols), got(rows * cols, cols);
+  DevMem dt(t.size() * 4), dsrc(src.size() * 4), scratch(gemmfuse::cuda::split_f16x2_transposed_scratch_bytes(cols));
+  CK(cudaMemcpy(dt.p, t.data(), t.size() * 4, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(dsrc.p, src.data(), src.size() * 4, cudaMemcpyHostToDevice));
+  CK(cudaMemset(scratch.p, 0x7f, scratch.bytes));  // the launcher zeroes what it accumulates into
+  gemmfuse::cuda::launch_split_f16x2(static_cast<float*>(dt.p), cols, rows, static_cast<__half*>(want.parts.p),
+                                     static_cast<float*>(want.exps.p), want.marks(), nullptr);
+  gemmfuse::cuda::launch_split_f16x2_transposed(static_cast<float*>(dsrc.p), rows, cols,
+                                                static_cast<__half*>(got.parts.p), static_cast<float*>(got.exps.p),
+                                                got.marks(), scratch.p, nullptr);
+  CK(cudaDeviceSynchronize());
+  EXPECT_EQ(download<uint16_t>(got.parts, 2 * rows * cols), download<uint16_t>(want.parts, 2 * rows * cols));
+  EXPECT_EQ(download<float>(got.exps, cols), download<float>(want.exps, cols));
+  EXPECT_EQ(download<int>(got.flags, cols), download<int>(want.flags, cols));
+  EXPECT_EQ(download<int>(got.tiny, cols), download<int>(want.tiny, cols));
+  auto listed = [&](const DevMem& list) {
+    const auto l = download<int>(list, cols + 1);
+    return std::set<int>(l.begin() + 1, l.begin() + 1 + l[0]);
+  };
+  EXPECT_EQ(listed(got.list), listed(want.list));
+  EXPECT_GE(listed(got.list).size(), cols > 11 ? 5u : 0u);  // columns 1, 3, 5, 7 and 8 at least
+}
+
+TEST(CudaSplit, TransposedSplitIsTheRowSplitOfTheTranspose) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(gftest::test_seed());
+  check_transposed_split(200, 132, rng);   // tiles cut at both edges
+  check_transposed_split(8, 4, rng);       // one partial tile
+  check_transposed_split(1032, 64, rng);   // many row tiles a CTA's column block
+  check_transposed_split(8200, 12, rng);   // a column's infinities within correctable_infinities
 }
 
 // The fix-up, on flags, lists and (with `second_level`) slots written by hand. Rows 5, 6, 1023

@@ -2,8 +2,8 @@
 // order: the row stage (backward_rows.cu: the operands' gradients and dV), then db = Σ_rows dV,
 // and dx = dV W and dW = dVᵀ x in the chain's precision, on the kernels the Selection chose
 // (selection.h's BackwardChoice): fp32 dW on the f16x3 kernel where its cost rule takes the
-// shape (dVᵀ transposed so that M is its reduced dimension and split by rows, x split by
-// columns and read MN-major where it lies), fp32 dx on it too (dV split by rows as x is, W
+// shape (dV's columns split as rows of dVᵀ, transposed into the parts, so that M is its reduced
+// dimension; x split by columns and read MN-major where it lies), fp32 dx on it too (dV split by rows as x is, W
 // split by columns and read MN-major, its parts in the weight scratch), else cuBLAS
 // (fp32: SGEMM, no TF32; `tf32`: TF32; 16-bit models: their own type with fp32
 // accumulation). The GEMV's backward is a rank-one update instead. Stream-ordered, no host
@@ -28,22 +28,17 @@ namespace gemmfuse {
 namespace cuda {
 namespace {
 
-// dW[N, K] = dVᵀ x on the f16x3 kernel: dVᵀ [N, M] transposed by cuBLAS and split by rows as
-// the forward's x; x [M, K] split by columns (each column of x is a column of dW, so its
-// exponent factors out of the output as W's column's does in dx) and read MN-major where it
-// lies, as dx reads W. No second level: rows of dVᵀ crowded with tiny values are recomputed by
-// the fix-up instead.
+// dW[N, K] = dVᵀ x on the f16x3 kernel: dVᵀ read where dV lies ([M, N]: its columns split as
+// the forward's x's rows, transposed into the parts), x [M, K] split by columns (each column of
+// x is a column of dW, so its exponent factors out of the output as W's column's does in dx)
+// and read MN-major where it lies, as dx reads W. No second level: rows of dVᵀ crowded with
+// tiny values are recomputed by the fix-up instead.
 void dw_on_f16x3(const Plan& plan, const BackwardLayout& L, int splits, char* ws, const float* dv,
-                 const float* x, float* gw, cublasHandle_t h, cudaStream_t stream) {
+                 const float* x, float* gw, cudaStream_t stream) {
   const int64_t M = plan.M, N = plan.N, K = plan.K;
   auto f32 = [&](size_t off) { return reinterpret_cast<float*>(ws + off); };
   auto i32 = [&](size_t off) { return reinterpret_cast<int*>(ws + off); };
   auto f16 = [&](size_t off) { return reinterpret_cast<__half*>(ws + off); };
-  const float one = 1.f, zero = 0.f;
-  // Row-major A [r, c] is column-major [c, r]: C = Aᵀ (column-major [r, c], ld r) is row-major Aᵀ.
-  GF_CUBLAS_CHECK(cublasSgeam(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(M), static_cast<int>(N), &one, dv,
-                              static_cast<int>(N), &zero, f32(L.dvt), static_cast<int>(M), f32(L.dvt),
-                              static_cast<int>(M)));
   GF_CUDA_CHECK(cudaMemsetAsync(i32(L.w_list), 0, sizeof(int), stream));
   launch_split_f16x2_columns(x, M, K, f16(L.w_parts), f32(L.w_exps), RowMarks{i32(L.w_flags), i32(L.w_list)},
                              ws + L.w_stats, stream);
@@ -51,7 +46,8 @@ void dw_on_f16x3(const Plan& plan, const BackwardLayout& L, int splits, char* ws
   g.M = N;
   g.N = K;
   g.K = M;
-  g.x = f32(L.dvt);
+  g.x = dv;
+  g.x_transposed = true;
   g.w = x;
   g.w_parts = f16(L.w_parts);
   g.w_exps = f32(L.w_exps);
@@ -63,6 +59,7 @@ void dw_on_f16x3(const Plan& plan, const BackwardLayout& L, int splits, char* ws
   g.scratch.x_exps = f32(L.x_exps);
   g.scratch.x_flags = i32(L.x_flags);
   g.scratch.x_tiny = i32(L.x_tiny);
+  g.scratch.x_stats = ws + L.x_stats;
   g.gemm_workspace = ws + L.gemm_ws;
   g.gemm_workspace_bytes = L.gemm_ws_bytes;
   g.splits = splits;
@@ -202,7 +199,7 @@ void linear_backward(const BackwardCall& c) {
   cudaDataType_t ab = CUDA_R_32F;
   const void* dvp = dv_for_cublas(c, &ab);
   if (gw && L.dw_f16x3) {
-    dw_on_f16x3(plan, L, c.choice.dw_splits, c.ws, dv, static_cast<const float*>(c.a.x), gw, h, c.stream);
+    dw_on_f16x3(plan, L, c.choice.dw_splits, c.ws, dv, static_cast<const float*>(c.a.x), gw, c.stream);
     gw = nullptr;
   }
   if (gx && L.dx_f16x3) {

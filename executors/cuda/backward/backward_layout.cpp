@@ -62,12 +62,13 @@ void place_row_backward(BackwardLayout& L, const Plan& plan, const BackwardPlan&
   if (bp.gemv) L.gemv_row = L.add(4 * plan.K);
 }
 
-// dW = dVᵀ x on the f16x3 kernel: dVᵀ, its parts and marks, x's column split's parts, marks
-// and scratch, the kernel's workspace (x itself is read where it lies).
+// dW = dVᵀ x on the f16x3 kernel: dVᵀ's parts (split from dV where it lies), marks and
+// scratch, x's column split's parts, marks and scratch, the kernel's workspace (x itself is
+// read where it lies).
 void place_dw_f16x3(BackwardLayout& L, const Plan& plan, int splits) {
   const int64_t M = plan.M, N = plan.N, K = plan.K;
-  L.dvt = L.add(4 * N * M);
   L.x_parts = L.add(2 * 2 * N * M);
+  L.x_stats = L.add(split_f16x2_transposed_scratch_bytes(N));
   L.x_exps = L.add(4 * N);
   L.x_flags = L.add(4 * N);
   L.x_tiny = L.add(4 * N);

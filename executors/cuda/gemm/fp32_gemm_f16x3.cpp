@@ -10,8 +10,14 @@ namespace gemmfuse::cuda {
 
 void launch_fp32_gemm_f16x3(const Fp32GemmF16x3& g, cudaStream_t stream) {
   const F16x3Scratch& s = g.scratch;
-  launch_split_f16x2(g.x, g.M, g.K, s.x_parts, s.x_exps, RowMarks{s.x_flags, nullptr, s.x_tiny}, stream);
   const bool second_level = s.second.parts != nullptr;
+  const RowMarks x_marks{s.x_flags, nullptr, s.x_tiny};
+  if (g.x_transposed && (second_level || !g.w_transposed))
+    throw std::logic_error("CUDA gemm: x transposed is split without a second level, with W transposed");
+  if (g.x_transposed)
+    launch_split_f16x2_transposed(g.x, g.K, g.M, s.x_parts, s.x_exps, x_marks, s.x_stats, stream);
+  else
+    launch_split_f16x2(g.x, g.M, g.K, s.x_parts, s.x_exps, x_marks, stream);
   if (second_level)
     launch_split_second_level(g.x, g.M, g.K, s.x_exps, s.x_flags, s.x_tiny, s.second, stream);
   else
@@ -49,7 +55,7 @@ void launch_fp32_gemm_f16x3(const Fp32GemmF16x3& g, cudaStream_t stream) {
     second.ldy = g.ldy;
   }
   launch_fixup_exceptional(g.x, g.w, nullptr, g.bias, g.y, g.M, g.N, g.K, s.x_exps, s.x_flags, g.w_list,
-                           g.w_flags, second, stream, g.w_transposed);
+                           g.w_flags, second, stream, g.w_transposed, g.x_transposed);
 }
 
 }  // namespace gemmfuse::cuda

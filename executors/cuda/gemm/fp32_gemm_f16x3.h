@@ -25,6 +25,7 @@ struct F16x3Scratch {
                               // Without second.parts there is no second level: rows with more
                               // tiny values than the fix-up corrects are recomputed by it (fp32
                               // FMA: slower where many rows have them, as exact)
+  void* x_stats = nullptr;    // x transposed: split_f16x2_transposed_scratch_bytes(M)
 };
 
 struct Fp32GemmF16x3 {
@@ -49,6 +50,9 @@ struct Fp32GemmF16x3 {
   // w and w_parts stored [K, N] (W read MN-major, as dx = dV W reads the weight), w_exps per
   // n from launch_split_f16x2_columns.
   bool w_transposed = false;
+  // x stored [K, M] (dW = dVᵀ x reads dV [M_lin, N_lin] so): split by
+  // launch_split_f16x2_transposed into the same parts, no second level; w_transposed too.
+  bool x_transposed = false;
 };
 
 // Enqueues the whole GEMM on `stream`. Throws std::logic_error where the kernel declines the

@@ -7,6 +7,7 @@
 #include <cub/block/block_scan.cuh>
 
 #include <algorithm>
+#include <stdexcept>
 
 #include "block_list.cuh"
 #include "device_info.h"
@@ -34,34 +35,38 @@ __device__ __forceinline__ bool row_paths_write(const int* __restrict__ w_flags,
   return w_flags[n] == kRowKept;
 }
 
-// W' as the paths read it: W'[n, k] = w[n K + k] times scale[n] (scale null: 1) for W stored
-// [N, K] (the forward's), or w[k N + n] with kTransposed (W stored [K, N]: dx = dV W). A
-// template, so that the forward's kernel keeps its 16-byte loads and registers.
+// An operand [R, K] as the paths read it: element (r, k) at p[r K + k], or at p[k R + r] with
+// kTransposed (stored [K, R]: dx = dV W reads W so, dW = dVᵀ x reads dV so). A template, so
+// that the forward's kernel keeps its 16-byte loads and registers.
 template <bool kTransposed>
-struct WPrime {
-  const float* w;
-  const float* scale;
-  int64_t N, K;
-  __device__ __forceinline__ float at(int64_t n, int64_t k) const {
-    return __ldg(w + (kTransposed ? k * N + n : n * K + k));
+struct Rows {
+  const float* p;
+  int64_t R, K;
+  __device__ __forceinline__ float at(int64_t r, int64_t k) const {
+    return __ldg(p + (kTransposed ? k * R + r : r * K + k));
   }
-  __device__ __forceinline__ float scale_of(int64_t n) const { return scale ? scale[n] : 1.f; }
-  // Four values of row n from k on (0 past K): one 16-byte load where rows are contiguous and
+  // Four values of row r from k on (0 past K): one 16-byte load where rows are contiguous and
   // 16-byte aligned (vec).
-  __device__ __forceinline__ float4 load4(int64_t n, int64_t k, bool vec) const;
+  __device__ __forceinline__ float4 load4(int64_t r, int64_t k, bool vec) const;
+};
+
+// W' as the paths read it: W'[n, k] = W[n, k] times scale[n] (scale null: 1).
+template <bool kTransposed>
+struct WPrime : Rows<kTransposed> {
+  const float* scale;
+  __device__ __forceinline__ float scale_of(int64_t n) const { return scale ? scale[n] : 1.f; }
 };
 
 // Y[m, n] = x[m, :] . W'[n, :] (+ bias[n]) by one warp: lanes take every 32nd k, fp32 FMA,
 // then a warp tree. For W's listed columns, and for a chunk's recomputed rows where they are
 // few (at most kWarpRowsMax: a tile's 64 rows would be mostly idle).
-template <class WP>
-__device__ __forceinline__ void recompute(const float* __restrict__ x, const WP& wp,
+template <class XR, class WP>
+__device__ __forceinline__ void recompute(const XR& x, const WP& wp,
                                           const float* __restrict__ bias, float* __restrict__ y,
                                           int64_t m, int64_t n, int64_t N, int64_t K, int lane) {
-  const float* xr = x + m * K;
   const float s = wp.scale_of(n);
   float acc = 0.f;
-  for (int64_t k = lane; k < K; k += 32) acc = fmaf(__ldg(xr + k), wp.at(n, k) * s, acc);  // W' rounded once
+  for (int64_t k = lane; k < K; k += 32) acc = fmaf(x.at(m, k), wp.at(n, k) * s, acc);  // W' rounded once
   for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
   if (lane == 0) y[m * N + n] = bias ? acc + bias[n] : acc;
 }
@@ -104,13 +109,13 @@ __device__ __forceinline__ float4 load4(const float* __restrict__ row, int64_t k
 }
 
 template <bool kTransposed>
-__device__ __forceinline__ float4 WPrime<kTransposed>::load4(int64_t n, int64_t k, bool vec) const {
+__device__ __forceinline__ float4 Rows<kTransposed>::load4(int64_t r, int64_t k, bool vec) const {
   if constexpr (!kTransposed) {
-    return gemmfuse::cuda::load4(w + n * K, k, K, vec);
+    return gemmfuse::cuda::load4(p + r * K, k, K, vec);
   } else {
     float v[4];
 #pragma unroll
-    for (int j = 0; j < 4; ++j) v[j] = k + j < K ? at(n, k + j) : 0.f;
+    for (int j = 0; j < 4; ++j) v[j] = k + j < K ? at(r, k + j) : 0.f;
     return make_float4(v[0], v[1], v[2], v[3]);
   }
 }
@@ -123,8 +128,8 @@ __device__ __forceinline__ void stash4(float (&dst)[kRows][kPitch], int k, int r
   dst[k + 3][r] = v.w;
 }
 
-template <class Shape, class WP>
-__device__ void recompute_tile(const float* __restrict__ x, const WP& wp, const int* __restrict__ w_flags,
+template <class Shape, class XR, class WP>
+__device__ void recompute_tile(const XR& x, const WP& wp, const int* __restrict__ w_flags,
                                const float* __restrict__ bias, float* __restrict__ y,
                                const int* rows, int count, int64_t n0, int64_t N, int64_t K, bool vec,
                                typename Shape::Stage (&stage)[2]) {
@@ -147,7 +152,7 @@ __device__ void recompute_tile(const float* __restrict__ x, const WP& wp, const 
   auto fetch = [&](int64_t k0) {
 #pragma unroll
     for (int l = 0; l < kLoads; ++l) {
-      gx[l] = load4(x + static_cast<int64_t>(xm[l]) * K, k0 + sk, K, vec);
+      gx[l] = x.load4(xm[l], k0 + sk, vec);
       const float4 v = wp.load4(wn[l], k0 + sk, vec);
       gw[l] = make_float4(v.x * s[l], v.y * s[l], v.z * s[l], v.w * s[l]);  // W' rounded once
     }
@@ -204,8 +209,8 @@ __device__ void recompute_tile(const float* __restrict__ x, const WP& wp, const 
 // The recomputed rows of a chunk, `rows` of them, by tiles of Shape: each CTA of the grid takes
 // items (a group of kTile rows by a tile of columns) row-group-fastest, so that the CTAs running
 // at once share tiles of W'.
-template <class Shape, class WP>
-__device__ void recompute_rows_by_tiles(const float* __restrict__ x, const WP& wp, const int* __restrict__ w_flags,
+template <class Shape, class XR, class WP>
+__device__ void recompute_rows_by_tiles(const XR& x, const WP& wp, const int* __restrict__ w_flags,
                                         const float* __restrict__ bias, float* __restrict__ y,
                                         const int* listed, int rows, int64_t N, int64_t K, bool vec,
                                         typename Shape::Stage (&stage)[2]) {
@@ -237,8 +242,8 @@ struct LeftOutList {
 // slot's: a value tiny at the slot's is tiny at the row's, and no other value is), listed in k
 // order by the whole CTA; their count (at most kListMax, by second_level_pays and
 // correctable_tiny_values).
-template <typename Scan>
-__device__ int list_left_out(const float* __restrict__ xr, float e, int64_t K, LeftOutList& list,
+template <typename Scan, class XR>
+__device__ int list_left_out(const XR& x, int64_t m, float e, int64_t K, LeftOutList& list,
                              typename Scan::TempStorage& scan) {
   const int ei = static_cast<int>(e);
   int listed = 0;
@@ -249,7 +254,7 @@ __device__ int list_left_out(const float* __restrict__ xr, float e, int64_t K, L
     int mine = 0;
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      v[j] = c + j < K ? __ldg(xr + c + j) : 0.f;
+      v[j] = c + j < K ? x.at(m, c + j) : 0.f;
       left[j] = left_out_at(v[j], ei);
       mine += left[j];
     }
@@ -344,12 +349,12 @@ __device__ __forceinline__ void correct_by_warp(const LeftOutList& list, int cou
 
 // Item `item` of a row m whose values left out the fix-up adds (kCorrectCols columns from n0):
 // list them (those left out at exponent e) and add their products, after `add` (or nothing).
-template <typename Scan, class WP>
-__device__ void correct_item(const float* __restrict__ x, float e, const WP& wp, const int* __restrict__ w_flags,
+template <typename Scan, class XR, class WP>
+__device__ void correct_item(const XR& x, float e, const WP& wp, const int* __restrict__ w_flags,
                              const float* __restrict__ add, float* __restrict__ y, int64_t m,
                              int64_t n0, int64_t N, int64_t K, LeftOutList& list,
                              typename Scan::TempStorage& scan) {
-  const int count = list_left_out<Scan>(x + m * K, e, K, list, scan);
+  const int count = list_left_out<Scan>(x, m, e, K, list, scan);
   if (count >= kWarpListFrom)
     correct_by_warp(list, count, wp, w_flags, add, y, m, n0, N, K);
   else
@@ -392,8 +397,8 @@ __device__ __forceinline__ void write_nan_rows(const int* rows, int count, const
 }
 
 // A few listed rows recomputed by warps, one output each, spread over the grid's warps.
-template <class WP>
-__device__ __forceinline__ void recompute_rows_by_warps(const float* __restrict__ x, const WP& wp,
+template <class XR, class WP>
+__device__ __forceinline__ void recompute_rows_by_warps(const XR& x, const WP& wp,
                                                         const int* __restrict__ w_flags,
                                                         const float* __restrict__ bias, float* __restrict__ y,
                                                         const int* rows, int count, int64_t N, int64_t K,
@@ -406,8 +411,8 @@ __device__ __forceinline__ void recompute_rows_by_warps(const float* __restrict_
 
 // W's listed rows (w_list[1 ..]) recomputed as columns of y for every row of x, or written NaN
 // where W's row holds one.
-template <class WP>
-__device__ __forceinline__ void recompute_listed_columns(const float* __restrict__ x, const WP& wp,
+template <class XR, class WP>
+__device__ __forceinline__ void recompute_listed_columns(const XR& x, const WP& wp,
                                                          const int* __restrict__ w_list,
                                                          const int* __restrict__ w_flags,
                                                          const float* __restrict__ bias, float* __restrict__ y,
@@ -433,9 +438,9 @@ __device__ __forceinline__ void recompute_listed_columns(const float* __restrict
 // in local memory (none in the tiles' k loops), and the corrections (gathers from all over W')
 // run faster than with one CTA an SM. With nothing marked the large tile's code adds a little
 // to every call (docs/measurements.md, "Fix-up limits").
-template <class WP>
+template <class XR, class WP>
 __global__ void __launch_bounds__(kFixupThreads, 2)  // the grid: two CTAs an SM
-    fixup_kernel(const float* __restrict__ x, const WP wp, const float* __restrict__ bias,
+    fixup_kernel(const XR x, const WP wp, const float* __restrict__ bias,
                  float* __restrict__ y, int64_t M, int64_t N, int64_t K,
                  const float* __restrict__ x_exps, const int* __restrict__ x_flags,
                  const int* __restrict__ w_list, const int* __restrict__ w_flags, SecondLevel second) {
@@ -460,7 +465,7 @@ __global__ void __launch_bounds__(kFixupThreads, 2)  // the grid: two CTAs an SM
   const int64_t slots = second.rows ? *second.rows : 0;
   const int64_t items_per_row = (N + kCorrectCols - 1) / kCorrectCols;
   // 16-byte loads of x's and W's rows in the tiles
-  const bool vec = K % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(wp.w) % 16 == 0;
+  const bool vec = K % 4 == 0 && reinterpret_cast<uintptr_t>(x.p) % 16 == 0 && reinterpret_cast<uintptr_t>(wp.p) % 16 == 0;
   int64_t slot_base = 0;  // the slot of the chunk's first kRowTiny row
   for (int64_t base = 0; base < M; base += kFlagChunk) {
     const int64_t first = base + kFlagsPerThread * threadIdx.x;
@@ -514,19 +519,35 @@ __global__ void __launch_bounds__(kFixupThreads, 2)  // the grid: two CTAs an SM
 }
 }  // namespace
 
+namespace {
+// The fix-up with x and W read as stored: the forward's (both [rows, K]), dx's (W transposed)
+// and dW's (both transposed).
+template <bool kXTransposed, bool kWTransposed>
+void launch_fixup(const float* x, const float* w, const float* w_scale, const float* bias, float* y,
+                  int64_t M, int64_t N, int64_t K, const float* x_exps, const int* x_flags,
+                  const int* w_list, const int* w_flags, SecondLevel second, cudaStream_t stream) {
+  using XR = Rows<kXTransposed>;
+  using WP = WPrime<kWTransposed>;
+  const dim3 grid(static_cast<unsigned>(sm_count()) * 2), block(kFixupThreads);
+  launch_programmatic(fixup_kernel<XR, WP>, grid, block, 0, stream, XR{x, M, K}, WP{{w, N, K}, w_scale}, bias,
+                      y, M, N, K, x_exps, x_flags, w_list, w_flags, second);
+}
+}  // namespace
+
 void launch_fixup_exceptional(const float* x, const float* w, const float* w_scale,
                               const float* bias, float* y, int64_t M, int64_t N, int64_t K,
                               const float* x_exps, const int* x_flags, const int* w_list,
                               const int* w_flags, SecondLevel second, cudaStream_t stream,
-                              bool w_transposed) {
+                              bool w_transposed, bool x_transposed) {
   if (M <= 0 || N <= 0) return;
-  const dim3 grid(static_cast<unsigned>(sm_count()) * 2), block(kFixupThreads);
-  if (w_transposed)
-    launch_programmatic(fixup_kernel<WPrime<true>>, grid, block, 0, stream, x, WPrime<true>{w, w_scale, N, K},
-                        bias, y, M, N, K, x_exps, x_flags, w_list, w_flags, second);
+  if (x_transposed && !w_transposed)
+    throw std::logic_error("CUDA fix-up: x transposed is read with W transposed (dW's case) only");
+  if (x_transposed)
+    launch_fixup<true, true>(x, w, w_scale, bias, y, M, N, K, x_exps, x_flags, w_list, w_flags, second, stream);
+  else if (w_transposed)
+    launch_fixup<false, true>(x, w, w_scale, bias, y, M, N, K, x_exps, x_flags, w_list, w_flags, second, stream);
   else
-    launch_programmatic(fixup_kernel<WPrime<false>>, grid, block, 0, stream, x, WPrime<false>{w, w_scale, N, K},
-                        bias, y, M, N, K, x_exps, x_flags, w_list, w_flags, second);
+    launch_fixup<false, false>(x, w, w_scale, bias, y, M, N, K, x_exps, x_flags, w_list, w_flags, second, stream);
 }
 
 }  // namespace gemmfuse::cuda

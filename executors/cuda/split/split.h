@@ -160,6 +160,22 @@ __device__ __forceinline__ void split_f16x2_value(float s, __half& p0, __half& p
   p1 = __float2half_rn((s - __half2float(p0)) * 0x1p11f);
 }
 
+// v scaled by 2^e into `fp32`'s parts (zero where not taken, or left out: tiny once scaled, or
+// infinite); whether a taken value was left out. Every fp32 split stores its values so.
+__device__ __forceinline__ bool split_f16x2_scaled(float v, int e, bool take, __half& p0, __half& p1) {
+  const float s = take ? ldexpf(v, e) : 0.f;
+  const bool left = take && left_out_once_scaled(v, s);
+  split_f16x2_value(left ? 0.f : s, p0, p1);
+  return left;
+}
+
+// A row's exponent in `fp32`'s split from its largest finite magnitude `top`: 14 - floor(log2
+// top), so that the row's largest finite value lies in [2^14, 2^15); 0 where it holds a NaN or
+// no finite nonzero value.
+__device__ __forceinline__ int split_exponent_of(float top, bool nan) {
+  return nan || top == 0.f ? 0 : 14 - ilogbf(top);
+}
+
 // Thread 0 of a split's CTA records row r's mark (block-uniform).
 __device__ __forceinline__ void record_mark(int mark, int64_t r, RowMarks marks) {
   if (threadIdx.x == 0) {
@@ -177,6 +193,12 @@ __device__ __forceinline__ void mark_row(bool nan, bool exceptional, int64_t r, 
 }
 
 #endif  // __CUDACC__
+
+// `fp32`'s mark of a row from what its split saw: a NaN, `tiny` values left out for being tiny
+// and `infs` infinities, past `most_infinities` of which the row is recomputed.
+__host__ __device__ constexpr int split_row_mark(bool nan, int64_t tiny, int64_t infs, int64_t most_infinities) {
+  return nan ? kRowNaN : infs > most_infinities ? kRowRecompute : tiny + infs > 0 ? kRowTiny : kRowKept;
+}
 
 // The fp32 mode's split (sm90/gemm_f16x3.h), x per call and W' once per weight version: each
 // row r of src [rows, K] fp32 (K a multiple of 8, src 16-byte aligned) scaled by 2^e[r],
@@ -204,6 +226,15 @@ void launch_split_f16x2(const float* src, int64_t rows, int64_t K, __half* parts
 size_t split_f16x2_columns_scratch_bytes(int64_t cols);
 void launch_split_f16x2_columns(const float* src, int64_t rows, int64_t cols, __half* parts, float* exps,
                                 RowMarks marks, void* scratch, cudaStream_t stream);
+
+// The row split of srcᵀ without forming it, for an operand stored transposed (dW = dVᵀ x reads
+// dV [M, N] as its A [N, M]): row c of srcᵀ is column c of src [rows, cols]. Writes what
+// launch_split_f16x2(srcᵀ, cols, rows, parts, exps, marks) would, bit for bit: parts [2, cols,
+// rows], and per column of src its exponent, mark, tiny count and list entry. rows a multiple of
+// 8 and cols of 4, src 16-byte aligned; `scratch` holds split_f16x2_transposed_scratch_bytes(cols).
+size_t split_f16x2_transposed_scratch_bytes(int64_t cols);
+void launch_split_f16x2_transposed(const float* src, int64_t rows, int64_t cols, __half* parts, float* exps,
+                                   RowMarks marks, void* scratch, cudaStream_t stream);
 
 // The second level of x [M, K] after launch_split_f16x2 (its exps, flags and tiny counts):
 // whether second_level_pays for this x, and if so each kRowTiny row's slot (SecondLevel), its
@@ -235,12 +266,13 @@ void launch_recompute_crowded_rows(int* x_flags, const int* x_tiny, int64_t M, i
 //     second level (from second.exps[s]); or, with more than correctable_tiny_values(K) of
 //     them, the row is recomputed as a kRowRecompute row.
 // Nothing to do costs one launch whose CTAs read the M flags and the list's count.
-// With w_transposed, w is stored [K, N] (W'[n, k] = w[k * N + n] * w_scale[n]).
+// With w_transposed, w is stored [K, N] (W'[n, k] = w[k * N + n] * w_scale[n]); with
+// x_transposed, x is stored [K, M] (x[m, k] = x[k * M + m]; then w_transposed too: dW's case).
 void launch_fixup_exceptional(const float* x, const float* w, const float* w_scale,
                               const float* bias, float* y, int64_t M, int64_t N, int64_t K,
                               const float* x_exps, const int* x_flags, const int* w_list,
                               const int* w_flags, SecondLevel second, cudaStream_t stream,
-                              bool w_transposed = false);
+                              bool w_transposed = false, bool x_transposed = false);
 
 // The `fast` split of src [rows, K] fp32 (times scale[r] per row when scale is not nullptr)
 // into out [rows, 3 * Kh] bf16, three segments of the row's parts, each zero padded to Kh, in

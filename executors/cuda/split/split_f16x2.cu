@@ -10,6 +10,7 @@
 #include <stdexcept>
 
 #include "block_list.cuh"
+#include "column_stats.cuh"
 #include "cuda_check.h"
 #include "device_info.h"
 #include "programmatic_launch.h"
@@ -36,14 +37,7 @@ __device__ __forceinline__ int split8(const float (&v)[8], const int (&e)[8], co
   __half p[2][8];
   int left = 0;
 #pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    float s = take[j] ? ldexpf(v[j], e[j]) : 0.f;
-    if (take[j] && left_out_once_scaled(v[j], s)) {
-      ++left;
-      s = 0.f;
-    }
-    split_f16x2_value(s, p[0][j], p[1][j]);
-  }
+  for (int j = 0; j < 8; ++j) left += split_f16x2_scaled(v[j], e[j], take[j], p[0][j], p[1][j]);
 #pragma unroll
   for (int i = 0; i < 2; ++i) *reinterpret_cast<uint4*>(dst + i * plane) = *reinterpret_cast<const uint4*>(p[i]);
   return left;
@@ -130,11 +124,7 @@ __device__ __forceinline__ void record_row(int64_t r, int e, bool nan, int2 coun
   const int tiny = nan ? 0 : counts.x;
   exps[r] = static_cast<float>(e);
   if (marks.tiny) marks.tiny[r] = tiny;
-  record_mark(nan                          ? kRowNaN
-              : counts.y > most_infinities ? kRowRecompute
-              : tiny + counts.y > 0        ? kRowTiny
-                                           : kRowKept,
-              r, marks);
+  record_mark(split_row_mark(nan, tiny, counts.y, most_infinities), r, marks);
 }
 
 // A CTA per row (grid-stride over rows), 8 values a thread per step: the row's largest finite
@@ -163,7 +153,7 @@ __global__ void __launch_bounds__(kSplitThreads)
     if (threadIdx.x == 0) row_max = block_top;
     __syncthreads();
     const float m = row_max;
-    const int e = nan || m == 0.f ? 0 : 14 - ilogbf(m);
+    const int e = split_exponent_of(m, nan);
     // values left out of the parts (left_out_at e): this thread's infinities too
     const int left = split_row<kSteps>(row, K, first, held, e, nan, parts + r * K, plane);
     // the row's tiny values and infinities (valid in thread 0)
@@ -296,64 +286,6 @@ void launch_split_f16x2(const float* src, int64_t rows, int64_t K, __half* parts
 
 namespace {
 
-// The column split (launch_split_f16x2_columns). Per column, gathered by the stats kernel:
-// the largest finite magnitude's bits, the least nonzero magnitude's bits inverted (so that
-// both are atomicMax over a zeroed buffer; 0 inverted is "none"), and whether the column
-// holds a NaN or an infinity.
-struct ColumnStats {
-  unsigned top, least_inv;
-  int nan, inf;
-};
-constexpr int kColQuads = 64, kColLanes = 4, kColRowsPerLane = 16;  // 256 columns x 64 rows a CTA
-
-// A CTA takes 256 columns (a float4 of 4 columns a thread) by chunks of 64 rows (16 a thread,
-// loads unrolled by 4), reduces its four row lanes through shared memory, then one atomic per column
-// and statistic. Memory bound: one read of src.
-__global__ void __launch_bounds__(kColQuads * kColLanes)
-    column_stats_kernel(const float* __restrict__ src, int64_t rows, int64_t cols,
-                        ColumnStats* __restrict__ stats) {
-  __shared__ ColumnStats part[kColLanes][4 * kColQuads];
-  const int64_t c0 = (static_cast<int64_t>(blockIdx.x) * kColQuads + threadIdx.x) * 4;
-  unsigned top[4] = {}, least[4] = {0x7f800000u, 0x7f800000u, 0x7f800000u, 0x7f800000u};
-  int nan[4] = {}, inf[4] = {};
-  constexpr int64_t kChunk = kColLanes * kColRowsPerLane;
-  for (int64_t r0 = blockIdx.y * kChunk + threadIdx.y; c0 < cols && r0 < rows; r0 += gridDim.y * kChunk) {
-#pragma unroll 4
-    for (int i = 0; i < kColRowsPerLane; ++i) {
-      const int64_t r = r0 + static_cast<int64_t>(i) * kColLanes;
-      if (r >= rows) break;
-      const float4 q = __ldg(reinterpret_cast<const float4*>(src + r * cols + c0));
-      const float v[4] = {q.x, q.y, q.z, q.w};
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const unsigned b = __float_as_uint(fabsf(v[j]));
-        nan[j] |= v[j] != v[j];
-        inf[j] |= isinf(v[j]);
-        if (b < 0x7f800000u) {  // finite
-          top[j] = max(top[j], b);
-          if (b != 0u) least[j] = min(least[j], b);
-        }
-      }
-    }
-  }
-#pragma unroll
-  for (int j = 0; j < 4; ++j) part[threadIdx.y][4 * threadIdx.x + j] = {top[j], ~least[j], nan[j], inf[j]};
-  __syncthreads();
-  const int t = threadIdx.y * kColQuads + threadIdx.x;  // one column of the CTA's 256 per thread
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * 4 * kColQuads + t;
-  if (c >= cols) return;
-  ColumnStats s = part[0][t];
-#pragma unroll
-  for (int l = 1; l < kColLanes; ++l) {
-    const ColumnStats o = part[l][t];
-    s = {max(s.top, o.top), max(s.least_inv, o.least_inv), s.nan | o.nan, s.inf | o.inf};
-  }
-  if (s.top) atomicMax(&stats[c].top, s.top);
-  if (s.least_inv != ~0x7f800000u) atomicMax(&stats[c].least_inv, s.least_inv);
-  if (s.nan) atomicOr(&stats[c].nan, 1);
-  if (s.inf) atomicOr(&stats[c].inf, 1);
-}
-
 // Per column: its exponent (as the row split's: 14 - floor(log2 of the largest finite
 // magnitude), 0 where none is nonzero or the column holds a NaN) and its mark: kRowNaN, or
 // kRowTiny where it holds a value left out (an infinity, or a least nonzero magnitude tiny at
@@ -363,8 +295,7 @@ __global__ void column_marks_kernel(const ColumnStats* __restrict__ stats, int64
   const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= cols) return;
   const ColumnStats s = stats[c];
-  const float top = __uint_as_float(s.top);
-  const int e = s.nan || top == 0.f ? 0 : 14 - ilogbf(top);
+  const int e = s.exponent();
   const bool tiny = s.least_inv != 0u && tiny_at(__uint_as_float(~s.least_inv), e);
   const int mark = s.nan ? kRowNaN : s.inf || tiny ? kRowTiny : kRowKept;
   exps[c] = static_cast<float>(e);
@@ -397,7 +328,7 @@ __global__ void __launch_bounds__(kSplitThreads)
 
 }  // namespace
 
-size_t split_f16x2_columns_scratch_bytes(int64_t cols) { return sizeof(ColumnStats) * static_cast<size_t>(cols); }
+size_t split_f16x2_columns_scratch_bytes(int64_t cols) { return column_stats_bytes(cols); }
 
 void launch_split_f16x2_columns(const float* src, int64_t rows, int64_t cols, __half* parts, float* exps,
                                 RowMarks marks, void* scratch, cudaStream_t stream) {
@@ -406,14 +337,7 @@ void launch_split_f16x2_columns(const float* src, int64_t rows, int64_t cols, __
     throw std::logic_error("CUDA fp16 column split: columns a multiple of 8, 16-byte aligned buffers, flags given");
   if (cols <= 0) return;
   auto* stats = static_cast<ColumnStats*>(scratch);
-  GF_CUDA_CHECK(cudaMemsetAsync(stats, 0, split_f16x2_columns_scratch_bytes(cols), stream));
-  if (rows > 0) {
-    const dim3 grid(static_cast<unsigned>((cols + 4 * kColQuads - 1) / (4 * kColQuads)),
-                    static_cast<unsigned>(std::min<int64_t>(
-                        (rows + kColLanes * kColRowsPerLane - 1) / (kColLanes * kColRowsPerLane), 65535)));
-    column_stats_kernel<<<grid, dim3(kColQuads, kColLanes), 0, stream>>>(src, rows, cols, stats);
-    GF_LAUNCH_CHECK();
-  }
+  launch_column_stats(src, rows, cols, stats, stream);
   column_marks_kernel<<<static_cast<unsigned>((cols + 255) / 256), 256, 0, stream>>>(stats, cols, exps, marks);
   GF_LAUNCH_CHECK();
   if (rows <= 0) return;

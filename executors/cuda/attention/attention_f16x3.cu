@@ -193,7 +193,7 @@ struct QueryRow {
 
 __device__ QueryRow query_row(const AttentionF16x3& a, const Parts& pt, int64_t bh, int64_t row) {
   const bool in = row < a.Sq;
-  return {row, in ? pow2(-static_cast<int>(pt.eq[bh * a.Sq + row])) : 0.f,
+  return {row, in ? unscale_of(pt.eq[bh * a.Sq + row]) : 0.f,
           a.mask.data != nullptr && in ? a.mask.row(bh, row) : nullptr, RowState{}};
 }
 
@@ -208,7 +208,7 @@ __device__ void load_key_tile(Shared<D>& sm, const AttentionF16x3& a, const Part
   load_columns<D>(pt.vh + bh * D * pt.sp, pt.sp, k0, sm.vh);
   load_columns<D>(pt.vl + bh * D * pt.sp, pt.sp, k0, sm.vl);
   for (int i = threadIdx.x; i < kKeys; i += kThreads)
-    sm.fk[i] = k0 + i < a.Sk ? pow2(-static_cast<int>(pt.ek[head + k0 + i])) : 0.f;
+    sm.fk[i] = k0 + i < a.Sk ? unscale_of(pt.ek[head + k0 + i]) : 0.f;
 }
 
 // The tile's softmax step for both rows (keys from k0), O's rows rescaled by its factors.
@@ -239,8 +239,8 @@ __device__ void store_row(const AttentionF16x3& a, const Parts& pt, const float 
   for (int n = 0; n < D / 8; ++n) {
     const int d = 8 * n + 2 * t;
     const float* ev = pt.ev + bh * D + d;
-    out[d] = l > 0.f ? o[n][2 * h] / l * pow2(-static_cast<int>(ev[0])) : 0.f;
-    out[d + 1] = l > 0.f ? o[n][2 * h + 1] / l * pow2(-static_cast<int>(ev[1])) : 0.f;
+    out[d] = l > 0.f ? o[n][2 * h] / l * unscale_of(ev[0]) : 0.f;
+    out[d + 1] = l > 0.f ? o[n][2 * h + 1] / l * unscale_of(ev[1]) : 0.f;
   }
   if (a.lse != nullptr && t == 0)  // a row masked throughout: 0 out, LSE +inf
     a.lse[bh * a.Sq + qr.row] = l > 0.f ? (qr.st.m + log2f(l)) * 0.6931471805599453f : INFINITY;
@@ -306,7 +306,7 @@ template <int D>
 void launch_v_and_kernel(const AttentionF16x3& a, const Layout& L, Parts p, unsigned char* ws,
                          cudaStream_t stream) {
   __half *vh = const_cast<__half*>(p.vh), *vl = const_cast<__half*>(p.vl);
-  auto* flags = reinterpret_cast<int*>(ws + L.flags);
+  int* flags = const_cast<int*>(p.flags);
   auto* v_amax = reinterpret_cast<int*>(ws + L.v_amax);
   GF_CUDA_CHECK(cudaMemsetAsync(flags, 0, L.total - L.flags, stream));  // the flags and V's maxima
   const unsigned bh = static_cast<unsigned>(a.BH);

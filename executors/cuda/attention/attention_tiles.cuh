@@ -69,6 +69,9 @@ constexpr int shared_bytes_at(int D) {
 // 2^n for |n| <= 2 kMaxSplitExp: a normal float, exact (its exponent field written directly).
 __device__ __forceinline__ float pow2(int n) { return __int_as_float((n + 127) << 23); }
 
+// 2^-e for a split's exponent e as its workspace stores it (a float): the factor that undoes it.
+__device__ __forceinline__ float unscale_of(float e) { return pow2(-static_cast<int>(e)); }
+
 __device__ __forceinline__ void split_one(float v, int e, __half* hi, __half* lo) {
   const float s = ldexpf(v, e);
   const __half h = __float2half_rn(s);

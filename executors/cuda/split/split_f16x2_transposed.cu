@@ -1,9 +1,10 @@
 // The row split of an operand stored transposed (split.h, launch_split_f16x2_transposed): dW =
 // dVᵀ x reads dV [M, N] as its A [N, M], whose rows are dV's columns. Three passes over many
 // CTAs, with no transposed fp32 copy: the columns' statistics (column_stats.cuh: each column's
-// exponent from its largest finite magnitude, as the row split takes a row's), then tiles of
-// 64 x 64 values split and transposed through shared memory, counting each column's values left
-// out, then each column's mark from its counts, as the row split marks a row.
+// exponent from its largest finite magnitude, as the row split takes a row's), then each
+// column's values split and stored as a row of the parts (a thread per column, runs of 16
+// rows), counting what each column leaves out, then each column's mark from its counts, as
+// the row split marks a row.
 #include <cuda_fp16.h>
 
 #include <algorithm>
@@ -16,95 +17,49 @@
 namespace gemmfuse::cuda {
 namespace {
 
-constexpr int kTile = 64;             // a CTA's tile: kTile rows x kTile columns of src
-constexpr int kTileThreads = 256;
-constexpr int kPitch = kTile + 8;     // halves a column of the transposed tile (16-byte rows)
+constexpr int kThreads = 256;  // a CTA's columns, one a thread
+constexpr int kRun = 16;       // rows a thread takes of its column at a time: 32 bytes of each plane
 
 // Each column's values left out of the parts: tiny ones and infinities (counts [cols], zeroed).
 struct LeftOut {
   int tiny, infs;
 };
 
-struct TransposedTile {
-  __half part[2][kTile][kPitch];  // [plane][column][row]
-  int e[kTile];
-  bool take[kTile];               // not a NaN column (whose parts are zero) and inside src
-  int tiny[kTile], infs[kTile];
-};
-
-// Column c's values of tile (r0, c0 + c) scaled by the column's exponent and split
-// (split_f16x2_scaled) into the shared tile, transposed: [plane][column][row]. A thread takes
-// four float4s (rows t/16 + 16 i, columns 4 (t % 16) ...) and adds what it left out to the
-// columns' counts.
-__device__ __forceinline__ void split_tile(const float* __restrict__ src, int64_t rows, int64_t cols,
-                                           int64_t r0, int64_t c0, TransposedTile& tile) {
-  const int t = threadIdx.x, cq = 4 * (t % 16);
-  int tiny[4] = {}, infs[4] = {};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int r = t / 16 + 16 * i;
-    const bool in = r0 + r < rows && c0 + cq < cols;  // cols a multiple of 4: a float4 is in or out
-    const float4 q = in ? __ldg(reinterpret_cast<const float4*>(src + (r0 + r) * cols + c0 + cq))
-                        : make_float4(0.f, 0.f, 0.f, 0.f);
-    const float v[4] = {q.x, q.y, q.z, q.w};
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int c = cq + j;
-      const bool left = split_f16x2_scaled(v[j], tile.e[c], in && tile.take[c], tile.part[0][c][r],
-                                           tile.part[1][c][r]);
-      infs[j] += left && isinf(v[j]);
-      tiny[j] += left && !isinf(v[j]);
-    }
-  }
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    if (tiny[j]) atomicAdd(&tile.tiny[cq + j], tiny[j]);
-    if (infs[j]) atomicAdd(&tile.infs[cq + j], infs[j]);
-  }
-}
-
-// The shared tile's parts into rows c0 .. of the part planes [2, cols, rows], from row r0 on:
-// four 16-byte runs of 8 rows a thread.
-__device__ __forceinline__ void store_tile(const TransposedTile& tile, int64_t rows, int64_t cols,
-                                           int64_t r0, int64_t c0, __half* __restrict__ parts) {
-  const int64_t plane = cols * rows;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int run = threadIdx.x + kTileThreads * i;  // [plane][column][8 runs of 8 rows]
-    const int p = run / (8 * kTile), c = run / 8 % kTile, r = 8 * (run % 8);
-    if (c0 + c < cols && r0 + r < rows)  // rows a multiple of 8: a run is in or out
-      *reinterpret_cast<uint4*>(parts + p * plane + (c0 + c) * rows + r0 + r) =
-          *reinterpret_cast<const uint4*>(&tile.part[p][c][r]);
-  }
-}
-
-// A CTA per kTile columns and a stride of row tiles (grid y): each tile split and stored
-// transposed, then the columns' counts of values left out added to `counts`.
-__global__ void __launch_bounds__(kTileThreads)
+// A thread per column c and a stride of runs of kRun rows (grid y): each value scaled by the
+// column's exponent and split (split_f16x2_scaled), the run's parts stored as 32 contiguous
+// bytes of row c of each plane ([2, cols, rows]), then the column's counts of what it left out
+// added to `counts`. A warp's loads of a row are 32 neighbouring columns (128 bytes); no shared
+// memory.
+__global__ void __launch_bounds__(kThreads)
     split_transposed_kernel(const float* __restrict__ src, int64_t rows, int64_t cols,
                             const ColumnStats* __restrict__ stats, __half* __restrict__ parts,
                             LeftOut* __restrict__ counts) {
-  __shared__ __align__(16) TransposedTile tile;
-  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kTile;
-  const int t = threadIdx.x;
-  if (t < kTile) {
-    const bool in = c0 + t < cols;
-    const ColumnStats s = in ? stats[c0 + t] : ColumnStats{};
-    tile.e[t] = s.exponent();
-    tile.take[t] = in && !s.nan;
-    tile.tiny[t] = tile.infs[t] = 0;
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (c >= cols) return;
+  const ColumnStats s = stats[c];
+  const int e = s.exponent();
+  const int64_t plane = cols * rows;
+  int tiny = 0, infs = 0;
+  for (int64_t r0 = static_cast<int64_t>(blockIdx.y) * kRun; r0 < rows; r0 += static_cast<int64_t>(gridDim.y) * kRun) {
+    float v[kRun];
+#pragma unroll
+    for (int i = 0; i < kRun; ++i) v[i] = r0 + i < rows ? __ldg(src + (r0 + i) * cols + c) : 0.f;
+    __align__(16) __half p[2][kRun];
+#pragma unroll
+    for (int i = 0; i < kRun; ++i) {
+      const bool left = split_f16x2_scaled(v[i], e, r0 + i < rows && !s.nan, p[0][i], p[1][i]);
+      infs += left && isinf(v[i]);
+      tiny += left && !isinf(v[i]);
+    }
+#pragma unroll
+    for (int h = 0; h < kRun; h += 8)  // rows a multiple of 8: eight rows are in or out
+      if (r0 + h < rows)
+#pragma unroll
+        for (int k = 0; k < 2; ++k)
+          *reinterpret_cast<uint4*>(parts + k * plane + c * rows + r0 + h) = *reinterpret_cast<const uint4*>(&p[k][h]);
   }
-  for (int64_t r0 = static_cast<int64_t>(blockIdx.y) * kTile; r0 < rows; r0 += static_cast<int64_t>(gridDim.y) * kTile) {
-    __syncthreads();  // the column setup, or the previous tile's stores, are done
-    split_tile(src, rows, cols, r0, c0, tile);
-    __syncthreads();
-    store_tile(tile, rows, cols, r0, c0, parts);
-  }
-  __syncthreads();
-  if (t < kTile && c0 + t < cols && (tile.tiny[t] || tile.infs[t])) {
-    atomicAdd(&counts[c0 + t].tiny, tile.tiny[t]);
-    atomicAdd(&counts[c0 + t].infs, tile.infs[t]);
-  }
+  if (tiny) atomicAdd(&counts[c].tiny, tiny);
+  if (infs) atomicAdd(&counts[c].infs, infs);
 }
 
 // Column c's exponent, tiny count and mark, as record_row gives a row of the row split.
@@ -143,9 +98,9 @@ void launch_split_f16x2_transposed(const float* src, int64_t rows, int64_t cols,
   GF_CUDA_CHECK(cudaMemsetAsync(counts, 0, sizeof(LeftOut) * static_cast<size_t>(cols), stream));
   launch_column_stats(src, rows, cols, stats, stream);
   if (rows > 0) {
-    const dim3 grid(static_cast<unsigned>((cols + kTile - 1) / kTile),
-                    static_cast<unsigned>(std::min<int64_t>((rows + kTile - 1) / kTile, 65535)));
-    split_transposed_kernel<<<grid, kTileThreads, 0, stream>>>(src, rows, cols, stats, parts, counts);
+    const dim3 grid(static_cast<unsigned>((cols + kThreads - 1) / kThreads),
+                    static_cast<unsigned>(std::min<int64_t>((rows + kRun - 1) / kRun, 65535)));
+    split_transposed_kernel<<<grid, kThreads, 0, stream>>>(src, rows, cols, stats, parts, counts);
     GF_LAUNCH_CHECK();
   }
   transposed_marks_kernel<<<static_cast<unsigned>((cols + 255) / 256), 256, 0, stream>>>(stats, counts, rows, cols,

@@ -39,8 +39,8 @@ test-sizes: setup
 
 test: test-cpp test-python test-sizes
 
-# The attention kernels' GoogleTests on the CPU through a host emulator (tools/kernel_emu/):
-# a developer's check before a GPU call, not part of `make test`.
+# The attention kernels' and dW's transposed split's GoogleTests on the CPU through a host
+# emulator (tools/kernel_emu/): a developer's check before a GPU call, not part of `make test`.
 emu-test:
 	tools/kernel_emu/run_gtests.sh
 

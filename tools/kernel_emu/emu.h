@@ -249,6 +249,14 @@ inline int atomicMax(int* p, int v) { int o = *p; *p = o > v ? o : v; return o; 
 inline int atomicOr(int* p, int v) { int o = *p; *p = o | v; return o; }
 inline float __int_as_float(int x) { float f; std::memcpy(&f, &x, 4); return f; }
 inline int __float_as_int(float f) { int x; std::memcpy(&x, &f, 4); return x; }
+// for the splits' column statistics (column_stats.cuh)
+inline unsigned atomicMax(unsigned* p, unsigned v) { unsigned o = *p; *p = o > v ? o : v; return o; }
+inline unsigned __float_as_uint(float f) { unsigned x; std::memcpy(&x, &f, 4); return x; }
+inline float __uint_as_float(unsigned x) { float f; std::memcpy(&f, &x, 4); return f; }
+inline unsigned max(unsigned a, unsigned b) { return a > b ? a : b; }
+inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }
+template <class T> T __ldg(const T* p) { return *p; }
+using std::isinf;  // CUDA's global isinf, for split.h's helpers compiled as host code
 #define cudaGetDevice emu::getDevice
 #define cudaFuncSetAttribute emu::funcSetAttribute
 #define cudaMemsetAsync emu::memsetAsync

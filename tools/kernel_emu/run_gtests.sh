@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Runs the project's real attention GoogleTest files (tests/cpp/cuda_attention_test.cpp,
-# tests/cpp/cuda_attention_nonfinite_test.cpp), unchanged, on the CPU through the fiber emulator
-# (emu.h) and host stubs of the CUDA runtime (emu_rt.h): no GPU, no libcudart.
-#   1. copy executors/cuda/attention/*, cuda_check.h and device_info.h to $GT_DIR/src, patch
-#      the kernels with patch.py (launches -> emu::launch, dynamic smem, mma asm -> emu::mma)
+# Runs the project's real attention and transposed-split GoogleTest files
+# (tests/cpp/cuda_attention_test.cpp, cuda_attention_nonfinite_test.cpp,
+# cuda_split_transposed_test.cpp), unchanged, on the CPU through the fiber emulator (emu.h) and
+# host stubs of the CUDA runtime (emu_rt.h): no GPU, no libcudart.
+#   1. copy executors/cuda/attention/*, the transposed split's sources, cuda_check.h and
+#      device_info.h to $GT_DIR/src, patch them with patch.py (launches -> emu::launch,
+#      dynamic smem, mma asm -> emu::mma)
 #   2./3. build $GT_DIR/attention_gtests with g++ (-include emu_rt.h everywhere) + GoogleTest
 #   4. run it in each mode of $MODES, in parallel, each under a timeout:
 #        plain: exact fp32 accumulation of the mma products
@@ -27,10 +29,13 @@ FLAGS=(-std=c++20 -O2 -g0 -w -pthread)
 rm -rf "$W/src" "$W/obj"
 mkdir -p "$W/src" "$W/obj" "$W/logs"
 cp "$ROOT"/executors/cuda/attention/*.{cu,cuh,h} "$W/src/"
+# the transposed split (dW's) and what it includes: split.h's per-value helpers as host code
+cp "$ROOT"/executors/cuda/split/{split.h,column_stats.cuh,split_f16x2_transposed.cu} "$W/src/"
 cp "$ROOT/executors/cuda/cuda_check.h" "$W/src/"     # the real one: cudaGetLastError etc. stubbed
 cp "$ROOT/executors/cuda/device_info.h" "$W/src/"    # device queries answered by emu.h's stubs
 cp "$EMU/emu.h" "$EMU/emu_rt.h" "$EMU/patch.py" "$W/src/"
-(cd "$W/src" && python3 patch.py) | tee "$W/logs/patch.log"
+(cd "$W/src" && python3 patch.py attention_f16x3.cu attention_f16x3_backward.cu attention_nonfinite.cu \
+   attention_tiles.cuh split.h column_stats.cuh split_f16x2_transposed.cu) | tee "$W/logs/patch.log"
 # patch.py must have found the dynamic smem of both big kernels and the one mma asm
 grep -q 'attention_f16x3.cu launches [1-9].* smem 1' "$W/logs/patch.log" &&
   grep -q 'attention_f16x3_backward.cu launches [1-9].* smem 1' "$W/logs/patch.log" &&
@@ -68,16 +73,16 @@ compile() {  # src obj
 }
 pids=()
 n=0
-for f in attention_f16x3.cu attention_f16x3_backward.cu attention_nonfinite.cu; do
+for f in attention_f16x3.cu attention_f16x3_backward.cu attention_nonfinite.cu split_f16x2_transposed.cu; do
   compile "$W/src/$f" "$W/obj/${f%.cu}.o" & pids+=($!)
   ((++n % JOBS == 0)) && { for p in "${pids[@]}"; do wait "$p"; done; pids=(); }
 done
-for f in cuda_attention_test.cpp cuda_attention_nonfinite_test.cpp; do
+for f in cuda_attention_test.cpp cuda_attention_nonfinite_test.cpp cuda_split_transposed_test.cpp; do
   compile "$ROOT/tests/cpp/$f" "$W/obj/${f%.cpp}.o" & pids+=($!)
   ((++n % JOBS == 0)) && { for p in "${pids[@]}"; do wait "$p"; done; pids=(); }
 done
 for p in "${pids[@]}"; do wait "$p"; done
-"$CXX" "${FLAGS[@]}" "$W"/obj/attention_*.o "$W"/obj/cuda_attention_*test.o "${GTEST_LIBS[@]}" \
+"$CXX" "${FLAGS[@]}" "$W"/obj/{attention,split}_*.o "$W"/obj/cuda_*_test.o "${GTEST_LIBS[@]}" \
   -o "$W/attention_gtests"
 echo "built $W/attention_gtests"
 [[ ${BUILD_ONLY:-0} == 1 ]] && exit 0
@@ -90,7 +95,7 @@ for m in $MODES; do
     start=$(date +%s)
     set +e
     env ${env_of[$m]} timeout "$TIMEOUT" "$W/attention_gtests" \
-      --gtest_filter='CudaAttention.*:CudaAttentionNonFinite.*' "$@" > "$W/logs/$m.log" 2>&1
+      --gtest_filter='CudaAttention.*:CudaAttentionNonFinite.*:CudaSplitTransposed.*' "$@" > "$W/logs/$m.log" 2>&1
     rc=$?
     echo "[ emu mode ] $m (${env_of[$m]:-exact adds}): rc $rc$([[ $rc == 124 ]] && echo ' TIMED OUT'), $(( $(date +%s) - start )) s" >> "$W/logs/$m.log"
     exit $rc

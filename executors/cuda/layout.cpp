@@ -17,14 +17,6 @@ const Step* find_step(const Plan& plan, Step::Kind kind) {
 }
 
 namespace {
-struct Cursor {
-  size_t at = 0;
-  size_t take(size_t bytes) {
-    const size_t off = align_up(at);
-    at = off + bytes;
-    return off;
-  }
-};
 }  // namespace
 
 PreparedLayout prepared_layout(const Plan& plan, const Selection& sel) {

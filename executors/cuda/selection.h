@@ -101,6 +101,11 @@ const char* f16x3_declines(int64_t M, int64_t N, int64_t K, const DeviceFacts& d
 // The same with W read MN-major (dx = dV W): N a multiple of 8 too.
 const char* f16x3_declines_mn_major(int64_t M, int64_t N, int64_t K, const DeviceFacts& d,
                                     const Overrides& o);
+// nullptr where dW [N, K] = dVᵀ x, dV [M, N] and x [M, K] read where they lie, runs on the
+// kernel (launch_weight_grad_f16x3: the GEMM N x K x M with x read MN-major, dV's transposed
+// split reading its rows as 16-byte vectors, so N a multiple of 4), else why not.
+const char* f16x3_weight_grad_declines(int64_t M, int64_t N, int64_t K, const DeviceFacts& d,
+                                       const Overrides& o);
 // PlanRequest::fast_min_rows for an M x N x K GEMM: where fp32 mode's f16x3 kernel takes the
 // shape, up to one row of its tiles (split-K there beats `fast`'s three bf16 products and is
 // more accurate); else the planner's default.

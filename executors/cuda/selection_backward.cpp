@@ -31,14 +31,11 @@ void choose(const Plan& plan, const char* declines, int64_t rows, int64_t cols, 
   *reason = std::string("cuBLAS (") + (declines != nullptr ? declines : "no rows") + ")";
 }
 
-// dW as an f16x3 problem: N rows (dVᵀ's), K columns (x's), reduced over M, x [M, K] read
-// MN-major, dVᵀ split from dV [M, N] where it lies.
+// dW as an f16x3 problem (launch_weight_grad_f16x3).
 const char* dw_declines(const Plan& plan, const DeviceFacts& d, const Overrides& o) {
   if (plan.dtype != DType::F32 || plan.precision != Precision::FP32)
     return "only fp32 mode's dW runs on the split kernel";
-  if (const char* why = f16x3_declines_mn_major(plan.N, plan.K, plan.M, d, o)) return why;
-  return plan.N % 4 != 0 ? "N must be a multiple of 4 (dV's rows read as 16-byte vectors by its transposed split)"
-                         : nullptr;
+  return f16x3_weight_grad_declines(plan.M, plan.N, plan.K, d, o);
 }
 
 // dx as an f16x3 problem: M rows, K columns, reduced over N, W [N, K] read MN-major.

@@ -98,6 +98,13 @@ const char* f16x3_declines_mn_major(int64_t M, int64_t N, int64_t K, const Devic
   return f16x3_slower_than_sgemm(M, N, K, d.sms);
 }
 
+const char* f16x3_weight_grad_declines(int64_t M, int64_t N, int64_t K, const DeviceFacts& d,
+                                       const Overrides& o) {
+  if (const char* why = f16x3_declines_mn_major(N, K, M, d, o)) return why;
+  return N % 4 != 0 ? "N must be a multiple of 4 (dV's rows read as 16-byte vectors by its transposed split)"
+                    : nullptr;
+}
+
 int64_t fast_min_rows(int64_t M, int64_t N, int64_t K, const DeviceFacts& d, const Overrides& o) {
   const int64_t rows = kF16x3TileMN;
   if (M > rows || M < kF16x3MinRows || f16x3_declines(M, N, K, d, o) != nullptr)

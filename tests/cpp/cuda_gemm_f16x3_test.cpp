@@ -26,6 +26,7 @@
 #include "fp32_gemm_f16x3.h"
 #include "gemm_f16x3.h"
 #include "split.h"
+#include "weight_grad_f16x3.h"
 
 namespace {
 
@@ -450,6 +451,39 @@ TEST(CudaF16x3Gemm, TransposedXAgainstFloat64) {
   auto x = uniform(M * K, rng), w = uniform(N * K, rng);
   exceptional_inputs(x, w, K);
   check_exceptional(M, N, K, x, w, std::vector<float>(N, 0.25f), false, true, true);
+}
+
+// dW = dVᵀ x as the backward and linear_cross_entropy run it (weight_grad_f16x3.h: dV and x
+// read where they lie), within the kernel's bound against float64: dV's columns and x's columns
+// 2^-40..2^40 apart (their exponents), tails of every dimension, a split-K choice.
+TEST(CudaF16x3Gemm, WeightGradAgainstFloat64) {
+  SKIP_WITHOUT_SM90();
+  std::mt19937_64 rng(gftest::test_seed());
+  for (const auto [M, N, K, splits] : {std::tuple<int64_t, int64_t, int64_t, int>{1000, 264, 136, 0},
+                                       {256, 100, 512, 3}}) {
+    SCOPED_TRACE("M=" + std::to_string(M) + " N=" + std::to_string(N) + " K=" + std::to_string(K));
+    std::vector<float> dvt = uniform(N * M, rng), xt = uniform(K * M, rng);  // dVᵀ and xᵀ, rows scaled
+    scale_rows(dvt, M, rng);
+    scale_rows(xt, M, rng);
+    std::vector<float> dv(M * N), x(M * K);
+    for (int64_t m = 0; m < M; ++m) {
+      for (int64_t n = 0; n < N; ++n) dv[m * N + n] = dvt[n * M + m];
+      for (int64_t k = 0; k < K; ++k) x[m * K + k] = xt[k * M + m];
+    }
+    DevMem ddv(dv.size() * 4), dx(x.size() * 4), ddw(N * K * 4),
+        ws(gemmfuse::cuda::weight_grad_f16x3_workspace_bytes(M, N, K, splits));
+    CK(cudaMemcpy(ddv.p, dv.data(), dv.size() * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dx.p, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
+    gemmfuse::cuda::WeightGradF16x3 g;
+    g.M = M, g.N = N, g.K = K, g.splits = splits;
+    g.dv = static_cast<const float*>(ddv.p), g.x = static_cast<const float*>(dx.p);
+    g.dw = static_cast<float*>(ddw.p), g.workspace = ws.p;
+    gemmfuse::cuda::launch_weight_grad_f16x3(g, nullptr);
+    CK(cudaDeviceSynchronize());
+    std::vector<float> dw(N * K);
+    CK(cudaMemcpy(dw.data(), ddw.p, dw.size() * 4, cudaMemcpyDeviceToHost));
+    expect_within_bound(N, K, M, dvt, xt, nullptr, dw);
+  }
 }
 
 }  // namespace

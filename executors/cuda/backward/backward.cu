@@ -2,8 +2,7 @@
 // order: the row stage (backward_rows.cu: the operands' gradients and dV), then db = Σ_rows dV,
 // and dx = dV W and dW = dVᵀ x in the chain's precision, on the kernels the Selection chose
 // (selection.h's BackwardChoice): fp32 dW on the f16x3 kernel where its cost rule takes the
-// shape (dV's columns split as rows of dVᵀ, transposed into the parts, so that M is its reduced
-// dimension; x split by columns and read MN-major where it lies), fp32 dx on it too (dV split by rows as x is, W
+// shape (weight_grad_f16x3.h: dV and x read where they lie), fp32 dx on it too (dV split by rows as x is, W
 // split by columns and read MN-major, its parts in the weight scratch), else cuBLAS
 // (fp32: SGEMM, no TF32; `tf32`: TF32; 16-bit models: their own type with fp32
 // accumulation). The GEMV's backward is a rank-one update instead. Stream-ordered, no host
@@ -23,48 +22,11 @@
 #include "gemm_f16x3.h"
 #include "plan_state.h"
 #include "row_backward.h"
+#include "weight_grad_f16x3.h"
 
 namespace gemmfuse {
 namespace cuda {
 namespace {
-
-// dW[N, K] = dVᵀ x on the f16x3 kernel: dVᵀ read where dV lies ([M, N]: its columns split as
-// the forward's x's rows, transposed into the parts), x [M, K] split by columns (each column of
-// x is a column of dW, so its exponent factors out of the output as W's column's does in dx)
-// and read MN-major where it lies, as dx reads W. No second level: rows of dVᵀ crowded with
-// tiny values are recomputed by the fix-up instead.
-void dw_on_f16x3(const Plan& plan, const BackwardLayout& L, int splits, char* ws, const float* dv,
-                 const float* x, float* gw, cudaStream_t stream) {
-  const int64_t M = plan.M, N = plan.N, K = plan.K;
-  auto f32 = [&](size_t off) { return reinterpret_cast<float*>(ws + off); };
-  auto i32 = [&](size_t off) { return reinterpret_cast<int*>(ws + off); };
-  auto f16 = [&](size_t off) { return reinterpret_cast<__half*>(ws + off); };
-  GF_CUDA_CHECK(cudaMemsetAsync(i32(L.w_list), 0, sizeof(int), stream));
-  launch_split_f16x2_columns(x, M, K, f16(L.w_parts), f32(L.w_exps), RowMarks{i32(L.w_flags), i32(L.w_list)},
-                             ws + L.w_stats, stream);
-  Fp32GemmF16x3 g;
-  g.M = N;
-  g.N = K;
-  g.K = M;
-  g.x = dv;
-  g.x_transposed = true;
-  g.w = x;
-  g.w_parts = f16(L.w_parts);
-  g.w_exps = f32(L.w_exps);
-  g.w_list = i32(L.w_list);
-  g.w_flags = i32(L.w_flags);
-  g.w_transposed = true;
-  g.y = gw;
-  g.scratch.x_parts = f16(L.x_parts);
-  g.scratch.x_exps = f32(L.x_exps);
-  g.scratch.x_flags = i32(L.x_flags);
-  g.scratch.x_tiny = i32(L.x_tiny);
-  g.scratch.x_stats = ws + L.x_stats;
-  g.gemm_workspace = ws + L.gemm_ws;
-  g.gemm_workspace_bytes = L.gemm_ws_bytes;
-  g.splits = splits;
-  launch_fp32_gemm_f16x3(g, stream);
-}
 
 // dx[M, K] = dV W on the f16x3 kernel: dV split by rows as the forward's x (with its second
 // level), W [N, K] by columns (its parts into `w_parts`: N K fp16 pairs) and read MN-major.
@@ -199,7 +161,12 @@ void linear_backward(const BackwardCall& c) {
   cudaDataType_t ab = CUDA_R_32F;
   const void* dvp = dv_for_cublas(c, &ab);
   if (gw && L.dw_f16x3) {
-    dw_on_f16x3(plan, L, c.choice.dw_splits, c.ws, dv, static_cast<const float*>(c.a.x), gw, c.stream);
+    WeightGradF16x3 g;
+    g.M = M, g.N = N, g.K = K;
+    g.dv = dv, g.x = static_cast<const float*>(c.a.x), g.dw = gw;
+    g.splits = c.choice.dw_splits;
+    g.workspace = c.ws + L.dw_ws;
+    launch_weight_grad_f16x3(g, c.stream);
     gw = nullptr;
   }
   if (gx && L.dx_f16x3) {

@@ -6,6 +6,7 @@
 
 #include "gemm_f16x3.h"
 #include "split.h"
+#include "weight_grad_f16x3.h"
 
 namespace gemmfuse::cuda {
 namespace {
@@ -62,23 +63,11 @@ void place_row_backward(BackwardLayout& L, const Plan& plan, const BackwardPlan&
   if (bp.gemv) L.gemv_row = L.add(4 * plan.K);
 }
 
-// dW = dVᵀ x on the f16x3 kernel: dVᵀ's parts (split from dV where it lies), marks and
-// scratch, x's column split's parts, marks and scratch, the kernel's workspace (x itself is
-// read where it lies).
+// dW = dVᵀ x on the f16x3 kernel: launch_weight_grad_f16x3's workspace (dV and x themselves
+// are read where they lie).
 void place_dw_f16x3(BackwardLayout& L, const Plan& plan, int splits) {
-  const int64_t M = plan.M, N = plan.N, K = plan.K;
-  L.x_parts = L.add(2 * 2 * N * M);
-  L.x_stats = L.add(split_f16x2_transposed_scratch_bytes(N));
-  L.x_exps = L.add(4 * N);
-  L.x_flags = L.add(4 * N);
-  L.x_tiny = L.add(4 * N);
-  L.w_parts = L.add(2 * 2 * K * M);
-  L.w_exps = L.add(4 * K);
-  L.w_flags = L.add(4 * K);
-  L.w_list = L.add(4 * (1 + K));
-  L.w_stats = L.add(split_f16x2_columns_scratch_bytes(K));
-  L.gemm_ws_bytes = sm90::f16x3_workspace_bytes(N, K, M, /*w_mn_major=*/true, splits);
-  L.gemm_ws = L.add(L.gemm_ws_bytes);
+  L.dw_ws_bytes = weight_grad_f16x3_workspace_bytes(plan.M, plan.N, plan.K, splits);
+  L.dw_ws = L.add(L.dw_ws_bytes);
 }
 
 // dx = dV W on the f16x3 kernel: dV's parts and marks with its second level, W's column

@@ -29,12 +29,10 @@ struct BackwardLayout {
   std::map<int, size_t> vals, acc, bn_g, bn_gx, bn_sums, eval_stats, sinks;
   std::map<int, int64_t> sink_cols;  // operand index -> sink columns (1: a Scalar's row sums)
   size_t gemv_row = 0;
-  // dW on the f16x3 kernel (the Selection's): after the row backward, over its scratch. The
-  // kernel's A is dVᵀ (x_*: its row split, made from dV by launch_split_f16x2_transposed), its
-  // B is x read MN-major (w_*: x's column split).
+  // dW on the f16x3 kernel (the Selection's): after the row backward, over its scratch, the
+  // workspace of launch_weight_grad_f16x3 (dV's and x's parts, their marks, the GEMM's).
   bool dw_f16x3 = false;
-  size_t x_stats = 0, x_parts = 0, x_exps = 0, x_flags = 0, x_tiny = 0, w_parts = 0, w_exps = 0,
-         w_flags = 0, w_list = 0, w_stats = 0, gemm_ws = 0, gemm_ws_bytes = 0;
+  size_t dw_ws = 0, dw_ws_bytes = 0;
   // dx on the f16x3 kernel (the Selection's): after dW, over the same scratch; W's column
   // split's parts in the weight scratch (CudaExecutor::backward_weight_bytes). With dV's
   // second level (softmax-like gradients hold many values ~2^-30 below their row's largest).

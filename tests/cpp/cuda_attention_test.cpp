@@ -335,13 +335,14 @@ TEST(CudaAttention, LargestValuesInTheFirstChunk) {
   check_backward(2, 300, false, 1.f, 0, 0, 64, {3, 4096.f});
 }
 
-// A query, then a key, 16x the rest of its head: large scores, whose split products' error
-// (~2^-22 of |S|) the backward's P = exp(S - LSE) cancels only with the LSE of its own
-// forward (a float64 LSE: dV at ~7x and ~3x a plain fp32 backward's error in kernel_emu's
-// tensor-core mode; after the kernel's forward, below 1x: docs/measurements.md).
+// A key 16x the rest of its head: large scores, whose split products' error (~2^-22 of |S|)
+// the backward's P = exp(S - LSE) cancels at the dominant key only with the LSE of its own
+// forward (a float64 LSE: dV at ~2.7x a plain fp32 backward's error in kernel_emu's
+// tensor-core mode, ~1.8x with exact adds; after the kernel's forward, below 0.7x in both:
+// docs/measurements.md). (A large query's heads vary more: up to 2.75x with exact adds.)
 TEST(CudaAttention, BackwardAfterItsForwardWithLargeScores) {
   SKIP_WITHOUT_SM80();
-  check_backward(2, 200, false, 1.f, 0, 0, 64, {0, 16.f, true});
+  check_backward(2, 200, false, 1.f, 0, 0, 64, {1, 16.f, true});
   check_backward(2, 200, true, 1.f, 0, 0, 64, {1, 16.f, true});
 }
 

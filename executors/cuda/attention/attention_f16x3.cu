@@ -145,26 +145,37 @@ struct RowState {
   float m = -INFINITY, l = 0.f;
 };
 
-// The tile's scores unscaled (times the row's 2^-eq, the key's 2^-ek: exact, then scale log2 e:
-// one rounding), plus the mask's row from the tile's first key (`mrow`; null: none); keys from
-// `limit` on are masked (past S, or after the row under the causal mask). Then exponentiated
+// The tile's scores unscaled and in log2 units: times the row's factor fq (its 2^-eq times
+// scale log2 e: one rounding) and the key's 2^-ek (exact), plus the mask's row from the tile's
+// first key (`mrow`; null: none); keys from `limit` on are masked (past S, or after the row
+// under the causal mask: only a tile that holds such keys compares). Then exponentiated
 // against the row's new maximum; returns the factor the row's earlier sums take.
 __device__ __forceinline__ float softmax_step(float (&s)[8][4], int half, float fq,
-                                              const float* fk, float scale_log2, int limit,
-                                              const float* mrow, int64_t sj, int t,
-                                              RowState& st) {
-  float mx = -INFINITY;
+                                              const float* fk, int limit, const float* mrow,
+                                              int64_t sj, int t, RowState& st) {
 #pragma unroll
   for (int n = 0; n < 8; ++n)
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const int col = 8 * n + 2 * t + j;
-      float& v = s[n][2 * half + j];
-      v = v * fq * fk[col] * scale_log2;
-      if (mrow != nullptr && col < limit) v += mrow[col * sj] * kLog2e;
-      if (col >= limit) v = -INFINITY;
-      mx = fmaxf(mx, v);
-    }
+    for (int j = 0; j < 2; ++j) s[n][2 * half + j] *= fq * fk[8 * n + 2 * t + j];
+  if (mrow != nullptr) {
+#pragma unroll
+    for (int n = 0; n < 8; ++n)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int col = 8 * n + 2 * t + j;
+        if (col < limit) s[n][2 * half + j] += mrow[col * sj] * kLog2e;
+      }
+  }
+  if (limit < kKeys) {
+#pragma unroll
+    for (int n = 0; n < 8; ++n)
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+        if (8 * n + 2 * t + j >= limit) s[n][2 * half + j] = -INFINITY;
+  }
+  float mx = -INFINITY;
+#pragma unroll
+  for (int n = 0; n < 8; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * half], s[n][2 * half + 1]));
   const float m_new = fmaxf(st.m, quad_max(mx));
   const float base = m_new == -INFINITY ? 0.f : m_new;  // a row masked so far stays at 0
   const float corr = exp2f(st.m - base);
@@ -182,8 +193,8 @@ __device__ __forceinline__ float softmax_step(float (&s)[8][4], int half, float 
   return corr;
 }
 
-// One of a thread's two query rows: its index, 2^-eq, its mask row (null: none) and its
-// running softmax state.
+// One of a thread's two query rows: its index, its scores' factor (2^-eq times scale log2 e),
+// its mask row (null: none) and its running softmax state.
 struct QueryRow {
   int64_t row;
   float fq;
@@ -193,7 +204,7 @@ struct QueryRow {
 
 __device__ QueryRow query_row(const AttentionF16x3& a, const Parts& pt, int64_t bh, int64_t row) {
   const bool in = row < a.Sq;
-  return {row, in ? unscale_of(pt.eq[bh * a.Sq + row]) : 0.f,
+  return {row, in ? unscale_of(pt.eq[bh * a.Sq + row]) * (a.scale * kLog2e) : 0.f,
           a.mask.data != nullptr && in ? a.mask.row(bh, row) : nullptr, RowState{}};
 }
 
@@ -221,8 +232,7 @@ __device__ __forceinline__ void softmax_rows(float (&s)[8][4], float (&o)[D / 8]
     const int limit = static_cast<int>(
         std::min<int64_t>(a.Sk - k0, a.causal ? qr[h].row - k0 + 1 : kKeys));
     const float* mtile = qr[h].mrow != nullptr ? qr[h].mrow + k0 * a.mask.sj : nullptr;
-    const float corr = softmax_step(s, h, qr[h].fq, fk, a.scale * kLog2e, limit, mtile,
-                                    a.mask.sj, t, qr[h].st);
+    const float corr = softmax_step(s, h, qr[h].fq, fk, limit, mtile, a.mask.sj, t, qr[h].st);
 #pragma unroll
     for (int n = 0; n < D / 8; ++n) o[n][2 * h] *= corr, o[n][2 * h + 1] *= corr;
   }

@@ -154,29 +154,45 @@ __device__ void load_query_tile(Shared<D>& sm, const Parts& pt, const AttentionF
   wait_async_copies();  // this tile's (and, the first time, K's and V's)
 }
 
-// Pᵀ in place of Sᵀ (the warp's keys x the tile's queries): unscaled, plus the additive mask,
-// exponentiated against each query's LSE, masked (keys or queries past S; causal). The masks
+// Pᵀ in place of Sᵀ (the warp's keys x the tile's queries): unscaled (one rounding: u.qk is a
+// power of two), plus the additive mask, exponentiated against each query's LSE, masked (keys
+// or queries past S; causal) where the warp's part of the tile holds such entries. The masks
 // compare offsets within the tile: key0 + kl is masked from kl = klim on, q0 + ql from
 // ql = qlim on, and under the causal mask where kl > ql + diag (diag = q0 - key0, clamped).
 template <int D>
 __device__ void probabilities(float (&s)[8][4], const Shared<D>& sm, const AttentionF16x3Backward& a,
                               const Unscale& u, int64_t bh, int64_t key0, int64_t q0, int g, int t) {
-  const float mul = a.scale * kLog2e;
+  const float mul = u.qk * (a.scale * kLog2e);
   const int klim = static_cast<int>(std::min<int64_t>(a.Sk - key0, 16));
   const int qlim = static_cast<int>(std::min<int64_t>(a.Sq - q0, kTile));
   const int diag = a.causal ? static_cast<int>(std::clamp<int64_t>(q0 - key0, -kTile, kTile))
                             : kTile;
+  auto masked = [&](int kl, int ql) { return kl >= klim || ql >= qlim || kl > ql + diag; };
 #pragma unroll
   for (int n = 0; n < 8; ++n)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int kl = g + 8 * (i >> 1), ql = 8 * n + 2 * t + (i & 1);
-      const bool masked = kl >= klim || ql >= qlim || kl > ql + diag;
-      float s2 = s[n][i] * u.qk * mul;
-      if (a.mask.data != nullptr && !masked)
-        s2 += a.mask.row(bh, q0 + ql)[(key0 + kl) * a.mask.sj] * kLog2e;
-      s[n][i] = masked ? 0.f : exp2f(s2 - sm.lse[ql]);
-    }
+    for (int i = 0; i < 4; ++i) s[n][i] *= mul;
+  if (a.mask.data != nullptr) {
+    const float* m0 = a.mask.row(bh, q0) + key0 * a.mask.sj;  // the tile's first query, the warp's first key
+#pragma unroll
+    for (int n = 0; n < 8; ++n)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int kl = g + 8 * (i >> 1), ql = 8 * n + 2 * t + (i & 1);
+        if (!masked(kl, ql)) s[n][i] += m0[ql * a.mask.si + kl * a.mask.sj] * kLog2e;
+      }
+  }
+#pragma unroll
+  for (int n = 0; n < 8; ++n)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) s[n][i] = exp2f(s[n][i] - sm.lse[8 * n + 2 * t + (i & 1)]);
+  if (klim < 16 || qlim < kTile || diag < 15) {  // (kl <= 15 and ql >= 0: no causal mask below)
+#pragma unroll
+    for (int n = 0; n < 8; ++n)
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        if (masked(g + 8 * (i >> 1), 8 * n + 2 * t + (i & 1))) s[n][i] = 0.f;
+  }
 }
 
 // dSᵀ = Pᵀ ∘ (dPᵀ − δ), times 2^e_ds (its split's scale), into dp.

@@ -257,6 +257,10 @@ inline unsigned max(unsigned a, unsigned b) { return a > b ? a : b; }
 inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }
 template <class T> T __ldg(const T* p) { return *p; }
 using std::isinf;  // CUDA's global isinf, for split.h's helpers compiled as host code
+namespace emu {
+// ex2.approx.ftz.f32: 2^x (exactly here), results below 2^-126 flushed to 0
+inline float ex2_ftz(float x) { const float y = std::exp2(x); return y < 0x1p-126f ? 0.f : y; }
+}
 #define cudaGetDevice emu::getDevice
 #define cudaFuncSetAttribute emu::funcSetAttribute
 #define cudaMemsetAsync emu::memsetAsync

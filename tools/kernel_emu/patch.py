@@ -32,5 +32,7 @@ for f in sys.argv[1:]:
                  r'asm volatile\(\s*"cp\.async\.cg\.shared\.global[^;]*;\\n"[^;]*\);',
                  'emu::cp_async16(dst, src, valid);',s)
     s,m5=re.subn(r'asm volatile\(\s*"cp\.async\.wait_all;\\n"[^;]*\);','emu::cp_async_wait_all();',s)
-    print(f,'launches',n,'smem',m1,'mma',m2,'ldsm',m3,'cp.async',m4,'wait',m5)
+    # the SFU's 2^x with results below 2^-126 flushed to 0
+    s,m6=re.subn(r'asm\("ex2\.approx\.ftz\.f32 %0, %1;" : "=f"\(y\) : "f"\(x\)\);','y = emu::ex2_ftz(x);',s)
+    print(f,'launches',n,'smem',m1,'mma',m2,'ldsm',m3,'cp.async',m4,'wait',m5,'ex2',m6)
     open(f,'w').write(s)

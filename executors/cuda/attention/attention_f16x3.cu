@@ -178,14 +178,14 @@ __device__ __forceinline__ float softmax_step(float (&s)[8][4], int half, float 
   for (int n = 0; n < 8; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * half], s[n][2 * half + 1]));
   const float m_new = fmaxf(st.m, quad_max(mx));
   const float base = m_new == -INFINITY ? 0.f : m_new;  // a row masked so far stays at 0
-  const float corr = exp2f(st.m - base);
+  const float corr = exp2_flushed(st.m - base);
   float sum = 0.f;
 #pragma unroll
   for (int n = 0; n < 8; ++n)
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       float& v = s[n][2 * half + j];
-      v = exp2f(v - base);
+      v = exp2_flushed(v - base);
       sum += v;
     }
   st.l = st.l * corr + sum;

@@ -185,7 +185,7 @@ __device__ void probabilities(float (&s)[8][4], const Shared<D>& sm, const Atten
 #pragma unroll
   for (int n = 0; n < 8; ++n)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) s[n][i] = exp2f(s[n][i] - sm.lse[8 * n + 2 * t + (i & 1)]);
+    for (int i = 0; i < 4; ++i) s[n][i] = exp2_flushed(s[n][i] - sm.lse[8 * n + 2 * t + (i & 1)]);
   if (klim < 16 || qlim < kTile || diag < 15) {  // (kl <= 15 and ql >= 0: no causal mask below)
 #pragma unroll
     for (int n = 0; n < 8; ++n)

@@ -72,6 +72,16 @@ __device__ __forceinline__ float pow2(int n) { return __int_as_float((n + 127) <
 // 2^-e for a split's exponent e as its workspace stores it (a float): the factor that undoes it.
 __device__ __forceinline__ float unscale_of(float e) { return pow2(-static_cast<int>(e)); }
 
+// 2^x as the SFU computes it (exp2f's own approximation, without exp2f's handling of results
+// below 2^-126, which come out 0): for the softmax's p = 2^(s - max) in (0, 1], where such a p
+// lies below the split's fp16 parts (P's parts carry nothing under ~2^-25) and below fp32's
+// resolution of the row's sum (at least 1), and the running sums' rescaling factor.
+__device__ __forceinline__ float exp2_flushed(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 __device__ __forceinline__ void split_one(float v, int e, __half* hi, __half* lo) {
   const float s = ldexpf(v, e);
   const __half h = __float2half_rn(s);

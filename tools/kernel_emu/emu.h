@@ -121,6 +121,25 @@ inline void ldsm_x2_trans(uint32_t& b0, uint32_t& b1, const void* row) {
   b0 = r[0], b1 = r[1];
 }
 
+// ldmatrix .x4 (not transposed): lanes 8 j .. 8 j + 7 give matrix j's rows; r[j] = row g's
+// values 2t, 2t + 1 (16-byte aligned rows checked).
+inline void ldsm_x4(uint32_t (&r)[4], const void* row) {
+  WarpSlot& s = slot();
+  const int l = lane();
+  s.ptr[l] = static_cast<const uint16_t*>(row);
+  if (reinterpret_cast<uintptr_t>(row) & 15) {
+    std::fprintf(stderr, "EMU: ldmatrix row address %p not 16-byte aligned\n", row);
+    std::abort();
+  }
+  wait(WAIT_WARP);
+  const int g = l / 4, t = l % 4;
+  uint32_t v[4];
+  for (int j = 0; j < 4; ++j)
+    v[j] = uint32_t(s.ptr[8 * j + g][2 * t]) | (uint32_t(s.ptr[8 * j + g][2 * t + 1]) << 16);
+  wait(WAIT_WARP);
+  for (int j = 0; j < 4; ++j) r[j] = v[j];
+}
+
 template <class T> inline T shfl_xor(T v, int m) {
   WarpSlot& s = slot(); const int l = lane();
   s.v[l] = double(v); wait(WAIT_WARP);

@@ -27,6 +27,11 @@ for f in sys.argv[1:]:
     s,m3=re.subn(r'const uint32_t at = static_cast<uint32_t>\(__cvta_generic_to_shared\(row\)\);\s*'
                  r'asm volatile\(\s*"ldmatrix\.sync\.aligned\.m8n8\.x2\.trans[^;]*;\\n"[^;]*\);',
                  'emu::ldsm_x2_trans(b0, b1, row);',s)
+    # ldmatrix .x4: emu::ldsm_x4(r, row)
+    s,m7=re.subn(r'const uint32_t at = static_cast<uint32_t>\(__cvta_generic_to_shared\(row\)\);\s*'
+                 r'asm volatile\(\s*"ldmatrix\.sync\.aligned\.m8n8\.x4\.shared\.b16[^;]*;\\n"[^;]*\);',
+                 'emu::ldsm_x4(r, row);',s)
+    m3+=m7
     # cp.async: emu::cp_async16 queues the copy, emu::cp_async_wait_all does the thread's copies
     s,m4=re.subn(r'const uint32_t at = static_cast<uint32_t>\(__cvta_generic_to_shared\(dst\)\);\s*'
                  r'asm volatile\(\s*"cp\.async\.cg\.shared\.global[^;]*;\\n"[^;]*\);',

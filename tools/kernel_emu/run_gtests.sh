@@ -39,7 +39,7 @@ cp "$EMU/emu.h" "$EMU/emu_rt.h" "$EMU/patch.py" "$W/src/"
 # patch.py must have found the dynamic smem of both big kernels, the one mma asm and the one ex2
 grep -q 'attention_f16x3.cu launches [1-9].* smem 1' "$W/logs/patch.log" &&
   grep -q 'attention_f16x3_backward.cu launches [1-9].* smem 1' "$W/logs/patch.log" &&
-  grep -q 'attention_tiles.cuh .* mma 1 .* ex2 1' "$W/logs/patch.log" ||
+  grep -q 'attention_tiles.cuh .* mma 1 ldsm 2 .* ex2 1' "$W/logs/patch.log" ||
   { echo "patch.py did not match the sources (see $W/logs/patch.log)" >&2; exit 2; }
 if grep -n '<<<\|asm volatile\|asm(\|extern __shared__' "$W"/src/*.cu "$W"/src/*.cuh; then
   echo "unpatched CUDA constructs left (above)" >&2; exit 2

@@ -180,19 +180,43 @@ __device__ void load_columns(const __half* src, int64_t ld, int64_t c0,
 // B of dK += dSᵀ Q: ldmatrix .trans gathers the pairs along k), so no transposed copy is kept.
 enum class BTile { kRowsAlongK, kRowsAlongN };
 
-// B's two fragment registers for k in [k0, k0 + 16), n in [n0, n0 + 8) (lane = 4 g + t).
+// B's two fragment registers for k in [k0, k0 + 16), n in [n0, n0 + 8) from a tile with rows
+// along n (lane = 4 g + t): lanes 0-15 give rows k0 .. k0 + 15, two 8 x 8 matrices transposed
+// on the way (ldmatrix .x2 .trans).
+__device__ __forceinline__ void b_fragment_trans(uint32_t& b0, uint32_t& b1, const __half* b, int ldb,
+                                                 int k0, int n0, int g, int t) {
+  const __half* row = b + (k0 + ((4 * g + t) & 15)) * ldb + n0;
+  const uint32_t at = static_cast<uint32_t>(__cvta_generic_to_shared(row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n"
+               : "=r"(b0), "=r"(b1)
+               : "r"(at));
+}
+
+// Four 8 x 8 matrices of 16-bit values from shared memory (ldmatrix .x4): lanes 8 j .. 8 j + 7
+// give the 16-byte-aligned addresses of matrix j's rows, and r[j] holds values 2t, 2t + 1 of
+// its row g (lane = 4 g + t): one instruction for what four 32-bit loads a lane gather.
+__device__ __forceinline__ void load_matrices_x4(uint32_t (&r)[4], const __half* row) {
+  const uint32_t at = static_cast<uint32_t>(__cvta_generic_to_shared(row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(at));
+}
+
+// B's fragment registers of both parts for k in [k0, k0 + 16), n in [n0, n0 + 8): h0, h1 of
+// the high part, l0, l1 of the low one. Rows along k: one ldmatrix .x4 (matrices: high part
+// k0.., k0 + 8..; low part k0.., k0 + 8..); rows along n: b_fragment's ldmatrix .trans each.
 template <BTile L>
-__device__ __forceinline__ void b_fragment(uint32_t& b0, uint32_t& b1, const __half* b, int ldb,
-                                           int k0, int n0, int g, int t) {
+__device__ __forceinline__ void b_fragments(uint32_t& h0, uint32_t& h1, uint32_t& l0, uint32_t& l1,
+                                            const __half* bh, const __half* bl, int ldb, int k0,
+                                            int n0, int g, int t) {
   if constexpr (L == BTile::kRowsAlongK) {
-    const __half* bn = b + (n0 + g) * ldb + k0 + 2 * t;
-    b0 = pair(bn), b1 = pair(bn + 8);
-  } else {  // lanes 0-15 give rows k0 .. k0 + 15: two 8 x 8 matrices, transposed on the way
-    const __half* row = b + (k0 + ((4 * g + t) & 15)) * ldb + n0;
-    const uint32_t at = static_cast<uint32_t>(__cvta_generic_to_shared(row));
-    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n"
-                 : "=r"(b0), "=r"(b1)
-                 : "r"(at));
+    const int lane = 4 * g + t;
+    uint32_t r[4];
+    load_matrices_x4(r, (lane & 16 ? bl : bh) + (n0 + (lane & 7)) * ldb + k0 + (lane & 8));
+    h0 = r[0], h1 = r[1], l0 = r[2], l1 = r[3];
+  } else {
+    b_fragment_trans(h0, h1, bh, ldb, k0, n0, g, t);
+    b_fragment_trans(l0, l1, bl, ldb, k0, n0, g, t);
   }
 }
 
@@ -202,12 +226,13 @@ __device__ __forceinline__ const __half* b_columns(const __half* b, int ldb, int
   return L == BTile::kRowsAlongK ? b + 8 * n0 * ldb : b + 8 * n0;
 }
 
-// A's fragment of k-step [k0, k0 + 16) for the warp's 16 rows of a shared tile (rows lda apart).
+// A's fragment of k-step [k0, k0 + 16) for the warp's 16 rows of a shared tile (rows lda apart,
+// 16-byte aligned): one ldmatrix .x4, matrices rows 0-7 and 8-15 at k0, then both at k0 + 8,
+// so that af = {A[g][k0 + 2t..], A[g + 8][k0 + 2t..], A[g][k0 + 8 + 2t..], A[g + 8][k0 + 8 + 2t..]}.
 __device__ __forceinline__ void a_fragment(uint32_t (&af)[4], const __half* a, int lda, int k0,
                                            int g, int t) {
-  const int k = k0 + 2 * t;
-  af[0] = pair(a + g * lda + k), af[1] = pair(a + (g + 8) * lda + k);
-  af[2] = pair(a + g * lda + k + 8), af[3] = pair(a + (g + 8) * lda + k + 8);
+  const int lane = 4 * g + t;
+  load_matrices_x4(af, a + ((lane & 7) + (lane & 8)) * lda + k0 + (lane & 16 ? 8 : 0));
 }
 
 // One k-step of a product of split operands over NT output tiles: big += A_hi B_hi and
@@ -221,8 +246,7 @@ __device__ __forceinline__ void mma3_step(float (&big)[NT][4], float (&small)[NT
 #pragma unroll
   for (int n = 0; n < NT; ++n) {
     uint32_t h0, h1, l0, l1;
-    b_fragment<L>(h0, h1, bh, ldb, k0, 8 * n, g, t);
-    b_fragment<L>(l0, l1, bl, ldb, k0, 8 * n, g, t);
+    b_fragments<L>(h0, h1, l0, l1, bh, bl, ldb, k0, 8 * n, g, t);
     mma(small[n], ah, l0, l1);
     mma(small[n], al, h0, h1);
     mma(big[n], ah, h0, h1);

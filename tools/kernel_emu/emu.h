@@ -104,16 +104,24 @@ inline void cp_async_wait_all() {
   cur->copies.clear();
 }
 
-inline void ldsm_x2_trans(uint32_t& b0, uint32_t& b1, const void* row) {
+// An ldmatrix's row addresses, each lane's gathered into the warp's slot (lanes below `lanes`
+// give rows: their addresses must be 16-byte aligned); returns the slot after the warp's barrier.
+inline WarpSlot& ldsm_rows(const void* row, int lanes) {
   WarpSlot& s = slot();
   const int l = lane();
   s.ptr[l] = static_cast<const uint16_t*>(row);
-  if (l < 16 && (reinterpret_cast<uintptr_t>(row) & 15)) {
+  if (l < lanes && (reinterpret_cast<uintptr_t>(row) & 15)) {
     std::fprintf(stderr, "EMU: ldmatrix row address %p not 16-byte aligned\n", row);
     std::abort();
   }
   wait(WAIT_WARP);
-  const int g = l / 4, t = l % 4;
+  return s;
+}
+
+// ldmatrix .x2 .trans: lanes 0-15 give rows k0 .. k0 + 15; b_j = values (2t, 2t + 1) of column g.
+inline void ldsm_x2_trans(uint32_t& b0, uint32_t& b1, const void* row) {
+  WarpSlot& s = ldsm_rows(row, 16);
+  const int g = lane() / 4, t = lane() % 4;
   uint32_t r[2];
   for (int j = 0; j < 2; ++j)
     r[j] = uint32_t(s.ptr[8 * j + 2 * t][g]) | (uint32_t(s.ptr[8 * j + 2 * t + 1][g]) << 16);
@@ -122,17 +130,10 @@ inline void ldsm_x2_trans(uint32_t& b0, uint32_t& b1, const void* row) {
 }
 
 // ldmatrix .x4 (not transposed): lanes 8 j .. 8 j + 7 give matrix j's rows; r[j] = row g's
-// values 2t, 2t + 1 (16-byte aligned rows checked).
+// values 2t, 2t + 1.
 inline void ldsm_x4(uint32_t (&r)[4], const void* row) {
-  WarpSlot& s = slot();
-  const int l = lane();
-  s.ptr[l] = static_cast<const uint16_t*>(row);
-  if (reinterpret_cast<uintptr_t>(row) & 15) {
-    std::fprintf(stderr, "EMU: ldmatrix row address %p not 16-byte aligned\n", row);
-    std::abort();
-  }
-  wait(WAIT_WARP);
-  const int g = l / 4, t = l % 4;
+  WarpSlot& s = ldsm_rows(row, 32);
+  const int g = lane() / 4, t = lane() % 4;
   uint32_t v[4];
   for (int j = 0; j < 4; ++j)
     v[j] = uint32_t(s.ptr[8 * j + g][2 * t]) | (uint32_t(s.ptr[8 * j + g][2 * t + 1]) << 16);

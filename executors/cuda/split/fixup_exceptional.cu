@@ -40,6 +40,7 @@ __device__ __forceinline__ bool row_paths_write(const int* __restrict__ w_flags,
 // that the forward's kernel keeps its 16-byte loads and registers.
 template <bool kTransposed>
 struct Rows {
+  static constexpr bool kStoredTransposed = kTransposed;
   const float* p;
   int64_t R, K;
   __device__ __forceinline__ float at(int64_t r, int64_t k) const {
@@ -120,6 +121,17 @@ __device__ __forceinline__ float4 Rows<kTransposed>::load4(int64_t r, int64_t k,
   }
 }
 
+// Where thread t stages an operand's values in a tile step: {row sr (then sr + kStageRows l),
+// first k sk}. Along k for rows stored as rows (eight threads cover 32 contiguous values of a
+// row), along rows for an operand stored transposed (a warp covers 32 neighbouring rows at
+// each of its four k: one row of the stored operand).
+template <class Shape, bool kTransposed>
+__device__ __forceinline__ int2 stage_at(int t) {
+  constexpr int kGroups = Shape::kTileK / 4;
+  return kTransposed ? make_int2(t % Shape::kStageRows, 4 * (t / Shape::kStageRows))
+                     : make_int2(t / kGroups, 4 * (t % kGroups));
+}
+
 template <int kRows, int kPitch>
 __device__ __forceinline__ void stash4(float (&dst)[kRows][kPitch], int k, int r, float4 v) {
   dst[k][r] = v.x;
@@ -135,33 +147,32 @@ __device__ void recompute_tile(const XR& x, const WP& wp, const int* __restrict_
                                typename Shape::Stage (&stage)[2]) {
   constexpr int kTileK = Shape::kTileK, kQuads = Shape::kQuads, kLoads = Shape::kStageLoads;
   const int t = threadIdx.x;
-  // staging: thread t loads 4 values at k + 4 (t % (kTileK / 4)) of x's listed rows
-  // t / (kTileK / 4) + kStageRows l and of W's rows n0 + the same (a warp: a whole step of
-  // 128 / kTileK rows). Rows and columns past the tile's end load a valid row, unused.
-  const int sr = t / (kTileK / 4), sk = 4 * (t % (kTileK / 4));
+  // staging (stage_at): thread t loads 4 values from k + ax.y of x's listed rows
+  // ax.x + kStageRows l, and from k + aw.y of W's rows n0 + aw.x + kStageRows l. Rows and
+  // columns past the tile's end load a valid row, unused.
+  const int2 ax = stage_at<Shape, XR::kStoredTransposed>(t), aw = stage_at<Shape, WP::kStoredTransposed>(t);
   int xm[kLoads], wn[kLoads];  // row numbers, not pointers: registers are what the large tile lacks
   float s[kLoads];
 #pragma unroll
   for (int l = 0; l < kLoads; ++l) {
-    const int r = sr + Shape::kStageRows * l;
-    xm[l] = rows[min(r, count - 1)];
-    wn[l] = static_cast<int>(min(n0 + r, N - 1));
+    xm[l] = rows[min(ax.x + Shape::kStageRows * l, count - 1)];
+    wn[l] = static_cast<int>(min(n0 + aw.x + Shape::kStageRows * l, N - 1));
     s[l] = wp.scale_of(wn[l]);
   }
   float4 gx[kLoads], gw[kLoads];
   auto fetch = [&](int64_t k0) {
 #pragma unroll
     for (int l = 0; l < kLoads; ++l) {
-      gx[l] = x.load4(xm[l], k0 + sk, vec);
-      const float4 v = wp.load4(wn[l], k0 + sk, vec);
+      gx[l] = x.load4(xm[l], k0 + ax.y, vec);
+      const float4 v = wp.load4(wn[l], k0 + aw.y, vec);
       gw[l] = make_float4(v.x * s[l], v.y * s[l], v.z * s[l], v.w * s[l]);  // W' rounded once
     }
   };
   auto stash = [&](typename Shape::Stage& st) {
 #pragma unroll
     for (int l = 0; l < kLoads; ++l) {
-      stash4(st.x, sk, sr + Shape::kStageRows * l, gx[l]);
-      stash4(st.w, sk, sr + Shape::kStageRows * l, gw[l]);
+      stash4(st.x, ax.y, ax.x + Shape::kStageRows * l, gx[l]);
+      stash4(st.w, aw.y, aw.x + Shape::kStageRows * l, gw[l]);
     }
   };
   fetch(0);

@@ -208,15 +208,20 @@ __device__ void score_grads(float (&dp)[8][4], const float (&p)[8][4], const Sha
     }
 }
 
-// The warp's dSᵀ (scaled) into shared dS [query][key] parts, for dQ.
+// The warp's dSᵀ (scaled) into shared dS [query][key] parts, for dQ: the halves of its parts
+// as dK's A fragments hold them (to_a_parts: value [n][i] is half i & 1 of register
+// 2 (n % 2) + (i >> 1) of k-step n / 2), so dS is split once.
 template <int D>
-__device__ void store_ds(Shared<D>& sm, const float (&ds)[8][4], int w, int g, int t) {
+__device__ void store_ds(Shared<D>& sm, const uint32_t (&hi)[4][4], const uint32_t (&lo)[4][4], int w,
+                         int g, int t) {
 #pragma unroll
   for (int n = 0; n < 8; ++n)
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int key = 16 * w + g + 8 * (i >> 1), ql = 8 * n + 2 * t + (i & 1);
-      split_one(ds[n][i], 0, &sm.dsh[ql][key], &sm.dsl[ql][key]);
+      const int r = 2 * (n % 2) + (i >> 1), shift = 16 * (i & 1);
+      sm.dsh[ql][key] = __ushort_as_half(static_cast<unsigned short>(hi[n / 2][r] >> shift));
+      sm.dsl[ql][key] = __ushort_as_half(static_cast<unsigned short>(lo[n / 2][r] >> shift));
     }
 }
 
@@ -296,9 +301,9 @@ __global__ void __launch_bounds__(kThreads) attention_backward_kernel(AttentionF
                         &sm.dol[0][0], kLd, g, t);
     score_grads(dp, p, sm, u, t);
     to_a_parts<4>(dp, 1.f, xh, xl);
+    store_ds(sm, xh, xl, w, g, t);
     accumulate3_regs<4, kNt, BTile::kRowsAlongN, 2>(dk, xh, xl, &sm.qh[0][d0], &sm.ql[0][d0],
                                                     kLd, g, t);
-    store_ds(sm, dp, w, g, t);
     __syncthreads();
     add_dq(sm, a, u, qhead, q0, d0, w, g, t);
   }

@@ -176,12 +176,15 @@ __device__ __forceinline__ int split_exponent_of(float top, bool nan) {
   return nan || top == 0.f ? 0 : 14 - ilogbf(top);
 }
 
+// Row r's mark into marks.flags, and r into marks.list where it is marked (by one thread).
+__device__ __forceinline__ void write_mark(int mark, int64_t r, RowMarks marks) {
+  if (marks.flags) marks.flags[r] = mark;
+  if (marks.list && mark != kRowKept) marks.list[1 + atomicAdd(marks.list, 1)] = static_cast<int>(r);
+}
+
 // Thread 0 of a split's CTA records row r's mark (block-uniform).
 __device__ __forceinline__ void record_mark(int mark, int64_t r, RowMarks marks) {
-  if (threadIdx.x == 0) {
-    if (marks.flags) marks.flags[r] = mark;
-    if (marks.list && mark != kRowKept) marks.list[1 + atomicAdd(marks.list, 1)] = static_cast<int>(r);
-  }
+  if (threadIdx.x == 0) write_mark(mark, r, marks);
 }
 
 // The end of a CTA's row r in `fast`'s split: kRowNaN if any thread saw a NaN, else

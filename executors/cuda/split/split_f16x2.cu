@@ -299,8 +299,7 @@ __global__ void column_marks_kernel(const ColumnStats* __restrict__ stats, int64
   const bool tiny = s.least_inv != 0u && tiny_at(__uint_as_float(~s.least_inv), e);
   const int mark = s.nan ? kRowNaN : s.inf || tiny ? kRowTiny : kRowKept;
   exps[c] = static_cast<float>(e);
-  if (marks.flags) marks.flags[c] = mark;
-  if (marks.list && mark != kRowKept) marks.list[1 + atomicAdd(marks.list, 1)] = static_cast<int>(c);
+  write_mark(mark, c, marks);
 }
 
 // Eight values of a row a thread, each scaled by its column's exponent (a NaN column's parts

@@ -73,9 +73,8 @@ __global__ void transposed_marks_kernel(const ColumnStats* __restrict__ stats,
   const int tiny = s.nan ? 0 : n.tiny;
   const int mark = split_row_mark(s.nan != 0, tiny, n.infs, correctable_infinities(rows));
   exps[c] = static_cast<float>(s.exponent());
-  if (marks.flags) marks.flags[c] = mark;
   if (marks.tiny) marks.tiny[c] = tiny;
-  if (marks.list && mark != kRowKept) marks.list[1 + atomicAdd(marks.list, 1)] = static_cast<int>(c);
+  write_mark(mark, c, marks);
 }
 
 // The scratch: the columns' statistics, then their counts.

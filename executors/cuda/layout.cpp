@@ -50,7 +50,7 @@ PreparedLayout prepared_layout(const Plan& plan, const Selection& sel) {
     L.bsum = c.take(sizeof(float));
     L.colsign = c.take(sizeof(float) * K);
   }
-  L.total = c.at == 0 ? 0 : align_up(c.at);
+  L.total = c.end();
   return L;
 }
 
@@ -93,7 +93,7 @@ WorkspaceLayout workspace_layout(const Plan& plan, const Selection& sel) {
   }
   if (L.colstats_bytes) L.colstats = c.take(L.colstats_bytes);
   if (L.row_scratch_bytes) L.row_scratch = c.take(L.row_scratch_bytes);
-  L.total = align_up(c.at);
+  L.total = c.end();
   return L;
 }
 

@@ -7,23 +7,13 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "buffer_layout.h"
 #include "gemmfuse/plan.h"
 #include "selection.h"
 
 namespace gemmfuse::cuda {
 
 constexpr size_t kAbsent = static_cast<size_t>(-1);
-constexpr size_t kAlign = 256;
-inline size_t align_up(size_t v, size_t a = kAlign) { return (v + a - 1) / a * a; }
-// Buffers placed one after another, each at a kAlign boundary: take(bytes) returns where.
-struct Cursor {
-  size_t at = 0;
-  size_t take(size_t bytes) {
-    const size_t off = align_up(at);
-    at = off + bytes;
-    return off;
-  }
-};
 // 16-byte vector loads/stores and TMA need it.
 inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 

@@ -33,6 +33,7 @@ cp "$ROOT"/executors/cuda/attention/*.{cu,cuh,h} "$W/src/"
 cp "$ROOT"/executors/cuda/split/{split.h,column_stats.cuh,split_f16x2_transposed.cu} "$W/src/"
 cp "$ROOT/executors/cuda/cuda_check.h" "$W/src/"     # the real one: cudaGetLastError etc. stubbed
 cp "$ROOT/executors/cuda/device_info.h" "$W/src/"    # device queries answered by emu.h's stubs
+cp "$ROOT/executors/cuda/buffer_layout.h" "$W/src/"  # the workspaces' layouts
 cp "$EMU/emu.h" "$EMU/emu_rt.h" "$EMU/patch.py" "$W/src/"
 (cd "$W/src" && python3 patch.py attention_f16x3.cu attention_f16x3_backward.cu attention_nonfinite.cu \
    attention_tiles.cuh split.h column_stats.cuh split_f16x2_transposed.cu) | tee "$W/logs/patch.log"

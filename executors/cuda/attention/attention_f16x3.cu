@@ -11,6 +11,7 @@
 #include "attention_tiles.cuh"
 #include "cuda_check.h"
 #include "device_info.h"
+#include "buffer_layout.h"
 
 namespace gemmfuse::cuda {
 namespace {
@@ -294,20 +295,23 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 3 : 1)
 // The workspace: Q's parts [2][BH Sq D] and K's [2][BH Sk D] fp16, V's [2][BH D Sp]
 // (transposed, Sp = Sk rounded up to whole key tiles), then Q's and K's row exponents [BH Sq]
 // and [BH Sk], V's column exponents [BH D], the flags of the heads attention_nonfinite.cu
-// recomputes [BH] and V's columns' largest magnitudes [BH D] (as bits; zeroed with the flags).
+// recomputes [BH] and V's columns' largest magnitudes [BH D] (as bits; zeroed with the flags),
+// each on a 256-byte boundary (buffer_layout.h).
 struct Layout {
   int64_t sp;
-  size_t k_parts, v_parts, exps_q, exps_k, exps_v, flags, v_amax, total;
+  size_t q_parts, k_parts, v_parts, exps_q, exps_k, exps_v, flags, v_amax, total;
   Layout(int64_t BH, int64_t Sq, int64_t Sk, int D) : sp((Sk + kTile - 1) / kTile * kTile) {
     const size_t bh = static_cast<size_t>(BH);
-    k_parts = 2 * bh * Sq * D * sizeof(__half);
-    v_parts = k_parts + 2 * bh * Sk * D * sizeof(__half);
-    exps_q = v_parts + 2 * bh * D * sp * sizeof(__half);
-    exps_k = exps_q + bh * Sq * sizeof(float);
-    exps_v = exps_k + bh * Sk * sizeof(float);
-    flags = exps_v + bh * D * sizeof(float);
-    v_amax = flags + bh * sizeof(int);
-    total = v_amax + bh * D * sizeof(int);
+    Cursor c;
+    q_parts = c.take(2 * bh * Sq * D * sizeof(__half));
+    k_parts = c.take(2 * bh * Sk * D * sizeof(__half));
+    v_parts = c.take(2 * bh * D * sp * sizeof(__half));
+    exps_q = c.take(bh * Sq * sizeof(float));
+    exps_k = c.take(bh * Sk * sizeof(float));
+    exps_v = c.take(bh * D * sizeof(float));
+    flags = c.take(bh * sizeof(int));  // the flags and V's maxima are zeroed together
+    v_amax = c.take(bh * D * sizeof(int));
+    total = c.end();
   }
 };
 
@@ -317,7 +321,7 @@ void launch_v_and_kernel(const AttentionF16x3& a, const Layout& L, Parts p, unsi
                          cudaStream_t stream) {
   __half *vh = const_cast<__half*>(p.vh), *vl = const_cast<__half*>(p.vl);
   int* flags = const_cast<int*>(p.flags);
-  auto* v_amax = reinterpret_cast<int*>(ws + L.v_amax);
+  auto* v_amax = LaidOut{ws}.as<int>(L.v_amax);
   GF_CUDA_CHECK(cudaMemsetAsync(flags, 0, L.total - L.flags, stream));  // the flags and V's maxima
   const unsigned bh = static_cast<unsigned>(a.BH);
   v_amax_kernel<D><<<dim3(bh, static_cast<unsigned>((a.Sk + kVChunk - 1) / kVChunk)), dim3(D, kVRows),
@@ -363,11 +367,12 @@ void launch_attention_f16x3(const AttentionF16x3& a, cudaStream_t stream) {
   if (a.Sk == 0) throw std::logic_error("attention over no keys");  // the route declines it
   const Layout L(a.BH, a.Sq, a.Sk, a.D);
   auto* ws = static_cast<unsigned char*>(a.workspace);
+  const LaidOut buf{ws};
   const size_t nq = static_cast<size_t>(a.BH) * a.Sq * a.D, nk = static_cast<size_t>(a.BH) * a.Sk * a.D;
-  auto* qh = reinterpret_cast<__half*>(ws);
-  auto* kh = reinterpret_cast<__half*>(ws + L.k_parts);
-  auto* vh = reinterpret_cast<__half*>(ws + L.v_parts);
-  auto exps = [&](size_t off) { return reinterpret_cast<float*>(ws + off); };
+  auto* qh = buf.as<__half>(L.q_parts);
+  auto* kh = buf.as<__half>(L.k_parts);
+  auto* vh = buf.as<__half>(L.v_parts);
+  auto exps = [&](size_t off) { return buf.as<float>(off); };
   auto split = [&](const float* x, int64_t rows, __half* hi, float* e) {
     const unsigned blocks = static_cast<unsigned>((rows * 32 + 255) / 256);
     split_rows_kernel<<<blocks, 256, 0, stream>>>(x, rows, a.D, hi, hi + rows * a.D, e);
@@ -375,7 +380,7 @@ void launch_attention_f16x3(const AttentionF16x3& a, cudaStream_t stream) {
   };
   split(a.q, a.BH * a.Sq, qh, exps(L.exps_q));
   split(a.k, a.BH * a.Sk, kh, exps(L.exps_k));
-  auto* flags = reinterpret_cast<int*>(ws + L.flags);
+  auto* flags = buf.as<int>(L.flags);
   const Parts p{qh, qh + nq, kh, kh + nk, vh, vh + a.BH * a.D * L.sp,
                 exps(L.exps_q), exps(L.exps_k), exps(L.exps_v), flags, L.sp};
   if (a.D == 64)

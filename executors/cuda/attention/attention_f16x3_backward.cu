@@ -20,6 +20,7 @@
 #include "attention_tiles.cuh"
 #include "cuda_check.h"
 #include "device_info.h"
+#include "buffer_layout.h"
 
 namespace gemmfuse::cuda {
 namespace {
@@ -312,16 +313,18 @@ __global__ void __launch_bounds__(kThreads) attention_backward_kernel(AttentionF
 }
 
 // The workspace: Q's, K's, V's and dO's parts [2][BH Sq D], [2][BH Sk D], [2][BH Sk D],
-// [2][BH Sq D] fp16, the heads' largest magnitudes [4][BH], δ [BH Sq].
+// [2][BH Sq D] fp16, the heads' largest magnitudes [4][BH], δ [BH Sq], each on a 256-byte
+// boundary (buffer_layout.h).
 struct Layout {
   size_t part[4], amax, delta, total;
   Layout(int64_t BH, int64_t Sq, int64_t Sk, int D) {
     const size_t q = 2 * static_cast<size_t>(BH) * Sq * D * sizeof(__half);
     const size_t k = 2 * static_cast<size_t>(BH) * Sk * D * sizeof(__half);
-    part[0] = 0, part[1] = q, part[2] = q + k, part[3] = q + 2 * k;
-    amax = 2 * q + 2 * k;
-    delta = amax + 4 * static_cast<size_t>(BH) * sizeof(float);
-    total = delta + static_cast<size_t>(BH) * Sq * sizeof(float);
+    Cursor c;
+    part[0] = c.take(q), part[1] = c.take(k), part[2] = c.take(k), part[3] = c.take(q);
+    amax = c.take(4 * static_cast<size_t>(BH) * sizeof(float));
+    delta = c.take(static_cast<size_t>(BH) * Sq * sizeof(float));
+    total = c.end();
   }
 };
 
@@ -381,11 +384,11 @@ void launch_attention_f16x3_backward(const AttentionF16x3Backward& a, cudaStream
     return;
   }
   const Layout L(a.BH, a.Sq, a.Sk, a.D);
-  auto* ws = static_cast<unsigned char*>(a.workspace);
-  auto* amax = reinterpret_cast<float*>(ws + L.amax);
-  auto* delta = reinterpret_cast<float*>(ws + L.delta);
+  const LaidOut buf{a.workspace};
+  auto* amax = buf.as<float>(L.amax);
+  auto* delta = buf.as<float>(L.delta);
   __half* hi[4];
-  for (int i = 0; i < 4; ++i) hi[i] = reinterpret_cast<__half*>(ws + L.part[i]);
+  for (int i = 0; i < 4; ++i) hi[i] = buf.as<__half>(L.part[i]);
   split_heads(a, amax, hi, stream);
   const int64_t rows = a.BH * a.Sq;
   delta_kernel<<<static_cast<unsigned>((rows * 32 + 255) / 256), 256, 0, stream>>>(a.dout, a.o, rows, a.D,

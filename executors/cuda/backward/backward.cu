@@ -33,12 +33,10 @@ namespace {
 void dx_on_f16x3(const Plan& plan, const BackwardLayout& L, int splits, char* ws, void* w_parts,
                  const float* dv, const float* w, float* gx, cudaStream_t stream) {
   const int64_t M = plan.M, N = plan.N, K = plan.K;
-  auto f32 = [&](size_t off) { return reinterpret_cast<float*>(ws + off); };
-  auto i32 = [&](size_t off) { return reinterpret_cast<int*>(ws + off); };
-  auto f16 = [&](size_t off) { return reinterpret_cast<__half*>(ws + off); };
-  GF_CUDA_CHECK(cudaMemsetAsync(i32(L.wc_list), 0, sizeof(int), stream));
-  launch_split_f16x2_columns(w, N, K, static_cast<__half*>(w_parts), f32(L.wc_exps),
-                             RowMarks{i32(L.wc_flags), i32(L.wc_list)}, ws + L.wc_stats, stream);
+  const LaidOut buf{ws};
+  GF_CUDA_CHECK(cudaMemsetAsync(buf.as<int>(L.wc_list), 0, sizeof(int), stream));
+  launch_split_f16x2_columns(w, N, K, static_cast<__half*>(w_parts), buf.as<float>(L.wc_exps),
+                             RowMarks{buf.as<int>(L.wc_flags), buf.as<int>(L.wc_list)}, ws + L.wc_stats, stream);
   Fp32GemmF16x3 g;
   g.M = M;
   g.N = K;
@@ -46,21 +44,21 @@ void dx_on_f16x3(const Plan& plan, const BackwardLayout& L, int splits, char* ws
   g.x = dv;
   g.w = w;
   g.w_parts = static_cast<const __half*>(w_parts);
-  g.w_exps = f32(L.wc_exps);
-  g.w_list = i32(L.wc_list);
-  g.w_flags = i32(L.wc_flags);
+  g.w_exps = buf.as<float>(L.wc_exps);
+  g.w_list = buf.as<int>(L.wc_list);
+  g.w_flags = buf.as<int>(L.wc_flags);
   g.w_transposed = true;
   g.y = gx;
-  g.scratch.x_parts = f16(L.dv_parts);
-  g.scratch.x_exps = f32(L.dv_exps);
-  g.scratch.x_flags = i32(L.dv_flags);
-  g.scratch.x_tiny = i32(L.dv_tiny);
-  g.scratch.second.rows = i32(L.second_rows);
-  g.scratch.second.slot_row = i32(L.slot_row);
-  g.scratch.second.slot_tiny = i32(L.slot_tiny);
-  g.scratch.second.exps = f32(L.slot_exps);
-  g.scratch.second.parts = f16(L.slot_parts);
-  g.scratch.second.y = f32(L.slot_y);
+  g.scratch.x_parts = buf.as<__half>(L.dv_parts);
+  g.scratch.x_exps = buf.as<float>(L.dv_exps);
+  g.scratch.x_flags = buf.as<int>(L.dv_flags);
+  g.scratch.x_tiny = buf.as<int>(L.dv_tiny);
+  g.scratch.second.rows = buf.as<int>(L.second_rows);
+  g.scratch.second.slot_row = buf.as<int>(L.slot_row);
+  g.scratch.second.slot_tiny = buf.as<int>(L.slot_tiny);
+  g.scratch.second.exps = buf.as<float>(L.slot_exps);
+  g.scratch.second.parts = buf.as<__half>(L.slot_parts);
+  g.scratch.second.y = buf.as<float>(L.slot_y);
   g.gemm_workspace = ws + L.dx_ws;
   g.gemm_workspace_bytes = L.dx_ws_bytes;
   g.splits = splits;

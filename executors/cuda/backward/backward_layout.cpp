@@ -99,21 +99,21 @@ BackwardLayout backward_layout(const Plan& plan, const BackwardPlan& bp, const B
   L.slots = choice.slots;
   L.dv = L.add(4 * plan.M * plan.chain.row_width(bp.start));
   if (plan.dtype != DType::F32) L.dv16 = L.add(2 * plan.M * plan.chain.row_width(bp.start));
-  const size_t scratch = L.total;  // the row backward's, dW's and dx's buffers start here
+  const size_t scratch = L.place.end();  // the row backward's, dW's and dx's buffers start here
   place_row_backward(L, plan, bp);
-  const size_t row_end = L.total;
+  L.total = L.place.end();
   L.dw_f16x3 = choice.dw == GemmKind::F16x3;
   if (L.dw_f16x3) {
-    L.total = scratch;
+    L.place.at = scratch;
     place_dw_f16x3(L, plan, choice.dw_splits);
+    L.total = std::max(L.total, L.place.end());
   }
-  const size_t dw_end = L.total;
   L.dx_f16x3 = choice.dx == GemmKind::F16x3;
   if (L.dx_f16x3) {
-    L.total = scratch;
+    L.place.at = scratch;
     place_dx_f16x3(L, plan, choice.dx_splits);
+    L.total = std::max(L.total, L.place.end());
   }
-  L.total = std::max({L.total, dw_end, row_end});
   return L;
 }
 

@@ -12,13 +12,14 @@
 #include <map>
 
 #include "gemmfuse/backward.h"
+#include "buffer_layout.h"
 #include "gemmfuse/plan.h"
 #include "selection.h"
 
 namespace gemmfuse::cuda {
 
 struct BackwardLayout {
-  size_t total = 0;
+  size_t total = 0;  // the bytes of all three stages' buffers
   size_t dv = 0, dv16 = 0;  // dV [M, w] fp32; its 16-bit copy for a 16-bit model's cuBLAS GEMMs
   // The row backward (row_backward.h's BwSegment): values and gradient rows per slot, the
   // gradients of values read again later (acc, [M, w]), the batch-statistics BatchNorms'
@@ -41,12 +42,8 @@ struct BackwardLayout {
          wc_stats = 0, dx_ws = 0, dx_ws_bytes = 0, second_rows = 0, slot_row = 0, slot_tiny = 0,
          slot_exps = 0, slot_parts = 0, slot_y = 0;
 
-  // Places `bytes` at the end (rounded up to 256) and returns where.
-  size_t add(size_t bytes) {
-    const size_t at = total;
-    total += (bytes + 255) / 256 * 256;
-    return at;
-  }
+  Cursor place;  // where the next buffer goes (buffer_layout.h); each stage starts it over at dV's end
+  size_t add(size_t bytes) { return place.take(bytes); }
 };
 
 BackwardLayout backward_layout(const Plan& plan, const BackwardPlan& bp, const BackwardChoice& choice);

@@ -24,7 +24,7 @@ struct BackwardCall {
   char* ws;  // the scratch (a.workspace), laid out by L
   cudaStream_t stream;
 
-  float* at(size_t offset) const { return reinterpret_cast<float*>(ws + offset); }
+  float* at(size_t offset) const { return LaidOut{ws}.as<float>(offset); }  // an fp32 buffer of L's
 };
 
 // The row stage: zeroes the operands' gradients, then fills dV (at L.dv) as the Selection's

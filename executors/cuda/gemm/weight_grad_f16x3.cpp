@@ -32,7 +32,7 @@ struct Layout {
     b_stats = c.take(split_f16x2_columns_scratch_bytes(K));
     gemm_bytes = sm90::f16x3_workspace_bytes(N, K, M, /*w_mn_major=*/true, splits);
     gemm = c.take(gemm_bytes);
-    total = align_up(c.at);
+    total = c.end();
   }
 };
 
@@ -45,12 +45,10 @@ size_t weight_grad_f16x3_workspace_bytes(int64_t M, int64_t N, int64_t K, int sp
 void launch_weight_grad_f16x3(const WeightGradF16x3& w, cudaStream_t stream) {
   const Layout L(w.M, w.N, w.K, w.splits);
   char* ws = static_cast<char*>(w.workspace);
-  auto f32 = [&](size_t off) { return reinterpret_cast<float*>(ws + off); };
-  auto i32 = [&](size_t off) { return reinterpret_cast<int*>(ws + off); };
-  auto f16 = [&](size_t off) { return reinterpret_cast<__half*>(ws + off); };
-  GF_CUDA_CHECK(cudaMemsetAsync(i32(L.b_list), 0, sizeof(int), stream));
-  launch_split_f16x2_columns(w.x, w.M, w.K, f16(L.b_parts), f32(L.b_exps), RowMarks{i32(L.b_flags), i32(L.b_list)},
-                             ws + L.b_stats, stream);
+  const LaidOut buf{ws};
+  GF_CUDA_CHECK(cudaMemsetAsync(buf.as<int>(L.b_list), 0, sizeof(int), stream));
+  launch_split_f16x2_columns(w.x, w.M, w.K, buf.as<__half>(L.b_parts), buf.as<float>(L.b_exps),
+                             RowMarks{buf.as<int>(L.b_flags), buf.as<int>(L.b_list)}, ws + L.b_stats, stream);
   Fp32GemmF16x3 g;
   g.M = w.N;
   g.N = w.K;
@@ -58,16 +56,16 @@ void launch_weight_grad_f16x3(const WeightGradF16x3& w, cudaStream_t stream) {
   g.x = w.dv;
   g.x_transposed = true;
   g.w = w.x;
-  g.w_parts = f16(L.b_parts);
-  g.w_exps = f32(L.b_exps);
-  g.w_list = i32(L.b_list);
-  g.w_flags = i32(L.b_flags);
+  g.w_parts = buf.as<__half>(L.b_parts);
+  g.w_exps = buf.as<float>(L.b_exps);
+  g.w_list = buf.as<int>(L.b_list);
+  g.w_flags = buf.as<int>(L.b_flags);
   g.w_transposed = true;
   g.y = w.dw;
-  g.scratch.x_parts = f16(L.a_parts);
-  g.scratch.x_exps = f32(L.a_exps);
-  g.scratch.x_flags = i32(L.a_flags);
-  g.scratch.x_tiny = i32(L.a_tiny);
+  g.scratch.x_parts = buf.as<__half>(L.a_parts);
+  g.scratch.x_exps = buf.as<float>(L.a_exps);
+  g.scratch.x_flags = buf.as<int>(L.a_flags);
+  g.scratch.x_tiny = buf.as<int>(L.a_tiny);
   g.scratch.x_stats = ws + L.a_stats;
   g.gemm_workspace = ws + L.gemm;
   g.gemm_workspace_bytes = L.gemm_bytes;

@@ -19,6 +19,8 @@
 #include <cmath>
 #include <cstdint>
 
+#include "split.h"
+
 namespace gemmfuse::cuda::attention {
 
 constexpr int kTile = 64;       // query rows and keys per tile
@@ -82,11 +84,10 @@ __device__ __forceinline__ float exp2_flushed(float x) {
   return y;
 }
 
+// v scaled by 2^e into its two fp16 parts, by split.h's rule. Attention keeps every value: a
+// head holding a NaN or an infinity is recomputed in fp32 (attention_nonfinite.cu).
 __device__ __forceinline__ void split_one(float v, int e, __half* hi, __half* lo) {
-  const float s = ldexpf(v, e);
-  const __half h = __float2half_rn(s);
-  *hi = h;
-  *lo = __float2half_rn((s - __half2float(h)) * 2048.f);
+  split_f16x2_value(ldexpf(v, e), *hi, *lo);
 }
 
 __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {

@@ -20,6 +20,8 @@ for f in sys.argv[1:]:
     s=open(f).read(); s0=s
     # split.h keeps its device helpers for nvcc; the emulator compiles them as host code
     s=s.replace('#if defined(__CUDACC__)  // the per-value splits','#if 1  // (kernel_emu) the per-value splits')
+    # row_team.h's warp and CTA teams (the row backward's) are device code the emulator runs
+    if f.endswith('row_team.h'): s=s.replace('#if defined(__CUDACC__)','#if 1  // (kernel_emu) device teams')
     s,n=fix_launch(s)
     s,m1=re.subn(r'extern __shared__ __align__\(16\) unsigned char smem_raw\[\];','unsigned char* smem_raw = emu::dyn_smem;',s)
     s,m2=re.subn(r'asm volatile\(\s*"mma\.sync[^;]*;\\n"\s*:[^:]*:[^;]*\);','emu::mma(c, a, b0, b1);',s)

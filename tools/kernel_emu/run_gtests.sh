@@ -34,9 +34,15 @@ cp "$ROOT"/executors/cuda/split/{split.h,column_stats.cuh,split_f16x2_transposed
 cp "$ROOT/executors/cuda/cuda_check.h" "$W/src/"     # the real one: cudaGetLastError etc. stubbed
 cp "$ROOT/executors/cuda/device_info.h" "$W/src/"    # device queries answered by emu.h's stubs
 cp "$ROOT/executors/cuda/buffer_layout.h" "$W/src/"  # the workspaces' layouts
+# the backward's row stage (backward_rows.cu, row_backward.cu), its layout and the row ops
+cp "$ROOT"/executors/cuda/backward/{row_backward.cu,row_backward.h,backward_rows.cu,backward_stages.h} "$W/src/"
+cp "$ROOT"/executors/cuda/backward/{backward_layout.h,backward_layout.cpp} "$W/src/"
+cp "$ROOT"/executors/cuda/{selection.h,sm90/gemm_f16x3.h,gemm/weight_grad_f16x3.h} "$W/src/"
+cp "$ROOT"/executors/common/*.h "$EMU/stubs.cpp" "$W/src/"
 cp "$EMU/emu.h" "$EMU/emu_rt.h" "$EMU/patch.py" "$W/src/"
 (cd "$W/src" && python3 patch.py attention_f16x3.cu attention_f16x3_backward.cu attention_nonfinite.cu \
-   attention_tiles.cuh split.h column_stats.cuh split_f16x2_transposed.cu) | tee "$W/logs/patch.log"
+   attention_tiles.cuh split.h column_stats.cuh split_f16x2_transposed.cu row_team.h row_backward.cu \
+   backward_rows.cu) | tee "$W/logs/patch.log"
 # patch.py must have found the dynamic smem of both big kernels, the one mma asm and the one ex2
 grep -q 'attention_f16x3.cu launches [1-9].* smem 1' "$W/logs/patch.log" &&
   grep -q 'attention_f16x3_backward.cu launches [1-9].* smem 1' "$W/logs/patch.log" &&
@@ -74,17 +80,25 @@ compile() {  # src obj
 }
 pids=()
 n=0
-for f in attention_f16x3.cu attention_f16x3_backward.cu attention_nonfinite.cu split_f16x2_transposed.cu; do
-  compile "$W/src/$f" "$W/obj/${f%.cu}.o" & pids+=($!)
-  ((++n % JOBS == 0)) && { for p in "${pids[@]}"; do wait "$p"; done; pids=(); }
+mkdir -p "$W/obj/core"
+srcs=()
+for f in attention_f16x3.cu attention_f16x3_backward.cu attention_nonfinite.cu split_f16x2_transposed.cu \
+         row_backward.cu backward_rows.cu backward_layout.cpp stubs.cpp; do
+  srcs+=("$W/src/$f:$W/obj/${f%.*}.o")
 done
-for f in cuda_attention_test.cpp cuda_attention_nonfinite_test.cpp cuda_split_transposed_test.cpp; do
-  compile "$ROOT/tests/cpp/$f" "$W/obj/${f%.cpp}.o" & pids+=($!)
+for f in cuda_attention_test.cpp cuda_attention_nonfinite_test.cpp cuda_split_transposed_test.cpp \
+         cuda_row_backward_test.cpp; do
+  srcs+=("$ROOT/tests/cpp/$f:$W/obj/${f%.cpp}.o")
+done
+for f in "$ROOT"/core/src/*.cpp "$ROOT"/core/src/passes/*.cpp; do  # the planner, for the row-stage tests
+  srcs+=("$f:$W/obj/core/$(basename "${f%.cpp}").o")
+done
+for pair in "${srcs[@]}"; do
+  compile "${pair%%:*}" "${pair##*:}" & pids+=($!)
   ((++n % JOBS == 0)) && { for p in "${pids[@]}"; do wait "$p"; done; pids=(); }
 done
 for p in "${pids[@]}"; do wait "$p"; done
-"$CXX" "${FLAGS[@]}" "$W"/obj/{attention,split}_*.o "$W"/obj/cuda_*_test.o "${GTEST_LIBS[@]}" \
-  -o "$W/attention_gtests"
+"$CXX" "${FLAGS[@]}" "${srcs[@]##*:}" "${GTEST_LIBS[@]}" -o "$W/attention_gtests"
 echo "built $W/attention_gtests"
 [[ ${BUILD_ONLY:-0} == 1 ]] && exit 0
 
@@ -96,7 +110,7 @@ for m in $MODES; do
     start=$(date +%s)
     set +e
     env ${env_of[$m]} timeout "$TIMEOUT" "$W/attention_gtests" \
-      --gtest_filter='CudaAttention.*:CudaAttentionNonFinite.*:CudaSplitTransposed.*' "$@" > "$W/logs/$m.log" 2>&1
+      --gtest_filter='CudaAttention.*:CudaAttentionNonFinite.*:CudaSplitTransposed.*:CudaRowBackward.*' "$@" > "$W/logs/$m.log" 2>&1
     rc=$?
     echo "[ emu mode ] $m (${env_of[$m]:-exact adds}): rc $rc$([[ $rc == 124 ]] && echo ' TIMED OUT'), $(( $(date +%s) - start )) s" >> "$W/logs/$m.log"
     exit $rc

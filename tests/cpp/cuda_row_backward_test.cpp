@@ -1,0 +1,217 @@
+// The CUDA row stage of the backward (backward_stages.h's backward_rows: the row backward by
+// segments, its slot sinks and their column sums) against float64, for the seed models' two
+// row chains at small shapes: m99's gelu -> softmax and m94's add (a column operand) -> clamp
+// -> mish -> GroupNorm (its groups by warps, and by the CTA where they are few). More rows than
+// slots, so each CTA's scratch and sink rows are reused; widths that are not multiples of the
+// CTA's 256 threads. dV and every operand's gradient are checked; fresh random values per run
+// (seed printed), outputs poisoned. Runs on a GPU and, through tools/kernel_emu, on the CPU.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backward_layout.h"
+#include "backward_stages.h"
+#include "cpu_test_util.h"
+#include "cuda_test_util.h"
+#include "gemmfuse/backward.h"
+#include "gemmfuse/plan.h"
+
+namespace {
+
+using namespace gemmfuse;
+using namespace gemmfuse::cuda;
+using gftest::DevMem;
+
+constexpr int64_t kRows = 11, kSlots = 4;
+
+Plan training_plan(const std::string& stages, int64_t N, int operands) {
+  PlanRequest r;
+  r.chain = parse_chain("linear in=16 out=" + std::to_string(N) + " bias=1\n" + stages);
+  r.batch_sizes = {kRows};
+  r.operand_sizes.assign(operands, {N});
+  r.dtype = DType::F32;
+  r.precision = Precision::FP32;
+  r.device = Device::CUDA;
+  r.for_training = true;
+  return make_plan(r);
+}
+
+void upload(const std::vector<float>& host, DevMem& dev) {
+  CK(cudaMemcpy(dev.p, host.data(), 4 * host.size(), cudaMemcpyHostToDevice));
+}
+
+std::vector<float> from_device(const void* p, size_t n) {
+  std::vector<float> h(n);
+  CK(cudaMemcpy(h.data(), p, 4 * n, cudaMemcpyDeviceToHost));
+  return h;
+}
+
+// ||got - ref|| / ||ref|| (NaN anywhere fails).
+double rel_err(const std::vector<float>& got, const std::vector<double>& ref) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    if (!std::isfinite(got[i])) return INFINITY;
+    num += (got[i] - ref[i]) * (got[i] - ref[i]);
+    den += ref[i] * ref[i];
+  }
+  return std::sqrt(num / den);
+}
+
+// The row stage's outputs for V (the GEMM's value, [kRows, N]) and the output's gradient g:
+// dV, then each operand's gradient.
+struct RowStage {
+  std::vector<float> dv;
+  std::vector<std::vector<float>> grads;
+};
+
+RowStage run_row_stage(const Plan& p, const std::vector<float>& v, const std::vector<float>& g,
+                       const std::vector<std::vector<float>>& operands) {
+  const BackwardPlan bp = make_backward_plan(p);
+  BackwardChoice choice;
+  choice.present = true;
+  choice.rows = RowBackwardMode::Segments;
+  choice.slots = kSlots;
+  const BackwardLayout L = backward_layout(p, bp, choice);
+  const int64_t N = p.N;
+  DevMem saved(4 * bp.saved.total), grad_out(4 * g.size()), ws(L.total);
+  std::vector<float> saved_h(bp.saved.total, 0.f);
+  std::copy(v.begin(), v.end(), saved_h.begin() + bp.saved.v);
+  upload(saved_h, saved);
+  upload(g, grad_out);
+  std::vector<std::unique_ptr<DevMem>> ops, grads;
+  BackwardArgs a;
+  a.grad_out = grad_out.p;
+  a.saved = static_cast<const float*>(saved.p);
+  for (const auto& o : operands) {
+    ops.push_back(std::make_unique<DevMem>(4 * o.size()));
+    grads.push_back(std::make_unique<DevMem>(4 * o.size()));
+    upload(o, *ops.back());
+    a.operands.push_back(static_cast<const float*>(ops.back()->p));
+    a.operand_numel.push_back(static_cast<int64_t>(o.size()));
+    a.grad_operands.push_back(static_cast<float*>(grads.back()->p));
+  }
+  backward_rows(BackwardCall{p, bp, choice, L, a, static_cast<char*>(ws.p), nullptr});
+  CK(cudaDeviceSynchronize());
+  RowStage out{from_device(static_cast<char*>(ws.p) + L.dv, kRows * N), {}};
+  for (size_t t = 0; t < operands.size(); ++t) out.grads.push_back(from_device(grads[t]->p, operands[t].size()));
+  return out;
+}
+
+std::vector<float> normal(size_t n, double scale, std::mt19937_64& rng) {
+  std::normal_distribution<float> d(0.f, static_cast<float>(scale));
+  std::vector<float> v(n);
+  for (float& e : v) e = d(rng);
+  return v;
+}
+
+// gelu (erf form) -> softmax: dV in float64.
+std::vector<double> gelu_softmax_grad(const std::vector<float>& v, const std::vector<float>& g, int64_t N) {
+  std::vector<double> dv(v.size());
+  for (int64_t r = 0; r < kRows; ++r) {
+    std::vector<double> x(N), y(N);
+    double top = -INFINITY, sum = 0, gy = 0;
+    for (int64_t c = 0; c < N; ++c) {
+      x[c] = v[r * N + c];
+      y[c] = 0.5 * x[c] * (1 + std::erf(x[c] / std::sqrt(2.0)));
+      top = std::max(top, y[c]);
+    }
+    for (int64_t c = 0; c < N; ++c) sum += (y[c] = std::exp(y[c] - top));
+    for (int64_t c = 0; c < N; ++c) gy += g[r * N + c] * (y[c] /= sum);
+    for (int64_t c = 0; c < N; ++c) {
+      const double pdf = std::exp(-0.5 * x[c] * x[c]) / std::sqrt(2 * M_PI);
+      const double cdf = 0.5 * (1 + std::erf(x[c] / std::sqrt(2.0)));
+      dv[r * N + c] = y[c] * (g[r * N + c] - gy) * (cdf + x[c] * pdf);
+    }
+  }
+  return dv;
+}
+
+TEST(CudaRowBackward, GeluSoftmaxAgainstFloat64) {
+  SKIP_WITHOUT_GPU();
+  const uint64_t seed = gftest::test_seed();
+  std::mt19937_64 rng(seed);
+  for (int64_t N : {300, 1000}) {
+    const Plan p = training_plan("gelu\nsoftmax\n", N, 0);
+    const auto v = normal(kRows * N, 2.0, rng), g = normal(kRows * N, 1.0, rng);
+    const RowStage got = run_row_stage(p, v, g, {});
+    EXPECT_LT(rel_err(got.dv, gelu_softmax_grad(v, g, N)), 1e-5) << "N " << N << ", seed " << seed;
+  }
+}
+
+// add b -> clamp(-1, 1) -> mish -> GroupNorm(groups, gamma, beta), in float64: dV, then the
+// gradients of b, gamma and beta.
+struct M94Grads {
+  std::vector<double> dv, db, dgamma, dbeta;
+};
+
+M94Grads m94_grads(const std::vector<float>& v, const std::vector<float>& g, const std::vector<float>& b,
+                   const std::vector<float>& gamma, int64_t N, int groups) {
+  const double eps = 1e-5;
+  const int64_t gs = N / groups;
+  M94Grads d{std::vector<double>(v.size()), std::vector<double>(N), std::vector<double>(N), std::vector<double>(N)};
+  for (int64_t r = 0; r < kRows; ++r)
+    for (int64_t q = 0; q < groups; ++q) {
+      std::vector<double> pre(gs), m(gs), xh(gs), dxh(gs);
+      double mean = 0, var = 0, mdxh = 0, mdxhx = 0;
+      for (int64_t k = 0; k < gs; ++k) {
+        const int64_t c = q * gs + k;
+        pre[k] = static_cast<double>(v[r * N + c]) + b[c];
+        const double h = std::min(1.0, std::max(-1.0, pre[k]));
+        m[k] = h * std::tanh(std::log1p(std::exp(h)));
+        mean += m[k] / gs;
+      }
+      for (int64_t k = 0; k < gs; ++k) var += (m[k] - mean) * (m[k] - mean) / gs;
+      const double inv = 1 / std::sqrt(var + eps);
+      for (int64_t k = 0; k < gs; ++k) {
+        const int64_t c = q * gs + k;
+        xh[k] = (m[k] - mean) * inv;
+        const double gc = g[r * N + c];
+        d.dgamma[c] += gc * xh[k];
+        d.dbeta[c] += gc;
+        dxh[k] = gc * gamma[c];
+        mdxh += dxh[k] / gs;
+        mdxhx += dxh[k] * xh[k] / gs;
+      }
+      for (int64_t k = 0; k < gs; ++k) {
+        const int64_t c = q * gs + k;
+        const double dm = inv * (dxh[k] - mdxh - xh[k] * mdxhx);
+        const double h = std::min(1.0, std::max(-1.0, pre[k])), sp = std::log1p(std::exp(h)), t = std::tanh(sp);
+        const double dh = dm * (t + h * (1 - t * t) / (1 + std::exp(-h)));
+        const double dpre = (pre[k] >= -1 && pre[k] <= 1) ? dh : 0;
+        d.dv[r * N + c] = dpre;
+        d.db[c] += dpre;
+      }
+    }
+  return d;
+}
+
+TEST(CudaRowBackward, M94ChainAgainstFloat64) {
+  SKIP_WITHOUT_GPU();
+  const uint64_t seed = gftest::test_seed();
+  std::mt19937_64 rng(seed);
+  // 300 / 30 = 10 groups of 30 (a warp a group); 300 / 3 = 3 of 100 (the CTA a group).
+  for (int groups : {30, 3}) {
+    const int64_t N = 300;
+    const Plan p = training_plan("add b=t0\nclamp lo=-1 hi=1\nmish\ngroup_norm groups=" + std::to_string(groups) +
+                                     " weight=t1 bias=t2\n",
+                                 N, 3);
+    const auto v = normal(kRows * N, 1.5, rng), g = normal(kRows * N, 1.0, rng);
+    const auto b = normal(N, 0.5, rng), gamma = normal(N, 1.0, rng), beta = normal(N, 1.0, rng);
+    const RowStage got = run_row_stage(p, v, g, {b, gamma, beta});
+    const M94Grads ref = m94_grads(v, g, b, gamma, N, groups);
+    const std::string at = "groups " + std::to_string(groups) + ", seed " + std::to_string(seed);
+    EXPECT_LT(rel_err(got.dv, ref.dv), 1e-5) << "dV, " << at;
+    EXPECT_LT(rel_err(got.grads[0], ref.db), 1e-5) << "d bias, " << at;
+    EXPECT_LT(rel_err(got.grads[1], ref.dgamma), 1e-5) << "d gamma, " << at;
+    EXPECT_LT(rel_err(got.grads[2], ref.dbeta), 1e-5) << "d beta, " << at;
+  }
+}
+
+}  // namespace

@@ -26,7 +26,9 @@ CEILINGS = {
 }
 
 
-FAST_REL_MAX = 2e-5  # design.md: `fast` within atol = rtol = 1e-4 of float64, rel <= 2e-5
+# `fast` promises atol = rtol = 1e-4 against float64 (design.md); the bench also holds it to
+# rel <= 2e-5, the first design's bound, so that a systematic error allclose passes shows.
+FAST_REL_MAX = 2e-5
 
 
 def _tick(progress, task):

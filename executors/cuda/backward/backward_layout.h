@@ -11,8 +11,8 @@
 #include <cstdint>
 #include <map>
 
-#include "gemmfuse/backward.h"
 #include "buffer_layout.h"
+#include "gemmfuse/backward.h"
 #include "gemmfuse/plan.h"
 #include "selection.h"
 

@@ -60,18 +60,22 @@ struct Alone {
 };
 
 #if defined(__CUDACC__)
-template <class T, class Op>
+// v combined over aligned teams of kLanes lanes (a power of two; 32: the warp). Every lane of
+// the warp takes part.
+template <int kLanes = 32, class T, class Op>
 __device__ __forceinline__ T warp_allreduce(T v, Op op) {
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+  for (int o = kLanes / 2; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
 
-// A warp's 32 lanes.
-struct WarpCombine {
+// kLanes neighbouring lanes of a warp (aligned); WarpCombine: all 32.
+template <int kLanes>
+struct LanesCombine {
   template <class T, class Op>
-  __device__ __forceinline__ T all(T v, Op op) const { return warp_allreduce(v, op); }
+  __device__ __forceinline__ T all(T v, Op op) const { return warp_allreduce<kLanes>(v, op); }
 };
+using WarpCombine = LanesCombine<32>;
 
 // The whole CTA, combined in a fixed order (deterministic). red_d and red_f hold a slot per
 // warp; the trailing barrier lets the next combine reuse them at once.
@@ -184,6 +188,12 @@ inline StridedRow<Alone> alone_row(const float* src, float* dst, int64_t w) {
 __device__ __forceinline__ StridedRow<WarpCombine, float> warp_group(const float* src, float* dst,
                                                                      int gs, int lane) {
   return {src, dst, gs, lane, 32, {}};
+}
+// The same over kLanes lanes (lane: its index among them), a warp holding 32 / kLanes groups.
+template <int kLanes>
+__device__ __forceinline__ StridedRow<LanesCombine<kLanes>, float> lanes_group(const float* src, float* dst,
+                                                                               int gs, int lane) {
+  return {src, dst, gs, lane, kLanes, {}};
 }
 __device__ __forceinline__ StridedRow<BlockCombine, double> cta_group(const float* src, float* dst,
                                                                       int gs, int t, int nt,

@@ -47,6 +47,10 @@ struct Overrides {
   // rows in the workspace, then copied into place (GemmChoice::ldy). Off by default until
   // the GPU tests have covered it (tests/cpp/cuda_executor_test.cpp, F16x3PaddedRows).
   bool f16x3_padded_n = false;
+  // GEMMFUSE_GN_LANES8=1 or set_group_norm_lanes8(true): the row backward takes GroupNorm groups
+  // of at most 64 columns by 8 lanes, four groups a warp at once, rather than a warp a group
+  // (BackwardChoice::group_norm_lanes). Off by default until timed on a GPU.
+  bool group_norm_lanes8 = false;
 
   // The environment's switches (a path is on unless its variable is "0"), the setters at
   // their defaults.
@@ -66,6 +70,7 @@ void set_register_one_value(bool on);
 void set_fused_colstats(int mode);
 void set_vector_colstats(bool on);
 void set_f16x3_padded_n(bool on);
+void set_group_norm_lanes8(bool on);
 
 // ---- the f16x3 kernel's rules (sm90/gemm_f16x3.h) and their constants -------------------
 
@@ -210,6 +215,7 @@ struct BackwardChoice {
   RowBackwardMode rows = RowBackwardMode::None;
   int segments = 0;                  // Segments: cut at batch-statistics BatchNorms
   int64_t slots = 0;                 // the row backward's CTAs (scratch rows per buffer)
+  int group_norm_lanes = 32;         // lanes a GroupNorm group of at most 64 columns (8 or 32)
   std::string rows_reason;
 };
 

@@ -77,6 +77,8 @@ BackwardChoice select_backward(const Plan& plan, const BackwardPlan& bp, const D
     b.rows_reason = "the row backward in " + std::to_string(b.segments) +
                     " segment(s) (cut at batch-statistics BatchNorms), " + std::to_string(b.slots) +
                     " slots (" + std::to_string(kRowBackwardSlotsPerSm) + " CTAs an SM, at most M) taking rows in turn";
+    b.group_norm_lanes = o.group_norm_lanes8 ? 8 : 32;
+    if (o.group_norm_lanes8) b.rows_reason += "; GroupNorm groups of at most 64 columns by 8 lanes (GEMMFUSE_GN_LANES8)";
   }
   return b;
 }

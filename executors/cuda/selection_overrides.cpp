@@ -24,7 +24,8 @@ bool switched_on(const char* name) {
 
 // The setters' values; -1: not set (the environment's, or the default, applies).
 std::atomic<int> g_fused_softmax{-1}, g_register_rows{-1}, g_register_wide_threads{-1},
-    g_register_one_value{-1}, g_fused_colstats{-1}, g_vector_colstats{-1}, g_f16x3_padded_n{-1};
+    g_register_one_value{-1}, g_fused_colstats{-1}, g_vector_colstats{-1}, g_f16x3_padded_n{-1},
+    g_group_norm_lanes8{-1};
 
 void apply_set(const std::atomic<int>& set, bool* field) {
   const int v = set.load();
@@ -40,6 +41,7 @@ Overrides Overrides::from_environment() {
   o.sm90_programmatic = !switched_off("GEMMFUSE_SM90_PDL");
   o.sm90_defer = !switched_off("GEMMFUSE_SM90_DEFER");
   o.f16x3_padded_n = switched_on("GEMMFUSE_F16X3_PADDED_N");
+  o.group_norm_lanes8 = switched_on("GEMMFUSE_GN_LANES8");
   return o;
 }
 
@@ -58,6 +60,7 @@ std::vector<std::string> Overrides::set() const {
     s.push_back("set_fused_colstats(" + std::to_string(fused_colstats) + ")");
   if (vector_colstats != d.vector_colstats) s.push_back("set_vector_colstats(false)");
   if (f16x3_padded_n != d.f16x3_padded_n) s.push_back("GEMMFUSE_F16X3_PADDED_N=1 (or set_f16x3_padded_n)");
+  if (group_norm_lanes8 != d.group_norm_lanes8) s.push_back("GEMMFUSE_GN_LANES8=1 (or set_group_norm_lanes8)");
   return s;
 }
 
@@ -66,7 +69,8 @@ bool Overrides::operator==(const Overrides& o) const {
          sm90_programmatic == o.sm90_programmatic && sm90_defer == o.sm90_defer &&
          register_rows == o.register_rows && register_wide_threads == o.register_wide_threads &&
          register_one_value == o.register_one_value && fused_colstats == o.fused_colstats &&
-         vector_colstats == o.vector_colstats && f16x3_padded_n == o.f16x3_padded_n;
+         vector_colstats == o.vector_colstats && f16x3_padded_n == o.f16x3_padded_n &&
+         group_norm_lanes8 == o.group_norm_lanes8;
 }
 
 Overrides current_overrides() {
@@ -77,6 +81,7 @@ Overrides current_overrides() {
   apply_set(g_register_one_value, &o.register_one_value);
   apply_set(g_vector_colstats, &o.vector_colstats);
   apply_set(g_f16x3_padded_n, &o.f16x3_padded_n);
+  apply_set(g_group_norm_lanes8, &o.group_norm_lanes8);
   if (const int t = g_register_wide_threads.load(); t >= 0) o.register_wide_threads = t;
   if (const int m = g_fused_colstats.load(); m >= 0) o.fused_colstats = m;
   return o;
@@ -88,6 +93,7 @@ void set_register_wide_threads(int threads) { g_register_wide_threads.store(thre
 void set_register_one_value(bool on) { g_register_one_value.store(on ? 1 : 0); }
 void set_fused_colstats(int mode) { g_fused_colstats.store(mode); }
 void set_f16x3_padded_n(bool on) { g_f16x3_padded_n.store(on ? 1 : 0); }
+void set_group_norm_lanes8(bool on) { g_group_norm_lanes8.store(on ? 1 : 0); }
 void set_vector_colstats(bool on) { g_vector_colstats.store(on ? 1 : 0); }
 
 }  // namespace gemmfuse::cuda

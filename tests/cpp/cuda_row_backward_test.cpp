@@ -1,7 +1,7 @@
 // The CUDA row stage of the backward (backward_stages.h's backward_rows: the row backward by
 // segments, its slot sinks and their column sums) against float64, for the seed models' row
 // chains at small shapes: m99's gelu -> softmax; m94's add (a column operand) -> clamp -> mish
-// -> GroupNorm (its groups by warps, and by the CTA where they are few); m22's scalings, clamp,
+// -> GroupNorm (its groups by warps, by 8 lanes, and by the CTA where they are few); m22's scalings, clamp,
 // logsumexp and x * mish(x) (a value read twice); m84's training BatchNorm (two segments cut
 // at its column sums) -> a scalar operand -> softmax. More rows than
 // slots, so each CTA's scratch and sink rows are reused; widths that are not multiples of the
@@ -79,12 +79,14 @@ struct RowStage {
 using SavedStats = std::vector<float>;
 
 RowStage run_row_stage(const Plan& p, const std::vector<float>& v, const std::vector<float>& g,
-                       const std::vector<std::vector<float>>& operands, const SavedStats& stats = {}) {
+                       const std::vector<std::vector<float>>& operands, const SavedStats& stats = {},
+                       int group_norm_lanes = 32) {
   const BackwardPlan bp = make_backward_plan(p);
   BackwardChoice choice;
   choice.present = true;
   choice.rows = RowBackwardMode::Segments;
   choice.slots = kSlots;
+  choice.group_norm_lanes = group_norm_lanes;
   const BackwardLayout L = backward_layout(p, bp, choice);
   const int64_t N = p.N;
   DevMem saved(4 * bp.saved.total), grad_out(4 * g.size()), ws(L.total);
@@ -204,17 +206,26 @@ TEST(CudaRowBackward, M94ChainAgainstFloat64) {
   SKIP_WITHOUT_GPU();
   const uint64_t seed = gftest::test_seed();
   std::mt19937_64 rng(seed);
-  // 300 / 30 = 10 groups of 30 (a warp a group); 300 / 3 = 3 of 100 (the CTA a group).
-  for (int groups : {30, 3}) {
-    const int64_t N = 300;
+  // Groups of 10 (300 / 30), 32 (320 / 10: fewer than a round of four a warp) and 16 (640 / 40:
+  // a second round, part idle), by a warp or by 8 lanes each; 3 of 100 (300 / 3: by the CTA
+  // either way).
+  struct Case {
+    int64_t N;
+    int groups, lanes;
+  };
+  for (const Case k : {Case{300, 30, 32}, Case{300, 30, 8}, Case{320, 10, 32}, Case{320, 10, 8}, Case{640, 40, 8},
+                       Case{300, 3, 8}}) {
+    const int64_t N = k.N;
+    const int groups = k.groups;
     const Plan p = training_plan("add b=t0\nclamp lo=-1 hi=1\nmish\ngroup_norm groups=" + std::to_string(groups) +
                                      " weight=t1 bias=t2\n",
                                  N, {N, N, N});
     const auto v = normal(kRows * N, 1.5, rng), g = normal(kRows * N, 1.0, rng);
     const auto b = normal(N, 0.5, rng), gamma = normal(N, 1.0, rng), beta = normal(N, 1.0, rng);
-    const RowStage got = run_row_stage(p, v, g, {b, gamma, beta});
+    const RowStage got = run_row_stage(p, v, g, {b, gamma, beta}, {}, k.lanes);
     const M94Grads ref = m94_grads(v, g, b, gamma, N, groups);
-    const std::string at = "groups " + std::to_string(groups) + ", seed " + std::to_string(seed);
+    const std::string at = "N " + std::to_string(N) + ", groups " + std::to_string(groups) + ", lanes " +
+                           std::to_string(k.lanes) + ", seed " + std::to_string(seed);
     EXPECT_LT(rel_err(got.dv, ref.dv), 1e-5) << "dV, " << at;
     EXPECT_LT(rel_err(got.grads[0], ref.db), 1e-5) << "d bias, " << at;
     EXPECT_LT(rel_err(got.grads[1], ref.dgamma), 1e-5) << "d gamma, " << at;

@@ -265,6 +265,12 @@ TEST(CudaSelection, BackwardGemmsAndSlots) {
   EXPECT_EQ(s.backward.segments, 1);
   EXPECT_EQ(s.backward.slots, 4 * 132);
   EXPECT_TRUE(has(s.backward.rows_reason, "slots")) << s.backward.rows_reason;
+  EXPECT_EQ(s.backward.group_norm_lanes, 32);  // 8 lanes a group only where asked for (untimed)
+  Overrides lanes8;
+  lanes8.group_norm_lanes8 = true;
+  s = sel(p, hopper(), lanes8, &bp);
+  EXPECT_EQ(s.backward.group_norm_lanes, 8);
+  EXPECT_TRUE(has(s.backward.rows_reason, "GEMMFUSE_GN_LANES8")) << s.backward.rows_reason;
   // Off sm90: cuBLAS, and why.
   s = sel(p, ampere(), Overrides{}, &bp);
   EXPECT_EQ(s.backward.dw, GemmKind::Sgemm);
@@ -311,8 +317,11 @@ TEST(CudaSelection, OverridesFromEnvironment) {
   ::unsetenv("GEMMFUSE_F16X3");
   ::unsetenv("GEMMFUSE_SM90_DEFER");
   ::setenv("GEMMFUSE_F16X3_PADDED_N", "1", 1);  // a path off by default: on with "1"
+  ::setenv("GEMMFUSE_GN_LANES8", "1", 1);
   EXPECT_TRUE(Overrides::from_environment().f16x3_padded_n);
+  EXPECT_TRUE(Overrides::from_environment().group_norm_lanes8);
   ::unsetenv("GEMMFUSE_F16X3_PADDED_N");
+  ::unsetenv("GEMMFUSE_GN_LANES8");
   EXPECT_EQ(Overrides::from_environment(), Overrides{});
   EXPECT_TRUE(Overrides{}.set().empty());
 }
@@ -322,13 +331,16 @@ TEST(CudaSelection, SettersAreOverrides) {
   set_register_rows(false);
   set_fused_colstats(0);
   set_f16x3_padded_n(true);
+  set_group_norm_lanes8(true);
   const Overrides o = current_overrides();
   EXPECT_FALSE(o.register_rows);
   EXPECT_EQ(o.fused_colstats, 0);
   EXPECT_TRUE(o.f16x3_padded_n);
+  EXPECT_TRUE(o.group_norm_lanes8);
   EXPECT_NE(o, before);
   set_register_rows(true);
   set_fused_colstats(1);
   set_f16x3_padded_n(false);
+  set_group_norm_lanes8(false);
   EXPECT_EQ(current_overrides(), before);
 }

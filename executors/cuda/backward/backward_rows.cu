@@ -149,6 +149,7 @@ BwSegment make_segment(const BackwardCall& c, const std::vector<BwInstr>& ins, i
   for (int i = 0; i < s.n; ++i) s.ins[i] = ins[i];
   s.M = c.plan.M;
   s.slots = c.L.slots;
+  s.gn_lanes = c.choice.group_norm_lanes;
   s.v0 = c.a.saved + c.bp.saved.v;
   s.w0 = static_cast<int32_t>(c.plan.chain.row_width(start));
   s.vals = reinterpret_cast<float*>(c.ws);

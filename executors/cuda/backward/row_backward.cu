@@ -178,8 +178,9 @@ struct Row {
   }
 
   // GroupNorm forward (g == nullptr: y from x) or backward (gi from g; the affine parameters'
-  // gradients into the row's sinks), by GroupNormOp over group teams: a warp a group where
-  // the groups are many and small, else the CTA a group.
+  // gradients into the row's sinks), by GroupNormOp over group teams: 8 lanes a group where the
+  // segment asks for it (gn_lanes) and groups are at most kGroupLanesMaxWidth wide; else a warp
+  // a group where the groups are many and small, else the CTA a group.
   __device__ void group_norm(const BwInstr& in, const float* x, float* y, const float* g, float* gi) {
     const int w = in.win, gs = w / in.groups;
     auto run = [&](auto&& team, int grp) {
@@ -195,7 +196,16 @@ struct Row {
       });
     };
     const int t = threadIdx.x;
-    if (in.groups >= kWarps && gs <= 1024) {
+    if (s.gn_lanes == 8 && gs <= kGroupLanesMaxWidth) {
+      // Four groups a warp at once, 8 lanes each. Every lane runs each round, so that the
+      // shuffles of its warp meet: lanes past the last group run over no columns.
+      for (int first = (t >> 5) * 4; first < in.groups; first += kWarps * 4) {
+        const int grp = first + ((t & 31) >> 3);
+        const bool live = grp < in.groups;
+        const int c0 = live ? grp * gs : 0;
+        run(lanes_group<8>(x + c0, y ? y + c0 : nullptr, live ? gs : 0, t & 7), live ? grp : 0);
+      }
+    } else if (in.groups >= kWarps && gs <= 1024) {
       for (int grp = t >> 5; grp < in.groups; grp += kWarps)
         run(warp_group(x + grp * gs, y ? y + grp * gs : nullptr, gs, t & 31), grp);
     } else {

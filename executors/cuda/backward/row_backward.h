@@ -20,6 +20,8 @@ namespace gemmfuse::cuda {
 constexpr int kMaxBackwardInstrs = 24;
 // The most pointwise stages one register run takes (BwSegment::run_first).
 constexpr int kMaxPointwiseRun = 8;
+// The widest GroupNorm group BwSegment::gn_lanes = 8 takes (8 columns a lane).
+constexpr int kGroupLanesMaxWidth = 64;
 
 enum : uint8_t {
   kBwPointwise = 0, kBwReduce, kBwSoftmax, kBwGroupNorm, kBwPool, kBwBatchNorm
@@ -73,6 +75,9 @@ struct BwSegment {
   // stage, residual read, segment end or BatchNorm), computed and differentiated per element
   // in registers; only the run's input and output values are kept in scratch.
   int8_t run_first[kMaxBackwardInstrs] = {};
+  // Lanes a GroupNorm group of at most kGroupLanesMaxWidth columns (BackwardChoice::
+  // group_norm_lanes): 8, four groups a warp at once; 32, a warp a group.
+  int32_t gn_lanes = 32;
 };
 
 // Fills seg.run_first from its instructions, lo, bn_below and acc (backward_rows.cu, once per

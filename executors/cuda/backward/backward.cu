@@ -34,20 +34,13 @@ void dx_on_f16x3(const Plan& plan, const BackwardLayout& L, int splits, char* ws
                  const float* dv, const float* w, float* gx, cudaStream_t stream) {
   const int64_t M = plan.M, N = plan.N, K = plan.K;
   const LaidOut buf{ws};
-  GF_CUDA_CHECK(cudaMemsetAsync(buf.as<int>(L.wc_list), 0, sizeof(int), stream));
-  launch_split_f16x2_columns(w, N, K, static_cast<__half*>(w_parts), buf.as<float>(L.wc_exps),
-                             RowMarks{buf.as<int>(L.wc_flags), buf.as<int>(L.wc_list)}, ws + L.wc_stats, stream);
   Fp32GemmF16x3 g;
   g.M = M;
   g.N = K;
   g.K = N;
   g.x = dv;
-  g.w = w;
-  g.w_parts = static_cast<const __half*>(w_parts);
-  g.w_exps = buf.as<float>(L.wc_exps);
-  g.w_list = buf.as<int>(L.wc_list);
-  g.w_flags = buf.as<int>(L.wc_flags);
-  g.w_transposed = true;
+  split_w_by_columns(g, w, {static_cast<__half*>(w_parts), buf.as<float>(L.wc_exps), buf.as<int>(L.wc_flags),
+                            buf.as<int>(L.wc_list), ws + L.wc_stats}, stream);
   g.y = gx;
   g.scratch.x_parts = buf.as<__half>(L.dv_parts);
   g.scratch.x_exps = buf.as<float>(L.dv_exps);

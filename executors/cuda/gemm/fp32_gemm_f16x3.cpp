@@ -8,6 +8,17 @@
 
 namespace gemmfuse::cuda {
 
+void split_w_by_columns(Fp32GemmF16x3& g, const float* w, const ColumnSplitBuffers& b, cudaStream_t stream) {
+  GF_CUDA_CHECK(cudaMemsetAsync(b.list, 0, sizeof(int), stream));
+  launch_split_f16x2_columns(w, g.K, g.N, b.parts, b.exps, RowMarks{b.flags, b.list}, b.stats, stream);
+  g.w = w;
+  g.w_parts = b.parts;
+  g.w_exps = b.exps;
+  g.w_list = b.list;
+  g.w_flags = b.flags;
+  g.w_transposed = true;
+}
+
 void launch_fp32_gemm_f16x3(const Fp32GemmF16x3& g, cudaStream_t stream) {
   const F16x3Scratch& s = g.scratch;
   const bool second_level = s.second.parts != nullptr;

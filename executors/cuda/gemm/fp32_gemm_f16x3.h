@@ -55,6 +55,21 @@ struct Fp32GemmF16x3 {
   bool x_transposed = false;
 };
 
+// Where W's split by columns goes: its parts [2, K, N] fp16, exponents and marks [N], the
+// marked columns' list [1 + N] and launch_split_f16x2_columns's scratch.
+struct ColumnSplitBuffers {
+  __half* parts;
+  float* exps;
+  int* flags;
+  int* list;
+  void* stats;
+};
+
+// W stored [K, N] (g.K, g.N set) split by columns into b, and g's W read MN-major from them
+// (w, w_parts, w_exps, w_list, w_flags, w_transposed): as dx = dV W reads the weight and
+// dW = dVᵀ x reads x. Stream-ordered.
+void split_w_by_columns(Fp32GemmF16x3& g, const float* w, const ColumnSplitBuffers& b, cudaStream_t stream);
+
 // Enqueues the whole GEMM on `stream`. Throws std::logic_error where the kernel declines the
 // call (unaligned pointers, too little workspace): the kernel selection gave it the shape
 // (selection.h's f16x3_unfit).

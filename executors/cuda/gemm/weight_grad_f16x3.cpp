@@ -3,7 +3,6 @@
 
 #include <cuda_fp16.h>
 
-#include "cuda_check.h"
 #include "fp32_gemm_f16x3.h"
 #include "gemm_f16x3.h"
 #include "layout.h"
@@ -46,21 +45,14 @@ void launch_weight_grad_f16x3(const WeightGradF16x3& w, cudaStream_t stream) {
   const Layout L(w.M, w.N, w.K, w.splits);
   char* ws = static_cast<char*>(w.workspace);
   const LaidOut buf{ws};
-  GF_CUDA_CHECK(cudaMemsetAsync(buf.as<int>(L.b_list), 0, sizeof(int), stream));
-  launch_split_f16x2_columns(w.x, w.M, w.K, buf.as<__half>(L.b_parts), buf.as<float>(L.b_exps),
-                             RowMarks{buf.as<int>(L.b_flags), buf.as<int>(L.b_list)}, ws + L.b_stats, stream);
   Fp32GemmF16x3 g;
   g.M = w.N;
   g.N = w.K;
   g.K = w.M;
   g.x = w.dv;
   g.x_transposed = true;
-  g.w = w.x;
-  g.w_parts = buf.as<__half>(L.b_parts);
-  g.w_exps = buf.as<float>(L.b_exps);
-  g.w_list = buf.as<int>(L.b_list);
-  g.w_flags = buf.as<int>(L.b_flags);
-  g.w_transposed = true;
+  split_w_by_columns(g, w.x, {buf.as<__half>(L.b_parts), buf.as<float>(L.b_exps), buf.as<int>(L.b_flags),
+                              buf.as<int>(L.b_list), ws + L.b_stats}, stream);
   g.y = w.dw;
   g.scratch.x_parts = buf.as<__half>(L.a_parts);
   g.scratch.x_exps = buf.as<float>(L.a_exps);
